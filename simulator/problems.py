@@ -1,0 +1,372 @@
+"""Optimisation problems shared by the simulator and the real backend.
+
+Every problem owns its data (generated from ``spec.seed`` or shipped by a package), exposes
+per-sample losses and gradients, the full objective f(w) = (1/n) Σ_i f_i(w), its optimum
+(w*, f*) and, where known, its strong-convexity constant c and smoothness q. Each problem also
+writes the same math in torch (``torch_loss``); the test suite checks that the two agree.
+
+Gradients are ``(values, support)``: ``support`` is ``None`` for a dense gradient (``values`` is
+the whole vector) or the sorted coordinates it touches (``values`` aligned with them).
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+import scipy.optimize
+import scipy.sparse
+import scipy.sparse.linalg
+
+from simulator.errors import ScenarioError
+
+__all__ = ["PROBLEMS", "LogisticProblem", "Problem", "QuadraticProblem",
+           "SparseLogisticProblem", "make_problem"]
+
+Gradient = tuple[np.ndarray, np.ndarray | None]
+
+
+class Problem(ABC):
+    """A finite-sum objective f(w) = (1/n) Σ_i f_i(w) over w ∈ R^dim."""
+
+    name: str = ""
+    convex: bool = True
+
+    def __init__(self, dim: int, n_samples: int) -> None:
+        self.dim, self.n_samples = dim, n_samples
+
+    @property
+    def sparse(self) -> bool:
+        """Whether per-sample gradients touch only a few coordinates."""
+        return False
+
+    def support(self, idx: int) -> np.ndarray | None:
+        """Coordinates that sample ``idx`` reads and writes; ``None`` for all of them."""
+        return None
+
+    @abstractmethod
+    def loss(self, w: np.ndarray, idx: int) -> float:
+        """f_idx(w)."""
+
+    @abstractmethod
+    def grad(self, w: np.ndarray, idx: int) -> Gradient:
+        """∇f_idx(w) as ``(values, support)``; ``values`` is a new array."""
+
+    @abstractmethod
+    def full_loss(self, w: np.ndarray) -> float:
+        """f(w) = (1/n) Σ_i f_i(w)."""
+
+    @abstractmethod
+    def full_grad(self, w: np.ndarray) -> np.ndarray:
+        """∇f(w)."""
+
+    @abstractmethod
+    def hessp(self, w: np.ndarray, v: np.ndarray) -> np.ndarray:
+        """∇²f(w) v."""
+
+    @abstractmethod
+    def torch_loss(self, w: Any, idx: int) -> Any:
+        """f_idx(w) written in torch, for autograd (``w`` a torch tensor)."""
+
+    @property
+    def strong_convexity(self) -> float | None:
+        """c with f c-strongly convex, or ``None`` where unknown or nonconvex."""
+        return None
+
+    @property
+    def smoothness(self) -> float | None:
+        """q with ∇f q-Lipschitz, or ``None`` where unknown."""
+        return None
+
+    def dense_grad(self, w: np.ndarray, idx: int) -> np.ndarray:
+        """∇f_idx(w) as a full vector, whatever the support."""
+        values, support = self.grad(w, idx)
+        if support is None:
+            return values
+        out = np.zeros(self.dim)
+        out[support] = values
+        return out
+
+    @cached_property
+    def _optimum(self) -> tuple[np.ndarray, float]:
+        w = self._solve()
+        w.setflags(write=False)
+        return w, self.full_loss(w)
+
+    def optimum(self) -> tuple[np.ndarray, float]:
+        """(w*, f*), computed once (closed form, or trust-region Newton-CG to ‖∇f‖ ~1e-12)."""
+        return self._optimum
+
+    def _solve(self) -> np.ndarray:
+        result = scipy.optimize.minimize(
+            self.full_loss, np.zeros(self.dim), jac=self.full_grad, hessp=self.hessp,
+            method="trust-ncg", options={"gtol": 1e-13, "maxiter": 200})
+        return np.asarray(result.x, dtype=np.float64)
+
+    def describe(self) -> dict[str, Any]:
+        """Plain facts for summaries."""
+        return {"name": self.name, "dim": self.dim, "n_samples": self.n_samples,
+                "sparse": self.sparse, "convex": self.convex,
+                "strong_convexity": self.strong_convexity, "smoothness": self.smoothness}
+
+
+class QuadraticProblem(Problem):
+    """Ridge least squares: f_i(w) = ½(a_iᵀw − b_i)² + (λ/2)‖w‖².
+
+    c and q are exact: λ plus the extreme eigenvalues of AᵀA/n; w* is closed form (thin SVD).
+    """
+
+    name = "quadratic"
+
+    def __init__(self, dim: int, n_samples: int, l2: float, seed: int) -> None:
+        super().__init__(dim, n_samples)
+        rng = np.random.default_rng(seed)
+        self.l2 = l2
+        self.A = rng.standard_normal((n_samples, dim))
+        w_true = rng.standard_normal(dim) / math.sqrt(dim)
+        self.b = self.A @ w_true + 0.5 * rng.standard_normal(n_samples)
+        self._b = self.b.tolist()
+
+    @cached_property
+    def _svd(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        return np.linalg.svd(self.A, full_matrices=False)
+
+    @property
+    def strong_convexity(self) -> float:
+        s = self._svd[1]
+        return self.l2 + (float(s[-1]) ** 2 / self.n_samples if self.dim <= self.n_samples else 0.0)
+
+    @property
+    def smoothness(self) -> float:
+        return self.l2 + float(self._svd[1][0]) ** 2 / self.n_samples
+
+    def loss(self, w: np.ndarray, idx: int) -> float:
+        r = float(self.A[idx] @ w) - self._b[idx]
+        return 0.5 * r * r + 0.5 * self.l2 * float(w @ w)
+
+    def grad(self, w: np.ndarray, idx: int) -> Gradient:
+        a = self.A[idx]
+        g = a * (float(a @ w) - self._b[idx])
+        g += self.l2 * w
+        return g, None
+
+    def full_loss(self, w: np.ndarray) -> float:
+        r = self.A @ w - self.b
+        return 0.5 * float(r @ r) / self.n_samples + 0.5 * self.l2 * float(w @ w)
+
+    def full_grad(self, w: np.ndarray) -> np.ndarray:
+        return self.A.T @ (self.A @ w - self.b) / self.n_samples + self.l2 * w
+
+    def hessp(self, w: np.ndarray, v: np.ndarray) -> np.ndarray:
+        return self.A.T @ (self.A @ v) / self.n_samples + self.l2 * v
+
+    def _solve(self) -> np.ndarray:
+        u, s, vt = self._svd
+        return vt.T @ ((s / (s**2 + self.n_samples * self.l2)) * (u.T @ self.b))
+
+    def torch_loss(self, w: Any, idx: int) -> Any:
+        import torch
+        a = torch.as_tensor(self.A[idx], dtype=w.dtype)
+        r = a @ w - self._b[idx]
+        return 0.5 * r * r + 0.5 * self.l2 * (w @ w)
+
+
+def _logistic_coef(y: float, margin: float) -> float:
+    """d/dm log(1 + exp(−y m)) at m, computed without overflow."""
+    z = y * margin
+    if z > 0:
+        e = math.exp(-z)
+        return -y * e / (1.0 + e)
+    return -y / (1.0 + math.exp(z))
+
+
+class LogisticProblem(Problem):
+    """Dense l2-regularised logistic regression: f_i(w) = log(1 + exp(−y_i x_iᵀw)) + (λ/2)‖w‖².
+
+    c = λ (a global bound: the data term can be arbitrarily flat far from w*), and
+    q = λ + λ_max(XᵀX)/(4n), an upper bound on the Lipschitz constant of ∇f.
+    ``data="breast_cancer"`` uses the Wisconsin breast-cancer data that scikit-learn ships
+    (569 samples, 30 standardised features), so no download is needed.
+    """
+
+    name = "logistic"
+
+    def __init__(self, X: np.ndarray, y: np.ndarray, l2: float) -> None:
+        super().__init__(X.shape[1], X.shape[0])
+        self.X, self.y, self.l2 = X, y, l2
+        self._y = y.tolist()
+
+    @classmethod
+    def synthetic(cls, dim: int, n_samples: int, l2: float, seed: int) -> LogisticProblem:
+        """Gaussian features; labels drawn from a logistic model with margin scale 3."""
+        rng = np.random.default_rng(seed)
+        X = rng.standard_normal((n_samples, dim))
+        w_true = rng.standard_normal(dim) * (3.0 / math.sqrt(dim))
+        p = 1.0 / (1.0 + np.exp(-(X @ w_true)))
+        y = np.where(rng.random(n_samples) < p, 1.0, -1.0)
+        return cls(X, y, l2)
+
+    @classmethod
+    def breast_cancer(cls, l2: float) -> LogisticProblem:
+        """The breast-cancer data shipped with scikit-learn, standardised."""
+        from sklearn.datasets import load_breast_cancer
+        data = load_breast_cancer()
+        X = np.asarray(data.data, dtype=np.float64)
+        X = (X - X.mean(axis=0)) / X.std(axis=0)
+        return cls(X, np.where(data.target == 1, 1.0, -1.0), l2)
+
+    @property
+    def strong_convexity(self) -> float:
+        return self.l2
+
+    @cached_property
+    def smoothness(self) -> float:
+        top = float(np.linalg.norm(self.X, 2))
+        return self.l2 + top * top / (4 * self.n_samples)
+
+    def loss(self, w: np.ndarray, idx: int) -> float:
+        return float(np.logaddexp(0.0, -self._y[idx] * float(self.X[idx] @ w))
+                     + 0.5 * self.l2 * float(w @ w))
+
+    def grad(self, w: np.ndarray, idx: int) -> Gradient:
+        x = self.X[idx]
+        g = x * _logistic_coef(self._y[idx], float(x @ w))
+        g += self.l2 * w
+        return g, None
+
+    def _margins(self, w: np.ndarray) -> np.ndarray:
+        return self.y * (self.X @ w)
+
+    def full_loss(self, w: np.ndarray) -> float:
+        return float(np.logaddexp(0.0, -self._margins(w)).mean() + 0.5 * self.l2 * float(w @ w))
+
+    def full_grad(self, w: np.ndarray) -> np.ndarray:
+        coef = -self.y * _expit(-self._margins(w))
+        return self.X.T @ coef / self.n_samples + self.l2 * w
+
+    def hessp(self, w: np.ndarray, v: np.ndarray) -> np.ndarray:
+        p = _expit(self._margins(w))
+        return self.X.T @ (p * (1 - p) * (self.X @ v)) / self.n_samples + self.l2 * v
+
+    def torch_loss(self, w: Any, idx: int) -> Any:
+        import torch
+        x = torch.as_tensor(self.X[idx], dtype=w.dtype)
+        margin = self._y[idx] * (x @ w)
+        return torch.nn.functional.softplus(-margin) + 0.5 * self.l2 * (w @ w)
+
+
+def _expit(z: np.ndarray) -> np.ndarray:
+    return 0.5 * (1.0 + np.tanh(0.5 * z))
+
+
+class SparseLogisticProblem(Problem):
+    """Sparse logistic regression, the Hogwild! regime: each sample has ``nnz`` features.
+
+    The l2 term is split over supports so per-sample gradients stay sparse (Niu et al. 2011):
+    f_i(w) = log(1 + exp(−y_i x_iᵀw)) + (λ/2) Σ_{j∈S_i} (n/n_j) w_j², with n_j the number of
+    samples that contain feature j. Averaged over i this is exactly (λ/2)Σ_j w_j² over the
+    features that occur, so f = mean logistic loss + (λ/2)‖w‖² (features that never occur stay
+    at their initial 0, which is their optimum) and c, q are as for the dense problem.
+    """
+
+    name = "sparse_logistic"
+
+    def __init__(self, dim: int, n_samples: int, l2: float, density: float, seed: int) -> None:
+        super().__init__(dim, n_samples)
+        rng = np.random.default_rng(seed)
+        self.l2 = l2
+        self.nnz = max(1, round(density * dim))
+        cols = np.sort(np.argsort(rng.random((n_samples, dim)), axis=1)[:, : self.nnz], axis=1)
+        vals = rng.standard_normal((n_samples, self.nnz))
+        self.cols, self.vals = cols, vals
+        self.X = scipy.sparse.csr_matrix(
+            (vals.ravel(), cols.ravel(), np.arange(0, n_samples * self.nnz + 1, self.nnz)),
+            shape=(n_samples, dim))
+        w_true = rng.standard_normal(dim) * (3.0 / math.sqrt(self.nnz))
+        p = 1.0 / (1.0 + np.exp(-(self.X @ w_true)))
+        self.y = np.where(rng.random(n_samples) < p, 1.0, -1.0)
+        self._y = self.y.tolist()
+        counts = np.bincount(cols.ravel(), minlength=dim)
+        self.reg = np.where(counts > 0, n_samples / np.maximum(counts, 1), 0.0)
+
+    @property
+    def sparse(self) -> bool:
+        return True
+
+    def support(self, idx: int) -> np.ndarray:
+        return self.cols[idx]
+
+    @property
+    def strong_convexity(self) -> float:
+        return self.l2
+
+    @cached_property
+    def smoothness(self) -> float:
+        top = float(scipy.sparse.linalg.svds(self.X, k=1, return_singular_vectors=False)[0])
+        return self.l2 + top * top / (4 * self.n_samples)
+
+    def loss(self, w: np.ndarray, idx: int) -> float:
+        cols, reg = self.cols[idx], self.reg[self.cols[idx]]
+        wj = w[cols]
+        return float(np.logaddexp(0.0, -self._y[idx] * float(self.vals[idx] @ wj))
+                     + 0.5 * self.l2 * float(reg @ (wj * wj)))
+
+    def grad(self, w: np.ndarray, idx: int) -> Gradient:
+        cols, x = self.cols[idx], self.vals[idx]
+        wj = w[cols]
+        g = x * _logistic_coef(self._y[idx], float(x @ wj))
+        g += self.l2 * self.reg[cols] * wj
+        return g, cols
+
+    def full_loss(self, w: np.ndarray) -> float:
+        margins = self.y * (self.X @ w)
+        return float(np.logaddexp(0.0, -margins).mean() + 0.5 * self.l2 * float(w @ w))
+
+    def full_grad(self, w: np.ndarray) -> np.ndarray:
+        coef = -self.y * _expit(-self.y * (self.X @ w))
+        return self.X.T @ coef / self.n_samples + self.l2 * w
+
+    def hessp(self, w: np.ndarray, v: np.ndarray) -> np.ndarray:
+        p = _expit(self.y * (self.X @ w))
+        return self.X.T @ (p * (1 - p) * (self.X @ v)) / self.n_samples + self.l2 * v
+
+    def torch_loss(self, w: Any, idx: int) -> Any:
+        import torch
+        cols = torch.as_tensor(self.cols[idx])
+        x = torch.as_tensor(self.vals[idx], dtype=w.dtype)
+        reg = torch.as_tensor(self.reg[self.cols[idx]], dtype=w.dtype)
+        wj = w[cols]
+        margin = self._y[idx] * (x @ wj)
+        return torch.nn.functional.softplus(-margin) + 0.5 * self.l2 * (reg @ (wj * wj))
+
+
+def _make_quadratic(spec: Any) -> Problem:
+    return QuadraticProblem(spec.dim, spec.n_samples, spec.l2, spec.seed)
+
+
+def _make_logistic(spec: Any) -> Problem:
+    if spec.data == "breast_cancer":
+        return LogisticProblem.breast_cancer(spec.l2)
+    return LogisticProblem.synthetic(spec.dim, spec.n_samples, spec.l2, spec.seed)
+
+
+def _make_sparse_logistic(spec: Any) -> Problem:
+    return SparseLogisticProblem(spec.dim, spec.n_samples, spec.l2, spec.density, spec.seed)
+
+
+PROBLEMS = {"quadratic": _make_quadratic, "logistic": _make_logistic,
+            "sparse_logistic": _make_sparse_logistic}
+
+
+def make_problem(spec: Any) -> Problem:
+    """Build the problem a ``ProblemSpec`` describes.
+
+    Raises:
+        ScenarioError: an unknown problem name.
+    """
+    if spec.name not in PROBLEMS:
+        raise ScenarioError("problem.name", spec.name, f"must be one of {', '.join(PROBLEMS)}")
+    return PROBLEMS[spec.name](spec)

@@ -1,0 +1,107 @@
+"""Where each update's sample and durations come from: seeded draws, or a recorded trace.
+
+``SampledSource`` gives every thread its own streams, from ``SeedSequence(seed).spawn``: one
+for samples and one per operation (read, gradient, write), so changing a timing distribution
+never changes which samples a thread draws. ``ReplaySource`` hands back, thread by thread and
+update by update, exactly the samples and per-block durations a trace recorded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+import numpy as np
+
+from simulator.errors import TraceError
+from simulator.scenario import Scenario
+
+__all__ = ["DurationSource", "ReplaySource", "SampledSource", "thread_seeds"]
+
+_CHUNK = 1024
+
+
+def thread_seeds(seed: int, threads: int) -> list[np.random.SeedSequence]:
+    """One seed sequence per thread; each spawns (samples, read, grad, write) streams."""
+    return np.random.SeedSequence(seed).spawn(threads)
+
+
+class DurationSource(Protocol):
+    """What the engine asks for at the start of each update."""
+
+    def next_sample(self, thread: int) -> int: ...
+
+    def durations(self, thread: int, fractions: Sequence[float]) -> tuple[list[int], int,
+                                                                          list[int]]: ...
+
+
+class _Stream:
+    """Values drawn in chunks from one generator; deterministic whatever the consumer does."""
+
+    def __init__(self, draw: Callable[[int], np.ndarray]) -> None:
+        self._draw, self._buffer, self._pos = draw, [], 0
+
+    def take(self) -> float:
+        if self._pos == len(self._buffer):
+            self._buffer, self._pos = self._draw(_CHUNK).tolist(), 0
+        self._pos += 1
+        return self._buffer[self._pos - 1]
+
+
+class SampledSource:
+    """Samples uniform with replacement; durations from each thread's device timing.
+
+    A block moving a fraction ``f`` of the coordinates takes ``round(draw · f / speed)`` ns.
+    """
+
+    def __init__(self, scenario: Scenario, threads: int, n_samples: int) -> None:
+        self._speed: list[float] = []
+        self._streams: list[tuple[_Stream, _Stream, _Stream, _Stream]] = []
+        for thread, seq in enumerate(thread_seeds(scenario.run.seed, threads)):
+            device = scenario.device_of(thread)
+            timing = scenario.timing_of(device)
+            gens = [np.random.default_rng(s) for s in seq.spawn(4)]
+            self._speed.append(scenario.devices[device].speed)
+            self._streams.append((
+                _Stream(lambda n, g=gens[0]: g.integers(0, n_samples, n)),
+                _Stream(lambda n, g=gens[1], d=timing.read: d.sample(g, n)),
+                _Stream(lambda n, g=gens[2], d=timing.grad: d.sample(g, n)),
+                _Stream(lambda n, g=gens[3], d=timing.write: d.sample(g, n)),
+            ))
+
+    def next_sample(self, thread: int) -> int:
+        return int(self._streams[thread][0].take())
+
+    def durations(self, thread: int, fractions: Sequence[float]) -> tuple[list[int], int,
+                                                                          list[int]]:
+        _, read, grad, write = self._streams[thread]
+        speed = self._speed[thread]
+        return ([int(read.take() * f / speed + 0.5) for f in fractions],
+                int(grad.take() / speed + 0.5),
+                [int(write.take() * f / speed + 0.5) for f in fractions])
+
+
+class ReplaySource:
+    """The recorded samples and durations of a trace, per thread in the order it ran them."""
+
+    def __init__(self, per_thread: list[list[tuple[int, list[int], int, list[int]]]]) -> None:
+        self._updates = per_thread
+        self._pos = [0] * len(per_thread)
+
+    def _current(self, thread: int) -> tuple[int, list[int], int, list[int]]:
+        if thread >= len(self._updates) or self._pos[thread] >= len(self._updates[thread]):
+            raise TraceError(f"replay: thread {thread} needs more updates than the trace "
+                             "recorded for it (the scenario does not match the trace)")
+        return self._updates[thread][self._pos[thread]]
+
+    def next_sample(self, thread: int) -> int:
+        return self._current(thread)[0]
+
+    def durations(self, thread: int, fractions: Sequence[float]) -> tuple[list[int], int,
+                                                                          list[int]]:
+        _, read, grad, write = self._current(thread)
+        self._pos[thread] += 1
+        if len(read) != len(fractions):
+            raise TraceError(f"replay: thread {thread} update {self._pos[thread] - 1} moves "
+                             f"{len(fractions)} blocks but the trace recorded {len(read)}")
+        return read, grad, write

@@ -1,0 +1,126 @@
+"""The trace: one record per update, the one format both backends produce.
+
+Rows are updates in write-completion order (row t−1 is completion t of the serialized view).
+Per-block durations are ragged (sparse updates move only some blocks): the ``op_*`` arrays hold
+them flat, update i owning ``op_offsets[i]:op_offsets[i+1]``. The file is a ``.npz`` written
+with fixed zip timestamps, so the same run gives the same bytes, and it is read with
+``allow_pickle=False``; the resolved scenario travels inside it as TOML text.
+"""
+
+from __future__ import annotations
+
+import io
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from simulator.errors import TraceError
+
+__all__ = ["COLUMNS", "SCHEMA", "Trace"]
+
+SCHEMA = 1
+
+# Per-update columns and their dtypes.
+COLUMNS: dict[str, type] = {
+    "uid": np.int64,            # update id in start order
+    "thread": np.int32,
+    "thread_seq": np.int64,     # the update's index among its thread's updates
+    "sample": np.int64,
+    "read_start": np.int64, "read_end": np.int64,
+    "grad_start": np.int64, "grad_end": np.int64,
+    "write_start": np.int64, "write_end": np.int64,
+    "grad_ns": np.int64,        # the gradient's own duration (without waiting for a core)
+    "staleness": np.int64,      # completions between this update's read start and write end
+    "read_overwrites": np.int32,  # blocks whose copy saw a store newer than the read's start
+    "torn": np.bool_,           # the read mixes versions that never coexisted
+    "lost_blocks": np.int32,    # this update's block stores overwritten by others (load_store)
+    "overwrote": np.int32,      # other updates' block stores this update's stores overwrote
+    "measured": np.bool_,       # exact metrics were computed for this completion
+    "s_norm": np.float64, "g_norm": np.float64,
+    "delta_norm": np.float64, "delta_dot": np.float64,  # ‖δ_t‖, ⟨δ_t, w_{t−1} − w*⟩
+}
+OPS: dict[str, type] = {"op_block": np.int32, "op_read_ns": np.int64, "op_write_ns": np.int64}
+OTHER: dict[str, type] = {"op_offsets": np.int64, "w0": np.float64, "w_final": np.float64,
+                          "curve_t": np.int64, "curve_time": np.int64, "curve_loss": np.float64}
+
+
+@dataclass
+class Trace:
+    """Arrays of one run plus the resolved scenario (TOML text) and where it came from."""
+
+    arrays: dict[str, np.ndarray]
+    scenario_toml: str
+    source: str = "simulated"
+
+    def __post_init__(self) -> None:
+        self._validate()
+
+    def __len__(self) -> int:
+        return int(self.arrays["uid"].size)
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self.arrays[name]
+
+    def _validate(self) -> None:
+        expected = {**COLUMNS, **OPS, **OTHER}
+        missing = sorted(set(expected) - set(self.arrays))
+        if missing:
+            raise TraceError(f"trace: missing arrays {', '.join(missing)}")
+        rows = self.arrays["uid"].shape
+        for name, dtype in expected.items():
+            array = self.arrays[name]
+            if array.dtype != np.dtype(dtype) or array.ndim != 1:
+                raise TraceError(f"trace: array {name} has dtype {array.dtype} and shape "
+                                 f"{array.shape}; expected 1-d {np.dtype(dtype)}")
+            if name in COLUMNS and array.shape != rows:
+                raise TraceError(f"trace: column {name} has {array.size} rows, uid has {rows[0]}")
+        offsets = self.arrays["op_offsets"]
+        ops = self.arrays["op_block"].size
+        if (offsets.size != rows[0] + 1 or offsets[0] != 0 or offsets[-1] != ops
+                or np.any(np.diff(offsets) < 0)):
+            raise TraceError("trace: op_offsets do not describe the op arrays")
+        if any(self.arrays[n].size != ops for n in OPS):
+            raise TraceError("trace: op arrays differ in length")
+
+    def ops_of(self, row: int) -> slice:
+        """The slice of the ``op_*`` arrays that belongs to update ``row``."""
+        offsets = self.arrays["op_offsets"]
+        return slice(int(offsets[row]), int(offsets[row + 1]))
+
+    def save(self, path: str | Path) -> None:
+        """Write a ``.npz`` with deterministic bytes (fixed member order and timestamps)."""
+        members = {**self.arrays, "schema": np.array(SCHEMA),
+                   "scenario": np.array(self.scenario_toml), "source": np.array(self.source)}
+        with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+            for name in sorted(members):
+                buffer = io.BytesIO()
+                np.lib.format.write_array(buffer, np.ascontiguousarray(members[name]),
+                                          allow_pickle=False)
+                info = zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0))
+                info.compress_type = zipfile.ZIP_DEFLATED
+                archive.writestr(info, buffer.getvalue())
+
+    @classmethod
+    def load(cls, path: str | Path) -> Trace:
+        """Read and validate a trace file.
+
+        Raises:
+            TraceError: the file is missing, not a trace, of another schema, or inconsistent.
+        """
+        try:
+            with np.load(path, allow_pickle=False) as data:
+                arrays: dict[str, Any] = {name: data[name] for name in data.files}
+        except FileNotFoundError:
+            raise TraceError(f"trace: {path}: no such file") from None
+        except (OSError, ValueError, zipfile.BadZipFile, EOFError) as err:
+            raise TraceError(f"trace: {path}: not a readable trace file ({err})") from None
+        for key in ("schema", "scenario", "source"):
+            if key not in arrays:
+                raise TraceError(f"trace: {path}: missing {key!r}; not an asyngrad trace")
+        if int(arrays.pop("schema")) != SCHEMA:
+            raise TraceError(f"trace: {path}: schema is not {SCHEMA}")
+        scenario, source = str(arrays.pop("scenario")), str(arrays.pop("source"))
+        return cls(arrays, scenario, source)

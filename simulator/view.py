@@ -1,0 +1,80 @@
+"""The serialized view of a run (DESIGN §4): the iteration Theorem 1 is about.
+
+Write completions are numbered t = 1..T in time order and w_t is the shared vector right after
+the t-th completes. The applied update term is s_t = (w_{t-1} − w_t)/lr, the exact gradient is
+g_t = ∇f_{z_t}(w_{t-1}) for that update's sample, and the gradient error is δ_t = s_t − g_t.
+Any stores of other updates that landed in between belong to s_t, so Σ_t lr·s_t = w_0 − w_T.
+
+The same view serves simulated runs (fed online by the engine) and real runs (fed by the
+offline rebuild of the shared vector from recorded block writes).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from simulator.problems import Problem
+
+__all__ = ["Measurement", "SerializedView", "curve_checkpoints"]
+
+NAN = float("nan")
+
+
+class Measurement(NamedTuple):
+    """Exact metrics of one completion; NaN where the update was not measured."""
+
+    measured: bool
+    s_norm: float
+    g_norm: float
+    delta_norm: float
+    delta_dot: float
+
+
+UNMEASURED = Measurement(False, NAN, NAN, NAN, NAN)
+
+
+def curve_checkpoints(updates: int, points: int) -> list[int]:
+    """Completion counts at which the full loss is evaluated: 0, about ``points`` more, T."""
+    ticks = np.linspace(0, updates, points + 1).round().astype(int) if points else np.array([0])
+    return sorted({*ticks.tolist(), 0, updates})
+
+
+class SerializedView:
+    """Measures δ_t exactly at completions (every ``every``-th one when ``exact``).
+
+    Also records the loss curve: f(w_t) at the checkpoints, with the time of completion t.
+    """
+
+    def __init__(self, problem: Problem, lr: float, w0: np.ndarray, updates: int, exact: bool,
+                 every: int, curve_points: int) -> None:
+        self.problem, self.lr, self.every = problem, lr, every
+        self.exact = exact
+        self.w_star = problem.optimum()[0] if exact else None
+        self.prev = np.array(w0, dtype=np.float64) if exact else None
+        self._checkpoints = curve_checkpoints(updates, curve_points)
+        self._next = 1
+        self.curve: list[tuple[int, int, float]] = [(0, 0, problem.full_loss(w0))]
+
+    def _measured(self, t: int) -> bool:
+        return self.exact and t % self.every == 0
+
+    def complete(self, t: int, w: np.ndarray, sample: int, time: int) -> Measurement:
+        """Record completion ``t`` (its sample, and ``w`` right after it) at ``time``."""
+        result = self._measure(w, sample) if self._measured(t) else UNMEASURED
+        if self.prev is not None and self._measured(t + 1):
+            np.copyto(self.prev, w)
+        if t == self._checkpoints[self._next]:
+            self.curve.append((t, time, self.problem.full_loss(w)))
+            self._next = min(self._next + 1, len(self._checkpoints) - 1)
+        return result
+
+    def _measure(self, w: np.ndarray, sample: int) -> Measurement:
+        prev = self.prev
+        assert prev is not None and self.w_star is not None
+        s = (prev - w) / self.lr
+        g = self.problem.dense_grad(prev, sample)
+        delta = s - g
+        return Measurement(True, float(np.linalg.norm(s)), float(np.linalg.norm(g)),
+                           float(np.linalg.norm(delta)), float(delta @ (prev - self.w_star)))
