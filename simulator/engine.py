@@ -15,7 +15,7 @@ gradient, block load, block store) is decided in one place. Durations and sample
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from typing import Any
 
 import numpy as np
@@ -33,6 +33,7 @@ from simulator.view import SerializedView
 __all__ = ["Engine", "Update", "simulate"]
 
 _TRIM_EVERY = 2048
+_PROGRESS_EVERY = 256
 
 
 class Update:
@@ -90,6 +91,7 @@ class Engine:
         self._rows: list[tuple[Any, ...]] = []
         self._op_rows: list[tuple[int, int, int]] = []
         self._op_counts: list[int] = []
+        self.progress: Callable[[int], object] | None = None
         self.protocol.setup(self)
 
     # -- setup -------------------------------------------------------------------------------
@@ -219,6 +221,8 @@ class Engine:
         del self.active[u.thread]
         if t % _TRIM_EVERY == 0:
             self._trim()
+        if self.progress is not None and t % _PROGRESS_EVERY == 0:
+            self.progress(_PROGRESS_EVERY)
 
     def _trim(self) -> None:
         keep = [self.mem.version(b) for b in range(len(self.mem.bounds) - 1)]
@@ -232,6 +236,8 @@ class Engine:
         for thread in range(self.threads):
             self.env.process(self._thread(thread))
         self.env.run()
+        if self.progress is not None:
+            self.progress(self.completed % _PROGRESS_EVERY)
         return self._trace()
 
     def _trace(self) -> Trace:

@@ -97,7 +97,7 @@ class Trace:
         with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as archive:
             for name in sorted(members):
                 buffer = io.BytesIO()
-                np.lib.format.write_array(buffer, np.ascontiguousarray(members[name]),
+                np.lib.format.write_array(buffer, np.array(members[name], order="C"),
                                           allow_pickle=False)
                 info = zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0))
                 info.compress_type = zipfile.ZIP_DEFLATED
@@ -110,17 +110,20 @@ class Trace:
         Raises:
             TraceError: the file is missing, not a trace, of another schema, or inconsistent.
         """
+        if not Path(path).is_file():
+            raise TraceError(f"trace: {path}: no such file")
+        if not zipfile.is_zipfile(path):
+            raise TraceError(f"trace: {path}: not an .npz trace file")
         try:
             with np.load(path, allow_pickle=False) as data:
                 arrays: dict[str, Any] = {name: data[name] for name in data.files}
-        except FileNotFoundError:
-            raise TraceError(f"trace: {path}: no such file") from None
         except (OSError, ValueError, zipfile.BadZipFile, EOFError) as err:
             raise TraceError(f"trace: {path}: not a readable trace file ({err})") from None
         for key in ("schema", "scenario", "source"):
             if key not in arrays:
                 raise TraceError(f"trace: {path}: missing {key!r}; not an asyngrad trace")
-        if int(arrays.pop("schema")) != SCHEMA:
+        schema = arrays.pop("schema")
+        if schema.shape != () or int(schema) != SCHEMA:
             raise TraceError(f"trace: {path}: schema is not {SCHEMA}")
         scenario, source = str(arrays.pop("scenario")), str(arrays.pop("source"))
         return cls(arrays, scenario, source)

@@ -1,0 +1,131 @@
+"""``asyngrad``: the command line.
+
+Every user error (a bad scenario value, a corrupt trace, a bad flag) prints one line naming
+the field and value and exits with status 2; nothing is written before the input is known good.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+from simulator.errors import AsyngradError
+
+__all__ = ["main"]
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _print_summary(summary: dict[str, Any], out: Path, seconds: float) -> None:
+    error, stale, over = summary["gradient_error"], summary["staleness"], summary["overwrites"]
+    rate = "off" if error["rate"] is None else f"{error['rate']:.3f}"
+    median = error["relative"]["p50"]
+    print(f"{summary['protocol']} k={summary['threads']} T={summary['updates']} "
+          f"B={summary['blocks']} {summary['write_mode']} on {summary['problem']['name']} "
+          f"(d={summary['problem']['dim']})")
+    print(f"  gradient error rate {rate}, median relative error "
+          f"{'n/a' if median is None else f'{median:.3g}'}")
+    print(f"  staleness mean {stale['mean']:.2f}, p95 {stale['p95']:.0f}, max {stale['max']}")
+    print(f"  lost blocks {over['lost_blocks']}, torn reads {over['torn_reads']}, "
+          f"read-overwritten blocks {over['read_overwrite_blocks']}")
+    print(f"  final suboptimality {summary['loss']['final_suboptimality']:.4g}, "
+          f"simulated {summary['time']['span_ns'] / 1e6:.3f} ms "
+          f"({summary['time']['updates_per_second']:.4g} updates/s)")
+    print(f"  wrote {out}/ in {seconds:.2f} s")
+
+
+def _progress(total: int, quiet: bool) -> Any:
+    from tqdm import tqdm
+    return tqdm(total=total, unit="upd", disable=quiet or not sys.stderr.isatty(), leave=False)
+
+
+def _simulate(args: argparse.Namespace) -> int:
+    from simulator.engine import Engine
+    from simulator.rundir import write_run
+    from simulator.scenario import load_scenario
+
+    scenario = load_scenario(args.scenario, args.set)
+    started = time.perf_counter()
+    engine = Engine(scenario)
+    with _progress(scenario.run.updates, args.quiet) as bar:
+        engine.progress = bar.update
+        trace = engine.run()
+    summary = write_run(args.out, scenario, trace, engine.problem)
+    if not args.quiet:
+        _print_summary(summary, Path(args.out), time.perf_counter() - started)
+    return 0
+
+
+def _replay(args: argparse.Namespace) -> int:
+    from simulator.replay import load_trace, replay
+    from simulator.rundir import write_run
+
+    started = time.perf_counter()
+    recorded = load_trace(args.trace)
+    scenario, problem, trace = replay(recorded, args.set)
+    out = Path(args.out)
+    summary = write_run(out, scenario, trace, problem)
+    if not args.quiet:
+        _print_summary(summary, out, time.perf_counter() - started)
+    return 0
+
+
+def _scenario(args: argparse.Namespace) -> int:
+    from simulator.scenario import load_scenario, scenario_to_toml
+
+    sys.stdout.write(scenario_to_toml(load_scenario(args.scenario, args.set)))
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="asyngrad", description="Simulate and analyse asynchronous "
+                     "lock-free SGD (AsynGrad, Hogwild!).")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    def with_overrides(sub: argparse.ArgumentParser) -> None:
+        sub.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                         help="override a scenario field, e.g. run.threads=4 (repeatable)")
+
+    sim = commands.add_parser("simulate", help="run a scenario and write a run directory")
+    sim.add_argument("scenario", nargs="?", help="scenario TOML (default: embedded default)")
+    sim.add_argument("--out", required=True, help="run directory to write")
+    sim.add_argument("--quiet", action="store_true", help="print nothing on success")
+    with_overrides(sim)
+    sim.set_defaults(run=_simulate)
+
+    rep = commands.add_parser("replay", help="re-run a trace's exact interleaving")
+    rep.add_argument("trace", help="trace.npz, or a run directory holding one")
+    rep.add_argument("--out", required=True, help="run directory to write")
+    rep.add_argument("--quiet", action="store_true", help="print nothing on success")
+    with_overrides(rep)
+    rep.set_defaults(run=_replay)
+
+    show = commands.add_parser("scenario", help="print a fully resolved scenario as TOML")
+    show.add_argument("scenario", nargs="?", help="scenario TOML (default: embedded default)")
+    with_overrides(show)
+    show.set_defaults(run=_scenario)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``asyngrad`` command; returns the exit status."""
+    args = _parser().parse_args(argv)
+    try:
+        return int(args.run(args))
+    except AsyngradError as err:
+        print(f"asyngrad: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("asyngrad: interrupted; nothing was written", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

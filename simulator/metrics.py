@@ -1,0 +1,102 @@
+"""Summaries of a trace (DESIGN §4): gradient error, staleness, overwrites, loss.
+
+Pure functions of a trace and its problem, so simulated and real runs are summarised alike.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from simulator.problems import Problem
+from simulator.trace import Trace
+
+__all__ = ["ERROR_THRESHOLD", "curve_rows", "error_mask", "relative_error", "summarize"]
+
+# An update has a gradient error when ‖δ‖ > ERROR_THRESHOLD · max(‖g‖, 1e-12).
+ERROR_THRESHOLD = 1e-9
+
+
+def _floor(g_norm: np.ndarray) -> np.ndarray:
+    return np.maximum(g_norm, 1e-12)
+
+
+def relative_error(trace: Trace) -> np.ndarray:
+    """‖δ‖/‖g‖ of the measured updates."""
+    measured = trace["measured"]
+    return trace["delta_norm"][measured] / _floor(trace["g_norm"][measured])
+
+
+def error_mask(trace: Trace) -> np.ndarray:
+    """For each measured update, whether it carries a gradient error."""
+    measured = trace["measured"]
+    return trace["delta_norm"][measured] > ERROR_THRESHOLD * _floor(trace["g_norm"][measured])
+
+
+def _number(value: float) -> float | None:
+    return float(value) if math.isfinite(value) else None
+
+
+def _quantiles(values: np.ndarray) -> dict[str, float | None]:
+    if values.size == 0:
+        return {"mean": None, "p50": None, "p95": None, "max": None}
+    return {"mean": _number(values.mean()), "p50": _number(np.quantile(values, 0.5)),
+            "p95": _number(np.quantile(values, 0.95)), "max": _number(values.max())}
+
+
+def curve_rows(trace: Trace, f_star: float) -> list[tuple[int, int, float, float]]:
+    """(update, time_ns, loss, suboptimality) at each loss-curve checkpoint."""
+    return [(int(t), int(time), float(loss), float(loss) - f_star) for t, time, loss in
+            zip(trace["curve_t"], trace["curve_time"], trace["curve_loss"], strict=True)]
+
+
+def summarize(trace: Trace, problem: Problem, scenario: Any) -> dict[str, Any]:
+    """Everything ``summary.json`` holds: deterministic (no wall-clock time)."""
+    run, metrics = scenario.run, scenario.metrics
+    measured = trace["measured"]
+    n_measured = int(measured.sum())
+    errors = error_mask(trace)
+    staleness = trace["staleness"].astype(np.float64)
+    w_star, f_star = problem.optimum()
+    final = float(trace["curve_loss"][-1])
+    end = int(trace["write_end"].max()) if len(trace) else 0
+    start = int(trace["read_start"].min()) if len(trace) else 0
+    span = max(end - start, 1)
+    dot = trace["delta_dot"][measured]
+    return {
+        "source": trace.source,
+        "scenario": scenario.name,
+        "protocol": run.protocol,
+        "threads": int(trace["thread"].max()) + 1 if len(trace) else 0,
+        "updates": len(trace),
+        "blocks": run.blocks,
+        "write_mode": run.write_mode,
+        "lr": run.lr,
+        "problem": problem.describe(),
+        "time": {"span_ns": span, "updates_per_second": len(trace) / (span * 1e-9)},
+        "exact_metrics": {"enabled": metrics.exact, "every": metrics.every,
+                          "measured_updates": n_measured},
+        "gradient_error": {
+            "rate": _number(errors.mean()) if n_measured else None,
+            "relative": _quantiles(relative_error(trace)),
+            "mean_norm": _number(trace["delta_norm"][measured].mean()) if n_measured else None,
+            "mean_neg_dot": _number(-dot.mean()) if n_measured else None,
+            "mean_s_norm2": (_number((trace["s_norm"][measured] ** 2).mean())
+                             if n_measured else None),
+        },
+        "staleness": {"mean": _number(staleness.mean()) if len(trace) else None,
+                      "p95": _number(np.quantile(staleness, 0.95)) if len(trace) else None,
+                      "max": int(staleness.max()) if len(trace) else None},
+        "overwrites": {
+            "read_overwrite_blocks": int(trace["read_overwrites"].sum()),
+            "updates_with_read_overwrite": int((trace["read_overwrites"] > 0).sum()),
+            "torn_reads": int(trace["torn"].sum()),
+            "lost_blocks": int(trace["lost_blocks"].sum()),
+            "updates_with_lost_blocks": int((trace["lost_blocks"] > 0).sum()),
+        },
+        "loss": {"initial": float(trace["curve_loss"][0]), "final": final,
+                 "optimum": f_star, "final_suboptimality": final - f_star,
+                 "final_distance": float(np.linalg.norm(trace["w_final"] - w_star))},
+    }

@@ -1,0 +1,79 @@
+"""Trace-driven simulation: re-run the exact recorded samples and per-block durations.
+
+With the trace's own scenario the replay reproduces the run bit for bit. Values that do not
+shape the interleaving (learning rate, problem size, metrics, device contention) may change;
+the protocol, thread count, block count and update count may not.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from simulator.engine import simulate
+from simulator.errors import ScenarioError, TraceError
+from simulator.problems import Problem, make_problem
+from simulator.scenario import Scenario, apply_override, scenario_from_dict
+from simulator.timing import ReplaySource
+from simulator.trace import Trace
+
+__all__ = ["FIXED_BY_TRACE", "load_trace", "replay", "replay_scenario", "replay_source"]
+
+FIXED_BY_TRACE = ("protocol", "threads", "blocks", "updates")
+
+
+def load_trace(path: str | Path) -> Trace:
+    """A trace from a ``trace.npz`` file or a run directory holding one."""
+    path = Path(path)
+    return Trace.load(path / "trace.npz" if path.is_dir() else path)
+
+
+def replay_source(trace: Trace) -> ReplaySource:
+    """Each thread's recorded (sample, read durations, gradient duration, write durations)."""
+    threads = int(trace["thread"].max()) + 1 if len(trace) else 0
+    order = np.lexsort((trace["thread_seq"], trace["thread"]))
+    per_thread: list[list[tuple[int, list[int], int, list[int]]]] = [[] for _ in range(threads)]
+    reads, writes = trace["op_read_ns"], trace["op_write_ns"]
+    for row in order.tolist():
+        ops = trace.ops_of(row)
+        per_thread[int(trace["thread"][row])].append(
+            (int(trace["sample"][row]), reads[ops].tolist(), int(trace["grad_ns"][row]),
+             writes[ops].tolist()))
+    return ReplaySource(per_thread)
+
+
+def replay_scenario(trace: Trace, overrides: list[str] | tuple[str, ...] = ()) -> Scenario:
+    """The trace's scenario with ``key=value`` overrides that keep its interleaving.
+
+    Raises:
+        TraceError: the embedded scenario cannot be read.
+        ScenarioError: an override changes what the trace fixes, or is invalid.
+    """
+    import tomllib
+    try:
+        data = tomllib.loads(trace.scenario_toml)
+    except tomllib.TOMLDecodeError as err:
+        raise TraceError(f"trace: embedded scenario is not valid TOML ({err})") from None
+    original = scenario_from_dict(data)
+    for text in overrides:
+        apply_override(data, text)
+    scenario = scenario_from_dict(data)
+    for name in FIXED_BY_TRACE:
+        if getattr(scenario.run, name) != getattr(original.run, name):
+            raise ScenarioError(f"run.{name}", getattr(scenario.run, name),
+                                f"is fixed by the trace ({getattr(original.run, name)})")
+    return scenario
+
+
+def replay(trace: Trace, overrides: list[str] | tuple[str, ...] = (),
+           ) -> tuple[Scenario, Problem, Trace]:
+    """Re-run a trace's interleaving; returns the scenario, problem and new trace."""
+    scenario = replay_scenario(trace, overrides)
+    problem = make_problem(scenario.problem)
+    if len(trace) and int(trace["sample"].max()) >= problem.n_samples:
+        raise ScenarioError("problem.n_samples", problem.n_samples,
+                            f"the trace uses sample {int(trace['sample'].max())}")
+    replayed = simulate(scenario, problem, replay_source(trace))
+    replayed.source = "replay"
+    return scenario, problem, replayed

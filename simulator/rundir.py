@@ -1,0 +1,65 @@
+"""The run directory: scenario, summary, trace, loss curve and plots, written all-or-nothing.
+
+Everything is written into a hidden sibling directory first and swapped into place at the end,
+so an interrupted run never leaves a half-written or mixed result behind.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from simulator.metrics import curve_rows, summarize
+from simulator.plots import error_histogram_figure, loss_figure, timeline_figure
+from simulator.problems import Problem
+from simulator.scenario import Scenario, scenario_to_toml
+from simulator.trace import Trace
+
+__all__ = ["FILES", "write_run"]
+
+FILES = ("scenario.toml", "summary.json", "trace.npz", "curve.csv", "timeline.png", "loss.png",
+         "error_hist.png")
+
+
+def _write_files(where: Path, scenario: Scenario, trace: Trace, summary: dict[str, Any],
+                 f_star: float) -> None:
+    (where / "scenario.toml").write_text(scenario_to_toml(scenario))
+    (where / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    trace.save(where / "trace.npz")
+    rows = curve_rows(trace, f_star)
+    with open(where / "curve.csv", "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["update", "time_ns", "loss", "suboptimality"])
+        writer.writerows((t, time, repr(loss), repr(sub)) for t, time, loss, sub in rows)
+    timeline_figure(trace).savefig(where / "timeline.png", dpi=110)
+    loss_figure([r[0] for r in rows], [r[3] for r in rows],
+                f"{scenario.run.protocol}, k={summary['threads']}").savefig(
+        where / "loss.png", dpi=110)
+    error_histogram_figure(trace).savefig(where / "error_hist.png", dpi=110)
+
+
+def write_run(out: str | Path, scenario: Scenario, trace: Trace,
+              problem: Problem) -> dict[str, Any]:
+    """Write the run directory ``out`` (replacing an earlier run there); return the summary."""
+    out = Path(out)
+    summary = summarize(trace, problem, scenario)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = out.parent / f".{out.name}.partial-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir()
+    try:
+        _write_files(staging, scenario, trace, summary, problem.optimum()[1])
+        if out.exists():
+            retired = out.parent / f".{out.name}.old-{os.getpid()}"
+            out.rename(retired)
+            staging.rename(out)
+            shutil.rmtree(retired)
+        else:
+            staging.rename(out)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return summary

@@ -1,0 +1,179 @@
+"""The engine: exact invariants and hand-worked interleavings (log-and-compare)."""
+
+import numpy as np
+import pytest
+
+from simulator.engine import Engine, simulate
+from simulator.errors import ScenarioError
+from simulator.metrics import error_mask
+from simulator.problems import make_problem
+
+from .conftest import CONSTANT, scenario
+
+ROW = ("uid", "thread", "thread_seq", "read_start", "read_end", "grad_start", "grad_end",
+       "write_start", "write_end", "staleness", "read_overwrites", "torn", "lost_blocks",
+       "overwrote")
+
+
+def _rows(trace):
+    return [tuple(int(trace[name][i]) for name in ROW) for i in range(len(trace))]
+
+
+def _hand_case(*extra):
+    """2 threads, 2 blocks of a 4-d quadratic, constant durations (per block: half)."""
+    return scenario(*CONSTANT, "problem.name=quadratic", "problem.dim=4",
+                    "problem.n_samples=10", "run.blocks=2", "run.threads=2",
+                    "timing.read.mean=200", "timing.grad.mean=1000", "timing.write.mean=200",
+                    *extra)
+
+
+def test_lockstep_threads_lose_the_first_write():
+    """Two identical threads: both load before either stores, so thread 0's stores are lost.
+
+    Each block read/write takes 100 ns. Both read [0,200], compute [200,1200], then write
+    block 0 (load 1200, store 1300) and block 1 (load 1300, store 1400). At equal times thread
+    0 acts first: it stores first, thread 1 stores over it from an older load.
+    """
+    trace = simulate(_hand_case("run.updates=2"))
+    assert _rows(trace) == [
+        # uid thr seq  R        G           W         stale ro torn lost overwrote
+        (0, 0, 0, 0, 200, 200, 1200, 1200, 1400, 0, 0, 0, 2, 0),
+        (1, 1, 0, 0, 200, 200, 1200, 1200, 1400, 1, 0, 0, 0, 2),
+    ]
+    problem = make_problem(_hand_case().problem)
+    lr = 0.02
+    w1 = -lr * problem.grad(np.zeros(4), int(trace["sample"][1]))[0]
+    assert np.array_equal(trace["w_final"], w1)  # only thread 1's update survived
+
+
+def test_fast_thread_tears_a_slow_read():
+    """A 4× faster thread completes two updates while a slow thread reads: a torn read.
+
+    Slow thread 0: block reads of 500 ns (copies at 500 and 1000), gradient [1000,2000],
+    block writes of 100 ns. Fast thread 1: reads 125 ns/block, gradient 250 ns, writes
+    25 ns/block: update 1 stores block 0 at 525 and block 1 at 550; update 2 stores them at
+    1075 and 1100. Thread 0's block-0 copy (at 500) precedes both, its block-1 copy (at 1000)
+    contains update 1's store: versions that never coexisted, since update 1 changed block 0
+    at 525. Block 1 changed after the read began (a read-overwrite); thread 0's update is two
+    completions stale.
+    """
+    trace = simulate(_hand_case("run.updates=3", "timing.read.mean=1000",
+                                "devices=[{name='slow'}, {name='fast', speed=4.0}]"))
+    assert _rows(trace) == [
+        (1, 1, 0, 0, 250, 250, 500, 500, 550, 0, 0, 0, 0, 0),
+        (2, 1, 1, 550, 800, 800, 1050, 1050, 1100, 0, 0, 0, 0, 0),
+        (0, 0, 0, 0, 1000, 1000, 2000, 2000, 2200, 2, 1, 1, 0, 0),
+    ]
+    assert error_mask(trace).tolist() == [False, False, True]
+
+
+def test_one_core_time_shares_every_action():
+    """With one core for two threads no two actions overlap: the span is the sum of work."""
+    trace = simulate(_hand_case("run.updates=6", "devices.0.cores=1"))
+    work = trace["op_read_ns"].sum() + trace["grad_ns"].sum() + trace["op_write_ns"].sum()
+    assert trace["write_end"].max() - trace["read_start"].min() == work
+
+
+def test_bus_serialises_block_transfers():
+    """A bus of capacity 1 lets one block move at a time: transfers never overlap."""
+    trace = simulate(_hand_case("run.updates=8", "run.threads=4", "devices.0.bus=1",
+                                "timing.grad.mean=0"))
+    transfers = trace["op_read_ns"].sum() + trace["op_write_ns"].sum()
+    assert trace["write_end"].max() == transfers
+
+
+def test_single_thread_lockfree_is_plain_sgd_to_the_bit():
+    """k=1 lock-free performs exactly w ← w − lr·∇f_z(w) on the recorded samples."""
+    s = scenario("run.threads=1", "run.updates=300", "run.blocks=3")
+    trace = simulate(s)
+    problem = make_problem(s.problem)
+    w = np.zeros(problem.dim)
+    for z in trace["sample"]:
+        w = w - s.run.lr * problem.grad(w, int(z))[0]
+    assert np.array_equal(trace["w_final"], w)
+    assert not error_mask(trace).any()
+    assert trace["staleness"].max() == 0
+
+
+def test_serial_protocol_equals_single_thread_lockfree():
+    """serial (any thread count) runs thread 0's stream: the same trace as k=1 lock-free."""
+    serial = simulate(scenario("run.protocol=serial", "run.threads=8", "run.updates=200"))
+    single = simulate(scenario("run.threads=1", "run.updates=200"))
+    for name in ("sample", "write_end", "w_final", "delta_norm", "curve_loss"):
+        assert np.array_equal(serial[name], single[name])
+
+
+@pytest.mark.parametrize("mode", ["load_store", "atomic_add"])
+def test_locked_has_no_error_and_no_staleness(mode):
+    """Under a whole-update lock every update sees the latest vector."""
+    trace = simulate(scenario("run.protocol=locked", "run.updates=800", "run.blocks=4",
+                              f"run.write_mode={mode}"))
+    assert error_mask(trace).sum() == 0
+    assert trace["staleness"].max() == 0
+    assert trace["lost_blocks"].sum() == 0 and trace["torn"].sum() == 0
+
+
+def test_atomic_add_never_loses_a_block():
+    """atomic_add: no store is overwritten, even with heavy contention."""
+    trace = simulate(scenario("run.write_mode=atomic_add", "run.threads=16", "run.blocks=4",
+                              "run.updates=1500"))
+    assert trace["lost_blocks"].sum() == 0 and trace["overwrote"].sum() == 0
+    assert trace["staleness"].mean() > 5  # contention was real
+
+
+def test_load_store_loses_blocks_under_contention():
+    """The same run with load_store does lose stores, and lost counts balance overwrites."""
+    trace = simulate(scenario("run.threads=16", "run.blocks=4", "run.updates=1500"))
+    assert trace["lost_blocks"].sum() > 100
+    assert trace["lost_blocks"].sum() == trace["overwrote"].sum()
+
+
+def test_dense_errors_far_exceed_sparse_errors():
+    """The paper's observation: lock-free k=8 gives gradient errors on nearly every dense
+    update, but rarely on a sparse (Hogwild) problem with the same timings."""
+    dense = simulate(scenario("run.updates=2000"))
+    sparse = simulate(scenario("run.updates=2000", "problem.name=sparse_logistic",
+                               "problem.dim=5000", "problem.density=0.002"))
+    dense_rate, sparse_rate = error_mask(dense).mean(), error_mask(sparse).mean()
+    assert dense_rate > 0.9
+    assert sparse_rate < 0.2
+    assert dense_rate - sparse_rate > 0.7
+
+
+def test_sparse_updates_move_only_their_blocks():
+    """A sparse update reads and writes only the blocks its support touches."""
+    s = scenario("problem.name=sparse_logistic", "problem.dim=1000", "problem.density=0.003",
+                 "run.blocks=50", "run.updates=100")
+    trace = simulate(s)
+    problem = make_problem(s.problem)
+    for row in range(len(trace)):
+        blocks = trace["op_block"][trace.ops_of(row)]
+        expected = np.unique(problem.support(int(trace["sample"][row])) // 20)
+        assert np.array_equal(blocks, expected)
+
+
+def test_completions_are_in_time_order_and_phases_ordered():
+    """Rows are write completions in time order; each update has R ≤ G ≤ W."""
+    trace = simulate(scenario("run.updates=500", "run.blocks=3"))
+    assert np.all(np.diff(trace["write_end"]) >= 0)
+    for a, b in (("read_start", "read_end"), ("read_end", "grad_start"),
+                 ("grad_start", "grad_end"), ("grad_end", "write_start"),
+                 ("write_start", "write_end")):
+        assert np.all(trace[a] <= trace[b])
+    assert sorted(trace["uid"].tolist()) == list(range(500))
+
+
+def test_blocks_above_dimension_is_a_scenario_error():
+    """More blocks than coordinates is rejected with the field named."""
+    with pytest.raises(ScenarioError, match=r"run\.blocks"):
+        Engine(scenario("problem.data=breast_cancer", "run.blocks=31"))
+
+
+def test_sampled_metrics_measure_every_nth_update():
+    """metrics.every=n measures completions n, 2n, ...; exact=false measures none."""
+    trace = simulate(scenario("run.updates=100", "metrics.every=7"))
+    assert np.flatnonzero(trace["measured"]).tolist() == list(range(6, 100, 7))
+    off = simulate(scenario("run.updates=100", "metrics.exact=false"))
+    assert not off["measured"].any() and np.isnan(off["delta_norm"]).all()
+    full = simulate(scenario("run.updates=100"))
+    assert np.array_equal(full["delta_norm"][6::7], trace["delta_norm"][6::7])

@@ -1,0 +1,131 @@
+"""Problems against independent implementations: torch autograd, scipy, scikit-learn."""
+
+import numpy as np
+import pytest
+import scipy.linalg
+import scipy.optimize
+
+from simulator.problems import LogisticProblem, QuadraticProblem, SparseLogisticProblem
+
+torch = pytest.importorskip("torch")
+
+PROBLEMS = {
+    "quadratic": lambda: QuadraticProblem(20, 200, 0.01, seed=3),
+    "logistic": lambda: LogisticProblem.synthetic(20, 300, 0.01, seed=3),
+    "breast_cancer": lambda: LogisticProblem.breast_cancer(0.01),
+    "sparse_logistic": lambda: SparseLogisticProblem(200, 300, 0.01, 0.05, seed=3),
+}
+
+
+@pytest.fixture(params=list(PROBLEMS), scope="module")
+def problem(request):
+    return PROBLEMS[request.param]()
+
+
+def _points(problem, count=5):
+    rng = np.random.default_rng(7)
+    return [rng.standard_normal(problem.dim) for _ in range(count)]
+
+
+def test_numpy_gradient_matches_torch_autograd(problem):
+    """Per-sample numpy gradients equal torch autograd of the torch twin to 1e-10 (float64)."""
+    for i, w in enumerate(_points(problem)):
+        idx = (37 * i) % problem.n_samples
+        wt = torch.tensor(w, dtype=torch.float64, requires_grad=True)
+        problem.torch_loss(wt, idx).backward()
+        ours = problem.dense_grad(w, idx)
+        assert np.allclose(ours, wt.grad.numpy(), rtol=1e-10, atol=1e-12)
+        assert problem.loss(w, idx) == pytest.approx(
+            float(problem.torch_loss(torch.tensor(w), idx)), rel=1e-12)
+
+
+def test_full_objective_is_mean_of_samples(problem):
+    """f and ∇f equal the average of the per-sample losses and gradients."""
+    w = _points(problem, 1)[0]
+    losses = [problem.loss(w, i) for i in range(problem.n_samples)]
+    grads = np.mean([problem.dense_grad(w, i) for i in range(problem.n_samples)], axis=0)
+    assert problem.full_loss(w) == pytest.approx(np.mean(losses), rel=1e-12)
+    assert np.allclose(problem.full_grad(w), grads, rtol=1e-10, atol=1e-12)
+
+
+def test_hessian_vector_product_matches_finite_differences(problem):
+    """hessp agrees with central differences of the full gradient."""
+    w, v = _points(problem, 2)
+    h = 1e-5
+    numeric = (problem.full_grad(w + h * v) - problem.full_grad(w - h * v)) / (2 * h)
+    assert np.allclose(problem.hessp(w, v), numeric, rtol=1e-5, atol=1e-7)
+
+
+def test_optimum_has_zero_gradient_and_is_minimal(problem):
+    """At w* the full gradient vanishes (~1e-12) and nearby points are no better."""
+    w_star, f_star = problem.optimum()
+    assert np.linalg.norm(problem.full_grad(w_star)) < 1e-10
+    for w in _points(problem):
+        assert problem.full_loss(w_star + 1e-3 * w) >= f_star
+
+
+def test_optimum_matches_scipy_bfgs(problem):
+    """An independent scipy L-BFGS solve reaches the same f* and w*."""
+    w_star, f_star = problem.optimum()
+    result = scipy.optimize.minimize(problem.full_loss, np.zeros(problem.dim),
+                                     jac=problem.full_grad, method="L-BFGS-B",
+                                     options={"ftol": 1e-15, "gtol": 1e-11, "maxiter": 5000})
+    assert result.fun == pytest.approx(f_star, abs=1e-10)
+    assert np.allclose(result.x, w_star, atol=1e-5)
+
+
+def test_quadratic_optimum_matches_least_squares():
+    """Ridge w* equals scipy's least-squares solution of the augmented system."""
+    p = QuadraticProblem(15, 60, 0.05, seed=1)
+    n = p.n_samples
+    A = np.vstack([p.A / np.sqrt(n), np.sqrt(p.l2) * np.eye(p.dim)])
+    b = np.concatenate([p.b / np.sqrt(n), np.zeros(p.dim)])
+    reference = scipy.linalg.lstsq(A, b)[0]
+    assert np.allclose(p.optimum()[0], reference, rtol=1e-10, atol=1e-12)
+
+
+def test_quadratic_constants_are_hessian_eigenvalues():
+    """c and q of the quadratic are the extreme eigenvalues of its (constant) Hessian."""
+    for dim, n in ((15, 60), (80, 40)):
+        p = QuadraticProblem(dim, n, 0.05, seed=1)
+        eig = np.linalg.eigvalsh(p.A.T @ p.A / n + p.l2 * np.eye(dim))
+        assert p.strong_convexity == pytest.approx(eig[0], rel=1e-9, abs=1e-12)
+        assert p.smoothness == pytest.approx(eig[-1], rel=1e-9)
+
+
+@pytest.mark.parametrize("name", ["logistic", "sparse_logistic"])
+def test_logistic_constants_bound_the_hessian(name):
+    """c ≤ λ_min(∇²f(w)) and λ_max(∇²f(w)) ≤ q at random points."""
+    p = PROBLEMS[name]()
+    for w in _points(p, 3):
+        H = np.column_stack([p.hessp(w, e) for e in np.eye(p.dim)])
+        eig = np.linalg.eigvalsh((H + H.T) / 2)
+        assert eig[0] >= p.strong_convexity - 1e-10
+        assert eig[-1] <= p.smoothness + 1e-10
+
+
+def test_logistic_matches_scikit_learn():
+    """Our logistic optimum equals scikit-learn's LogisticRegression with C = 1/(nλ)."""
+    from sklearn.linear_model import LogisticRegression
+    p = LogisticProblem.breast_cancer(0.01)
+    model = LogisticRegression(C=1.0 / (p.n_samples * p.l2), fit_intercept=False, tol=1e-12,
+                               max_iter=10_000).fit(p.X, p.y)
+    assert np.allclose(model.coef_.ravel(), p.optimum()[0], atol=1e-6)
+
+
+def test_sparse_gradients_stay_on_their_support():
+    """A sparse sample's gradient is zero outside its support, and its support is sorted."""
+    p = PROBLEMS["sparse_logistic"]()
+    w = _points(p, 1)[0]
+    values, support = p.grad(w, 5)
+    assert support is not None and np.all(np.diff(support) > 0)
+    dense = p.dense_grad(w, 5)
+    assert np.count_nonzero(dense) <= support.size
+    assert np.array_equal(dense[support], values)
+
+
+def test_breast_cancer_is_shipped_data():
+    """The real-data problem loads offline from scikit-learn: 569 samples, 30 features."""
+    p = PROBLEMS["breast_cancer"]()
+    assert (p.n_samples, p.dim) == (569, 30)
+    assert set(np.unique(p.y)) == {-1.0, 1.0}
