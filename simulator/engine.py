@@ -15,6 +15,7 @@ gradient, block load, block store) is decided in one place. Durations and sample
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Generator
 from typing import Any
 
@@ -100,11 +101,11 @@ class Engine:
         bounds, dim = self.mem.bounds, self.problem.dim
         if support is None:
             return ([(b, slice(lo, hi), slice(lo, hi), None)
-                     for b, (lo, hi) in enumerate(zip(bounds, bounds[1:], strict=False))],
-                    [(hi - lo) / dim for lo, hi in zip(bounds, bounds[1:], strict=False)])
+                     for b, (lo, hi) in enumerate(itertools.pairwise(bounds))],
+                    [(hi - lo) / dim for lo, hi in itertools.pairwise(bounds)])
         cuts = np.searchsorted(support, bounds).tolist()
         ops: list[Op] = []
-        for b, (p0, p1) in enumerate(zip(cuts, cuts[1:], strict=False)):
+        for b, (p0, p1) in enumerate(itertools.pairwise(cuts)):
             if p1 > p0:
                 coords = support[p0:p1]
                 ops.append((b, coords, slice(p0, p1), coords))

@@ -99,7 +99,8 @@ class SharedMemory:
             return False
         newest = max(c.newest for c in copies)
         for c in copies:
-            later = [s.seq for s in self._since(c.block, c.version) if _overlaps(s.coords, c.coords)]
+            later = [s.seq for s in self._since(c.block, c.version)
+                     if _overlaps(s.coords, c.coords)]
             if later and later[0] < newest:
                 return True
         return False

@@ -45,8 +45,7 @@ def timeline_figure(trace: Trace, window: int | None = None) -> Figure:
     ax.invert_yaxis()
     ax.set_xlabel("time (µs)")
     ax.set_title(f"Thread timeline: first {shown} of {len(trace)} updates")
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.25 - 0.3 / threads), ncol=5,
-              frameon=False)
+    fig.legend(loc="outside lower center", ncol=5, frameon=False)
     return fig
 
 

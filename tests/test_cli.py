@@ -1,0 +1,94 @@
+"""The asyngrad command: outputs of a run and one-line errors for bad input."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from simulator.cli import main
+from simulator.rundir import FILES
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "simulator.cli", *args], capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_default_simulation_writes_every_output(tmp_path):
+    """`asyngrad simulate --out DIR` with no file runs the default scenario and writes all."""
+    result = _cli("simulate", "--out", str(tmp_path / "demo"))
+    assert result.returncode == 0, result.stderr
+    assert sorted(p.name for p in (tmp_path / "demo").iterdir()) == sorted(FILES)
+    summary = json.loads((tmp_path / "demo" / "summary.json").read_text())
+    assert (summary["protocol"], summary["threads"], summary["write_mode"]) == (
+        "lockfree", 8, "load_store")
+    assert "gradient error rate" in result.stdout
+    for png in ("timeline.png", "loss.png", "error_hist.png"):
+        assert (tmp_path / "demo" / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    curve = (tmp_path / "demo" / "curve.csv").read_text().splitlines()
+    assert curve[0] == "update,time_ns,loss,suboptimality" and len(curve) == 102
+
+
+def test_replay_command_reproduces_the_trace(tmp_path):
+    """`asyngrad replay RUN` writes a run whose trace has the same arrays as the original."""
+    assert main(["simulate", "--out", str(tmp_path / "a"), "--quiet",
+                 "--set", "run.updates=300"]) == 0
+    assert main(["replay", str(tmp_path / "a"), "--out", str(tmp_path / "b"), "--quiet"]) == 0
+    assert (tmp_path / "a" / "curve.csv").read_bytes() == (tmp_path / "b" / "curve.csv"
+                                                             ).read_bytes()
+
+
+def test_scenario_command_prints_resolved_toml(tmp_path, capsys):
+    """`asyngrad scenario` prints a file that `simulate` accepts back."""
+    assert main(["scenario", "--set", "run.threads=3"]) == 0
+    text = capsys.readouterr().out
+    assert "threads = 3" in text
+    (tmp_path / "s.toml").write_text(text)
+    assert main(["simulate", str(tmp_path / "s.toml"), "--out", str(tmp_path / "r"), "--quiet",
+                 "--set", "run.updates=50"]) == 0
+    assert "threads = 3" in (tmp_path / "r" / "scenario.toml").read_text()
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["--set", "run.threads=-1"], "run.threads = -1"),
+    (["--set", "run.blocks=0"], "run.blocks = 0"),
+    (["--set", "run.lr=0"], "run.lr = 0"),
+    (["--set", "run.nope=1"], "run.nope = 1: unknown key"),
+    (["--set", "timing.read.dist=weibull"], "timing.read.dist = 'weibull'"),
+    (["--set", "problem.dim"], "--set = 'problem.dim'"),
+    (["missing.toml"], "scenario = 'missing.toml'"),
+])
+def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path, args, needle):
+    """Bad values: exit 2, one line on stderr naming field and value, no output directory."""
+    out = tmp_path / "out"
+    result = _cli("simulate", *args, "--out", str(out))
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], result.stderr
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_corrupt_trace_is_one_line_exit_2(tmp_path):
+    """A corrupt trace given to replay is reported in one line with exit 2."""
+    bad = tmp_path / "trace.npz"
+    bad.write_bytes(b"PK\x03\x04 definitely not a zip")
+    result = _cli("replay", str(bad), "--out", str(tmp_path / "r"))
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
+    assert "trace" in result.stderr and not (tmp_path / "r").exists()
+
+
+def test_unknown_subcommand_is_one_line_exit_2():
+    """argparse errors are one line too."""
+    result = _cli("frobnicate")
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_rerun_replaces_the_directory_whole(tmp_path):
+    """Writing into an existing run directory replaces it; no stale file survives."""
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "stale.txt").write_text("old")
+    assert main(["simulate", "--out", str(out), "--quiet", "--set", "run.updates=20"]) == 0
+    assert sorted(p.name for p in out.iterdir()) == sorted(FILES)
+    assert [p.name for p in tmp_path.iterdir()] == ["run"]
