@@ -7,9 +7,9 @@ waits, and stores ``loaded − lr·g`` (overwriting any store that landed in bet
 ``atomic_add`` adds ``−lr·g`` atomically. The engine owns the loop and the clock; a protocol
 (``simulator.protocols``) owns only what differs, such as holding a lock around the update.
 
-Every wait goes through :meth:`Engine.hold`, the one place where time passes: cores and the
-memory bus are simpy resources acquired there, so the order of atomic actions (block read,
-gradient, block load, block store) is decided in one place. Durations and samples come from a
+Every action's duration goes through :meth:`Engine._advance`, the one place where time passes:
+cores and the memory bus are simpy resources acquired there, so the order of atomic actions
+(block read, gradient, block load, block store) is decided in one place. Durations and samples come from a
 ``DurationSource``: seeded draws, or a recorded trace (replay).
 """
 
@@ -23,7 +23,7 @@ import numpy as np
 import simpy
 
 from simulator.errors import ScenarioError
-from simulator.memory import BlockCopy, SharedMemory
+from simulator.memory import SharedMemory
 from simulator.problems import Problem, make_problem
 from simulator.protocols import make_protocol
 from simulator.scenario import Scenario, scenario_to_toml
@@ -42,14 +42,13 @@ class Update:
 
     __slots__ = ("grad_end", "grad_ns", "grad_start", "ops", "overwrote", "read_end",
                  "read_ns", "read_overwrites", "read_start", "sample", "seq",
-                 "start_completed", "start_versions", "step", "thread", "torn", "uid",
+                 "start_completed", "start_versions", "thread", "torn", "uid",
                  "write_end", "write_ns", "write_start")
 
     def __init__(self, uid: int, thread: int, seq: int, sample: int, ops: list[Op]) -> None:
         self.uid, self.thread, self.seq, self.sample, self.ops = uid, thread, seq, sample, ops
         self.start_versions: list[int] = []
         self.overwrote = 0
-        self.step: np.ndarray = np.empty(0)
 
 
 # One block an update moves: block id, index into w, index into the gradient values, and the
@@ -65,7 +64,7 @@ class Engine:
     """
 
     def __init__(self, scenario: Scenario, problem: Problem | None = None,
-                 source: DurationSource | None = None) -> None:
+                 source: DurationSource | None = None, lookahead: bool = True) -> None:
         self.scenario = scenario
         self.problem = problem if problem is not None else make_problem(scenario.problem)
         run = scenario.run
@@ -87,6 +86,8 @@ class Engine:
         self._dense_ops, self._dense_fractions = self._block_ops(None)
         self._cores, self._bus = self._resources()
         self.started = self.completed = 0
+        self.clock = [0] * self.threads
+        self.lookahead = lookahead
         self.active: dict[int, Update] = {}
         self.lost = np.zeros(run.updates, dtype=np.int32)
         self._rows: list[tuple[Any, ...]] = []
@@ -125,77 +126,97 @@ class Engine:
         return [pools[d] for d in devices], [buses[d] for d in devices]
 
     # -- the clock ---------------------------------------------------------------------------
+    # Each thread keeps its own clock, which may run ahead of simpy's: an action that ends
+    # strictly before the next scheduled event (``env.peek()``) cannot be interleaved with
+    # anything, so it is applied at once, exactly as if its timeout had fired. Threads that
+    # wait for cores or a bus, and protocol gates, always go through simpy.
 
-    def hold(self, thread: int, duration: int, transfer: bool) -> simpy.Event:
-        """The event that fires when ``thread`` has spent ``duration`` ns on one action.
+    def _advance(self, thread: int, duration: int, transfer: bool) -> simpy.Event | None:
+        """Spend ``duration`` ns on one action; the event to wait for, or ``None`` if the
+        action completes without anything else happening first."""
+        core = self._cores[thread]
+        bus = self._bus[thread] if transfer else None
+        env, end = self.env, self.clock[thread] + duration
+        if core is not None or bus is not None:
+            return env.process(self._held(self.clock[thread] - env.now, duration, core, bus))
+        self.clock[thread] = end
+        if self.lookahead and end < env.peek():
+            return None
+        return env.timeout(end - env.now)
 
-        The action holds a core of the thread's device (when cores are scarce) and, for a
-        block transfer, a place on the device's memory bus (when it has one).
-        """
-        core, bus = self._cores[thread], self._bus[thread] if transfer else None
-        if core is None and bus is None:
-            return self.env.timeout(duration)
-        return self.env.process(self._held(duration, core, bus))
-
-    def _held(self, duration: int, *pools: simpy.Resource | None) -> Generator[Any, Any, None]:
-        requests = [pool.request() for pool in pools if pool is not None]
-        for request in requests:
+    def _held(self, lag: int, duration: int,
+              *pools: simpy.Resource | None) -> Generator[Any, Any, None]:
+        """Catch up with the thread's clock, take core/bus places, hold them ``duration``."""
+        if lag:
+            yield self.env.timeout(lag)
+        requests = [(pool, pool.request()) for pool in pools if pool is not None]
+        for _, request in requests:
             yield request
         yield self.env.timeout(duration)
-        for request, pool in zip(requests, [p for p in pools if p is not None], strict=True):
+        for pool, request in requests:
             pool.release(request)
 
-    # -- the three phases of an update (protocols compose these) -----------------------------
+    def _sync(self, thread: int) -> simpy.Event | None:
+        """Bring simpy's clock up to the thread's (before touching shared simpy state)."""
+        lag = self.clock[thread] - self.env.now
+        return self.env.timeout(lag) if lag else None
 
-    def read(self, u: Update, local: np.ndarray) -> Generator[Any, Any, None]:
-        """READ: copy each block the sample needs when its read ends."""
-        u.read_start, u.start_completed = self.env.now, self.completed
-        mem = self.mem
-        u.start_versions = [mem.version(op[0]) for op in u.ops]
-        copies: list[BlockCopy] = []
-        for (block, index, _, coords), duration in zip(u.ops, u.read_ns, strict=True):
-            yield self.hold(u.thread, duration, True)
-            copies.append(mem.copy(block, index, coords, local))
-        u.read_end = self.env.now
-        u.read_overwrites = sum(mem.changed(c, v) for c, v in
-                                zip(copies, u.start_versions, strict=True))
-        u.torn = mem.torn(copies)
-
-    def compute(self, u: Update, local: np.ndarray) -> Generator[Any, Any, None]:
-        """GRADIENT: the real gradient at the local copy; holds the device for its duration."""
-        u.grad_start = self.env.now
-        yield self.hold(u.thread, u.grad_ns, False)
-        values, _ = self.problem.grad(local, u.sample)
-        u.step = self.lr * values
-        u.grad_end = self.env.now
-
-    def write(self, u: Update) -> Generator[Any, Any, None]:
-        """WRITE: block by block, as a read-modify-write or an atomic add."""
-        u.write_start = self.env.now
-        mem, step = self.mem, u.step
-        for (block, index, vsel, coords), duration in zip(u.ops, u.write_ns, strict=True):
-            if self.atomic:
-                yield self.hold(u.thread, duration, True)
-                mem.add(block, index, coords, -step[vsel], u.uid)
-                continue
-            loaded_at, loaded = mem.version(block), mem.load(index)
-            yield self.hold(u.thread, duration, True)
-            lost = mem.store(block, index, coords, loaded - step[vsel], u.uid, loaded_at)
-            for victim in lost:
-                self.lost[victim] += 1
-            u.overwrote += len(lost)
-        u.write_end = self.env.now
-        self._complete(u)
-
-    # -- the loop ----------------------------------------------------------------------------
+    # -- the loop: read, compute, write, with the protocol's gates ---------------------------
 
     def _thread(self, thread: int) -> Generator[Any, Any, None]:
         local = np.zeros(self.problem.dim)
-        seq = 0
+        mem, protocol, clock, seq = self.mem, self.protocol, self.clock, 0
         while self.started < self.updates:
             u = self._begin(thread, seq)
             seq += 1
-            yield from self.protocol.update(self, u, local)
+            if protocol.gated:
+                wait = self._sync(thread)
+                if wait is not None:
+                    yield wait
+                yield protocol.acquire(self, u)
+                clock[thread] = self.env.now
+            # READ: each block is copied when its read ends.
+            u.read_start, u.start_completed = clock[thread], self.completed
+            u.start_versions = [mem.count[op[0]] for op in u.ops]
+            copies = []
+            for (block, index, _, coords), duration in zip(u.ops, u.read_ns, strict=True):
+                wait = self._advance(thread, duration, True)
+                if wait is not None:
+                    yield wait
+                    clock[thread] = self.env.now
+                copies.append(mem.copy(block, index, coords, local))
+            u.read_end = clock[thread]
+            u.read_overwrites, u.torn = mem.read_report(copies, u.start_versions)
+            # GRADIENT: the real gradient at the local copy, holding the device.
+            u.grad_start = clock[thread]
+            wait = self._advance(thread, u.grad_ns, False)
+            if wait is not None:
+                yield wait
+                clock[thread] = self.env.now
+            values, _ = self.problem.grad(local, u.sample)
+            step = self.lr * values
+            u.grad_end = u.write_start = clock[thread]
+            # WRITE: block by block, an atomic add or a load, wait, store.
+            for (block, index, vsel, coords), duration in zip(u.ops, u.write_ns, strict=True):
+                loaded_at, loaded = mem.count[block], None if self.atomic else mem.load(index)
+                wait = self._advance(thread, duration, True)
+                if wait is not None:
+                    yield wait
+                    clock[thread] = self.env.now
+                if loaded is None:
+                    mem.add(block, index, coords, -step[vsel], u.uid)
+                    continue
+                lost = mem.store(block, index, coords, loaded - step[vsel], u.uid, loaded_at)
+                for victim in lost:
+                    self.lost[victim] += 1
+                u.overwrote += len(lost)
+            u.write_end = clock[thread]
+            self._complete(u)
+            if protocol.gated:
+                wait = self._sync(thread)
+                if wait is not None:
+                    yield wait
+                protocol.release(self, u)
 
     def _begin(self, thread: int, seq: int) -> Update:
         sample = self.source.next_sample(thread)
@@ -213,7 +234,7 @@ class Engine:
         staleness = self.completed - u.start_completed
         self.completed += 1
         t = self.completed
-        m = self.view.complete(t, self.mem.w, u.sample, self.env.now)
+        m = self.view.complete(t, self.mem.w, u.sample, u.write_end)
         self._rows.append((u.uid, u.thread, u.seq, u.sample, u.read_start, u.read_end,
                            u.grad_start, u.grad_end, u.write_start, u.write_end, u.grad_ns,
                            staleness, u.read_overwrites, u.torn, 0, u.overwrote, *m))
@@ -226,7 +247,7 @@ class Engine:
             self.progress(_PROGRESS_EVERY)
 
     def _trim(self) -> None:
-        keep = [self.mem.version(b) for b in range(len(self.mem.bounds) - 1)]
+        keep = list(self.mem.count)
         for u in self.active.values():
             for op, version in zip(u.ops, u.start_versions, strict=False):
                 keep[op[0]] = min(keep[op[0]], version)
@@ -262,6 +283,10 @@ class Engine:
 
 
 def simulate(scenario: Scenario, problem: Problem | None = None,
-             source: DurationSource | None = None) -> Trace:
-    """Run ``scenario`` (optionally on a prebuilt problem or a replay source)."""
-    return Engine(scenario, problem, source).run()
+             source: DurationSource | None = None, lookahead: bool = True) -> Trace:
+    """Run ``scenario`` (optionally on a prebuilt problem or a replay source).
+
+    ``lookahead=False`` sends every action through simpy; the result is identical (tested),
+    only slower.
+    """
+    return Engine(scenario, problem, source, lookahead).run()

@@ -28,14 +28,10 @@ class _Store(NamedTuple):
     coords: np.ndarray | None
 
 
-class BlockCopy(NamedTuple):
-    """What a thread's copy of one block saw: the block, its coordinates, the block's version
-    when the copy was taken, and the sequence number of the newest store the copy contains."""
-
-    block: int
-    coords: np.ndarray | None
-    version: int
-    newest: int
+# What a thread's copy of one block saw: (block, coordinates or None, the block's version when
+# the copy was taken, sequence number of the newest store the copy contains). A plain tuple:
+# one is made per block read, on the hot path.
+BlockCopy = tuple[int, np.ndarray | None, int, int]
 
 
 def block_bounds(dim: int, blocks: int) -> list[int]:
@@ -56,54 +52,50 @@ class SharedMemory:
         self.w = np.array(w0, dtype=np.float64)
         self.bounds = block_bounds(self.w.size, blocks)
         self.seq = 0
+        self.count = [0] * blocks  # stores each block has received: its version
         self._history: list[list[_Store]] = [[] for _ in range(blocks)]
-        self._base = [0] * blocks
+        self._base = [0] * blocks  # version of the oldest store still in the history
         self._block_newest = [0] * blocks
         self._coord_newest = np.zeros(self.w.size, dtype=np.int64) if track_coords else None
 
-    def version(self, block: int) -> int:
-        """Number of stores block ``block`` has received."""
-        return self._base[block] + len(self._history[block])
-
-    def _since(self, block: int, version: int) -> list[_Store]:
-        return self._history[block][version - self._base[block]:]
+    def _window(self, block: int, start: int, stop: int | None = None) -> list[_Store]:
+        base = self._base[block]
+        return self._history[block][start - base: None if stop is None else stop - base]
 
     def stores_since(self, block: int, version: int, coords: np.ndarray | None) -> list[int]:
         """Updates whose stores to ``coords`` of ``block`` landed after ``version``."""
-        return [s.uid for s in self._since(block, version) if _overlaps(s.coords, coords)]
+        return [s.uid for s in self._window(block, version) if _overlaps(s.coords, coords)]
 
     def copy(self, block: int, index: Index, coords: np.ndarray | None,
              out: np.ndarray) -> BlockCopy:
         """Copy the block's coordinates into ``out`` (the end of a block read)."""
         out[index] = self.w[index]
         if coords is None or self._coord_newest is None:
-            newest = self._block_newest[block]
-        else:
-            newest = int(self._coord_newest[coords].max())
-        return BlockCopy(block, coords, self.version(block), newest)
+            return block, coords, self.count[block], self._block_newest[block]
+        return block, coords, self.count[block], int(self._coord_newest[coords].max())
 
-    def changed(self, copy: BlockCopy, since: int) -> bool:
-        """Whether a store to the copy's coordinates landed after version ``since`` and before
-        the copy was taken (the read took in a concurrent write: a read-overwrite)."""
-        base = self._base[copy.block]
-        window = self._history[copy.block][since - base: copy.version - base]
-        return any(_overlaps(s.coords, copy.coords) for s in window)
+    def read_report(self, copies: list[BlockCopy], since: list[int]) -> tuple[int, bool]:
+        """(read-overwritten blocks, torn) for a read that began at versions ``since``.
 
-    def torn(self, copies: list[BlockCopy]) -> bool:
-        """Whether the copies mix versions that never coexisted in memory.
-
-        Block copy b is valid from its newest contained store to the first later store to the
-        same coordinates; the read is consistent iff those intervals share a point.
+        A block is read-overwritten when a store to its coordinates landed after the read
+        began and before the block was copied. The read is torn when the copies mix versions
+        that never coexisted: copy b is valid from its newest contained store to the first
+        later store to the same coordinates, and a consistent read needs a common point.
         """
+        changed = sum(1 for (block, coords, version, _), start in zip(copies, since, strict=True)
+                      if version != start and (coords is None or any(
+                          _overlaps(s.coords, coords) for s in self._window(block, start,
+                                                                             version))))
         if len(copies) < 2:
-            return False
-        newest = max(c.newest for c in copies)
-        for c in copies:
-            later = [s.seq for s in self._since(c.block, c.version)
-                     if _overlaps(s.coords, c.coords)]
-            if later and later[0] < newest:
-                return True
-        return False
+            return changed, False
+        newest = max(c[3] for c in copies)
+        for block, coords, version, _ in copies:
+            for store in self._window(block, version):
+                if store.seq > newest:
+                    break
+                if _overlaps(store.coords, coords):
+                    return changed, True
+        return changed, False
 
     def load(self, index: Index) -> np.ndarray:
         """The current values (the load of a read-modify-write)."""
@@ -128,6 +120,7 @@ class SharedMemory:
 
     def _record(self, block: int, index: Index, coords: np.ndarray | None, uid: int) -> None:
         self.seq += 1
+        self.count[block] += 1
         self._history[block].append(_Store(self.seq, uid, coords))
         self._block_newest[block] = self.seq
         if self._coord_newest is not None:

@@ -177,3 +177,12 @@ def test_sampled_metrics_measure_every_nth_update():
     assert not off["measured"].any() and np.isnan(off["delta_norm"]).all()
     full = simulate(scenario("run.updates=100"))
     assert np.array_equal(full["delta_norm"][6::7], trace["delta_norm"][6::7])
+
+
+def test_lookahead_matches_one_event_per_action_on_long_runs():
+    """On the default scenario and on many blocks, both clock paths agree bit for bit."""
+    for extra in ((), ("run.blocks=16", "run.threads=3"), ("devices.0.cores=3",)):
+        s = scenario("run.updates=1500", *extra)
+        fast, slow = simulate(s), simulate(s, lookahead=False)
+        for name, array in slow.arrays.items():
+            assert np.array_equal(fast[name], array, equal_nan=array.dtype.kind == "f"), name

@@ -89,3 +89,13 @@ def test_replay_reproduces_any_trace(s):
     _, _, again = replay(trace)
     for name, array in trace.arrays.items():
         assert np.array_equal(again[name], array, equal_nan=array.dtype.kind == "f"), name
+
+
+@settings(max_examples=60, deadline=None)
+@given(scenarios())
+def test_lookahead_changes_nothing(s):
+    """Applying uninterruptible actions at once gives the same trace as one event per action."""
+    from simulator.engine import simulate
+    fast, slow = simulate(s), simulate(s, lookahead=False)
+    for name, array in slow.arrays.items():
+        assert np.array_equal(fast[name], array, equal_nan=array.dtype.kind == "f"), name

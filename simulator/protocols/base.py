@@ -1,11 +1,10 @@
-"""The shared shape of a protocol: read, compute, write, with nothing in between."""
+"""The shared shape of a protocol: plug-in points around the engine's update loop."""
 
 from __future__ import annotations
 
-from collections.abc import Generator
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
-import numpy as np
+import simpy
 
 if TYPE_CHECKING:
     from simulator.engine import Engine, Update
@@ -15,23 +14,31 @@ __all__ = ["Protocol"]
 
 
 class Protocol:
-    """Default behaviour: every thread runs read → gradient → write with no coordination.
+    """The engine runs read → gradient → write for every update; a protocol changes only
+    what it needs through these plug-in points, whose defaults do nothing.
 
-    Subclasses override only what their protocol changes: how many threads run
-    (``threads``), state they need from the engine (``setup``), or the update (``update``).
+    * ``threads``: how many virtual threads run;
+    * ``setup``: create state (locks, barriers) on the engine's clock;
+    * ``acquire``: the event an update waits for before its read;
+    * ``release``: called when the update's write has completed.
+
+    ``acquire`` and ``release`` are called only when ``gated`` is true, and then at simpy's
+    own time (the engine first catches up with the thread's clock), since they touch state
+    other threads wait on.
     """
 
     name: ClassVar[str] = ""
+    gated: ClassVar[bool] = False
 
     def threads(self, run: RunSpec) -> int:
-        """How many virtual threads run."""
         return run.threads
 
     def setup(self, engine: Engine) -> None:
-        """Create protocol state (locks, barriers) on the engine's clock."""
+        """Create protocol state on the engine's clock."""
 
-    def update(self, engine: Engine, u: Update, local: np.ndarray) -> Generator[Any, Any, None]:
-        """One update of one thread."""
-        yield from engine.read(u, local)
-        yield from engine.compute(u, local)
-        yield from engine.write(u)
+    def acquire(self, engine: Engine, u: Update) -> simpy.Event:
+        """The event ``u`` waits for before reading."""
+        return engine.env.timeout(0)
+
+    def release(self, engine: Engine, u: Update) -> None:
+        """``u`` has completed its write."""

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Generator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-import numpy as np
 import simpy
 
 from simulator.protocols.base import Protocol
@@ -21,11 +19,15 @@ class Locked(Protocol):
     update sees the latest vector: zero gradient error and zero staleness."""
 
     name = "locked"
+    gated = True
 
     def setup(self, engine: Engine) -> None:
         self.lock = simpy.Resource(engine.env, capacity=1)
+        self.held: dict[int, simpy.Event] = {}
 
-    def update(self, engine: Engine, u: Update, local: np.ndarray) -> Generator[Any, Any, None]:
-        with self.lock.request() as request:
-            yield request
-            yield from super().update(engine, u, local)
+    def acquire(self, engine: Engine, u: Update) -> simpy.Event:
+        self.held[u.thread] = request = self.lock.request()
+        return request
+
+    def release(self, engine: Engine, u: Update) -> None:
+        self.lock.release(self.held.pop(u.thread))

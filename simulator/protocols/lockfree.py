@@ -1,7 +1,7 @@
 """Lock-free asynchronous SGD (AsynGrad, Sun 2016; Hogwild!, Niu et al. 2011).
 
-Threads read, compute and write the shared vector with no coordination at all: the shared
-loop of :class:`~simulator.protocols.base.Protocol` is exactly this protocol.
+Threads read, compute and write the shared vector with no coordination at all, which is the
+engine's loop with every plug-in point left at its default.
 """
 
 from simulator.protocols.base import Protocol
