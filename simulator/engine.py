@@ -78,12 +78,13 @@ class Engine:
         self.atomic = run.write_mode == "atomic_add"
         w0 = np.zeros(self.problem.dim)
         self.mem = SharedMemory(w0, run.blocks, track_coords=self.problem.sparse)
+        self._dense_ops, self._dense_fractions = self._block_ops(None)
+        self._dense_blocks = [op[0] for op in self._dense_ops]
         self.source = source if source is not None else SampledSource(
-            scenario, self.threads, self.problem.n_samples)
+            scenario, self.threads, self.problem.n_samples, self._dense_fractions)
         metrics = scenario.metrics
         self.view = SerializedView(self.problem, self.lr, w0, run.updates, metrics.exact,
                                    metrics.every, metrics.curve_points)
-        self._dense_ops, self._dense_fractions = self._block_ops(None)
         self._cores, self._bus = self._resources()
         self.started = self.completed = 0
         self.clock = [0] * self.threads
@@ -91,8 +92,10 @@ class Engine:
         self.active: dict[int, Update] = {}
         self.lost = np.zeros(run.updates, dtype=np.int32)
         self._rows: list[tuple[Any, ...]] = []
-        self._op_rows: list[tuple[int, int, int]] = []
         self._op_counts: list[int] = []
+        self._op_blocks: list[int] = []
+        self._op_read_ns: list[int] = []
+        self._op_write_ns: list[int] = []
         self.progress: Callable[[int], object] | None = None
         self.protocol.setup(self)
 
@@ -193,8 +196,8 @@ class Engine:
             if wait is not None:
                 yield wait
                 clock[thread] = self.env.now
-            values, _ = self.problem.grad(local, u.sample)
-            step = self.lr * values
+            step, _ = self.problem.grad(local, u.sample)
+            step *= self.lr  # grad returns a new array
             u.grad_end = u.write_start = clock[thread]
             # WRITE: block by block, an atomic add or a load, wait, store.
             for (block, index, vsel, coords), duration in zip(u.ops, u.write_ns, strict=True):
@@ -206,7 +209,7 @@ class Engine:
                 if loaded is None:
                     mem.add(block, index, coords, -step[vsel], u.uid)
                     continue
-                lost = mem.store(block, index, coords, loaded - step[vsel], u.uid, loaded_at)
+                lost = mem.store(block, index, coords, loaded, step[vsel], u.uid, loaded_at)
                 for victim in lost:
                     self.lost[victim] += 1
                 u.overwrote += len(lost)
@@ -239,7 +242,10 @@ class Engine:
                            u.grad_start, u.grad_end, u.write_start, u.write_end, u.grad_ns,
                            staleness, u.read_overwrites, u.torn, 0, u.overwrote, *m))
         self._op_counts.append(len(u.ops))
-        self._op_rows.extend(zip([op[0] for op in u.ops], u.read_ns, u.write_ns, strict=True))
+        self._op_blocks.extend(self._dense_blocks if u.ops is self._dense_ops
+                               else [op[0] for op in u.ops])
+        self._op_read_ns.extend(u.read_ns)
+        self._op_write_ns.extend(u.write_ns)
         del self.active[u.thread]
         if t % _TRIM_EVERY == 0:
             self._trim()
@@ -268,12 +274,11 @@ class Engine:
         arrays = {name: np.asarray(col, dtype=COLUMNS[name])
                   for name, col in zip(names, columns, strict=True)}
         arrays["lost_blocks"] = self.lost[arrays["uid"]]
-        ops = list(zip(*self._op_rows, strict=True)) or [(), (), ()]
         arrays.update(
             op_offsets=np.concatenate([[0], np.cumsum(self._op_counts)]).astype(np.int64),
-            op_block=np.asarray(ops[0], dtype=np.int32),
-            op_read_ns=np.asarray(ops[1], dtype=np.int64),
-            op_write_ns=np.asarray(ops[2], dtype=np.int64),
+            op_block=np.asarray(self._op_blocks, dtype=np.int32),
+            op_read_ns=np.asarray(self._op_read_ns, dtype=np.int64),
+            op_write_ns=np.asarray(self._op_write_ns, dtype=np.int64),
             w0=np.zeros(self.problem.dim), w_final=self.mem.w.copy())
         curve = list(zip(*self.view.curve, strict=True))
         arrays.update(curve_t=np.asarray(curve[0], dtype=np.int64),

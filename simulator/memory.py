@@ -82,6 +82,8 @@ class SharedMemory:
         that never coexisted: copy b is valid from its newest contained store to the first
         later store to the same coordinates, and a consistent read needs a common point.
         """
+        if len(copies) == 1 and copies[0][1] is None:  # one whole block: cannot be torn
+            return int(copies[0][2] != since[0]), False
         changed = sum(1 for (block, coords, version, _), start in zip(copies, since, strict=True)
                       if version != start and (coords is None or any(
                           _overlaps(s.coords, coords) for s in self._window(block, start,
@@ -101,14 +103,16 @@ class SharedMemory:
         """The current values (the load of a read-modify-write)."""
         return self.w[index].copy()
 
-    def store(self, block: int, index: Index, coords: np.ndarray | None, values: np.ndarray,
-              uid: int, loaded_at: int) -> list[int]:
-        """Store ``values`` (a read-modify-write whose load saw version ``loaded_at``).
-
-        Returns the updates whose stores in between are overwritten (lost).
-        """
-        lost = [u for u in self.stores_since(block, loaded_at, coords) if u != uid]
-        self.w[index] = values
+    def store(self, block: int, index: Index, coords: np.ndarray | None, loaded: np.ndarray,
+              step: np.ndarray, uid: int, loaded_at: int) -> list[int]:
+        """Store ``loaded − step``, ending a read-modify-write whose load saw version
+        ``loaded_at``. Returns the updates whose stores in between are overwritten (lost)."""
+        lost = ([u for u in self.stores_since(block, loaded_at, coords) if u != uid]
+                if self.count[block] != loaded_at else [])
+        if coords is None:
+            np.subtract(loaded, step, out=self.w[index])
+        else:
+            self.w[index] = loaded - step
         self._record(block, index, coords, uid)
         return lost
 

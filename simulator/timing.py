@@ -39,41 +39,75 @@ class _Stream:
     """Values drawn in chunks from one generator; deterministic whatever the consumer does."""
 
     def __init__(self, draw: Callable[[int], np.ndarray]) -> None:
-        self._draw, self._buffer, self._pos = draw, [], 0
+        self.draw, self._buffer, self._pos = draw, [], 0
 
     def take(self) -> float:
         if self._pos == len(self._buffer):
-            self._buffer, self._pos = self._draw(_CHUNK).tolist(), 0
+            self._buffer, self._pos = self.draw(_CHUNK).tolist(), 0
         self._pos += 1
         return self._buffer[self._pos - 1]
+
+
+def _ns(raw: np.ndarray | float, scale: np.ndarray | float) -> np.ndarray:
+    """Durations in whole ns: raw draw × fraction / speed, rounded half up."""
+    return np.floor(np.multiply(raw, scale) + 0.5).astype(np.int64)
 
 
 class SampledSource:
     """Samples uniform with replacement; durations from each thread's device timing.
 
     A block moving a fraction ``f`` of the coordinates takes ``round(draw · f / speed)`` ns.
+    Updates that move every block (dense problems: ``fractions is dense``) are served from
+    chunks drawn and scaled with numpy, about one thread's share of the run at a time; others
+    draw one value per block moved.
     """
 
-    def __init__(self, scenario: Scenario, threads: int, n_samples: int) -> None:
+    def __init__(self, scenario: Scenario, threads: int, n_samples: int,
+                 dense: Sequence[float]) -> None:
+        self.dense = dense
+        # Pre-draw about one thread's share of the run per chunk (at most _CHUNK updates).
+        self._chunk = min(_CHUNK, max(16, scenario.run.updates // threads + 1))
+        self._dense_scale: list[np.ndarray] = []
         self._speed: list[float] = []
         self._streams: list[tuple[_Stream, _Stream, _Stream, _Stream]] = []
+        self._chunks: list[list[tuple[list[int], int, list[int]]]] = []
+        self._pos: list[int] = []
         for thread, seq in enumerate(thread_seeds(scenario.run.seed, threads)):
             device = scenario.device_of(thread)
             timing = scenario.timing_of(device)
             gens = [np.random.default_rng(s) for s in seq.spawn(4)]
-            self._speed.append(scenario.devices[device].speed)
+            speed = scenario.devices[device].speed
+            self._speed.append(speed)
+            self._dense_scale.append(np.asarray(dense, dtype=np.float64) / speed)
             self._streams.append((
                 _Stream(lambda n, g=gens[0]: g.integers(0, n_samples, n)),
                 _Stream(lambda n, g=gens[1], d=timing.read: d.sample(g, n)),
                 _Stream(lambda n, g=gens[2], d=timing.grad: d.sample(g, n)),
                 _Stream(lambda n, g=gens[3], d=timing.write: d.sample(g, n)),
             ))
+            self._chunks.append([])
+            self._pos.append(0)
 
     def next_sample(self, thread: int) -> int:
         return int(self._streams[thread][0].take())
 
+    def _refill(self, thread: int) -> None:
+        _, read, grad, write = self._streams[thread]
+        scale, blocks = self._dense_scale[thread], len(self.dense)
+        n = self._chunk
+        reads = _ns(read.draw(n * blocks).reshape(n, blocks), scale).tolist()
+        grads = _ns(grad.draw(n), 1.0 / self._speed[thread]).tolist()
+        writes = _ns(write.draw(n * blocks).reshape(n, blocks), scale).tolist()
+        self._chunks[thread] = list(zip(reads, grads, writes, strict=True))
+        self._pos[thread] = 0
+
     def durations(self, thread: int, fractions: Sequence[float]) -> tuple[list[int], int,
                                                                           list[int]]:
+        if fractions is self.dense:
+            if self._pos[thread] == len(self._chunks[thread]):
+                self._refill(thread)
+            self._pos[thread] += 1
+            return self._chunks[thread][self._pos[thread] - 1]
         _, read, grad, write = self._streams[thread]
         speed = self._speed[thread]
         return ([int(read.take() * f / speed + 0.5) for f in fractions],
