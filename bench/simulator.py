@@ -22,11 +22,11 @@ from pathlib import Path
 if sys.path and Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
     sys.path.pop(0)
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-from simulator.engine import Engine  # noqa: E402
-from simulator.problems import Problem, make_problem  # noqa: E402
-from simulator.scenario import load_scenario  # noqa: E402
+from simulator.engine import Engine
+from simulator.problems import Problem, make_problem
+from simulator.scenario import load_scenario
 
 
 def bare_sgd(problem: Problem, samples: np.ndarray, lr: float) -> float:

@@ -7,10 +7,10 @@ waits, and stores ``loaded − lr·g`` (overwriting any store that landed in bet
 ``atomic_add`` adds ``−lr·g`` atomically. The engine owns the loop and the clock; a protocol
 (``simulator.protocols``) owns only what differs, such as holding a lock around the update.
 
-Every action's duration goes through :meth:`Engine._advance`, the one place where time passes:
-cores and the memory bus are simpy resources acquired there, so the order of atomic actions
-(block read, gradient, block load, block store) is decided in one place. Durations and samples come from a
-``DurationSource``: seeded draws, or a recorded trace (replay).
+Every action's duration goes through :meth:`Engine._advance`, the one place where time
+passes: cores and the memory bus are simpy resources acquired there, so the order of atomic
+actions (block read, gradient, block load, block store) is decided in one place. Durations and
+samples come from a ``DurationSource``: seeded draws, or a recorded trace (replay).
 """
 
 from __future__ import annotations
