@@ -45,6 +45,19 @@ class Update:
                  "start_completed", "start_versions", "thread", "torn", "uid",
                  "write_end", "write_ns", "write_start")
 
+    read_ns: list[int]
+    grad_ns: int
+    write_ns: list[int]
+    read_start: int
+    read_end: int
+    grad_start: int
+    grad_end: int
+    write_start: int
+    write_end: int
+    start_completed: int
+    read_overwrites: int
+    torn: bool
+
     def __init__(self, uid: int, thread: int, seq: int, sample: int, ops: list[Op]) -> None:
         self.uid, self.thread, self.seq, self.sample, self.ops = uid, thread, seq, sample, ops
         self.start_versions: list[int] = []
@@ -141,7 +154,8 @@ class Engine:
         bus = self._bus[thread] if transfer else None
         env, end = self.env, self.clock[thread] + duration
         if core is not None or bus is not None:
-            return env.process(self._held(self.clock[thread] - env.now, duration, core, bus))
+            return env.process(self._held(self.clock[thread] - int(env.now), duration, core,
+                                           bus))
         self.clock[thread] = end
         if self.lookahead and end < env.peek():
             return None
@@ -161,7 +175,7 @@ class Engine:
 
     def _sync(self, thread: int) -> simpy.Event | None:
         """Bring simpy's clock up to the thread's (before touching shared simpy state)."""
-        lag = self.clock[thread] - self.env.now
+        lag = self.clock[thread] - int(self.env.now)
         return self.env.timeout(lag) if lag else None
 
     # -- the loop: read, compute, write, with the protocol's gates ---------------------------
@@ -177,7 +191,7 @@ class Engine:
                 if wait is not None:
                     yield wait
                 yield protocol.acquire(self, u)
-                clock[thread] = self.env.now
+                clock[thread] = int(self.env.now)
             # READ: each block is copied when its read ends.
             u.read_start, u.start_completed = clock[thread], self.completed
             u.start_versions = [mem.count[op[0]] for op in u.ops]
@@ -186,7 +200,7 @@ class Engine:
                 wait = self._advance(thread, duration, True)
                 if wait is not None:
                     yield wait
-                    clock[thread] = self.env.now
+                    clock[thread] = int(self.env.now)
                 copies.append(mem.copy(block, index, coords, local))
             u.read_end = clock[thread]
             u.read_overwrites, u.torn = mem.read_report(copies, u.start_versions)
@@ -195,7 +209,7 @@ class Engine:
             wait = self._advance(thread, u.grad_ns, False)
             if wait is not None:
                 yield wait
-                clock[thread] = self.env.now
+                clock[thread] = int(self.env.now)
             step, _ = self.problem.grad(local, u.sample)
             step *= self.lr  # grad returns a new array
             u.grad_end = u.write_start = clock[thread]
@@ -205,7 +219,7 @@ class Engine:
                 wait = self._advance(thread, duration, True)
                 if wait is not None:
                     yield wait
-                    clock[thread] = self.env.now
+                    clock[thread] = int(self.env.now)
                 if loaded is None:
                     mem.add(block, index, coords, -step[vsel], u.uid)
                     continue
@@ -271,7 +285,7 @@ class Engine:
     def _trace(self) -> Trace:
         names = list(COLUMNS)
         columns = list(zip(*self._rows, strict=True))
-        arrays = {name: np.asarray(col, dtype=COLUMNS[name])
+        arrays: dict[str, np.ndarray] = {name: np.asarray(col, dtype=COLUMNS[name])
                   for name, col in zip(names, columns, strict=True)}
         arrays["lost_blocks"] = self.lost[arrays["uid"]]
         arrays.update(

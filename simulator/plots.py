@@ -6,6 +6,8 @@ tests and notebooks.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 from matplotlib.figure import Figure
 
@@ -49,12 +51,14 @@ def timeline_figure(trace: Trace, window: int | None = None) -> Figure:
     return fig
 
 
-def loss_figure(updates: np.ndarray, suboptimality: np.ndarray, label: str = "") -> Figure:
+def loss_figure(updates: Sequence[float] | np.ndarray,
+                suboptimality: Sequence[float] | np.ndarray, label: str = "") -> Figure:
     """f(w_t) − f* against completed updates, log scale."""
     fig = Figure(figsize=(7, 4.2), layout="constrained")
     ax = fig.add_subplot()
     floor = np.finfo(np.float64).tiny
-    ax.semilogy(updates, np.maximum(suboptimality, floor), marker=".", label=label or None)
+    ax.semilogy(updates, np.maximum(np.asarray(suboptimality), floor), marker=".",
+                label=label or None)
     ax.set_xlabel("completed updates t")
     ax.set_ylabel("f(w_t) − f*")
     ax.set_title("Suboptimality")
@@ -72,7 +76,7 @@ def error_histogram_figure(trace: Trace) -> Figure:
     errors = relative[error_mask(trace)]
     rate = errors.size / relative.size if relative.size else float("nan")
     if errors.size:
-        bins = np.logspace(np.log10(errors.min()), np.log10(errors.max()) + 1e-9, 40)
+        bins = np.logspace(np.log10(errors.min()), np.log10(errors.max()) + 1e-9, 40).tolist()
         ax.hist(errors, bins=bins, color="#4C72B0")
         ax.set_xscale("log")
         ax.axvline(float(np.median(errors)), color="#C44E52", linestyle="--",

@@ -168,11 +168,11 @@ def _convert(tp: Any, value: Any, base: Any, name: str) -> Any:
     if origin is tuple:
         item = typing.get_args(tp)[0]
         _check(isinstance(value, list | tuple), name, value, "must be a list")
-        default = item() if dataclasses.is_dataclass(item) else None
+        default = typing.cast(Any, item)() if dataclasses.is_dataclass(item) else None
         return tuple(_convert(item, v, default, f"{name}.{i}") for i, v in enumerate(value))
     if dataclasses.is_dataclass(tp):
         _check(isinstance(value, dict), name, value, "must be a table")
-        return _build(tp, value, base if base is not None else tp(), name)
+        return _build(tp, value, base if base is not None else typing.cast(Any, tp)(), name)
     if tp is float:
         _check(isinstance(value, int | float) and not isinstance(value, bool), name, value,
                "must be a number")

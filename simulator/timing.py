@@ -9,6 +9,7 @@ update by update, exactly the samples and per-block durations a trace recorded.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Protocol
 
 import numpy as np
@@ -39,13 +40,19 @@ class _Stream:
     """Values drawn in chunks from one generator; deterministic whatever the consumer does."""
 
     def __init__(self, draw: Callable[[int], np.ndarray]) -> None:
-        self.draw, self._buffer, self._pos = draw, [], 0
+        self.draw = draw
+        self._buffer: list[float] = []
+        self._pos = 0
 
     def take(self) -> float:
         if self._pos == len(self._buffer):
             self._buffer, self._pos = self.draw(_CHUNK).tolist(), 0
         self._pos += 1
         return self._buffer[self._pos - 1]
+
+
+def _integers(rng: np.random.Generator, high: int, size: int) -> np.ndarray:
+    return rng.integers(0, high, size)
 
 
 def _ns(raw: np.ndarray | float, scale: np.ndarray | float) -> np.ndarray:
@@ -80,10 +87,10 @@ class SampledSource:
             self._speed.append(speed)
             self._dense_scale.append(np.asarray(dense, dtype=np.float64) / speed)
             self._streams.append((
-                _Stream(lambda n, g=gens[0]: g.integers(0, n_samples, n)),
-                _Stream(lambda n, g=gens[1], d=timing.read: d.sample(g, n)),
-                _Stream(lambda n, g=gens[2], d=timing.grad: d.sample(g, n)),
-                _Stream(lambda n, g=gens[3], d=timing.write: d.sample(g, n)),
+                _Stream(partial(_integers, gens[0], n_samples)),
+                _Stream(partial(timing.read.sample, gens[1])),
+                _Stream(partial(timing.grad.sample, gens[2])),
+                _Stream(partial(timing.write.sample, gens[3])),
             ))
             self._chunks.append([])
             self._pos.append(0)

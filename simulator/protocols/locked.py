@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import simpy
+import simpy.resources.resource
 
 from simulator.protocols.base import Protocol
 
@@ -23,10 +24,11 @@ class Locked(Protocol):
 
     def setup(self, engine: Engine) -> None:
         self.lock = simpy.Resource(engine.env, capacity=1)
-        self.held: dict[int, simpy.Event] = {}
+        self.held: dict[int, simpy.resources.resource.Request] = {}
 
     def acquire(self, engine: Engine, u: Update) -> simpy.Event:
-        self.held[u.thread] = request = self.lock.request()
+        request = self.lock.request()
+        self.held[u.thread] = request
         return request
 
     def release(self, engine: Engine, u: Update) -> None:
