@@ -93,6 +93,7 @@ class Engine:
         self.mem = SharedMemory(w0, run.blocks, track_coords=self.problem.sparse)
         self._dense_ops, self._dense_fractions = self._block_ops(None)
         self._dense_blocks = [op[0] for op in self._dense_ops]
+        self._sparse = self.problem.sparse
         self.source = source if source is not None else SampledSource(
             scenario, self.threads, self.problem.n_samples, self._dense_fractions)
         metrics = scenario.metrics
@@ -103,7 +104,7 @@ class Engine:
         self.clock = [0] * self.threads
         self.lookahead = lookahead
         self.active: dict[int, Update] = {}
-        self.lost = np.zeros(run.updates, dtype=np.int32)
+        self.lost = [0] * run.updates  # stores of each update (by uid) that were overwritten
         self._rows: list[tuple[Any, ...]] = []
         self._op_counts: list[int] = []
         self._op_blocks: list[int] = []
@@ -237,7 +238,7 @@ class Engine:
 
     def _begin(self, thread: int, seq: int) -> Update:
         sample = self.source.next_sample(thread)
-        if self.problem.sparse:
+        if self._sparse:
             ops, fractions = self._block_ops(self.problem.support(sample))
         else:
             ops, fractions = self._dense_ops, self._dense_fractions
@@ -287,7 +288,7 @@ class Engine:
         columns = list(zip(*self._rows, strict=True))
         arrays: dict[str, np.ndarray] = {name: np.asarray(col, dtype=COLUMNS[name])
                   for name, col in zip(names, columns, strict=True)}
-        arrays["lost_blocks"] = self.lost[arrays["uid"]]
+        arrays["lost_blocks"] = np.asarray(self.lost, dtype=np.int32)[arrays["uid"]]
         arrays.update(
             op_offsets=np.concatenate([[0], np.cumsum(self._op_counts)]).astype(np.int64),
             op_block=np.asarray(self._op_blocks, dtype=np.int32),

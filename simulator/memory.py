@@ -13,8 +13,6 @@ History is trimmed below the oldest version an in-flight update still needs.
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import numpy as np
 
 __all__ = ["BlockCopy", "SharedMemory", "block_bounds"]
@@ -22,10 +20,9 @@ __all__ = ["BlockCopy", "SharedMemory", "block_bounds"]
 Index = slice | np.ndarray
 
 
-class _Store(NamedTuple):
-    seq: int
-    uid: int
-    coords: np.ndarray | None
+# One remembered store: (global sequence number, update id, coordinates or None for the whole
+# block). Plain tuples: one is made per block store, on the hot path.
+_Store = tuple[int, int, np.ndarray | None]
 
 
 # What a thread's copy of one block saw: (block, coordinates or None, the block's version when
@@ -64,7 +61,10 @@ class SharedMemory:
 
     def stores_since(self, block: int, version: int, coords: np.ndarray | None) -> list[int]:
         """Updates whose stores to ``coords`` of ``block`` landed after ``version``."""
-        return [s.uid for s in self._window(block, version) if _overlaps(s.coords, coords)]
+        window = self._window(block, version)
+        if coords is None:
+            return [store[1] for store in window]
+        return [store[1] for store in window if _overlaps(store[2], coords)]
 
     def copy(self, block: int, index: Index, coords: np.ndarray | None,
              out: np.ndarray) -> BlockCopy:
@@ -86,16 +86,16 @@ class SharedMemory:
             return int(copies[0][2] != since[0]), False
         changed = sum(1 for (block, coords, version, _), start in zip(copies, since, strict=True)
                       if version != start and (coords is None or any(
-                          _overlaps(s.coords, coords) for s in self._window(block, start,
-                                                                             version))))
+                          _overlaps(s[2], coords) for s in self._window(block, start,
+                                                                         version))))
         if len(copies) < 2:
             return changed, False
         newest = max(c[3] for c in copies)
         for block, coords, version, _ in copies:
-            for store in self._window(block, version):
-                if store.seq > newest:
+            for seq, _, stored in self._window(block, version):
+                if seq > newest:
                     break
-                if _overlaps(store.coords, coords):
+                if _overlaps(stored, coords):
                     return changed, True
         return changed, False
 
@@ -125,7 +125,7 @@ class SharedMemory:
     def _record(self, block: int, index: Index, coords: np.ndarray | None, uid: int) -> None:
         self.seq += 1
         self.count[block] += 1
-        self._history[block].append(_Store(self.seq, uid, coords))
+        self._history[block].append((self.seq, uid, coords))
         self._block_newest[block] = self.seq
         if self._coord_newest is not None:
             self._coord_newest[index] = self.seq

@@ -52,19 +52,19 @@ class SerializedView:
         self.problem, self.lr, self.every = problem, lr, every
         self.exact = exact
         self.w_star = problem.optimum()[0] if exact else None
-        self.prev = np.array(w0, dtype=np.float64) if exact else None
+        self.prev = np.array(w0, dtype=np.float64)
         self._checkpoints = curve_checkpoints(updates, curve_points)
         self._next = 1
         self.curve: list[tuple[int, int, float]] = [(0, 0, problem.full_loss(w0))]
 
-    def _measured(self, t: int) -> bool:
-        return self.exact and t % self.every == 0
-
     def complete(self, t: int, w: np.ndarray, sample: int, time: int) -> Measurement:
         """Record completion ``t`` (its sample, and ``w`` right after it) at ``time``."""
-        result = self._measure(w, sample) if self._measured(t) else UNMEASURED
-        if self.prev is not None and self._measured(t + 1):
-            np.copyto(self.prev, w)
+        result = UNMEASURED
+        if self.exact:
+            if t % self.every == 0:
+                result = self._measure(w, sample)
+            if (t + 1) % self.every == 0:
+                np.copyto(self.prev, w)
         if t == self._checkpoints[self._next]:
             self.curve.append((t, time, self.problem.full_loss(w)))
             self._next = min(self._next + 1, len(self._checkpoints) - 1)
@@ -72,7 +72,7 @@ class SerializedView:
 
     def _measure(self, w: np.ndarray, sample: int) -> Measurement:
         prev = self.prev
-        assert prev is not None and self.w_star is not None
+        assert self.w_star is not None
         s = (prev - w) / self.lr
         g = self.problem.dense_grad(prev, sample)
         delta = s - g
