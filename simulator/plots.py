@@ -19,11 +19,13 @@ __all__ = ["error_histogram_figure", "loss_figure", "timeline_figure"]
 PHASES = (("read", "R", "#4C72B0"), ("grad", "G", "#DD8452"), ("write", "W", "#55A868"))
 
 
-def timeline_figure(trace: Trace, window: int | None = None) -> Figure:
+def timeline_figure(trace: Trace, window: int | None = None,
+                    lanes: Sequence[str] | None = None) -> Figure:
     """One lane per thread with its R/G/W segments; lost and torn updates marked.
 
     Shows the updates that complete in the first ``window`` completions (default: about six
-    per thread), so individual interleavings stay readable on long runs.
+    per thread), so individual interleavings stay readable on long runs. ``lanes`` names the
+    lanes (default: ``thread i``).
     """
     threads = int(trace["thread"].max()) + 1 if len(trace) else 1
     shown = min(len(trace), window or max(24, 6 * threads))
@@ -43,7 +45,7 @@ def timeline_figure(trace: Trace, window: int | None = None) -> Figure:
     ax.plot(trace["read_end"][torn] * scale, trace["thread"][torn], "v", color="#8172B3",
             markersize=7, label="torn read")
     ax.set_xlim(0, end * scale)
-    ax.set_yticks(range(threads), [f"thread {t}" for t in range(threads)])
+    ax.set_yticks(range(threads), lanes or [f"thread {t}" for t in range(threads)])
     ax.invert_yaxis()
     ax.set_xlabel("time (µs)")
     ax.set_title(f"Thread timeline: first {shown} of {len(trace)} updates")

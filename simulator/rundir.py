@@ -35,7 +35,10 @@ def _write_files(where: Path, scenario: Scenario, trace: Trace, summary: dict[st
         writer = csv.writer(handle)
         writer.writerow(["update", "time_ns", "loss", "suboptimality"])
         writer.writerows((t, time, repr(loss), repr(sub)) for t, time, loss, sub in rows)
-    timeline_figure(trace).savefig(where / "timeline.png", dpi=110)
+    devices = scenario.devices
+    lanes = ([f"thread {t} ({devices[scenario.device_of(t)].name})"
+              for t in range(summary["threads"])] if len(devices) > 1 else None)
+    timeline_figure(trace, lanes=lanes).savefig(where / "timeline.png", dpi=110)
     loss_figure([r[0] for r in rows], [r[3] for r in rows],
                 f"{scenario.run.protocol}, k={summary['threads']}").savefig(
         where / "loss.png", dpi=110)
