@@ -23,7 +23,7 @@ import numpy as np
 import simpy
 
 from simulator.errors import ScenarioError
-from simulator.memory import SharedMemory
+from simulator.memory import BlockCopy, SharedMemory
 from simulator.problems import Problem, make_problem
 from simulator.protocols import make_protocol
 from simulator.scenario import Scenario, scenario_to_toml
@@ -100,6 +100,8 @@ class Engine:
         self.view = SerializedView(self.problem, self.lr, w0, run.updates, metrics.exact,
                                    metrics.every, metrics.curve_points)
         self._cores, self._bus = self._resources()
+        self._free = [lookahead and core is None and bus is None
+                      for core, bus in zip(self._cores, self._bus, strict=True)]
         self.started = self.completed = 0
         self.clock = [0] * self.threads
         self.lookahead = lookahead
@@ -162,6 +164,21 @@ class Engine:
             return None
         return env.timeout(end - env.now)
 
+    def _uninterrupted(self, thread: int, durations: list[int], start: int) -> int:
+        """End of the longest run of block actions from ``start`` that all end before the next
+        scheduled event (so nothing can come between them); the thread's clock moves to the
+        run's end. Returns ``start`` when the thread waits on resources or lookahead is off."""
+        if not self._free[thread]:
+            return start
+        horizon, end, stop = self.env.peek(), self.clock[thread], start
+        for duration in durations[start:]:
+            if end + duration >= horizon:
+                break
+            end += duration
+            stop += 1
+        self.clock[thread] = end
+        return stop
+
     def _held(self, lag: int, duration: int,
               *pools: simpy.Resource | None) -> Generator[Any, Any, None]:
         """Catch up with the thread's clock, take core/bus places, hold them ``duration``."""
@@ -196,13 +213,21 @@ class Engine:
             # READ: each block is copied when its read ends.
             u.read_start, u.start_completed = clock[thread], self.completed
             u.start_versions = [mem.count[op[0]] for op in u.ops]
-            copies = []
-            for (block, index, _, coords), duration in zip(u.ops, u.read_ns, strict=True):
-                wait = self._advance(thread, duration, True)
+            copies: list[BlockCopy] = []
+            ops, n, i = u.ops, len(u.ops), 0
+            while i < n:
+                run = self._uninterrupted(thread, u.read_ns, i) if n > 1 else i
+                if run > i:
+                    copies.extend(mem.copy_run(ops[i:run], local))
+                    i = run
+                    continue
+                block, index, _, coords = ops[i]
+                wait = self._advance(thread, u.read_ns[i], True)
                 if wait is not None:
                     yield wait
                     clock[thread] = int(self.env.now)
                 copies.append(mem.copy(block, index, coords, local))
+                i += 1
             u.read_end = clock[thread]
             u.read_overwrites, u.torn = mem.read_report(copies, u.start_versions)
             # GRADIENT: the real gradient at the local copy, holding the device.
@@ -215,12 +240,20 @@ class Engine:
             step *= self.lr  # grad returns a new array
             u.grad_end = u.write_start = clock[thread]
             # WRITE: block by block, an atomic add or a load, wait, store.
-            for (block, index, vsel, coords), duration in zip(u.ops, u.write_ns, strict=True):
+            i = 0
+            while i < n:
+                run = self._uninterrupted(thread, u.write_ns, i) if n > 1 else i
+                if run > i:
+                    mem.write_run(ops[i:run], step, u.uid, self.atomic)
+                    i = run
+                    continue
+                block, index, vsel, coords = ops[i]
                 loaded_at, loaded = mem.count[block], None if self.atomic else mem.load(index)
-                wait = self._advance(thread, duration, True)
+                wait = self._advance(thread, u.write_ns[i], True)
                 if wait is not None:
                     yield wait
                     clock[thread] = int(self.env.now)
+                i += 1
                 if loaded is None:
                     mem.add(block, index, coords, -step[vsel], u.uid)
                     continue

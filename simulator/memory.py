@@ -13,6 +13,8 @@ History is trimmed below the oldest version an in-flight update still needs.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 __all__ = ["BlockCopy", "SharedMemory", "block_bounds"]
@@ -73,6 +75,35 @@ class SharedMemory:
         if coords is None or self._coord_newest is None:
             return block, coords, self.count[block], self._block_newest[block]
         return block, coords, self.count[block], int(self._coord_newest[coords].max())
+
+    def copy_run(self, ops: list[Any], out: np.ndarray) -> list[BlockCopy]:
+        """Copy consecutive blocks that nothing can interleave with (one numpy copy for the
+        contiguous span of dense blocks)."""
+        if ops[0][3] is not None:
+            return [self.copy(block, index, coords, out) for block, index, _, coords in ops]
+        span = slice(ops[0][1].start, ops[-1][1].stop)
+        out[span] = self.w[span]
+        return [(op[0], None, self.count[op[0]], self._block_newest[op[0]]) for op in ops]
+
+    def write_run(self, ops: list[Any], step: np.ndarray, uid: int, atomic: bool) -> None:
+        """Write consecutive blocks that nothing can interleave with: no store in between, so
+        no update is lost, and dense blocks update their contiguous span in one operation
+        (elementwise the same arithmetic as block by block)."""
+        if ops[0][3] is not None:
+            for block, index, vsel, coords in ops:
+                if atomic:
+                    self.add(block, index, coords, -step[vsel], uid)
+                else:
+                    self.store(block, index, coords, self.load(index), step[vsel], uid,
+                               self.count[block])
+            return
+        span = slice(ops[0][1].start, ops[-1][1].stop)
+        if atomic:
+            self.w[span] += -step[span]
+        else:
+            np.subtract(self.w[span], step[span], out=self.w[span])
+        for block, index, _, coords in ops:
+            self._record(block, index, coords, uid)
 
     def read_report(self, copies: list[BlockCopy], since: list[int]) -> tuple[int, bool]:
         """(read-overwritten blocks, torn) for a read that began at versions ``since``.
