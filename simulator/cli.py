@@ -7,6 +7,7 @@ the field and value and exits with status 2; nothing is written before the input
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -77,6 +78,37 @@ def _replay(args: argparse.Namespace) -> int:
     return 0
 
 
+def _sweep(args: argparse.Namespace) -> int:
+    from concurrent.futures import ProcessPoolExecutor
+
+    from simulator.sweep import Axis, parse_axis, plan_sweep, run_sweep
+
+    axes = [parse_axis(text) for text in args.grid]
+    if args.seeds:
+        axes.append(Axis("run.seed", tuple(str(s) for s in range(args.seeds))))
+    if not axes:
+        raise AsyngradError("sweep: give at least one --grid KEY=V1,V2,... or --seeds N")
+    cells = plan_sweep(args.scenario, args.set, axes)
+    started = time.perf_counter()
+    jobs = min(args.jobs or os.cpu_count() or 1, len(cells))
+    with _progress(len(cells), args.quiet) as bar:
+        if jobs > 1:
+            with ProcessPoolExecutor(max_workers=jobs) as pool:
+                rows, ran = run_sweep(cells, axes, args.out, pool, bar.update)
+        else:
+            rows, ran = run_sweep(cells, axes, args.out, None, bar.update)
+    if not args.quiet:
+        keys = [a.key for a in axes]
+        print(" | ".join([*keys, "error rate", "staleness", "lost blocks", "suboptimality"]))
+        for row in rows:
+            rate = "off" if row["error_rate"] is None else f"{row['error_rate']:.3f}"
+            print(" | ".join([*(str(row[k]) for k in keys), rate, f"{row['staleness_mean']:.2f}",
+                              str(row["lost_blocks"]), f"{row['final_suboptimality']:.4g}"]))
+        print(f"{ran} cells ran, {len(cells) - ran} resumed; wrote {args.out}/sweep.csv in "
+              f"{time.perf_counter() - started:.1f} s")
+    return 0
+
+
 def _scenario(args: argparse.Namespace) -> int:
     from simulator.scenario import load_scenario, scenario_to_toml
 
@@ -107,6 +139,19 @@ def _parser() -> argparse.ArgumentParser:
     with_overrides(rep)
     rep.set_defaults(run=_replay)
 
+    sweep = commands.add_parser("sweep", help="run a scenario over a grid of field values")
+    sweep.add_argument("scenario", nargs="?", help="scenario TOML (default: embedded default)")
+    sweep.add_argument("--out", required=True, help="sweep directory (rerun to resume)")
+    sweep.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2",
+                       help="a swept field and its values (repeatable: the grid is the product)")
+    sweep.add_argument("--seeds", type=int, default=0, metavar="N",
+                       help="also sweep run.seed over 0..N-1")
+    sweep.add_argument("--jobs", type=int, default=0, metavar="N",
+                       help="worker processes (default: one per core; 1: in this process)")
+    sweep.add_argument("--quiet", action="store_true", help="print nothing on success")
+    with_overrides(sweep)
+    sweep.set_defaults(run=_sweep)
+
     show = commands.add_parser("scenario", help="print a fully resolved scenario as TOML")
     show.add_argument("scenario", nargs="?", help="scenario TOML (default: embedded default)")
     with_overrides(show)
@@ -123,7 +168,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"asyngrad: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("asyngrad: interrupted; nothing was written", file=sys.stderr)
+        print("asyngrad: interrupted; no partial result was written", file=sys.stderr)
         return 130
 
 

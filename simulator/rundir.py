@@ -26,7 +26,7 @@ FILES = ("scenario.toml", "summary.json", "trace.npz", "curve.csv", "timeline.pn
 
 
 def _write_files(where: Path, scenario: Scenario, trace: Trace, summary: dict[str, Any],
-                 f_star: float) -> None:
+                 f_star: float, plots: bool) -> None:
     (where / "scenario.toml").write_text(scenario_to_toml(scenario))
     (where / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     trace.save(where / "trace.npz")
@@ -35,6 +35,8 @@ def _write_files(where: Path, scenario: Scenario, trace: Trace, summary: dict[st
         writer = csv.writer(handle)
         writer.writerow(["update", "time_ns", "loss", "suboptimality"])
         writer.writerows((t, time, repr(loss), repr(sub)) for t, time, loss, sub in rows)
+    if not plots:
+        return
     devices = scenario.devices
     lanes = ([f"thread {t} ({devices[scenario.device_of(t)].name})"
               for t in range(summary["threads"])] if len(devices) > 1 else None)
@@ -45,9 +47,11 @@ def _write_files(where: Path, scenario: Scenario, trace: Trace, summary: dict[st
     error_histogram_figure(trace).savefig(where / "error_hist.png", dpi=110)
 
 
-def write_run(out: str | Path, scenario: Scenario, trace: Trace,
-              problem: Problem) -> dict[str, Any]:
-    """Write the run directory ``out`` (replacing an earlier run there); return the summary."""
+def write_run(out: str | Path, scenario: Scenario, trace: Trace, problem: Problem,
+              plots: bool = True) -> dict[str, Any]:
+    """Write the run directory ``out`` (replacing an earlier run there); return the summary.
+
+    ``plots=False`` leaves out the PNG figures (sweeps write many cells)."""
     out = Path(out)
     summary = summarize(trace, problem, scenario)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -55,7 +59,7 @@ def write_run(out: str | Path, scenario: Scenario, trace: Trace,
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir()
     try:
-        _write_files(staging, scenario, trace, summary, problem.optimum()[1])
+        _write_files(staging, scenario, trace, summary, problem.optimum()[1], plots)
         if out.exists():
             retired = out.parent / f".{out.name}.old-{os.getpid()}"
             out.rename(retired)
