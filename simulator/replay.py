@@ -1,8 +1,10 @@
 """Trace-driven simulation: re-run the exact recorded samples and per-block durations.
 
 With the trace's own scenario the replay reproduces the run bit for bit. Values that do not
-shape the interleaving (learning rate, problem size, metrics, device contention) may change;
-the protocol, thread count, block count and update count may not.
+shape the interleaving (learning rate, problem size and data, metrics) may change; the
+protocol, thread, block and update counts and the devices may not: the recorded durations
+already carry the devices' speeds, and other contention would change how many updates each
+thread performs.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import numpy as np
 from simulator.engine import simulate
 from simulator.errors import ScenarioError, TraceError
 from simulator.problems import Problem, make_problem
-from simulator.scenario import Scenario, apply_override, scenario_from_dict
+from simulator.scenario import Scenario, apply_override, scenario_from_dict, scenario_to_dict
 from simulator.timing import ReplaySource
 from simulator.trace import Trace
 
@@ -63,6 +65,9 @@ def replay_scenario(trace: Trace, overrides: list[str] | tuple[str, ...] = ()) -
         if getattr(scenario.run, name) != getattr(original.run, name):
             raise ScenarioError(f"run.{name}", getattr(scenario.run, name),
                                 f"is fixed by the trace ({getattr(original.run, name)})")
+    if scenario.devices != original.devices:
+        raise ScenarioError("devices", scenario_to_dict(scenario)["devices"],
+                            "are fixed by the trace")
     return scenario
 
 

@@ -50,10 +50,11 @@ def test_replay_ignores_timing_distributions(recorded):
 
 
 @pytest.mark.parametrize("override", ["run.threads=3", "run.blocks=2", "run.updates=10",
-                                      "run.protocol=locked"])
+                                      "run.protocol=locked", "devices.0.cores=2"])
 def test_replay_refuses_to_change_what_the_trace_fixes(recorded, override):
-    """Thread, block and update counts and the protocol come from the trace."""
-    with pytest.raises(ScenarioError, match=override.split("=")[0].replace(".", r"\.")):
+    """Thread, block and update counts, the protocol and the devices come from the trace."""
+    field = override.split("=")[0].split(".")[0 if override.startswith("devices") else 1]
+    with pytest.raises(ScenarioError, match=field):
         replay(recorded, [override])
 
 
