@@ -49,10 +49,11 @@ def _progress(total: int, quiet: bool) -> Any:
 
 def _simulate(args: argparse.Namespace) -> int:
     from simulator.engine import Engine
-    from simulator.rundir import write_run
+    from simulator.rundir import check_out, write_run
     from simulator.scenario import load_scenario
 
     scenario = load_scenario(args.scenario, args.set)
+    check_out(args.out)
     started = time.perf_counter()
     engine = Engine(scenario)
     with _progress(scenario.run.updates, args.quiet) as bar:
@@ -66,9 +67,10 @@ def _simulate(args: argparse.Namespace) -> int:
 
 def _replay(args: argparse.Namespace) -> int:
     from simulator.replay import load_trace, replay
-    from simulator.rundir import write_run
+    from simulator.rundir import check_out, write_run
 
     started = time.perf_counter()
+    check_out(args.out)
     recorded = load_trace(args.trace)
     scenario, problem, trace = replay(recorded, args.set)
     out = Path(args.out)

@@ -13,13 +13,14 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from simulator.errors import AsyngradError
 from simulator.metrics import curve_rows, summarize
 from simulator.plots import error_histogram_figure, loss_figure, timeline_figure
 from simulator.problems import Problem
 from simulator.scenario import Scenario, scenario_to_toml
 from simulator.trace import Trace
 
-__all__ = ["FILES", "write_run"]
+__all__ = ["FILES", "check_out", "write_run"]
 
 FILES = ("scenario.toml", "summary.json", "trace.npz", "curve.csv", "timeline.png", "loss.png",
          "error_hist.png")
@@ -47,18 +48,41 @@ def _write_files(where: Path, scenario: Scenario, trace: Trace, summary: dict[st
     error_histogram_figure(trace).savefig(where / "error_hist.png", dpi=110)
 
 
+def check_out(out: str | Path) -> Path:
+    """The run directory to write: new, empty, or an earlier run directory (which is replaced).
+
+    Raises:
+        AsyngradError: ``out`` is a file, or a directory holding anything but a run's files
+            (so nothing of the user's is ever replaced).
+    """
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise AsyngradError(f"--out = '{out}': exists and is not a directory")
+    if out.is_dir():
+        foreign = sorted(p.name for p in out.iterdir() if p.name not in FILES)
+        if foreign:
+            raise AsyngradError(f"--out = '{out}': is a directory with other files "
+                                f"({', '.join(foreign[:3])}); choose a new or empty one")
+    return out
+
+
 def write_run(out: str | Path, scenario: Scenario, trace: Trace, problem: Problem,
               plots: bool = True) -> dict[str, Any]:
     """Write the run directory ``out`` (replacing an earlier run there); return the summary.
 
-    ``plots=False`` leaves out the PNG figures (sweeps write many cells)."""
-    out = Path(out)
+    ``plots=False`` leaves out the PNG figures (sweeps write many cells).
+
+    Raises:
+        AsyngradError: ``out`` is not a place for a run directory (see ``check_out``), or it
+            cannot be written.
+    """
+    out = check_out(out)
     summary = summarize(trace, problem, scenario)
-    out.parent.mkdir(parents=True, exist_ok=True)
     staging = out.parent / f".{out.name}.partial-{os.getpid()}"
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir()
     try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir()
         _write_files(staging, scenario, trace, summary, problem.optimum()[1], plots)
         if out.exists():
             retired = out.parent / f".{out.name}.old-{os.getpid()}"
@@ -67,6 +91,9 @@ def write_run(out: str | Path, scenario: Scenario, trace: Trace, problem: Proble
             shutil.rmtree(retired)
         else:
             staging.rename(out)
+    except OSError as err:
+        raise AsyngradError(f"--out = '{out}': cannot be written ({err.strerror or err})"
+                            ) from None
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return summary

@@ -169,7 +169,11 @@ def run_sweep(cells: list[Cell], axes: Sequence[Axis], out: str | Path,
     """Run the cells not finished yet; write ``sweep.csv``. Returns the table and how many
     cells ran now (the others were resumed from disk)."""
     out = Path(out)
-    (out / "cells").mkdir(parents=True, exist_ok=True)
+    try:
+        (out / "cells").mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise AsyngradError(f"--out = '{out}': cannot hold a sweep ({err.strerror or err})"
+                            ) from None
     summaries: dict[int, dict[str, Any]] = {}
     pending = []
     for cell in cells:

@@ -84,11 +84,37 @@ def test_unknown_subcommand_is_one_line_exit_2():
     assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
 
 
-def test_rerun_replaces_the_directory_whole(tmp_path):
-    """Writing into an existing run directory replaces it; no stale file survives."""
+def test_rerun_replaces_an_earlier_run_whole(tmp_path):
+    """Writing into an earlier run directory replaces it; nothing else is left behind."""
     out = tmp_path / "run"
-    out.mkdir()
-    (out / "stale.txt").write_text("old")
     assert main(["simulate", "--out", str(out), "--quiet", "--set", "run.updates=20"]) == 0
+    (out / "loss.png").unlink()
+    assert main(["simulate", "--out", str(out), "--quiet", "--set", "run.updates=30"]) == 0
     assert sorted(p.name for p in out.iterdir()) == sorted(FILES)
     assert [p.name for p in tmp_path.iterdir()] == ["run"]
+
+
+@pytest.mark.parametrize("kind", ["file", "foreign_dir"])
+def test_nothing_of_the_users_is_replaced(tmp_path, kind):
+    """--out naming a file, or a directory with other files, is refused before running."""
+    out = tmp_path / "out"
+    if kind == "file":
+        out.write_text("precious")
+    else:
+        out.mkdir()
+        (out / "notes.txt").write_text("precious")
+    result = _cli("simulate", "--out", str(out), "--set", "run.updates=20")
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
+    assert "--out" in result.stderr
+    precious = out if kind == "file" else out / "notes.txt"
+    assert precious.read_text() == "precious"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_unwritable_out_is_one_line(tmp_path):
+    """A location that cannot be created is one line, exit 2."""
+    blocker = tmp_path / "blocker"
+    blocker.write_text("")
+    result = _cli("simulate", "--out", str(blocker / "run"), "--set", "run.updates=20")
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
+    assert "cannot be written" in result.stderr

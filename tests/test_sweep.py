@@ -99,3 +99,12 @@ def test_cli_sweep_and_bad_grid(tmp_path):
                          capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1
     assert "run.blocks = 0" in bad.stderr and not (tmp_path / "b").exists()
+
+
+def test_sweep_out_that_is_a_file_is_refused(tmp_path):
+    """A file where the sweep directory should go is an error, and the file is kept."""
+    out = tmp_path / "s"
+    out.write_text("precious")
+    with pytest.raises(AsyngradError, match="cannot hold a sweep"):
+        run_sweep(plan_sweep(None, BASE, AXES), AXES, out)
+    assert out.read_text() == "precious"
