@@ -41,9 +41,18 @@ def test_lockstep_threads_lose_the_first_write():
         (1, 1, 0, 0, 200, 200, 1200, 1200, 1400, 1, 0, 0, 0, 2),
     ]
     problem = make_problem(_hand_case().problem)
-    lr = 0.02
-    w1 = -lr * problem.grad(np.zeros(4), int(trace["sample"][1]))[0]
-    assert np.array_equal(trace["w_final"], w1)  # only thread 1's update survived
+    lr, w0 = 0.02, np.zeros(4)
+    g0 = problem.grad(w0, int(trace["sample"][0]))[0]  # both computed at w0
+    g1 = problem.grad(w0, int(trace["sample"][1]))[0]
+    assert np.array_equal(trace["w_final"], -lr * g1)  # only thread 1's update survived
+    # Serialized view by hand: completion 1 sees block 0 from thread 1, block 1 from thread 0.
+    w1 = -lr * np.concatenate([g1[:2], g0[2:]])
+    s1, s2 = (w0 - w1) / lr, (w1 + lr * g1) / lr
+    delta1 = s1 - problem.grad(w0, int(trace["sample"][0]))[0]
+    delta2 = s2 - problem.grad(w1, int(trace["sample"][1]))[0]
+    assert np.allclose(trace["delta_norm"], [np.linalg.norm(delta1), np.linalg.norm(delta2)],
+                       rtol=1e-12)
+    assert np.allclose(trace["s_norm"], [np.linalg.norm(s1), np.linalg.norm(s2)], rtol=1e-12)
 
 
 def test_fast_thread_tears_a_slow_read():
