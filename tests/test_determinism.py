@@ -1,6 +1,7 @@
 """Determinism: the same scenario and seed give the same bytes, in any process."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -13,15 +14,17 @@ from .conftest import scenario
 ARGS = ["--set", "run.updates=400", "--set", "run.blocks=3", "--set", "devices.0.cores=5"]
 
 
-def _run(out):
+def _run(out, hash_seed):
+    env = {**os.environ, "PYTHONHASHSEED": hash_seed}
     subprocess.run([sys.executable, "-m", "simulator.cli", "simulate", "--out", str(out),
-                    "--quiet", *ARGS], check=True)
+                    "--quiet", *ARGS], check=True, env=env)
 
 
 def test_two_processes_write_identical_results(tmp_path):
-    """Two separate processes write byte-identical trace.npz, summary.json and curve.csv."""
-    _run(tmp_path / "a")
-    _run(tmp_path / "b")
+    """Two processes (with different hash seeds, so no set or hash order can leak in) write
+    byte-identical trace.npz, summary.json, curve.csv and scenario.toml."""
+    _run(tmp_path / "a", "1")
+    _run(tmp_path / "b", "2")
     for name in ("trace.npz", "summary.json", "curve.csv", "scenario.toml"):
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
     summary = json.loads((tmp_path / "a" / "summary.json").read_text())
