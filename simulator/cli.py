@@ -7,6 +7,7 @@ the field and value and exits with status 2; nothing is written before the input
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import time
@@ -14,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from simulator.errors import AsyngradError
+from simulator.errors import AsyngradError, ScenarioError
 
 __all__ = ["main"]
 
@@ -111,6 +112,42 @@ def _sweep(args: argparse.Namespace) -> int:
     return 0
 
 
+def _theorem(args: argparse.Namespace) -> int:
+    import json
+
+    from theory.asyngrad import (
+        Constants,
+        error_budget,
+        fixed_point,
+        learning_rate,
+        tau_limit,
+        updates,
+    )
+
+    if not math.isfinite(args.kappa) or args.kappa <= 0:
+        raise ScenarioError("--kappa", args.kappa, "must be a finite number > 0")
+    k = Constants(c=args.c, q=args.q, kappa2=args.kappa**2, tau=args.tau, a0=args.a0)
+    gamma = learning_rate(k, args.eps, args.beta)
+    result = {"c": k.c, "q": k.q, "kappa2": k.kappa2, "tau": k.tau, "a0": k.a0,
+              "eps": args.eps, "beta": args.beta, "gamma": gamma,
+              "updates": updates(k, args.eps, args.beta),
+              "error_budget": error_budget(k, args.eps), "tau_limit": tau_limit(k, args.eps),
+              "fixed_point": fixed_point(k, gamma),
+              "q_times_fixed_point": k.q * fixed_point(k, gamma)}
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    print(f"Theorem 1 (AsynGrad): c={k.c:g} q={k.q:g} κ²={k.kappa2:g} τ={k.tau:g} "
+          f"ε={args.eps:g} a0={k.a0:g} β={args.beta:g}")
+    print(f"  error budget 2τq/(cε)          {result['error_budget']:.6g}  (< 1 required; "
+          f"τ limit cε/(2q) = {result['tau_limit']:.6g})")
+    print(f"  learning rate γ (9)            {gamma:.6g}")
+    print(f"  updates t (10)                 {result['updates']:,}")
+    print(f"  fixed point (γκ² + 2τ)/c       {result['fixed_point']:.6g}  "
+          f"(q × it = {result['q_times_fixed_point']:.6g} <= ε)")
+    return 0
+
+
 def _scenario(args: argparse.Namespace) -> int:
     from simulator.scenario import load_scenario, scenario_to_toml
 
@@ -153,6 +190,17 @@ def _parser() -> argparse.ArgumentParser:
     sweep.add_argument("--quiet", action="store_true", help="print nothing on success")
     with_overrides(sweep)
     sweep.set_defaults(run=_sweep)
+
+    theorem = commands.add_parser(
+        "theorem", help="learning rate (9) and update count (10) of AsynGrad's Theorem 1")
+    for name, meaning in (("c", "strong convexity c (4)"), ("q", "smoothness q (5)"),
+                          ("kappa", "bound κ with E‖s_t‖² <= κ² (6)"),
+                          ("tau", "gradient-error bound τ (7)"), ("eps", "target accuracy ε"),
+                          ("a0", "a_0 = ‖w_0 − w*‖²")):
+        theorem.add_argument(f"--{name}", type=float, required=True, help=meaning)
+    theorem.add_argument("--beta", type=float, default=1.0, help="β >= 1 (default 1)")
+    theorem.add_argument("--json", action="store_true", help="print the results as JSON")
+    theorem.set_defaults(run=_theorem)
 
     show = commands.add_parser("scenario", help="print a fully resolved scenario as TOML")
     show.add_argument("scenario", nargs="?", help="scenario TOML (default: embedded default)")
