@@ -12,5 +12,5 @@ from theory.asyngrad import (
     updates,
 )
 
-__all__ = ["Constants", "InfeasibleError", "contraction", "error_budget", "fixed_point", "learning_rate",
-           "recursion_bound", "tau_limit", "updates"]
+__all__ = ["Constants", "InfeasibleError", "contraction", "error_budget", "fixed_point",
+           "learning_rate", "recursion_bound", "tau_limit", "updates"]
