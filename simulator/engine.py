@@ -331,7 +331,8 @@ class Engine:
         curve = list(zip(*self.view.curve, strict=True))
         arrays.update(curve_t=np.asarray(curve[0], dtype=np.int64),
                       curve_time=np.asarray(curve[1], dtype=np.int64),
-                      curve_loss=np.asarray(curve[2], dtype=np.float64))
+                      curve_loss=np.asarray(curve[2], dtype=np.float64),
+                      curve_dist2=np.asarray(curve[3], dtype=np.float64))
         return Trace(arrays, scenario_to_toml(self.scenario))
 
 

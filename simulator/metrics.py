@@ -46,10 +46,12 @@ def _quantiles(values: np.ndarray) -> dict[str, float | None]:
             "p95": _number(np.quantile(values, 0.95)), "max": _number(values.max())}
 
 
-def curve_rows(trace: Trace, f_star: float) -> list[tuple[int, int, float, float]]:
-    """(update, time_ns, loss, suboptimality) at each loss-curve checkpoint."""
-    return [(int(t), int(time), float(loss), float(loss) - f_star) for t, time, loss in
-            zip(trace["curve_t"], trace["curve_time"], trace["curve_loss"], strict=True)]
+def curve_rows(trace: Trace, f_star: float) -> list[tuple[int, int, float, float, float]]:
+    """(update, time_ns, loss, suboptimality, ‖w − w*‖²) at each loss-curve checkpoint."""
+    return [(int(t), int(time), float(loss), float(loss) - f_star, float(dist2))
+            for t, time, loss, dist2 in zip(trace["curve_t"], trace["curve_time"],
+                                            trace["curve_loss"], trace["curve_dist2"],
+                                            strict=True)]
 
 
 def summarize(trace: Trace, problem: Problem, scenario: Any) -> dict[str, Any]:

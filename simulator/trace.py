@@ -44,7 +44,8 @@ COLUMNS: dict[str, type] = {
 }
 OPS: dict[str, type] = {"op_block": np.int32, "op_read_ns": np.int64, "op_write_ns": np.int64}
 OTHER: dict[str, type] = {"op_offsets": np.int64, "w0": np.float64, "w_final": np.float64,
-                          "curve_t": np.int64, "curve_time": np.int64, "curve_loss": np.float64}
+                          "curve_t": np.int64, "curve_time": np.int64, "curve_loss": np.float64,
+                          "curve_dist2": np.float64}
 
 
 @dataclass

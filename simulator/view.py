@@ -45,18 +45,19 @@ def curve_checkpoints(updates: int, points: int) -> list[int]:
 class SerializedView:
     """Measures δ_t exactly at completions (every ``every``-th one when ``exact``).
 
-    Also records the loss curve: f(w_t) at the checkpoints, with the time of completion t.
+    Also records the loss curve: at each checkpoint, the time of completion t, f(w_t) and
+    a_t = ‖w_t − w*‖² (the quantity Theorem 1's recursion bounds).
     """
 
     def __init__(self, problem: Problem, lr: float, w0: np.ndarray, updates: int, exact: bool,
                  every: int, curve_points: int) -> None:
         self.problem, self.lr, self.every = problem, lr, every
         self.exact = exact
-        self.w_star = problem.optimum()[0] if exact else None
+        self.w_star = problem.optimum()[0]
         self.prev = np.array(w0, dtype=np.float64)
         self._checkpoints = curve_checkpoints(updates, curve_points)
         self._next = 1
-        self.curve: list[tuple[int, int, float]] = [(0, 0, problem.full_loss(w0))]
+        self.curve: list[tuple[int, int, float, float]] = [(0, 0, *self._position(w0))]
 
     def complete(self, t: int, w: np.ndarray, sample: int, time: int) -> Measurement:
         """Record completion ``t`` (its sample, and ``w`` right after it) at ``time``."""
@@ -67,13 +68,17 @@ class SerializedView:
             if (t + 1) % self.every == 0:
                 np.copyto(self.prev, w)
         if t == self._checkpoints[self._next]:
-            self.curve.append((t, time, self.problem.full_loss(w)))
+            self.curve.append((t, time, *self._position(w)))
             self._next = min(self._next + 1, len(self._checkpoints) - 1)
         return result
 
+    def _position(self, w: np.ndarray) -> tuple[float, float]:
+        """(f(w), ‖w − w*‖²)."""
+        gap = w - self.w_star
+        return self.problem.full_loss(w), float(gap @ gap)
+
     def _measure(self, w: np.ndarray, sample: int) -> Measurement:
         prev, w_star = self.prev, self.w_star
-        assert w_star is not None
         s = np.subtract(prev, w)
         s /= self.lr
         g = self.problem.dense_grad(prev, sample)
