@@ -19,6 +19,8 @@ from simulator.errors import AsyngradError, ScenarioError
 
 __all__ = ["main"]
 
+CHECK_FILES = ("check.json", "check.png")
+
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
@@ -148,6 +150,51 @@ def _theorem(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check(args: argparse.Namespace) -> int:
+    import json
+
+    from simulator.rundir import check_out, publish
+    from simulator.scenario import load_scenario
+    from theory.check import check_theorem
+    from theory.plots import check_figure
+
+    scenario = load_scenario(args.scenario, args.set)
+    out = Path(args.out or f"runs/check-{scenario.name}")
+    check_out(out, CHECK_FILES)
+    with _progress(args.pilot_seeds + args.seeds * args.rounds, args.quiet) as bar:
+        result = check_theorem(scenario, args.eps, args.seeds, args.beta, args.pilot_seeds,
+                               args.max_updates, args.rounds, bar.update)
+
+    def write(where: Path) -> None:
+        (where / "check.json").write_text(json.dumps(result, indent=2) + "\n")
+        check_figure(result).savefig(where / "check.png", dpi=110)
+
+    publish(out, CHECK_FILES, write)
+    if not args.quiet:
+        conditions = result["conditions"]
+        c4, c5 = conditions["4_strong_convexity"], conditions["5_smoothness"]
+        print(f"Theorem 1 check of {scenario.name} (ε = {args.eps:g}, β = {args.beta:g})")
+        print(f"  (4) c  = {c4['c']:.6g}  [{c4['method']}]  {'holds' if c4['holds'] else 'FAILS'}")
+        print(f"  (5) q  = {c5['q']:.6g}")
+        if "6_update_bound" in conditions:
+            c6, c7 = conditions["6_update_bound"], conditions["7_error_bound"]
+            print(f"  (6) κ² = {c6['kappa2']:.6g}  [{c6['source']}]")
+            print(f"  (7) τ  = {c7['tau']:.6g}, limit cε/(2q) = {c7['limit']:.6g}, margin "
+                  f"{c7['margin']:.6g}  {'holds' if c7['holds'] else 'FAILS'}")
+        print(f"  a0 = {result['a0']:.6g}")
+        for i, entry in enumerate(result["rounds"]):
+            if "gamma" in entry:
+                print(f"  round {i}: γ (9) = {entry['gamma']:.6g}, t (10) = "
+                      f"{entry['updates']:,}, assumptions held: {entry['assumptions_held']}")
+        validation = result.get("validation")
+        if validation and validation["reached_eps_at"] is not None:
+            print(f"  the mean fell below ε after {validation['reached_eps_at']:,} updates "
+                  f"(tightness {validation['tightness']:.3g} of t)")
+        print(f"  {result['verdict']}")
+        print(f"  wrote {out}/check.json and check.png")
+    return 1 if result["verdict"].startswith("VIOLATED") else 0
+
+
 def _scenario(args: argparse.Namespace) -> int:
     from simulator.scenario import load_scenario, scenario_to_toml
 
@@ -201,6 +248,24 @@ def _parser() -> argparse.ArgumentParser:
     theorem.add_argument("--beta", type=float, default=1.0, help="β >= 1 (default 1)")
     theorem.add_argument("--json", action="store_true", help="print the results as JSON")
     theorem.set_defaults(run=_theorem)
+
+    check = commands.add_parser(
+        "check", help="measure Theorem 1's conditions on a scenario and validate its bound")
+    check.add_argument("scenario", nargs="?", help="scenario TOML (default: embedded default)")
+    check.add_argument("--eps", type=float, required=True, help="target accuracy ε")
+    check.add_argument("--seeds", type=int, default=30, help="Monte Carlo runs (default 30)")
+    check.add_argument("--beta", type=float, default=1.0, help="β >= 1 (default 1)")
+    check.add_argument("--pilot-seeds", type=int, default=3,
+                       help="pilot runs that estimate κ² and τ (default 3)")
+    check.add_argument("--max-updates", type=int, default=200_000,
+                       help="cap on the updates of each validation run (default 200000)")
+    check.add_argument("--rounds", type=int, default=3,
+                       help="re-estimation rounds of κ² and τ at γ (default 3)")
+    check.add_argument("--out", help="directory for check.json and check.png "
+                       "(default runs/check-NAME)")
+    check.add_argument("--quiet", action="store_true", help="print nothing on success")
+    with_overrides(check)
+    check.set_defaults(run=_check)
 
     show = commands.add_parser("scenario", help="print a fully resolved scenario as TOML")
     show.add_argument("scenario", nargs="?", help="scenario TOML (default: embedded default)")

@@ -10,6 +10,7 @@ import csv
 import json
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ from simulator.problems import Problem
 from simulator.scenario import Scenario, scenario_to_toml
 from simulator.trace import Trace
 
-__all__ = ["FILES", "check_out", "write_run"]
+__all__ = ["FILES", "check_out", "publish", "write_run"]
 
 FILES = ("scenario.toml", "summary.json", "trace.npz", "curve.csv", "timeline.png", "loss.png",
          "error_hist.png")
@@ -49,42 +50,38 @@ def _write_files(where: Path, scenario: Scenario, trace: Trace, summary: dict[st
     error_histogram_figure(trace).savefig(where / "error_hist.png", dpi=110)
 
 
-def check_out(out: str | Path) -> Path:
-    """The run directory to write: new, empty, or an earlier run directory (which is replaced).
+def check_out(out: str | Path, files: tuple[str, ...] = FILES) -> Path:
+    """The directory to write: new, empty, or one holding only ``files`` (it is replaced).
 
     Raises:
-        AsyngradError: ``out`` is a file, or a directory holding anything but a run's files
-            (so nothing of the user's is ever replaced).
+        AsyngradError: ``out`` is a file, or a directory holding anything else (so nothing of
+            the user's is ever replaced).
     """
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise AsyngradError(f"--out = '{out}': exists and is not a directory")
     if out.is_dir():
-        foreign = sorted(p.name for p in out.iterdir() if p.name not in FILES)
+        foreign = sorted(p.name for p in out.iterdir() if p.name not in files)
         if foreign:
             raise AsyngradError(f"--out = '{out}': is a directory with other files "
                                 f"({', '.join(foreign[:3])}); choose a new or empty one")
     return out
 
 
-def write_run(out: str | Path, scenario: Scenario, trace: Trace, problem: Problem,
-              plots: bool = True) -> dict[str, Any]:
-    """Write the run directory ``out`` (replacing an earlier run there); return the summary.
-
-    ``plots=False`` leaves out the PNG figures (sweeps write many cells).
+def publish(out: str | Path, files: tuple[str, ...], write: Callable[[Path], None]) -> None:
+    """Let ``write`` fill a staging directory, then swap it in for ``out`` in one step.
 
     Raises:
-        AsyngradError: ``out`` is not a place for a run directory (see ``check_out``), or it
+        AsyngradError: ``out`` is not a place for these files (see ``check_out``), or it
             cannot be written.
     """
-    out = check_out(out)
-    summary = summarize(trace, problem, scenario)
+    out = check_out(out, files)
     staging = out.parent / f".{out.name}.partial-{os.getpid()}"
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir()
-        _write_files(staging, scenario, trace, summary, problem.optimum()[1], plots)
+        write(staging)
         if out.exists():
             retired = out.parent / f".{out.name}.old-{os.getpid()}"
             out.rename(retired)
@@ -97,4 +94,19 @@ def write_run(out: str | Path, scenario: Scenario, trace: Trace, problem: Proble
                             ) from None
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def write_run(out: str | Path, scenario: Scenario, trace: Trace, problem: Problem,
+              plots: bool = True) -> dict[str, Any]:
+    """Write the run directory ``out`` (replacing an earlier run there); return the summary.
+
+    ``plots=False`` leaves out the PNG figures (sweeps write many cells).
+
+    Raises:
+        AsyngradError: as :func:`publish`.
+    """
+    summary = summarize(trace, problem, scenario)
+    f_star = problem.optimum()[1]
+    publish(out, FILES, lambda where: _write_files(where, scenario, trace, summary, f_star,
+                                                   plots))
     return summary

@@ -22,7 +22,8 @@ from simulator.distributions import Duration
 from simulator.errors import ScenarioError
 
 __all__ = ["DeviceSpec", "MetricsSpec", "ProblemSpec", "RunSpec", "Scenario", "TimingSpec",
-           "load_scenario", "scenario_from_dict", "scenario_to_dict", "scenario_to_toml"]
+           "load_scenario", "scenario_from_dict", "scenario_to_dict", "scenario_to_toml",
+           "with_overrides"]
 
 PROTOCOLS = ("serial", "locked", "lockfree")
 WRITE_MODES = ("load_store", "atomic_add")
@@ -301,6 +302,14 @@ def apply_override(data: dict[str, Any], text: str) -> None:
         node[int(path[-1])] = value
     else:
         node[path[-1]] = value
+
+
+def with_overrides(scenario: Scenario, overrides: list[str] | tuple[str, ...]) -> Scenario:
+    """A copy of ``scenario`` with ``key=value`` overrides applied (and validated)."""
+    data = scenario_to_dict(scenario)
+    for text in overrides:
+        apply_override(data, text)
+    return scenario_from_dict(data)
 
 
 def load_scenario(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = (),

@@ -28,7 +28,8 @@ import numpy as np
 
 from simulator.errors import AsyngradError, ScenarioError
 
-__all__ = ["Constants", "InfeasibleError", "contraction", "error_budget", "fixed_point",
+__all__ = ["Constants", "InfeasibleError", "check_accuracy", "contraction", "error_budget",
+           "fixed_point",
            "learning_rate", "recursion_bound", "tau_limit", "updates"]
 
 
@@ -69,20 +70,21 @@ class Constants:
         _require(self.a0 >= 0, "a0", self.a0, "must be >= 0")
 
 
-def _check_eps_beta(eps: float, beta: float) -> None:
+def check_accuracy(eps: float, beta: float) -> None:
+    """Raise ScenarioError unless ε > 0 and β >= 1 (both finite)."""
     _require(math.isfinite(eps) and eps > 0, "eps", eps, "must be a finite number > 0")
     _require(math.isfinite(beta) and beta >= 1, "beta", beta, "must be a finite number >= 1")
 
 
 def tau_limit(k: Constants, eps: float) -> float:
     """The largest admissible error bound: τ < cε/(2q) (from 2τq < cε)."""
-    _check_eps_beta(eps, 1.0)
+    check_accuracy(eps, 1.0)
     return k.c * eps / (2 * k.q)
 
 
 def error_budget(k: Constants, eps: float) -> float:
     """2τq/(cε): the share of the accuracy ε the gradient error uses up (must be < 1)."""
-    _check_eps_beta(eps, 1.0)
+    check_accuracy(eps, 1.0)
     return 2 * k.tau * k.q / (k.c * eps)
 
 
@@ -93,7 +95,7 @@ def learning_rate(k: Constants, eps: float, beta: float = 1.0) -> float:
         InfeasibleError: 2τq ≥ cε, so no positive γ exists; the message says what τ would do.
         ScenarioError: ε ≤ 0 or β < 1 (or not finite).
     """
-    _check_eps_beta(eps, beta)
+    check_accuracy(eps, beta)
     margin = k.c * eps - 2 * k.tau * k.q
     if margin <= 0:
         raise InfeasibleError(
