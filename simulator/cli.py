@@ -195,6 +195,29 @@ def _check(args: argparse.Namespace) -> int:
     return 1 if result["verdict"].startswith("VIOLATED") else 0
 
 
+def _real(args: argparse.Namespace) -> int:
+    from realrun.runner import run_real, summary_extra
+    from simulator.rundir import check_out, write_run
+    from simulator.scenario import load_scenario
+
+    scenario = load_scenario(args.scenario, args.set)
+    check_out(args.out)
+    with _progress(scenario.run.updates, args.quiet) as bar:
+        run = run_real(scenario, args.workers, args.mode, args.dtype, args.timeout, bar.update)
+    summary = write_run(args.out, run.scenario, run.trace, run.problem,
+                        extra=summary_extra(run))
+    if run.failure is not None:
+        who = "" if run.failure["worker"] is None else f"worker {run.failure['worker']}: "
+        print(f"asyngrad: real run stopped after {len(run.trace)} updates ({who}"
+              f"{run.failure['reason']}); partial results in {args.out}/", file=sys.stderr)
+        return 1
+    if not args.quiet:
+        _print_summary(summary, Path(args.out), run.seconds)
+        print(f"  {summary['real']['updates_per_wall_second']:.4g} updates per wall second "
+              f"with {run.workers} {run.mode} worker(s), {run.dtype}")
+    return 0
+
+
 def _scenario(args: argparse.Namespace) -> int:
     from simulator.scenario import load_scenario, scenario_to_toml
 
@@ -266,6 +289,18 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("--quiet", action="store_true", help="print nothing on success")
     with_overrides(check)
     check.set_defaults(run=_check)
+
+    real = commands.add_parser("real", help="train with real lock-free worker processes")
+    real.add_argument("scenario", nargs="?", help="scenario TOML (default: embedded default)")
+    real.add_argument("--out", required=True, help="run directory to write")
+    real.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
+    real.add_argument("--mode", default="lockfree", help="lockfree, locked or serial")
+    real.add_argument("--dtype", default="float32", help="float32 (default) or float64")
+    real.add_argument("--timeout", type=float, default=None,
+                      help="stop the run after this many seconds (partial results kept)")
+    real.add_argument("--quiet", action="store_true", help="print nothing on success")
+    with_overrides(real)
+    real.set_defaults(run=_real)
 
     show = commands.add_parser("scenario", help="print a fully resolved scenario as TOML")
     show.add_argument("scenario", nargs="?", help="scenario TOML (default: embedded default)")

@@ -15,7 +15,6 @@ samples come from a ``DurationSource``: seeded draws, or a recorded trace (repla
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable, Generator
 from typing import Any
 
@@ -23,7 +22,7 @@ import numpy as np
 import simpy
 
 from simulator.errors import ScenarioError
-from simulator.memory import BlockCopy, SharedMemory
+from simulator.memory import BlockCopy, Op, SharedMemory, block_ops
 from simulator.problems import Problem, make_problem
 from simulator.protocols import make_protocol
 from simulator.scenario import Scenario, scenario_to_toml
@@ -62,11 +61,6 @@ class Update:
         self.uid, self.thread, self.seq, self.sample, self.ops = uid, thread, seq, sample, ops
         self.start_versions: list[int] = []
         self.overwrote = 0
-
-
-# One block an update moves: block id, index into w, index into the gradient values, and the
-# coordinates (None: the whole block, for dense gradients).
-Op = tuple[int, Any, slice, np.ndarray | None]
 
 
 class Engine:
@@ -118,17 +112,9 @@ class Engine:
     # -- setup -------------------------------------------------------------------------------
 
     def _block_ops(self, support: np.ndarray | None) -> tuple[list[Op], list[float]]:
-        bounds, dim = self.mem.bounds, self.problem.dim
-        if support is None:
-            return ([(b, slice(lo, hi), slice(lo, hi), None)
-                     for b, (lo, hi) in enumerate(itertools.pairwise(bounds))],
-                    [(hi - lo) / dim for lo, hi in itertools.pairwise(bounds)])
-        cuts = np.searchsorted(support, bounds).tolist()
-        ops: list[Op] = []
-        for b, (p0, p1) in enumerate(itertools.pairwise(cuts)):
-            if p1 > p0:
-                coords = support[p0:p1]
-                ops.append((b, coords, slice(p0, p1), coords))
+        """The blocks a sample moves, and the fraction of all coordinates each moves."""
+        ops = block_ops(self.mem.bounds, support)
+        dim = self.problem.dim
         return ops, [(op[2].stop - op[2].start) / dim for op in ops]
 
     def _resources(self) -> tuple[list[simpy.Resource | None], list[simpy.Resource | None]]:

@@ -13,11 +13,12 @@ History is trimmed below the oldest version an in-flight update still needs.
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import numpy as np
 
-__all__ = ["BlockCopy", "SharedMemory", "block_bounds"]
+__all__ = ["BlockCopy", "Op", "SharedMemory", "block_bounds", "block_ops"]
 
 Index = slice | np.ndarray
 
@@ -36,6 +37,22 @@ BlockCopy = tuple[int, np.ndarray | None, int, int]
 def block_bounds(dim: int, blocks: int) -> list[int]:
     """Start of each block and the end of the last: sizes differ by at most one."""
     return [(b * dim) // blocks for b in range(blocks + 1)]
+
+
+# One block an update moves: block id, index into w, index into the gradient values, and the
+# coordinates (None: the whole block, for dense gradients).
+Op = tuple[int, Any, slice, np.ndarray | None]
+
+
+def block_ops(bounds: list[int], support: np.ndarray | None) -> list[Op]:
+    """The blocks an update moves: all of them for a dense gradient (``support`` None), else
+    those holding a coordinate of the sorted ``support`` (with the coordinates in each)."""
+    if support is None:
+        return [(b, slice(lo, hi), slice(lo, hi), None)
+                for b, (lo, hi) in enumerate(itertools.pairwise(bounds))]
+    cuts = np.searchsorted(support, bounds).tolist()
+    return [(b, support[p0:p1], slice(p0, p1), support[p0:p1])
+            for b, (p0, p1) in enumerate(itertools.pairwise(cuts)) if p1 > p0]
 
 
 def _overlaps(a: np.ndarray | None, b: np.ndarray | None) -> bool:

@@ -97,15 +97,16 @@ def publish(out: str | Path, files: tuple[str, ...], write: Callable[[Path], Non
 
 
 def write_run(out: str | Path, scenario: Scenario, trace: Trace, problem: Problem,
-              plots: bool = True) -> dict[str, Any]:
+              plots: bool = True, extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """Write the run directory ``out`` (replacing an earlier run there); return the summary.
 
-    ``plots=False`` leaves out the PNG figures (sweeps write many cells).
+    ``plots=False`` leaves out the PNG figures (sweeps write many cells); ``extra`` adds
+    sections to the summary (real runs add theirs).
 
     Raises:
         AsyngradError: as :func:`publish`.
     """
-    summary = summarize(trace, problem, scenario)
+    summary = {**summarize(trace, problem, scenario), **(extra or {})}
     f_star = problem.optimum()[1]
     publish(out, FILES, lambda where: _write_files(where, scenario, trace, summary, f_star,
                                                    plots))

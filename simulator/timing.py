@@ -17,7 +17,7 @@ import numpy as np
 from simulator.errors import TraceError
 from simulator.scenario import Scenario
 
-__all__ = ["DurationSource", "ReplaySource", "SampledSource", "thread_seeds"]
+__all__ = ["DurationSource", "ReplaySource", "SampledSource", "sample_stream", "thread_seeds"]
 
 _CHUNK = 1024
 
@@ -25,6 +25,15 @@ _CHUNK = 1024
 def thread_seeds(seed: int, threads: int) -> list[np.random.SeedSequence]:
     """One seed sequence per thread; each spawns (samples, read, grad, write) streams."""
     return np.random.SeedSequence(seed).spawn(threads)
+
+
+def _thread_generators(seed: int, threads: int, thread: int) -> list[np.random.Generator]:
+    return [np.random.default_rng(s) for s in thread_seeds(seed, threads)[thread].spawn(4)]
+
+
+def sample_stream(seed: int, threads: int, thread: int, n_samples: int) -> _Stream:
+    """Thread ``thread``'s samples: the same sequence in the simulator and in real runs."""
+    return _Stream(partial(_integers, _thread_generators(seed, threads, thread)[0], n_samples))
 
 
 class DurationSource(Protocol):
@@ -79,15 +88,15 @@ class SampledSource:
         self._streams: list[tuple[_Stream, _Stream, _Stream, _Stream]] = []
         self._chunks: list[list[tuple[list[int], int, list[int]]]] = []
         self._pos: list[int] = []
-        for thread, seq in enumerate(thread_seeds(scenario.run.seed, threads)):
+        for thread in range(threads):
             device = scenario.device_of(thread)
             timing = scenario.timing_of(device)
-            gens = [np.random.default_rng(s) for s in seq.spawn(4)]
+            gens = _thread_generators(scenario.run.seed, threads, thread)
             speed = scenario.devices[device].speed
             self._speed.append(speed)
             self._dense_scale.append(np.asarray(dense, dtype=np.float64) / speed)
             self._streams.append((
-                _Stream(partial(_integers, gens[0], n_samples)),
+                sample_stream(scenario.run.seed, threads, thread, n_samples),
                 _Stream(partial(timing.read.sample, gens[1])),
                 _Stream(partial(timing.grad.sample, gens[2])),
                 _Stream(partial(timing.write.sample, gens[3])),

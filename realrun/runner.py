@@ -1,0 +1,200 @@
+"""The parent of a real run: start workers, watch them, stop cleanly, merge the trace.
+
+Workers are ``torch.multiprocessing`` processes (spawn) on one shared flat parameter tensor.
+The parent polls every 10 ms: it follows progress (shared counters, no locks), samples the
+shared vector for the loss curve, and notices a worker that died (exception or signal), the
+timeout, or Ctrl-C. On any of those it stops every worker (terminate, then kill) and still
+merges what the workers completed, so a failed run keeps its partial trace and says why.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from realrun.timeline import WorkerRecord, merge
+from realrun.worker import (
+    MESSAGE_BYTES,
+    STATUS_DONE,
+    STATUS_FAILED,
+    Buffers,
+    WorkerSpec,
+    worker_main,
+)
+from simulator.errors import ScenarioError
+from simulator.problems import Problem, make_problem
+from simulator.scenario import Scenario, scenario_to_toml, with_overrides
+from simulator.trace import Trace
+
+__all__ = ["MODES", "RealRun", "run_real"]
+
+MODES = ("lockfree", "locked", "serial")
+DTYPES = ("float32", "float64")
+_POLL_S = 0.01
+_CURVE_POINTS = 50
+
+
+@dataclass
+class RealRun:
+    """A finished (or stopped) real run: its scenario, problem, trace and what went wrong."""
+
+    scenario: Scenario
+    problem: Problem
+    trace: Trace
+    workers: int
+    mode: str
+    dtype: str
+    seconds: float
+    failure: dict[str, Any] | None
+
+
+def _quotas(updates: int, workers: int) -> list[int]:
+    return [updates // workers + (1 if r < updates % workers else 0) for r in range(workers)]
+
+
+def _allocate(dim: int, blocks: int, workers: int, quota: int, dtype: str) -> Buffers:
+    import torch
+
+    def shared(*shape: int, fill: int = 0, kind: Any = torch.int64) -> Any:
+        return torch.full(shape, fill, dtype=kind).share_memory_()
+
+    return Buffers(
+        w=shared(dim, kind=getattr(torch, dtype)), times=shared(workers, quota, 4),
+        copy_end=shared(workers, quota, blocks, fill=-1),
+        store_end=shared(workers, quota, blocks, fill=-1), samples=shared(workers, quota),
+        progress=shared(workers), status=shared(workers),
+        message=shared(workers, MESSAGE_BYTES, kind=torch.uint8))
+
+
+def _failure(buffers: Buffers, processes: list[Any]) -> dict[str, Any] | None:
+    """The first worker that failed, with its reason, or None."""
+    for rank, process in enumerate(processes):
+        if int(buffers.status[rank]) == STATUS_FAILED:
+            text = bytes(buffers.message[rank].tolist()).rstrip(b"\0").decode(errors="replace")
+            return {"worker": rank, "reason": text or "exception"}
+        if process.exitcode is not None and process.exitcode != 0:
+            signal = -process.exitcode if process.exitcode < 0 else None
+            return {"worker": rank, "reason": (f"killed by signal {signal}" if signal
+                                               else f"exited with status {process.exitcode}")}
+    return None
+
+
+def _stop(processes: list[Any]) -> None:
+    for process in processes:
+        if process.is_alive():
+            process.terminate()
+    deadline = time.monotonic() + 2.0
+    for process in processes:
+        process.join(max(0.0, deadline - time.monotonic()))
+        if process.is_alive():
+            process.kill()
+            process.join()
+
+
+def run_real(scenario: Scenario, workers: int, mode: str, dtype: str = "float32",
+             timeout: float | None = None, progress: Callable[[int], object] | None = None,
+             on_start: Callable[[list[int]], object] | None = None) -> RealRun:
+    """Train ``scenario``'s problem with real processes; returns the run (failed or not).
+
+    ``serial`` runs one worker. ``on_start`` receives the worker pids (monitoring, tests).
+
+    Raises:
+        ScenarioError: workers < 1, an unknown mode or dtype, or timeout <= 0.
+    """
+    import torch.multiprocessing as mp
+
+    if mode not in MODES:
+        raise ScenarioError("--mode", mode, f"must be one of {', '.join(MODES)}")
+    if dtype not in DTYPES:
+        raise ScenarioError("--dtype", dtype, f"must be one of {', '.join(DTYPES)}")
+    if workers < 1:
+        raise ScenarioError("--workers", workers, "must be >= 1")
+    if timeout is not None and not timeout > 0:
+        raise ScenarioError("--timeout", timeout, "must be > 0 seconds")
+    workers = 1 if mode == "serial" else workers
+    scenario = with_overrides(scenario, [f"run.threads={workers}", f"run.protocol={mode}"])
+    problem = make_problem(scenario.problem)
+    if scenario.run.blocks > problem.dim:
+        raise ScenarioError("run.blocks", scenario.run.blocks,
+                            f"must be <= the problem's dimension ({problem.dim})")
+    w_star, _ = problem.optimum()
+    quotas = _quotas(scenario.run.updates, workers)
+    buffers = _allocate(problem.dim, scenario.run.blocks, workers, max(quotas), dtype)
+    context = mp.get_context("spawn")
+    lock = context.Lock() if mode == "locked" else None
+    toml = scenario_to_toml(scenario)
+    processes = [context.Process(target=worker_main, daemon=True,
+                                 args=(WorkerSpec(rank, workers, quotas[rank], toml), buffers,
+                                       lock)) for rank in range(workers)]
+    started = time.monotonic()
+    snapshots = [(0, time.monotonic_ns(), buffers.w.numpy().astype(np.float64))]
+    failure = None
+    try:
+        for process in processes:
+            process.start()
+        if on_start:
+            on_start([p.pid for p in processes if p.pid is not None])
+        failure = _watch(buffers, processes, scenario.run.updates, timeout, started, progress,
+                         snapshots)
+    except KeyboardInterrupt:
+        failure = {"worker": None, "reason": "interrupted (Ctrl-C)"}
+    finally:
+        _stop(processes)
+    seconds = time.monotonic() - started
+    trace = _trace(buffers, workers, scenario, problem, w_star, snapshots, toml)
+    return RealRun(scenario, problem, trace, workers, mode, dtype, seconds, failure)
+
+
+def _watch(buffers: Buffers, processes: list[Any], total: int, timeout: float | None,
+           started: float, progress: Callable[[int], object] | None,
+           snapshots: list[tuple[int, int, np.ndarray]]) -> dict[str, Any] | None:
+    """Poll until every worker is done; the failure that stopped the run, if any."""
+    reported, every = 0, max(1, total // _CURVE_POINTS)
+    while True:
+        done = int(buffers.progress.sum())
+        if progress and done > reported:
+            progress(done - reported)
+        reported = done
+        if done >= snapshots[-1][0] + every and done < total:
+            snapshots.append((done, time.monotonic_ns(), buffers.w.numpy().astype(np.float64)))
+        failure = _failure(buffers, processes)
+        if failure is not None:
+            return failure
+        if all(int(s) == STATUS_DONE for s in buffers.status) and all(
+                p.exitcode is not None for p in processes):
+            return None
+        if timeout is not None and time.monotonic() - started > timeout:
+            return {"worker": None, "reason": f"timeout after {timeout:g} s"}
+        time.sleep(_POLL_S)
+
+
+def _trace(buffers: Buffers, workers: int, scenario: Scenario, problem: Problem,
+           w_star: np.ndarray, snapshots: list[tuple[int, int, np.ndarray]],
+           toml: str) -> Trace:
+    records = []
+    for rank in range(workers):
+        n = int(buffers.progress[rank])
+        records.append(WorkerRecord(buffers.times[rank, :n].numpy().copy(),
+                                    buffers.copy_end[rank, :n].numpy().copy(),
+                                    buffers.store_end[rank, :n].numpy().copy(),
+                                    buffers.samples[rank, :n].numpy().copy()))
+    w_final = buffers.w.numpy().astype(np.float64)
+    done = sum(len(r.samples) for r in records)
+    points = [*snapshots, (done, time.monotonic_ns(), w_final)]
+    curve = [(t, stamp, problem.full_loss(w), float((w - w_star) @ (w - w_star)))
+             for t, stamp, w in points]
+    return merge(records, np.zeros(problem.dim), w_final, curve, toml)
+
+
+def summary_extra(run: RealRun) -> dict[str, Any]:
+    """The real-run facts summary.json adds to the simulator's summary."""
+    return {"real": {"workers": run.workers, "mode": run.mode, "dtype": run.dtype,
+                     "wall_seconds": run.seconds,
+                     "updates_per_wall_second": len(run.trace) / max(run.seconds, 1e-9),
+                     "failure": run.failure,
+                     "scenario_run": dataclasses.asdict(run.scenario.run)}}

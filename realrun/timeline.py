@@ -1,0 +1,130 @@
+"""Merging real workers' timestamps into a trace in the simulator's schema.
+
+From the merged timeline, at block granularity:
+
+* completions are write ends in time order; an update's staleness is the number of other
+  completions between its read start and its own write end;
+* a block read is read-overwritten when another store to that block finished after the
+  update's read began and before the block's copy finished;
+* a read is torn when its block copies cannot come from one instant: copy b is valid from the
+  last store to b before it to the first store to b after it, and the intervals must meet.
+
+Stores that the hardware lost cannot be seen from timestamps: ``lost_blocks`` stays 0.
+Timestamps are made relative to the earliest read start.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from simulator.trace import COLUMNS, Trace
+
+__all__ = ["WorkerRecord", "merge"]
+
+
+@dataclass(frozen=True)
+class WorkerRecord:
+    """One worker's completed updates (n rows): times (n, 4) = read start, read end, gradient
+    end, write end; copy_end, store_end (n, B) with −1 for untouched blocks; samples (n,)."""
+
+    times: np.ndarray
+    copy_end: np.ndarray
+    store_end: np.ndarray
+    samples: np.ndarray
+
+
+def _stacked(records: list[WorkerRecord]) -> dict[str, np.ndarray]:
+    return {
+        "times": np.concatenate([r.times for r in records]),
+        "copy_end": np.concatenate([r.copy_end for r in records]),
+        "store_end": np.concatenate([r.store_end for r in records]),
+        "samples": np.concatenate([r.samples for r in records]),
+        "thread": np.concatenate([np.full(len(r.samples), k) for k, r in enumerate(records)]),
+        "thread_seq": np.concatenate([np.arange(len(r.samples)) for r in records]),
+    }
+
+
+def _read_report(read_start: np.ndarray, copy_end: np.ndarray,
+                 store_end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per update: read-overwritten blocks and torn, from all stores to each block."""
+    n, blocks = copy_end.shape
+    overwritten = np.zeros(n, dtype=np.int32)
+    newest = np.full(n, -np.inf)
+    first_later = np.full(n, np.inf)
+    for b in range(blocks):
+        touched = copy_end[:, b] >= 0
+        stores = np.sort(store_end[store_end[:, b] >= 0, b])
+        copies = copy_end[touched, b]
+        before_copy = np.searchsorted(stores, copies, side="left")
+        after_start = np.searchsorted(stores, read_start[touched], side="right")
+        overwritten[touched] += (before_copy > after_start).astype(np.int32)
+        last = np.where(before_copy > 0, stores[np.maximum(before_copy - 1, 0)], -np.inf)
+        nxt = np.where(before_copy < stores.size,
+                       stores[np.minimum(before_copy, max(stores.size - 1, 0))], np.inf)
+        newest[touched] = np.maximum(newest[touched], last)
+        first_later[touched] = np.minimum(first_later[touched], nxt)
+    touched_blocks = (copy_end >= 0).sum(axis=1)
+    return overwritten, (touched_blocks > 1) & (newest > first_later)
+
+
+def merge(records: list[WorkerRecord], w0: np.ndarray, w_final: np.ndarray,
+          curve: list[tuple[int, int, float, float]], scenario_toml: str) -> Trace:
+    """A trace (source ``real``) from the workers' records and the loss curve
+    (completions, time, f(w), ‖w − w*‖²) sampled by the parent."""
+    data = _stacked(records)
+    times = data["times"]
+    origin = int(times[:, 0].min()) if len(times) else 0
+    rel = np.where(times >= 0, times - origin, times)
+    copy_end = np.where(data["copy_end"] >= 0, data["copy_end"] - origin, -1)
+    store_end = np.where(data["store_end"] >= 0, data["store_end"] - origin, -1)
+    start_order = np.lexsort((data["thread"], rel[:, 0]))
+    uid = np.empty(len(rel), dtype=np.int64)
+    uid[start_order] = np.arange(len(rel))
+    order = np.lexsort((data["thread"], rel[:, 3]))  # completion order
+    completions = np.sort(rel[:, 3])
+    position = np.empty(len(rel), dtype=np.int64)
+    position[order] = np.arange(len(rel))
+    staleness = position - np.searchsorted(completions, rel[:, 0], side="right")
+    overwritten, torn = _read_report(rel[:, 0], copy_end, store_end)
+    nan = np.full(len(rel), np.nan)
+    columns = {
+        "uid": uid, "thread": data["thread"], "thread_seq": data["thread_seq"],
+        "sample": data["samples"], "read_start": rel[:, 0], "read_end": rel[:, 1],
+        "grad_start": rel[:, 1], "grad_end": rel[:, 2], "write_start": rel[:, 2],
+        "write_end": rel[:, 3], "grad_ns": rel[:, 2] - rel[:, 1],
+        "staleness": np.maximum(staleness, 0), "read_overwrites": overwritten, "torn": torn,
+        "lost_blocks": np.zeros(len(rel)), "overwrote": np.zeros(len(rel)),
+        "measured": np.zeros(len(rel), dtype=bool), "s_norm": nan, "g_norm": nan,
+        "delta_norm": nan, "delta_dot": nan,
+    }
+    arrays: dict[str, np.ndarray] = {name: np.asarray(columns[name], dtype=dtype)[order]
+              for name, dtype in COLUMNS.items()}
+    arrays.update(_ops(rel[order], copy_end[order], store_end[order]))
+    t, time, loss, dist2 = (np.asarray(c) for c in zip(*curve, strict=True))
+    arrays.update(w0=np.asarray(w0, dtype=np.float64), w_final=np.asarray(w_final, np.float64),
+                  curve_t=t.astype(np.int64), curve_time=np.maximum(time - origin, 0)
+                  .astype(np.int64), curve_loss=loss.astype(np.float64),
+                  curve_dist2=dist2.astype(np.float64))
+    return Trace(arrays, scenario_toml, source="real")
+
+
+def _ops(rel: np.ndarray, copy_end: np.ndarray, store_end: np.ndarray) -> dict[str, np.ndarray]:
+    """Per-block durations of each update (touched blocks, in block order)."""
+    blocks: list[np.ndarray] = []
+    reads: list[np.ndarray] = []
+    writes: list[np.ndarray] = []
+    counts: list[int] = []
+    for row in range(len(rel)):
+        touched = np.flatnonzero(copy_end[row] >= 0)
+        ends = copy_end[row, touched]
+        reads.append(np.diff(np.concatenate([[rel[row, 0]], ends])))
+        stores = store_end[row, touched]
+        writes.append(np.diff(np.concatenate([[rel[row, 2]], stores])))
+        blocks.append(touched)
+        counts.append(touched.size)
+    return {"op_offsets": np.concatenate([[0], np.cumsum(counts)]).astype(np.int64),
+            "op_block": np.concatenate(blocks or [np.empty(0)]).astype(np.int32),
+            "op_read_ns": np.concatenate(reads or [np.empty(0)]).astype(np.int64),
+            "op_write_ns": np.concatenate(writes or [np.empty(0)]).astype(np.int64)}

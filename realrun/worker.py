@@ -1,0 +1,111 @@
+"""One real worker process: the read / gradient / write loop on a shared parameter tensor.
+
+The shared flat tensor is viewed as a numpy array (zero copy), so the worker runs the very same
+``Problem`` code as the simulator. Lock-free mode writes each block in place with no
+coordination at all (``w[block] -= lr·g[block]``: a non-atomic read-modify-write per element, the
+Hogwild! update); ``locked`` holds one lock across the whole update. Every timestamp comes from
+``time.monotonic_ns()`` (one clock for all processes) and goes into preallocated shared
+buffers: no locks, no I/O, no allocation of records inside the loop.
+"""
+
+from __future__ import annotations
+
+import time
+import tomllib
+import traceback
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+__all__ = ["STATUS_DONE", "STATUS_FAILED", "STATUS_RUNNING", "Buffers", "WorkerSpec",
+           "worker_main"]
+
+STATUS_RUNNING, STATUS_DONE, STATUS_FAILED = 0, 1, 2
+MESSAGE_BYTES = 512
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """What a worker needs besides shared memory (picklable for ``spawn``)."""
+
+    rank: int
+    workers: int
+    quota: int
+    scenario_toml: str
+
+
+@dataclass(frozen=True)
+class Buffers:
+    """Shared tensors, allocated by the parent. Per worker r (first dimension):
+
+    ``times[r, i]`` = read start, read end, gradient end, write end of update i;
+    ``copy_end[r, i, b]`` / ``store_end[r, i, b]`` = when block b's copy / store finished
+    (−1: block not touched); ``samples[r, i]``; ``progress[r]`` = updates done;
+    ``status[r]`` and ``message[r]`` = how the worker ended.
+    """
+
+    w: Any
+    times: Any
+    copy_end: Any
+    store_end: Any
+    samples: Any
+    progress: Any
+    status: Any
+    message: Any
+
+
+def worker_main(spec: WorkerSpec, buffers: Buffers, lock: Any) -> None:
+    """Run ``spec.quota`` updates; on any exception record it and exit with status 1."""
+    import torch
+    torch.set_num_threads(1)
+    try:
+        _loop(spec, buffers, lock)
+        buffers.status[spec.rank] = STATUS_DONE
+    except BaseException as err:  # every failure, SystemExit included, must reach the parent
+        text = "".join(traceback.format_exception_only(type(err), err)).strip()
+        data = text.encode()[:MESSAGE_BYTES]
+        buffers.message[spec.rank, : len(data)] = torch.tensor(list(data), dtype=torch.uint8)
+        buffers.status[spec.rank] = STATUS_FAILED
+        raise SystemExit(1) from None
+
+
+def _loop(spec: WorkerSpec, buffers: Buffers, lock: Any) -> None:
+    from simulator.memory import block_bounds, block_ops
+    from simulator.problems import make_problem
+    from simulator.scenario import scenario_from_dict
+    from simulator.timing import sample_stream
+
+    scenario = scenario_from_dict(tomllib.loads(spec.scenario_toml))
+    problem = make_problem(scenario.problem)
+    w = buffers.w.numpy()
+    times, copy_end = buffers.times[spec.rank].numpy(), buffers.copy_end[spec.rank].numpy()
+    store_end, samples = buffers.store_end[spec.rank].numpy(), buffers.samples[spec.rank].numpy()
+    progress = buffers.progress.numpy()
+    bounds = block_bounds(problem.dim, scenario.run.blocks)
+    stream = sample_stream(scenario.run.seed, spec.workers, spec.rank, problem.n_samples)
+    local = np.zeros(problem.dim)
+    lr, clock = scenario.run.lr, time.monotonic_ns
+    dense = block_ops(bounds, None) if problem.support(0) is None else None
+    for i in range(spec.quota):
+        sample = int(stream.take())
+        ops = dense if dense is not None else block_ops(bounds, problem.support(sample))
+        if lock is not None:
+            lock.acquire()
+        read_start = clock()
+        for block, index, _, _ in ops:
+            local[index] = w[index]
+            copy_end[i, block] = clock()
+        read_end = clock()
+        step, _ = problem.grad(local, sample)
+        step *= lr
+        grad_end = clock()
+        for block, index, values, _ in ops:
+            w[index] -= step[values]
+            store_end[i, block] = clock()
+        write_end = clock()
+        if lock is not None:
+            lock.release()
+        times[i] = (read_start, read_end, grad_end, write_end)
+        samples[i] = sample
+        progress[spec.rank] = i + 1
