@@ -110,21 +110,24 @@ def merge(records: list[WorkerRecord], w0: np.ndarray, w_final: np.ndarray,
     return Trace(arrays, scenario_toml, source="real")
 
 
+def _durations(start: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Per block: its end minus the previous touched block's end in the same row (or the
+    row's ``start``); rows are updates, −1 marks untouched blocks."""
+    n, blocks = ends.shape
+    valid = np.concatenate([np.ones((n, 1), dtype=bool), ends >= 0], axis=1)
+    values = np.concatenate([start[:, None], ends], axis=1)
+    last = np.where(valid, np.arange(blocks + 1), 0)
+    np.maximum.accumulate(last, axis=1, out=last)
+    return ends - np.take_along_axis(values, last, axis=1)[:, :-1]
+
+
 def _ops(rel: np.ndarray, copy_end: np.ndarray, store_end: np.ndarray) -> dict[str, np.ndarray]:
     """Per-block durations of each update (touched blocks, in block order)."""
-    blocks: list[np.ndarray] = []
-    reads: list[np.ndarray] = []
-    writes: list[np.ndarray] = []
-    counts: list[int] = []
-    for row in range(len(rel)):
-        touched = np.flatnonzero(copy_end[row] >= 0)
-        ends = copy_end[row, touched]
-        reads.append(np.diff(np.concatenate([[rel[row, 0]], ends])))
-        stores = store_end[row, touched]
-        writes.append(np.diff(np.concatenate([[rel[row, 2]], stores])))
-        blocks.append(touched)
-        counts.append(touched.size)
+    touched = copy_end >= 0
+    rows, blocks = np.nonzero(touched)
+    reads = _durations(rel[:, 0], copy_end)[rows, blocks]
+    writes = _durations(rel[:, 2], store_end)[rows, blocks]
+    counts = touched.sum(axis=1)
     return {"op_offsets": np.concatenate([[0], np.cumsum(counts)]).astype(np.int64),
-            "op_block": np.concatenate(blocks or [np.empty(0)]).astype(np.int32),
-            "op_read_ns": np.concatenate(reads or [np.empty(0)]).astype(np.int64),
-            "op_write_ns": np.concatenate(writes or [np.empty(0)]).astype(np.int64)}
+            "op_block": blocks.astype(np.int32), "op_read_ns": reads.astype(np.int64),
+            "op_write_ns": writes.astype(np.int64)}

@@ -187,7 +187,7 @@ class Engine:
     def _thread(self, thread: int) -> Generator[Any, Any, None]:
         local = np.zeros(self.problem.dim)
         mem, protocol, clock, seq = self.mem, self.protocol, self.clock, 0
-        while self.started < self.updates:
+        while self.started < self.updates and self.source.remaining(thread) != 0:
             u = self._begin(thread, seq)
             seq += 1
             if protocol.gated:

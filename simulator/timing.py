@@ -41,6 +41,10 @@ class DurationSource(Protocol):
 
     def next_sample(self, thread: int) -> int: ...
 
+    def remaining(self, thread: int) -> int | None:
+        """Updates ``thread`` may still start (None: as many as the run needs)."""
+        ...
+
     def durations(self, thread: int, fractions: Sequence[float]) -> tuple[list[int], int,
                                                                           list[int]]: ...
 
@@ -107,6 +111,9 @@ class SampledSource:
     def next_sample(self, thread: int) -> int:
         return int(self._streams[thread][0].take())
 
+    def remaining(self, thread: int) -> int | None:
+        return None
+
     def _refill(self, thread: int) -> None:
         _, read, grad, write = self._streams[thread]
         scale, blocks = self._dense_scale[thread], len(self.dense)
@@ -146,6 +153,12 @@ class ReplaySource:
 
     def next_sample(self, thread: int) -> int:
         return self._current(thread)[0]
+
+    def remaining(self, thread: int) -> int | None:
+        """A thread runs exactly the updates it recorded (real workers have fixed quotas)."""
+        if thread >= len(self._updates):
+            return 0
+        return len(self._updates[thread]) - self._pos[thread]
 
     def durations(self, thread: int, fractions: Sequence[float]) -> tuple[list[int], int,
                                                                           list[int]]:

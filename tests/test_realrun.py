@@ -1,0 +1,117 @@
+"""Real processes and real shared memory on tiny problems (seconds each)."""
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from realrun.runner import run_real
+from simulator.engine import simulate
+from simulator.replay import replay
+from simulator.timing import sample_stream
+
+from .conftest import scenario
+
+TINY = ("problem.dim=20", "problem.n_samples=200", "run.updates=3000")
+
+
+def _shm() -> set[str]:
+    return set(os.listdir("/dev/shm")) if Path("/dev/shm").is_dir() else set()
+
+
+def test_serial_real_run_equals_the_simulator_to_the_bit():
+    """Serial, float64: the same samples and the same arithmetic as the simulator's serial
+    run, so the final vectors are identical (not just the same optimum)."""
+    s = scenario(*TINY, "run.blocks=2")
+    real = run_real(s, 1, "serial", dtype="float64")
+    simulated = simulate(scenario(*TINY, "run.blocks=2", "run.protocol=serial"))
+    assert real.failure is None and len(real.trace) == 3000
+    assert np.array_equal(real.trace["sample"], simulated["sample"])
+    assert np.array_equal(real.trace["w_final"], simulated["w_final"])
+    assert real.trace["staleness"].max() == 0
+
+
+def test_lock_free_workers_converge_and_merge_cleanly():
+    """Two lock-free workers: every update has R <= G <= W, samples follow each worker's
+    documented stream, and the loss falls most of the way to the optimum."""
+    s = scenario(*TINY, "run.updates=6000")
+    run = run_real(s, 2, "lockfree")
+    trace = run.trace
+    assert run.failure is None and len(trace) == 6000
+    for a, b in (("read_start", "read_end"), ("read_end", "grad_end"),
+                 ("grad_end", "write_end")):
+        assert np.all(trace[a] <= trace[b])
+    assert np.all(np.diff(trace["write_end"]) >= 0)
+    for rank in (0, 1):
+        rows = np.flatnonzero(trace["thread"] == rank)
+        mine = trace["sample"][rows[np.argsort(trace["thread_seq"][rows])]]
+        stream = sample_stream(s.run.seed, 2, rank, run.problem.n_samples)
+        assert mine.tolist() == [int(stream.take()) for _ in range(mine.size)]
+    f_star = run.problem.optimum()[1]
+    start, end = trace["curve_loss"][0] - f_star, trace["curve_loss"][-1] - f_star
+    assert end < 0.2 * start
+
+
+def test_locked_workers_never_overlap():
+    """Under the lock no update completes during another: staleness and overwrites are 0."""
+    run = run_real(scenario(*TINY, "run.updates=1000", "run.blocks=3"), 2, "locked")
+    assert run.failure is None
+    assert run.trace["staleness"].max() == 0 and run.trace["read_overwrites"].sum() == 0
+    order = np.argsort(run.trace["read_start"])
+    starts, ends = run.trace["read_start"][order], run.trace["write_end"][order]
+    assert np.all(starts[1:] >= ends[:-1])
+
+
+def test_a_killed_worker_stops_the_run_cleanly():
+    """SIGKILL one worker: detected within a second, the others stopped, the partial trace
+    kept, the failure named, no orphan process and no leaked shared memory."""
+    before = _shm()
+    pids: list[int] = []
+
+    def kill_soon(started: list[int]) -> None:
+        pids.extend(started)
+        threading.Timer(4.0, os.kill, (started[1], signal.SIGKILL)).start()
+
+    began = time.monotonic()
+    run = run_real(scenario("problem.dim=20", "problem.n_samples=200",
+                            "run.updates=1000000"), 2, "lockfree", on_start=kill_soon)
+    assert time.monotonic() - began < 4.0 + 1.0 + 3.0  # kill, detection (< 1 s), shutdown
+    assert run.failure == {"worker": 1, "reason": "killed by signal 9"}
+    assert 0 < len(run.trace) < 1_000_000
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    assert _shm() <= before
+
+
+def test_timeout_keeps_partial_results():
+    """--timeout stops the run and says so; what completed is kept."""
+    run = run_real(scenario("problem.dim=20", "problem.n_samples=200",
+                            "run.updates=1000000"), 2, "lockfree", timeout=5.0)
+    assert run.failure is not None and "timeout" in run.failure["reason"]
+    assert len(run.trace) > 0
+
+
+def test_cli_real_run_and_its_replay(tmp_path):
+    """`asyngrad real` writes the simulator's run directory; `asyngrad replay` re-runs the
+    real trace's recorded samples and durations in the simulator."""
+    out = tmp_path / "real"
+    args = [sys.executable, "-m", "simulator.cli", "real", "--out", str(out), "--workers",
+            "2", "--quiet", *[x for o in TINY for x in ("--set", o)]]
+    assert subprocess.run(args, timeout=300).returncode == 0
+    assert (out / "trace.npz").is_file() and (out / "timeline.png").is_file()
+    from simulator.replay import load_trace
+    recorded = load_trace(out)
+    assert recorded.source == "real" and len(recorded) == 3000
+    _, _, again = replay(recorded)
+    assert np.array_equal(np.sort(again["sample"]), np.sort(recorded["sample"]))
+    bad = subprocess.run([*args[:4], "--out", str(tmp_path / "bad"), "--workers", "0"],
+                         capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "--workers = 0" in bad.stderr
+    assert not (tmp_path / "bad").exists()
