@@ -28,9 +28,13 @@ def timeline_figure(trace: Trace, window: int | None = None,
     lanes (default: ``thread i``).
     """
     threads = int(trace["thread"].max()) + 1 if len(trace) else 1
-    shown = min(len(trace), window or max(24, 6 * threads))
-    end = int(trace["write_end"][shown - 1]) if shown else 1
-    rows = np.flatnonzero(trace["read_start"] <= end)
+    # Start once every thread is running (real workers start at different times).
+    begin = max((int(trace["read_start"][trace["thread"] == t].min())
+                 for t in range(threads) if np.any(trace["thread"] == t)), default=0)
+    after = np.flatnonzero(trace["write_end"] >= begin)
+    shown = min(after.size, window or max(24, 6 * threads))
+    end = int(trace["write_end"][after[shown - 1]]) if shown else 1
+    rows = np.flatnonzero((trace["read_start"] <= end) & (trace["write_end"] >= begin))
     fig = Figure(figsize=(11, 1.2 + 0.45 * threads), layout="constrained")
     ax = fig.add_subplot()
     scale = 1e-3  # ns -> µs
@@ -44,11 +48,12 @@ def timeline_figure(trace: Trace, window: int | None = None,
     torn = rows[trace["torn"][rows]]
     ax.plot(trace["read_end"][torn] * scale, trace["thread"][torn], "v", color="#8172B3",
             markersize=7, label="torn read")
-    ax.set_xlim(0, end * scale)
+    ax.set_xlim(begin * scale, end * scale)
     ax.set_yticks(range(threads), lanes or [f"thread {t}" for t in range(threads)])
     ax.invert_yaxis()
     ax.set_xlabel("time (µs)")
-    ax.set_title(f"Thread timeline: first {shown} of {len(trace)} updates")
+    ax.set_title(f"Thread timeline: {shown} of {len(trace)} updates"
+                 + (f", from {begin * scale:.0f} µs (all threads running)" if begin else ""))
     fig.legend(loc="outside lower center", ncol=5, frameon=False)
     return fig
 
