@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from realrun.timeline import WorkerRecord, merge
+from realrun.timeline import Measure, WorkerRecord, merge
 from realrun.worker import (
     MESSAGE_BYTES,
     STATUS_DONE,
@@ -27,6 +27,7 @@ from realrun.worker import (
     worker_main,
 )
 from simulator.errors import ScenarioError
+from simulator.memory import block_bounds
 from simulator.problems import Problem, make_problem
 from simulator.scenario import Scenario, scenario_to_toml, with_overrides
 from simulator.trace import Trace
@@ -51,13 +52,16 @@ class RealRun:
     dtype: str
     seconds: float
     failure: dict[str, Any] | None
+    hardware_loss: dict[str, float] | None = None
+    measure_every: int | None = None
 
 
 def _quotas(updates: int, workers: int) -> list[int]:
     return [updates // workers + (1 if r < updates % workers else 0) for r in range(workers)]
 
 
-def _allocate(dim: int, blocks: int, workers: int, quota: int, dtype: str) -> Buffers:
+def _allocate(dim: int, blocks: int, workers: int, quota: int, dtype: str,
+              measure: bool) -> Buffers:
     import torch
 
     def shared(*shape: int, fill: int = 0, kind: Any = torch.int64) -> Any:
@@ -68,7 +72,8 @@ def _allocate(dim: int, blocks: int, workers: int, quota: int, dtype: str) -> Bu
         copy_end=shared(workers, quota, blocks, fill=-1),
         store_end=shared(workers, quota, blocks, fill=-1), samples=shared(workers, quota),
         progress=shared(workers), status=shared(workers),
-        message=shared(workers, MESSAGE_BYTES, kind=torch.uint8))
+        message=shared(workers, MESSAGE_BYTES, kind=torch.uint8),
+        steps=shared(workers, quota, dim, kind=torch.float64) if measure else None)
 
 
 def _failure(buffers: Buffers, processes: list[Any]) -> dict[str, Any] | None:
@@ -98,13 +103,16 @@ def _stop(processes: list[Any]) -> None:
 
 def run_real(scenario: Scenario, workers: int, mode: str, dtype: str = "float32",
              timeout: float | None = None, progress: Callable[[int], object] | None = None,
-             on_start: Callable[[list[int]], object] | None = None) -> RealRun:
+             on_start: Callable[[list[int]], object] | None = None,
+             measure_every: int | None = None) -> RealRun:
     """Train ``scenario``'s problem with real processes; returns the run (failed or not).
 
     ``serial`` runs one worker. ``on_start`` receives the worker pids (monitoring, tests).
+    ``measure_every = n`` turns on measure mode: workers also store their steps (one vector per
+    update) and the parent rebuilds the serialized view, measuring every n-th completion.
 
     Raises:
-        ScenarioError: workers < 1, an unknown mode or dtype, or timeout <= 0.
+        ScenarioError: workers < 1, an unknown mode or dtype, timeout <= 0, measure_every < 1.
     """
     import torch.multiprocessing as mp
 
@@ -116,6 +124,8 @@ def run_real(scenario: Scenario, workers: int, mode: str, dtype: str = "float32"
         raise ScenarioError("--workers", workers, "must be >= 1")
     if timeout is not None and not timeout > 0:
         raise ScenarioError("--timeout", timeout, "must be > 0 seconds")
+    if measure_every is not None and measure_every < 1:
+        raise ScenarioError("--measure-every", measure_every, "must be >= 1")
     workers = 1 if mode == "serial" else workers
     scenario = with_overrides(scenario, [f"run.threads={workers}", f"run.protocol={mode}"])
     problem = make_problem(scenario.problem)
@@ -124,7 +134,8 @@ def run_real(scenario: Scenario, workers: int, mode: str, dtype: str = "float32"
                             f"must be <= the problem's dimension ({problem.dim})")
     w_star, _ = problem.optimum()
     quotas = _quotas(scenario.run.updates, workers)
-    buffers = _allocate(problem.dim, scenario.run.blocks, workers, max(quotas), dtype)
+    buffers = _allocate(problem.dim, scenario.run.blocks, workers, max(quotas), dtype,
+                        measure_every is not None)
     context = mp.get_context("spawn")
     lock = context.Lock() if mode == "locked" else None
     toml = scenario_to_toml(scenario)
@@ -146,8 +157,10 @@ def run_real(scenario: Scenario, workers: int, mode: str, dtype: str = "float32"
     finally:
         _stop(processes)
     seconds = time.monotonic() - started
-    trace = _trace(buffers, workers, scenario, problem, w_star, snapshots, toml)
-    return RealRun(scenario, problem, trace, workers, mode, dtype, seconds, failure)
+    trace, lost = _trace(buffers, workers, scenario, problem, w_star, snapshots, toml, dtype,
+                         measure_every)
+    return RealRun(scenario, problem, trace, workers, mode, dtype, seconds, failure, lost,
+                   measure_every)
 
 
 def _watch(buffers: Buffers, processes: list[Any], total: int, timeout: float | None,
@@ -174,8 +187,8 @@ def _watch(buffers: Buffers, processes: list[Any], total: int, timeout: float | 
 
 
 def _trace(buffers: Buffers, workers: int, scenario: Scenario, problem: Problem,
-           w_star: np.ndarray, snapshots: list[tuple[int, int, np.ndarray]],
-           toml: str) -> Trace:
+           w_star: np.ndarray, snapshots: list[tuple[int, int, np.ndarray]], toml: str,
+           dtype: str, measure_every: int | None) -> tuple[Trace, dict[str, float] | None]:
     records = []
     for rank in range(workers):
         n = int(buffers.progress[rank])
@@ -188,7 +201,10 @@ def _trace(buffers: Buffers, workers: int, scenario: Scenario, problem: Problem,
     points = [*snapshots, (done, time.monotonic_ns(), w_final)]
     curve = [(t, stamp, problem.full_loss(w), float((w - w_star) @ (w - w_star)))
              for t, stamp, w in points]
-    return merge(records, np.zeros(problem.dim), w_final, curve, toml)
+    measure = None if measure_every is None else Measure(
+        problem, scenario.run.lr, block_bounds(problem.dim, scenario.run.blocks), dtype,
+        measure_every, [buffers.steps[r].numpy() for r in range(workers)])
+    return merge(records, np.zeros(problem.dim), w_final, curve, toml, measure)
 
 
 def summary_extra(run: RealRun) -> dict[str, Any]:
@@ -196,5 +212,6 @@ def summary_extra(run: RealRun) -> dict[str, Any]:
     return {"real": {"workers": run.workers, "mode": run.mode, "dtype": run.dtype,
                      "wall_seconds": run.seconds,
                      "updates_per_wall_second": len(run.trace) / max(run.seconds, 1e-9),
-                     "failure": run.failure,
+                     "failure": run.failure, "measure_every": run.measure_every,
+                     "hardware_loss": run.hardware_loss,
                      "scenario_run": dataclasses.asdict(run.scenario.run)}}

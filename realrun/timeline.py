@@ -9,8 +9,9 @@ From the merged timeline, at block granularity:
 * a read is torn when its block copies cannot come from one instant: copy b is valid from the
   last store to b before it to the first store to b after it, and the intervals must meet.
 
-Stores that the hardware lost cannot be seen from timestamps: ``lost_blocks`` stays 0.
-Timestamps are made relative to the earliest read start.
+Stores that the hardware lost cannot be seen from timestamps: ``lost_blocks`` stays 0; measure
+mode (``realrun.rebuild``) adds exact gradient errors and the distance between the rebuilt and
+the real final vector. Timestamps are made relative to the earliest read start.
 """
 
 from __future__ import annotations
@@ -19,9 +20,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from realrun.rebuild import rebuild
+from simulator.problems import Problem
 from simulator.trace import COLUMNS, Trace
 
-__all__ = ["WorkerRecord", "merge"]
+__all__ = ["Measure", "WorkerRecord", "merge"]
 
 
 @dataclass(frozen=True)
@@ -69,24 +72,40 @@ def _read_report(read_start: np.ndarray, copy_end: np.ndarray,
     return overwritten, (touched_blocks > 1) & (newest > first_later)
 
 
+@dataclass(frozen=True)
+class Measure:
+    """What measure mode adds: the steps each worker subtracted and how to replay them."""
+
+    problem: Problem
+    lr: float
+    bounds: list[int]
+    dtype: str
+    every: int
+    steps: list[np.ndarray]
+
+
 def merge(records: list[WorkerRecord], w0: np.ndarray, w_final: np.ndarray,
-          curve: list[tuple[int, int, float, float]], scenario_toml: str) -> Trace:
-    """A trace (source ``real``) from the workers' records and the loss curve
-    (completions, time, f(w), ‖w − w*‖²) sampled by the parent."""
+          curve: list[tuple[int, int, float, float]], scenario_toml: str,
+          measure: Measure | None = None) -> tuple[Trace, dict[str, float] | None]:
+    """A trace (source ``real``) from the workers' records, and in measure mode what the
+    hardware lost. ``curve`` (completions, time, f(w), ‖w − w*‖²) is the parent's sampled
+    curve; measure mode replaces it with the exact rebuilt one.
+
+    An update completes with its last block store (its write end)."""
     data = _stacked(records)
     times = data["times"]
     origin = int(times[:, 0].min()) if len(times) else 0
-    rel = np.where(times >= 0, times - origin, times)
     copy_end = np.where(data["copy_end"] >= 0, data["copy_end"] - origin, -1)
     store_end = np.where(data["store_end"] >= 0, data["store_end"] - origin, -1)
+    rel = times - origin
+    rel[:, 3] = store_end.max(axis=1) if len(rel) else rel[:, 3]
     start_order = np.lexsort((data["thread"], rel[:, 0]))
     uid = np.empty(len(rel), dtype=np.int64)
     uid[start_order] = np.arange(len(rel))
     order = np.lexsort((data["thread"], rel[:, 3]))  # completion order
-    completions = np.sort(rel[:, 3])
     position = np.empty(len(rel), dtype=np.int64)
     position[order] = np.arange(len(rel))
-    staleness = position - np.searchsorted(completions, rel[:, 0], side="right")
+    staleness = position - np.searchsorted(np.sort(rel[:, 3]), rel[:, 0], side="right")
     overwritten, torn = _read_report(rel[:, 0], copy_end, store_end)
     nan = np.full(len(rel), np.nan)
     columns = {
@@ -100,14 +119,29 @@ def merge(records: list[WorkerRecord], w0: np.ndarray, w_final: np.ndarray,
         "delta_norm": nan, "delta_dot": nan,
     }
     arrays: dict[str, np.ndarray] = {name: np.asarray(columns[name], dtype=dtype)[order]
-              for name, dtype in COLUMNS.items()}
+                                     for name, dtype in COLUMNS.items()}
     arrays.update(_ops(rel[order], copy_end[order], store_end[order]))
-    t, time, loss, dist2 = (np.asarray(c) for c in zip(*curve, strict=True))
+    loss = None
+    if measure is not None:
+        built = rebuild(measure.problem, measure.lr, measure.bounds, measure.dtype,
+                        measure.every, store_end[order], measure.steps,
+                        arrays["thread"], arrays["thread_seq"], arrays["sample"],
+                        arrays["write_end"])
+        for name, values in zip(("measured", "s_norm", "g_norm", "delta_norm", "delta_dot"),
+                                zip(*built.measurements, strict=True), strict=True):
+            arrays[name] = np.asarray(values, dtype=COLUMNS[name])
+        curve = [(t, time + origin, f, d) for t, time, f, d in built.curve]
+        gap = built.w_final - np.asarray(w_final, dtype=np.float64)
+        moved = float(np.linalg.norm(np.asarray(w_final, dtype=np.float64) - w0))
+        loss = {"rebuilt_vs_real_norm": float(np.linalg.norm(gap)),
+                "rebuilt_vs_real_max": float(np.abs(gap).max()) if gap.size else 0.0,
+                "relative_to_distance_moved": float(np.linalg.norm(gap)) / max(moved, 1e-300)}
+    t, time, f, dist2 = (np.asarray(c) for c in zip(*curve, strict=True))
     arrays.update(w0=np.asarray(w0, dtype=np.float64), w_final=np.asarray(w_final, np.float64),
                   curve_t=t.astype(np.int64), curve_time=np.maximum(time - origin, 0)
-                  .astype(np.int64), curve_loss=loss.astype(np.float64),
+                  .astype(np.int64), curve_loss=f.astype(np.float64),
                   curve_dist2=dist2.astype(np.float64))
-    return Trace(arrays, scenario_toml, source="real")
+    return Trace(arrays, scenario_toml, source="real"), loss
 
 
 def _durations(start: np.ndarray, ends: np.ndarray) -> np.ndarray:

@@ -42,7 +42,8 @@ class Buffers:
     ``times[r, i]`` = read start, read end, gradient end, write end of update i;
     ``copy_end[r, i, b]`` / ``store_end[r, i, b]`` = when block b's copy / store finished
     (−1: block not touched); ``samples[r, i]``; ``progress[r]`` = updates done;
-    ``status[r]`` and ``message[r]`` = how the worker ended.
+    ``status[r]`` and ``message[r]`` = how the worker ended; in measure mode
+    ``steps[r, i]`` = the step lr·g update i subtracted (dense, zeros off its support).
     """
 
     w: Any
@@ -53,6 +54,7 @@ class Buffers:
     progress: Any
     status: Any
     message: Any
+    steps: Any = None  # measure mode: (workers, quota, d) float64, lr·g as subtracted
 
 
 def worker_main(spec: WorkerSpec, buffers: Buffers, lock: Any) -> None:
@@ -86,6 +88,7 @@ def _loop(spec: WorkerSpec, buffers: Buffers, lock: Any) -> None:
     stream = sample_stream(scenario.run.seed, spec.workers, spec.rank, problem.n_samples)
     local = np.zeros(problem.dim)
     lr, clock = scenario.run.lr, time.monotonic_ns
+    steps = None if buffers.steps is None else buffers.steps[spec.rank].numpy()
     dense = block_ops(bounds, None) if problem.support(0) is None else None
     for i in range(spec.quota):
         sample = int(stream.take())
@@ -97,7 +100,7 @@ def _loop(spec: WorkerSpec, buffers: Buffers, lock: Any) -> None:
             local[index] = w[index]
             copy_end[i, block] = clock()
         read_end = clock()
-        step, _ = problem.grad(local, sample)
+        step, support = problem.grad(local, sample)
         step *= lr
         grad_end = clock()
         for block, index, values, _ in ops:
@@ -106,6 +109,8 @@ def _loop(spec: WorkerSpec, buffers: Buffers, lock: Any) -> None:
         write_end = clock()
         if lock is not None:
             lock.release()
+        if steps is not None:  # outside the timed phases
+            steps[i, slice(None) if support is None else support] = step
         times[i] = (read_start, read_end, grad_end, write_end)
         samples[i] = sample
         progress[spec.rank] = i + 1

@@ -203,7 +203,8 @@ def _real(args: argparse.Namespace) -> int:
     scenario = load_scenario(args.scenario, args.set)
     check_out(args.out)
     with _progress(scenario.run.updates, args.quiet) as bar:
-        run = run_real(scenario, args.workers, args.mode, args.dtype, args.timeout, bar.update)
+        run = run_real(scenario, args.workers, args.mode, args.dtype, args.timeout, bar.update,
+                       measure_every=args.measure_every or (1 if args.measure else None))
     summary = write_run(args.out, run.scenario, run.trace, run.problem,
                         extra=summary_extra(run))
     if run.failure is not None:
@@ -215,6 +216,10 @@ def _real(args: argparse.Namespace) -> int:
         _print_summary(summary, Path(args.out), run.seconds)
         print(f"  {summary['real']['updates_per_wall_second']:.4g} updates per wall second "
               f"with {run.workers} {run.mode} worker(s), {run.dtype}")
+        if run.hardware_loss is not None:
+            print(f"  hardware lost: |rebuilt w_T − real w_T| = "
+                  f"{run.hardware_loss['rebuilt_vs_real_norm']:.3g} (max element "
+                  f"{run.hardware_loss['rebuilt_vs_real_max']:.3g})")
     return 0
 
 
@@ -298,6 +303,10 @@ def _parser() -> argparse.ArgumentParser:
     real.add_argument("--dtype", default="float32", help="float32 (default) or float64")
     real.add_argument("--timeout", type=float, default=None,
                       help="stop the run after this many seconds (partial results kept)")
+    real.add_argument("--measure", action="store_true",
+                      help="exact gradient errors: rebuild the serialized view offline")
+    real.add_argument("--measure-every", type=int, default=None, metavar="N",
+                      help="measure mode, computing the exact gradient of every N-th update")
     real.add_argument("--quiet", action="store_true", help="print nothing on success")
     with_overrides(real)
     real.set_defaults(run=_real)
