@@ -34,7 +34,7 @@ from simulator.trace import Trace
 
 __all__ = ["MODES", "RealRun", "run_real"]
 
-MODES = ("lockfree", "locked", "serial")
+MODES = ("lockfree", "blocklock", "locked", "serial")
 DTYPES = ("float32", "float64")
 _POLL_S = 0.01
 _CURVE_POINTS = 50
@@ -127,7 +127,13 @@ def run_real(scenario: Scenario, workers: int, mode: str, dtype: str = "float32"
     if measure_every is not None and measure_every < 1:
         raise ScenarioError("--measure-every", measure_every, "must be >= 1")
     workers = 1 if mode == "serial" else workers
-    scenario = with_overrides(scenario, [f"run.threads={workers}", f"run.protocol={mode}"])
+    # The embedded scenario states the closest simulator semantics: a per-block lock makes each
+    # block's read-modify-write atomic (atomic_add); the whole-update lock is `locked`.
+    protocol = {"blocklock": "lockfree"}.get(mode, mode)
+    overrides = [f"run.threads={workers}", f"run.protocol={protocol}"]
+    if mode == "blocklock":
+        overrides.append("run.write_mode=atomic_add")
+    scenario = with_overrides(scenario, overrides)
     problem = make_problem(scenario.problem)
     if scenario.run.blocks > problem.dim:
         raise ScenarioError("run.blocks", scenario.run.blocks,
@@ -138,10 +144,12 @@ def run_real(scenario: Scenario, workers: int, mode: str, dtype: str = "float32"
                         measure_every is not None)
     context = mp.get_context("spawn")
     lock = context.Lock() if mode == "locked" else None
+    block_locks = ([context.Lock() for _ in range(scenario.run.blocks)] if mode == "blocklock"
+                   else None)
     toml = scenario_to_toml(scenario)
     processes = [context.Process(target=worker_main, daemon=True,
                                  args=(WorkerSpec(rank, workers, quotas[rank], toml), buffers,
-                                       lock)) for rank in range(workers)]
+                                       lock, block_locks)) for rank in range(workers)]
     started = time.monotonic()
     snapshots = [(0, time.monotonic_ns(), buffers.w.numpy().astype(np.float64))]
     failure = None

@@ -3,7 +3,9 @@
 The shared flat tensor is viewed as a numpy array (zero copy), so the worker runs the very same
 ``Problem`` code as the simulator. Lock-free mode writes each block in place with no
 coordination at all (``w[block] -= lr·g[block]``: a non-atomic read-modify-write per element, the
-Hogwild! update); ``locked`` holds one lock across the whole update. Every timestamp comes from
+Hogwild! update); ``blocklock`` holds one lock per block across that block's read-modify-write
+(no store is lost, reads stay unlocked and can tear); ``locked`` holds one lock across the whole
+update. Every timestamp comes from
 ``time.monotonic_ns()`` (one clock for all processes) and goes into preallocated shared
 buffers: no locks, no I/O, no allocation of records inside the loop.
 """
@@ -57,12 +59,18 @@ class Buffers:
     steps: Any = None  # measure mode: (workers, quota, d) float64, lr·g as subtracted
 
 
-def worker_main(spec: WorkerSpec, buffers: Buffers, lock: Any) -> None:
-    """Run ``spec.quota`` updates; on any exception record it and exit with status 1."""
+def worker_main(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any = None) -> None:
+    """Run ``spec.quota`` updates; on any exception record it and exit with status 1.
+
+    Workers ignore SIGINT: Ctrl-C reaches the whole process group, and the parent decides how
+    to stop (it terminates the workers and keeps what they completed)."""
+    import signal
+
     import torch
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(1)
     try:
-        _loop(spec, buffers, lock)
+        _loop(spec, buffers, lock, block_locks)
         buffers.status[spec.rank] = STATUS_DONE
     except BaseException as err:  # every failure, SystemExit included, must reach the parent
         text = "".join(traceback.format_exception_only(type(err), err)).strip()
@@ -72,7 +80,7 @@ def worker_main(spec: WorkerSpec, buffers: Buffers, lock: Any) -> None:
         raise SystemExit(1) from None
 
 
-def _loop(spec: WorkerSpec, buffers: Buffers, lock: Any) -> None:
+def _loop(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any) -> None:
     from simulator.memory import block_bounds, block_ops
     from simulator.problems import make_problem
     from simulator.scenario import scenario_from_dict
@@ -104,7 +112,11 @@ def _loop(spec: WorkerSpec, buffers: Buffers, lock: Any) -> None:
         step *= lr
         grad_end = clock()
         for block, index, values, _ in ops:
-            w[index] -= step[values]
+            if block_locks is None:
+                w[index] -= step[values]
+            else:
+                with block_locks[block]:
+                    w[index] -= step[values]
             store_end[i, block] = clock()
         write_end = clock()
         if lock is not None:

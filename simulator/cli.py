@@ -299,7 +299,8 @@ def _parser() -> argparse.ArgumentParser:
     real.add_argument("scenario", nargs="?", help="scenario TOML (default: embedded default)")
     real.add_argument("--out", required=True, help="run directory to write")
     real.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
-    real.add_argument("--mode", default="lockfree", help="lockfree, locked or serial")
+    real.add_argument("--mode", default="lockfree",
+                      help="lockfree, blocklock (a lock per block write), locked or serial")
     real.add_argument("--dtype", default="float32", help="float32 (default) or float64")
     real.add_argument("--timeout", type=float, default=None,
                       help="stop the run after this many seconds (partial results kept)")
