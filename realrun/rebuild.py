@@ -43,8 +43,8 @@ def rebuild(problem: Problem, lr: float, bounds: list[int], dtype: str, every: i
     the steps worker r subtracted, indexed by ``seq``.
     """
     n = len(store_end)
-    w = np.zeros(problem.dim, dtype=dtype)
-    view = SerializedView(problem, lr, np.zeros(problem.dim), n, True, every, 100)
+    w = problem.initial().astype(dtype)
+    view = SerializedView(problem, lr, problem.initial(), n, True, every, 100)
     ev_row, ev_block = np.nonzero(store_end >= 0)
     order = np.lexsort((ev_block, thread[ev_row], store_end[ev_row, ev_block]))
     remaining = (store_end >= 0).sum(axis=1)

@@ -142,6 +142,7 @@ def run_real(scenario: Scenario, workers: int, mode: str, dtype: str = "float32"
     quotas = _quotas(scenario.run.updates, workers)
     buffers = _allocate(problem.dim, scenario.run.blocks, workers, max(quotas), dtype,
                         measure_every is not None)
+    buffers.w.numpy()[:] = problem.initial()
     context = mp.get_context("spawn")
     lock = context.Lock() if mode == "locked" else None
     block_locks = ([context.Lock() for _ in range(scenario.run.blocks)] if mode == "blocklock"
@@ -212,7 +213,7 @@ def _trace(buffers: Buffers, workers: int, scenario: Scenario, problem: Problem,
     measure = None if measure_every is None else Measure(
         problem, scenario.run.lr, block_bounds(problem.dim, scenario.run.blocks), dtype,
         measure_every, [buffers.steps[r].numpy() for r in range(workers)])
-    return merge(records, np.zeros(problem.dim), w_final, curve, toml, measure)
+    return merge(records, problem.initial(), w_final, curve, toml, measure)
 
 
 def summary_extra(run: RealRun) -> dict[str, Any]:

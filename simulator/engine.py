@@ -83,7 +83,7 @@ class Engine:
         self.threads = self.protocol.threads(run)
         self.lr, self.updates = run.lr, run.updates
         self.atomic = run.write_mode == "atomic_add"
-        w0 = np.zeros(self.problem.dim)
+        w0 = self.problem.initial()
         self.mem = SharedMemory(w0, run.blocks, track_coords=self.problem.sparse)
         self._dense_ops, self._dense_fractions = self._block_ops(None)
         self._dense_blocks = [op[0] for op in self._dense_ops]
@@ -313,7 +313,7 @@ class Engine:
             op_block=np.asarray(self._op_blocks, dtype=np.int32),
             op_read_ns=np.asarray(self._op_read_ns, dtype=np.int64),
             op_write_ns=np.asarray(self._op_write_ns, dtype=np.int64),
-            w0=np.zeros(self.problem.dim), w_final=self.mem.w.copy())
+            w0=self.problem.initial(), w_final=self.mem.w.copy())
         curve = list(zip(*self.view.curve, strict=True))
         arrays.update(curve_t=np.asarray(curve[0], dtype=np.int64),
                       curve_time=np.asarray(curve[1], dtype=np.int64),

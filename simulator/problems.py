@@ -23,7 +23,7 @@ import scipy.sparse.linalg
 
 from simulator.errors import ScenarioError
 
-__all__ = ["PROBLEMS", "LogisticProblem", "Problem", "QuadraticProblem",
+__all__ = ["PROBLEMS", "LogisticProblem", "MLPProblem", "Problem", "QuadraticProblem",
            "SparseLogisticProblem", "make_problem"]
 
 Gradient = tuple[np.ndarray, np.ndarray | None]
@@ -42,6 +42,10 @@ class Problem(ABC):
     def sparse(self) -> bool:
         """Whether per-sample gradients touch only a few coordinates."""
         return False
+
+    def initial(self) -> np.ndarray:
+        """w_0, where every run starts: zeros, unless the problem needs symmetry broken."""
+        return np.zeros(self.dim)
 
     def support(self, idx: int) -> np.ndarray | None:
         """Coordinates that sample ``idx`` reads and writes; ``None`` for all of them."""
@@ -356,6 +360,142 @@ class SparseLogisticProblem(Problem):
         return torch.nn.functional.softplus(-margin) + 0.5 * self.l2 * (reg @ (wj * wj))
 
 
+def _softmax(z: np.ndarray) -> np.ndarray:
+    e = np.exp(z - z.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+class MLPProblem(Problem):
+    """A one-hidden-layer tanh network with softmax cross-entropy and an l2 term:
+    f_i(w) = −log softmax(W2 tanh(W1 x_i + b1) + b2)[y_i] + (λ/2)‖w‖².
+
+    Nonconvex: no strong-convexity constant, and ``optimum()`` is a *local* minimum, reached
+    by L-BFGS from w_0 (suboptimality is measured against it and can be negative).
+    w = (W1, b1, W2, b2) flattened; w_0 is random (seeded), since w = 0 is a symmetric saddle.
+    ``data="digits"`` uses the 8×8 digit images scikit-learn ships (1,797 samples, 64 pixels,
+    10 classes); synthetic labels come from a random teacher network.
+    """
+
+    name = "mlp"
+    convex = False
+
+    def __init__(self, X: np.ndarray, y: np.ndarray, classes: int, hidden: int, l2: float,
+                 seed: int) -> None:
+        n, d_in = X.shape
+        self.X, self.y, self.l2, self.seed = X, y.astype(np.int64), l2, seed
+        self.shape = (d_in, hidden, classes)
+        self._cuts = np.cumsum([0, hidden * d_in, hidden, classes * hidden, classes]).tolist()
+        super().__init__(self._cuts[-1], n)
+        self._y = self.y.tolist()
+
+    @classmethod
+    def synthetic(cls, dim: int, n_samples: int, classes: int, hidden: int, l2: float,
+                  seed: int) -> MLPProblem:
+        rng = np.random.default_rng(seed)
+        X = rng.standard_normal((n_samples, dim))
+        teacher_in = rng.standard_normal((16, dim)) / math.sqrt(dim)
+        teacher_out = rng.standard_normal((classes, 16))
+        y = np.argmax(np.tanh(X @ teacher_in.T) @ teacher_out.T, axis=1)
+        return cls(X, y, classes, hidden, l2, seed)
+
+    @classmethod
+    def digits(cls, hidden: int, l2: float, seed: int) -> MLPProblem:
+        from sklearn.datasets import load_digits
+        data = load_digits()
+        X = np.asarray(data.data, dtype=np.float64)
+        X = (X - X.mean(axis=0)) / np.maximum(X.std(axis=0), 1e-12)
+        return cls(X, np.asarray(data.target), 10, hidden, l2, seed)
+
+    def _unpack(self, w: np.ndarray) -> tuple[np.ndarray, ...]:
+        d_in, hidden, classes = self.shape
+        c = self._cuts
+        return (w[c[0]:c[1]].reshape(hidden, d_in), w[c[1]:c[2]],
+                w[c[2]:c[3]].reshape(classes, hidden), w[c[3]:c[4]])
+
+    def initial(self) -> np.ndarray:
+        d_in, hidden, _ = self.shape
+        rng = np.random.default_rng([self.seed, 1])
+        w = np.zeros(self.dim)
+        W1, _, W2, _ = self._unpack(w)
+        W1[:] = rng.standard_normal(W1.shape) / math.sqrt(d_in)
+        W2[:] = rng.standard_normal(W2.shape) / math.sqrt(hidden)
+        return w
+
+    def loss(self, w: np.ndarray, idx: int) -> float:
+        W1, b1, W2, b2 = self._unpack(w)
+        z = W2 @ np.tanh(W1 @ self.X[idx] + b1) + b2
+        top = float(z.max())
+        return (top + math.log(float(np.exp(z - top).sum())) - float(z[self._y[idx]])
+                + 0.5 * self.l2 * float(w @ w))
+
+    def grad(self, w: np.ndarray, idx: int) -> Gradient:
+        W1, b1, W2, b2 = self._unpack(w)
+        x = self.X[idx]
+        h = np.tanh(W1 @ x + b1)
+        dz = _softmax(W2 @ h + b2)
+        dz[self._y[idx]] -= 1.0
+        da = (W2.T @ dz) * (1.0 - h * h)
+        g = self.l2 * w
+        G1, gb1, G2, gb2 = self._unpack(g)
+        G1 += np.outer(da, x)
+        gb1 += da
+        G2 += np.outer(dz, h)
+        gb2 += dz
+        return g, None
+
+    def _batch(self, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        W1, b1, W2, b2 = self._unpack(w)
+        h = np.tanh(self.X @ W1.T + b1)
+        return h, h @ W2.T + b2
+
+    def full_loss(self, w: np.ndarray) -> float:
+        _, z = self._batch(w)
+        top = z.max(axis=1)
+        lse = top + np.log(np.exp(z - top[:, None]).sum(axis=1))
+        return float((lse - z[np.arange(self.n_samples), self.y]).mean()
+                     + 0.5 * self.l2 * float(w @ w))
+
+    def full_grad(self, w: np.ndarray) -> np.ndarray:
+        W2 = self._unpack(w)[2]
+        h, z = self._batch(w)
+        dz = _softmax(z)
+        dz[np.arange(self.n_samples), self.y] -= 1.0
+        dz /= self.n_samples
+        da = (dz @ W2) * (1.0 - h * h)
+        g = self.l2 * w
+        G1, gb1, G2, gb2 = self._unpack(g)
+        G1 += da.T @ self.X
+        gb1 += da.sum(axis=0)
+        G2 += dz.T @ h
+        gb2 += dz.sum(axis=0)
+        return g
+
+    def hessp(self, w: np.ndarray, v: np.ndarray) -> np.ndarray:
+        """∇²f(w)v by a central difference of ∇f (step scaled to w and v)."""
+        norm = float(np.linalg.norm(v))
+        if norm == 0:
+            return np.zeros(self.dim)
+        h = 1e-5 * (1.0 + float(np.linalg.norm(w))) / norm
+        return (self.full_grad(w + h * v) - self.full_grad(w - h * v)) / (2 * h)
+
+    def _solve(self) -> np.ndarray:
+        result = scipy.optimize.minimize(self.full_loss, self.initial(), jac=self.full_grad,
+                                         method="L-BFGS-B",
+                                         options={"gtol": 1e-10, "ftol": 1e-15,
+                                                  "maxiter": 5000})
+        return np.asarray(result.x, dtype=np.float64)
+
+    def torch_loss(self, w: Any, idx: int) -> Any:
+        import torch
+        d_in, hidden, classes = self.shape
+        c = self._cuts
+        W1, b1 = w[c[0]:c[1]].reshape(hidden, d_in), w[c[1]:c[2]]
+        W2, b2 = w[c[2]:c[3]].reshape(classes, hidden), w[c[3]:c[4]]
+        x = torch.as_tensor(self.X[idx], dtype=w.dtype)
+        z = W2 @ torch.tanh(W1 @ x + b1) + b2
+        return torch.logsumexp(z, 0) - z[self._y[idx]] + 0.5 * self.l2 * (w @ w)
+
+
 def _make_quadratic(spec: Any) -> Problem:
     return QuadraticProblem(spec.dim, spec.n_samples, spec.l2, spec.seed)
 
@@ -370,8 +510,15 @@ def _make_sparse_logistic(spec: Any) -> Problem:
     return SparseLogisticProblem(spec.dim, spec.n_samples, spec.l2, spec.density, spec.seed)
 
 
+def _make_mlp(spec: Any) -> Problem:
+    if spec.data == "digits":
+        return MLPProblem.digits(spec.hidden, spec.l2, spec.seed)
+    return MLPProblem.synthetic(spec.dim, spec.n_samples, spec.classes, spec.hidden, spec.l2,
+                                spec.seed)
+
+
 PROBLEMS = {"quadratic": _make_quadratic, "logistic": _make_logistic,
-            "sparse_logistic": _make_sparse_logistic}
+            "sparse_logistic": _make_sparse_logistic, "mlp": _make_mlp}
 
 
 def make_problem(spec: Any) -> Problem:

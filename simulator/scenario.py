@@ -27,7 +27,9 @@ __all__ = ["DeviceSpec", "MetricsSpec", "ProblemSpec", "RunSpec", "Scenario", "T
 
 PROTOCOLS = ("serial", "locked", "lockfree")
 WRITE_MODES = ("load_store", "atomic_add")
-DATA_SOURCES = ("synthetic", "breast_cancer")
+# Real data that a package ships, and the problem each serves.
+REAL_DATA = {"breast_cancer": "logistic", "digits": "mlp"}
+DATA_SOURCES = ("synthetic", *REAL_DATA)
 
 
 def _check(ok: bool, name: str, value: Any, reason: str) -> None:
@@ -37,7 +39,11 @@ def _check(ok: bool, name: str, value: Any, reason: str) -> None:
 
 @dataclass(frozen=True)
 class ProblemSpec:
-    """Which problem to train and how to generate its data (``seed`` is the data seed)."""
+    """Which problem to train and how to generate its data (``seed`` is the data seed).
+
+    ``dim`` is the number of features (for ``mlp``, its input size; the parameter count is
+    hidden·(dim + 1) + classes·(hidden + 1)); ``density`` serves ``sparse_logistic``;
+    ``hidden`` and ``classes`` serve ``mlp``."""
 
     name: str = "logistic"
     data: str = "synthetic"
@@ -45,17 +51,21 @@ class ProblemSpec:
     n_samples: int = 1000
     l2: float = 0.01
     density: float = 0.01
+    hidden: int = 32
+    classes: int = 4
     seed: int = 0
 
     def __post_init__(self) -> None:
         _check(self.data in DATA_SOURCES, "data", self.data,
                f"must be one of {', '.join(DATA_SOURCES)}")
-        _check(self.data == "synthetic" or self.name == "logistic", "data", self.data,
-               "real data is available for the logistic problem only")
+        _check(self.data == "synthetic" or REAL_DATA[self.data] == self.name, "data",
+               self.data, f"serves the {REAL_DATA.get(self.data)} problem, not {self.name}")
         _check(self.dim >= 1, "dim", self.dim, "must be >= 1")
         _check(self.n_samples >= 1, "n_samples", self.n_samples, "must be >= 1")
         _check(math.isfinite(self.l2) and self.l2 >= 0, "l2", self.l2, "must be >= 0")
         _check(0 < self.density <= 1, "density", self.density, "must be in (0, 1]")
+        _check(self.hidden >= 1, "hidden", self.hidden, "must be >= 1 (mlp hidden units)")
+        _check(self.classes >= 2, "classes", self.classes, "must be >= 2 (mlp classes)")
         _check(self.seed >= 0, "seed", self.seed, "must be >= 0")
 
 

@@ -129,3 +129,36 @@ def test_breast_cancer_is_shipped_data():
     p = PROBLEMS["breast_cancer"]()
     assert (p.n_samples, p.dim) == (569, 30)
     assert set(np.unique(p.y)) == {-1.0, 1.0}
+
+
+def test_mlp_matches_torch_and_its_own_full_objective():
+    """MLP: per-sample gradients equal autograd of the torch twin; f and ∇f are the means."""
+    from simulator.problems import MLPProblem
+    p = MLPProblem.synthetic(6, 60, 3, 5, 0.01, seed=2)
+    rng = np.random.default_rng(3)
+    for idx in (0, 17, 59):
+        w = p.initial() + 0.3 * rng.standard_normal(p.dim)
+        wt = torch.tensor(w, requires_grad=True)
+        p.torch_loss(wt, idx).backward()
+        assert np.allclose(p.dense_grad(w, idx), wt.grad.numpy(), rtol=1e-10, atol=1e-12)
+    assert p.full_loss(w) == pytest.approx(np.mean([p.loss(w, i) for i in range(60)]),
+                                           rel=1e-12)
+    mean = np.mean([p.dense_grad(w, i) for i in range(60)], axis=0)
+    assert np.allclose(p.full_grad(w), mean, rtol=1e-10, atol=1e-12)
+
+
+def test_mlp_starts_off_the_symmetric_saddle_and_finds_a_local_minimum():
+    """w_0 is seeded and nonzero; optimum() is a local minimum below f(w_0)."""
+    from simulator.problems import MLPProblem
+    p = MLPProblem.synthetic(6, 80, 3, 5, 0.01, seed=4)
+    assert np.array_equal(p.initial(), p.initial()) and np.count_nonzero(p.initial()) > 0
+    assert not p.convex and p.strong_convexity is None
+    w_star, f_star = p.optimum()
+    assert np.linalg.norm(p.full_grad(w_star)) < 1e-6 and f_star < p.full_loss(p.initial())
+
+
+def test_digits_are_shipped_data():
+    """The MLP's real data loads offline from scikit-learn: 1,797 images of 64 pixels."""
+    from simulator.problems import MLPProblem
+    p = MLPProblem.digits(8, 0.01, seed=0)
+    assert (p.n_samples, p.shape) == (1797, (64, 8, 10))

@@ -90,3 +90,11 @@ def test_cli_check_writes_json_and_plot(tmp_path):
                          timeout=300)
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
     assert "eps = -1.0" in bad.stderr and not (tmp_path / "bad").exists()
+
+
+def test_the_mlp_gets_no_guarantee():
+    """A nonconvex model: condition (4) is reported as failing; nothing is claimed."""
+    r = check_theorem(scenario("problem.name=mlp", "problem.dim=5", "problem.n_samples=60",
+                               "problem.hidden=4"), 0.05, 3)
+    assert not r["guarantee"] and "condition (4) fails" in r["verdict"]
+    assert r["conditions"]["4_strong_convexity"]["method"].startswith("nonconvex")

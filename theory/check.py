@@ -116,7 +116,7 @@ def check_theorem(scenario: Scenario, eps: float, seeds: int, beta: float = 1.0,
     check_accuracy(eps, beta)
     problem = problem if problem is not None else make_problem(scenario.problem)
     curv = curvature(problem)
-    a0 = initial_distance(problem, np.zeros(problem.dim))
+    a0 = initial_distance(problem, problem.initial())
     result: dict[str, Any] = {
         "scenario": scenario.name, "eps": eps, "beta": beta, "seeds": seeds,
         "problem": problem.describe(), "a0": a0, "guarantee": False,
@@ -128,7 +128,7 @@ def check_theorem(scenario: Scenario, eps: float, seeds: int, beta: float = 1.0,
     }
     if not curv.convex or curv.c <= 0:
         result["verdict"] = (f"no guarantee: condition (4) fails, f is not strongly convex "
-                             f"(c = {curv.c:.4g} <= 0, {curv.method})")
+                             f"({curv.method}: smallest {curv.c:.4g}, largest {curv.q:.4g})")
         return result
     pilot = _runs(scenario, problem, ["metrics.exact=true", "metrics.every=1"],
                   range(PILOT_SEED, PILOT_SEED + pilot_seeds), progress)

@@ -71,10 +71,14 @@ def hessian_extremes(problem: Problem, w: np.ndarray) -> tuple[float, float]:
 
 def curvature(problem: Problem, at: np.ndarray | None = None) -> Curvature:
     """c and q: the problem's closed form where it has one, else Hessian eigenvalues at ``at``
-    (default: w*)."""
+    (default: w*). A problem that is not convex is reported as such (``convex`` False), with
+    the Hessian's extreme eigenvalues at ``at`` (default: w_0) as evidence."""
+    if not problem.convex:
+        low, high = hessian_extremes(problem, problem.initial() if at is None else at)
+        return Curvature(low, high, "nonconvex problem; Hessian eigenvalues at "
+                         + ("w_0" if at is None else "the given point"), False)
     if problem.strong_convexity is not None and problem.smoothness is not None:
-        return Curvature(problem.strong_convexity, problem.smoothness, "closed form",
-                         problem.convex)
+        return Curvature(problem.strong_convexity, problem.smoothness, "closed form", True)
     point = problem.optimum()[0] if at is None else at
     low, high = hessian_extremes(problem, point)
     return Curvature(low, high, "Hessian eigenvalues (Lanczos) at "
