@@ -104,12 +104,14 @@ def _stop(processes: list[Any]) -> None:
 def run_real(scenario: Scenario, workers: int, mode: str, dtype: str = "float32",
              timeout: float | None = None, progress: Callable[[int], object] | None = None,
              on_start: Callable[[list[int]], object] | None = None,
-             measure_every: int | None = None) -> RealRun:
+             measure_every: int | None = None, problem: Problem | None = None) -> RealRun:
     """Train ``scenario``'s problem with real processes; returns the run (failed or not).
 
     ``serial`` runs one worker. ``on_start`` receives the worker pids (monitoring, tests).
     ``measure_every = n`` turns on measure mode: workers also store their steps (one vector per
     update) and the parent rebuilds the serialized view, measuring every n-th completion.
+    ``problem`` reuses a prebuilt problem in the parent (its optimum is computed once); workers
+    always build their own from the scenario.
 
     Raises:
         ScenarioError: workers < 1, an unknown mode or dtype, timeout <= 0, measure_every < 1.
@@ -134,7 +136,7 @@ def run_real(scenario: Scenario, workers: int, mode: str, dtype: str = "float32"
     if mode == "blocklock":
         overrides.append("run.write_mode=atomic_add")
     scenario = with_overrides(scenario, overrides)
-    problem = make_problem(scenario.problem)
+    problem = problem if problem is not None else make_problem(scenario.problem)
     if scenario.run.blocks > problem.dim:
         raise ScenarioError("run.blocks", scenario.run.blocks,
                             f"must be <= the problem's dimension ({problem.dim})")

@@ -235,39 +235,40 @@ def _parser() -> argparse.ArgumentParser:
                      "lock-free SGD (AsynGrad, Hogwild!).")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
-    def with_overrides(sub: argparse.ArgumentParser) -> None:
-        sub.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                         help="override a scenario field, e.g. run.threads=4 (repeatable)")
+    def command(name: str, summary: str, run: Any, out: str | None = "run directory to write",
+                scenario: bool = True, out_required: bool = True) -> argparse.ArgumentParser:
+        """A subcommand with the arguments most share: a scenario file, --out, --quiet and
+        --set overrides (``out=None``: no --out; ``scenario=False``: no scenario or --set)."""
+        sub = commands.add_parser(name, help=summary)
+        if scenario:
+            sub.add_argument("scenario", nargs="?",
+                             help="scenario TOML (default: embedded default)")
+            sub.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                             help="override a scenario field, e.g. run.threads=4 (repeatable)")
+        if out is not None:
+            sub.add_argument("--out", required=out_required, help=out)
+            sub.add_argument("--quiet", action="store_true", help="print nothing on success")
+        sub.set_defaults(run=run)
+        return sub
 
-    sim = commands.add_parser("simulate", help="run a scenario and write a run directory")
-    sim.add_argument("scenario", nargs="?", help="scenario TOML (default: embedded default)")
-    sim.add_argument("--out", required=True, help="run directory to write")
-    sim.add_argument("--quiet", action="store_true", help="print nothing on success")
-    with_overrides(sim)
-    sim.set_defaults(run=_simulate)
+    command("simulate", "run a scenario and write a run directory", _simulate)
 
-    rep = commands.add_parser("replay", help="re-run a trace's exact interleaving")
+    rep = command("replay", "re-run a trace's exact interleaving", _replay, scenario=False)
     rep.add_argument("trace", help="trace.npz, or a run directory holding one")
-    rep.add_argument("--out", required=True, help="run directory to write")
-    rep.add_argument("--quiet", action="store_true", help="print nothing on success")
-    with_overrides(rep)
-    rep.set_defaults(run=_replay)
+    rep.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                     help="change a value the trace does not fix, e.g. run.lr=0.01")
 
-    sweep = commands.add_parser("sweep", help="run a scenario over a grid of field values")
-    sweep.add_argument("scenario", nargs="?", help="scenario TOML (default: embedded default)")
-    sweep.add_argument("--out", required=True, help="sweep directory (rerun to resume)")
+    sweep = command("sweep", "run a scenario over a grid of field values", _sweep,
+                    out="sweep directory (rerun to resume)")
     sweep.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2",
                        help="a swept field and its values (repeatable: the grid is the product)")
     sweep.add_argument("--seeds", type=int, default=0, metavar="N",
                        help="also sweep run.seed over 0..N-1")
     sweep.add_argument("--jobs", type=int, default=0, metavar="N",
                        help="worker processes (default: one per core; 1: in this process)")
-    sweep.add_argument("--quiet", action="store_true", help="print nothing on success")
-    with_overrides(sweep)
-    sweep.set_defaults(run=_sweep)
 
-    theorem = commands.add_parser(
-        "theorem", help="learning rate (9) and update count (10) of AsynGrad's Theorem 1")
+    theorem = command("theorem", "learning rate (9) and update count (10) of AsynGrad's "
+                      "Theorem 1", _theorem, out=None, scenario=False)
     for name, meaning in (("c", "strong convexity c (4)"), ("q", "smoothness q (5)"),
                           ("kappa", "bound κ with E‖s_t‖² <= κ² (6)"),
                           ("tau", "gradient-error bound τ (7)"), ("eps", "target accuracy ε"),
@@ -275,11 +276,10 @@ def _parser() -> argparse.ArgumentParser:
         theorem.add_argument(f"--{name}", type=float, required=True, help=meaning)
     theorem.add_argument("--beta", type=float, default=1.0, help="β >= 1 (default 1)")
     theorem.add_argument("--json", action="store_true", help="print the results as JSON")
-    theorem.set_defaults(run=_theorem)
 
-    check = commands.add_parser(
-        "check", help="measure Theorem 1's conditions on a scenario and validate its bound")
-    check.add_argument("scenario", nargs="?", help="scenario TOML (default: embedded default)")
+    check = command("check", "measure Theorem 1's conditions on a scenario and validate its "
+                    "bound", _check, out="directory for check.json and check.png "
+                    "(default runs/check-NAME)", out_required=False)
     check.add_argument("--eps", type=float, required=True, help="target accuracy ε")
     check.add_argument("--seeds", type=int, default=30, help="Monte Carlo runs (default 30)")
     check.add_argument("--beta", type=float, default=1.0, help="β >= 1 (default 1)")
@@ -289,15 +289,8 @@ def _parser() -> argparse.ArgumentParser:
                        help="cap on the updates of each validation run (default 200000)")
     check.add_argument("--rounds", type=int, default=3,
                        help="re-estimation rounds of κ² and τ at γ (default 3)")
-    check.add_argument("--out", help="directory for check.json and check.png "
-                       "(default runs/check-NAME)")
-    check.add_argument("--quiet", action="store_true", help="print nothing on success")
-    with_overrides(check)
-    check.set_defaults(run=_check)
 
-    real = commands.add_parser("real", help="train with real lock-free worker processes")
-    real.add_argument("scenario", nargs="?", help="scenario TOML (default: embedded default)")
-    real.add_argument("--out", required=True, help="run directory to write")
+    real = command("real", "train with real lock-free worker processes", _real)
     real.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
     real.add_argument("--mode", default="lockfree",
                       help="lockfree, blocklock (a lock per block write), locked or serial")
@@ -308,14 +301,8 @@ def _parser() -> argparse.ArgumentParser:
                       help="exact gradient errors: rebuild the serialized view offline")
     real.add_argument("--measure-every", type=int, default=None, metavar="N",
                       help="measure mode, computing the exact gradient of every N-th update")
-    real.add_argument("--quiet", action="store_true", help="print nothing on success")
-    with_overrides(real)
-    real.set_defaults(run=_real)
 
-    show = commands.add_parser("scenario", help="print a fully resolved scenario as TOML")
-    show.add_argument("scenario", nargs="?", help="scenario TOML (default: embedded default)")
-    with_overrides(show)
-    show.set_defaults(run=_scenario)
+    command("scenario", "print a fully resolved scenario as TOML", _scenario, out=None)
     return parser
 
 
