@@ -196,6 +196,11 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _real(args: argparse.Namespace) -> int:
+    try:
+        import torch  # noqa: F401 - the real backend's one optional dependency
+    except ImportError:
+        raise AsyngradError("asyngrad real needs PyTorch: pip install torch "
+                            "(or the project's extra: pip install -e '.[torch]')") from None
     from realrun.runner import run_real, summary_extra
     from simulator.rundir import check_out, write_run
     from simulator.scenario import load_scenario
