@@ -174,6 +174,9 @@ def test_ctrl_c_stops_cleanly_and_keeps_partial_results(tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["real"]["failure"]["reason"].startswith("interrupted")
     assert 0 < summary["updates"] < 1_000_000
-    for pid in children:
-        assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(
-            f"/proc/{pid}/status").read_text().lower()
+    # The workers, and multiprocessing's resource tracker (which exits once it sees its
+    # parent's pipe close, within about a second), must all be gone: nothing orphaned.
+    deadline = time.monotonic() + 5
+    while any(Path(f"/proc/{pid}").exists() for pid in children) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert [pid for pid in children if Path(f"/proc/{pid}").exists()] == []
