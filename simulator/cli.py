@@ -39,8 +39,9 @@ def _print_summary(summary: dict[str, Any], out: Path, seconds: float) -> None:
     print(f"  staleness mean {stale['mean']:.2f}, p95 {stale['p95']:.0f}, max {stale['max']}")
     print(f"  lost blocks {over['lost_blocks']}, torn reads {over['torn_reads']}, "
           f"read-overwritten blocks {over['read_overwrite_blocks']}")
+    clock = "wall-clock span" if summary["source"] == "real" else "simulated time"
     print(f"  final suboptimality {summary['loss']['final_suboptimality']:.4g}, "
-          f"simulated {summary['time']['span_ns'] / 1e6:.3f} ms "
+          f"{clock} {summary['time']['span_ns'] / 1e6:.3f} ms "
           f"({summary['time']['updates_per_second']:.4g} updates/s)")
     print(f"  wrote {out}/ in {seconds:.2f} s")
 
