@@ -30,7 +30,7 @@ class Rebuild:
     rebuilt final vector."""
 
     measurements: list[Measurement]
-    curve: list[tuple[int, int, float, float]]
+    curve: list[tuple[int, int, float, float, int]]
     w_final: np.ndarray
 
 
@@ -58,7 +58,7 @@ def rebuild(problem: Problem, lr: float, bounds: list[int], dtype: str, every: i
         if remaining[row] == 0:
             completed += 1
             measurements[row] = view.complete(completed, w.astype(np.float64),
-                                              int(samples[row]), int(write_end[row]))
+                                              [int(samples[row])], int(write_end[row]))
     assert all(m is not None for m in measurements)
     return Rebuild([m for m in measurements if m is not None], view.curve,
                    w.astype(np.float64))

@@ -110,11 +110,14 @@ def merge(records: list[WorkerRecord], w0: np.ndarray, w_final: np.ndarray,
     nan = np.full(len(rel), np.nan)
     columns = {
         "uid": uid, "thread": data["thread"], "thread_seq": data["thread_seq"],
-        "sample": data["samples"], "read_start": rel[:, 0], "read_end": rel[:, 1],
+        "sample": data["samples"], "step": position + 1,
+        "read_start": rel[:, 0], "read_end": rel[:, 1],
         "grad_start": rel[:, 1], "grad_end": rel[:, 2], "write_start": rel[:, 2],
         "write_end": rel[:, 3], "grad_ns": rel[:, 2] - rel[:, 1],
         "staleness": np.maximum(staleness, 0), "read_overwrites": overwritten, "torn": torn,
         "lost_blocks": np.zeros(len(rel)), "overwrote": np.zeros(len(rel)),
+        "delay": np.zeros(len(rel)), "error_norm": np.zeros(len(rel)),
+        "dropped": np.zeros(len(rel), dtype=bool), "lr_scale": np.ones(len(rel)),
         "measured": np.zeros(len(rel), dtype=bool), "s_norm": nan, "g_norm": nan,
         "delta_norm": nan, "delta_dot": nan,
     }
@@ -130,7 +133,7 @@ def merge(records: list[WorkerRecord], w0: np.ndarray, w_final: np.ndarray,
         for name, values in zip(("measured", "s_norm", "g_norm", "delta_norm", "delta_dot"),
                                 zip(*built.measurements, strict=True), strict=True):
             arrays[name] = np.asarray(values, dtype=COLUMNS[name])
-        curve = [(t, time + origin, f, d) for t, time, f, d in built.curve]
+        curve = [(t, time + origin, f, d) for t, time, f, d, _ in built.curve]
         gap = built.w_final - np.asarray(w_final, dtype=np.float64)
         moved = float(np.linalg.norm(np.asarray(w_final, dtype=np.float64) - w0))
         loss = {"rebuilt_vs_real_norm": float(np.linalg.norm(gap)),
@@ -140,7 +143,7 @@ def merge(records: list[WorkerRecord], w0: np.ndarray, w_final: np.ndarray,
     arrays.update(w0=np.asarray(w0, dtype=np.float64), w_final=np.asarray(w_final, np.float64),
                   curve_t=t.astype(np.int64), curve_time=np.maximum(time - origin, 0)
                   .astype(np.int64), curve_loss=f.astype(np.float64),
-                  curve_dist2=dist2.astype(np.float64))
+                  curve_dist2=dist2.astype(np.float64), curve_n=t.astype(np.int64))
     return Trace(arrays, scenario_toml, source="real"), loss
 
 

@@ -15,6 +15,7 @@ samples come from a ``DurationSource``: seeded draws, or a recorded trace (repla
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Generator
 from typing import Any
 
@@ -22,13 +23,16 @@ import numpy as np
 import simpy
 
 from simulator.errors import ScenarioError
+from simulator.inject import Injector
 from simulator.memory import BlockCopy, Op, SharedMemory, block_ops
 from simulator.problems import Problem, make_problem
 from simulator.protocols import make_protocol
+from simulator.protocols.base import GROUPED, MEMBER, SINGLE
+from simulator.rules import mean_step
 from simulator.scenario import Scenario, scenario_to_toml
 from simulator.timing import DurationSource, SampledSource
 from simulator.trace import COLUMNS, Trace
-from simulator.view import SerializedView
+from simulator.view import UNMEASURED, SerializedView
 
 __all__ = ["Engine", "Update", "simulate"]
 
@@ -39,9 +43,10 @@ _PROGRESS_EVERY = 256
 class Update:
     """One update in flight: its sample, the blocks it moves and what happened to it."""
 
-    __slots__ = ("grad_end", "grad_ns", "grad_start", "ops", "overwrote", "read_end",
-                 "read_ns", "read_overwrites", "read_start", "sample", "seq",
-                 "start_completed", "start_versions", "thread", "torn", "uid",
+    __slots__ = ("delay", "discard", "dropped", "error_norm", "grad_end", "grad_ns",
+                 "grad_start", "group", "lr_scale", "ops", "overwrote", "read", "read_end",
+                 "read_ns", "read_overwrites", "read_start", "role", "sample", "seq",
+                 "start_completed", "start_versions", "step", "thread", "torn", "uid",
                  "write_end", "write_ns", "write_start")
 
     read_ns: list[int]
@@ -56,11 +61,20 @@ class Update:
     start_completed: int
     read_overwrites: int
     torn: bool
+    step: np.ndarray
 
     def __init__(self, uid: int, thread: int, seq: int, sample: int, ops: list[Op]) -> None:
         self.uid, self.thread, self.seq, self.sample, self.ops = uid, thread, seq, sample, ops
         self.start_versions: list[int] = []
         self.overwrote = 0
+        self.read = True        # False: reuse the thread's previous read copy (accumulation)
+        self.role = SINGLE      # set by the protocol before the write
+        self.group: list[Update] = []
+        self.discard = False    # the protocol throws the gradient away (never applied)
+        self.dropped = False    # injected: the write is lost in transit
+        self.delay = 0          # injected staleness τ
+        self.error_norm = 0.0   # injected ‖e‖
+        self.lr_scale = 1.0     # the update rule's learning-rate factor
 
 
 class Engine:
@@ -79,28 +93,45 @@ class Engine:
             raise ScenarioError("run.blocks", run.blocks,
                                 f"must be <= the problem's dimension ({self.problem.dim})")
         self.env = simpy.Environment()
-        self.protocol = make_protocol(run.protocol)
+        self.protocol = make_protocol(run.protocol, scenario)
         self.threads = self.protocol.threads(run)
         self.lr, self.updates = run.lr, run.updates
-        self.atomic = run.write_mode == "atomic_add"
+        self.atomic = run.write_mode == "atomic_add" or self.protocol.atomic
         w0 = self.problem.initial()
         self.mem = SharedMemory(w0, run.blocks, track_coords=self.problem.sparse)
         self._dense_ops, self._dense_fractions = self._block_ops(None)
         self._dense_blocks = [op[0] for op in self._dense_ops]
-        self._sparse = self.problem.sparse
+        self._sparse = self.problem.sparse and not self.protocol.dense
+        self._dense_grad = self.problem.sparse and self.protocol.dense
         self.source = source if source is not None else SampledSource(
-            scenario, self.threads, self.problem.n_samples, self._dense_fractions)
+            scenario, self.threads, self.problem.n_samples, self._dense_fractions,
+            self.protocol.network, self.problem.dim)
         metrics = scenario.metrics
         self.view = SerializedView(self.problem, self.lr, w0, run.updates, metrics.exact,
                                    metrics.every, metrics.curve_points)
         self._cores, self._bus = self._resources()
-        self._free = [lookahead and core is None and bus is None
-                      for core, bus in zip(self._cores, self._bus, strict=True)]
+        inject = scenario.inject
+        self.injector = (Injector(inject, run.seed, self.threads, self.view.w_star)
+                         if inject.active else None)
+        if inject.write_bits:
+            self.mem.quantize = self.injector.quantize if self.injector else None
+        # Snapshots w_{t} of the last completions, for injected delays.
+        self._history: deque[np.ndarray] = deque([w0.copy()], maxlen=inject.max_delay + 1)
+        self._pauses: list[list[tuple[int, int]]] = [[] for _ in range(self.threads)]
+        for pause in inject.pauses:
+            if pause.thread < self.threads:
+                self._pauses[pause.thread].append((pause.start, pause.end))
+        self._free = [lookahead and core is None and bus is None and not pauses
+                      for core, bus, pauses in zip(self._cores, self._bus, self._pauses,
+                                                   strict=True)]
         self.started = self.completed = 0
         self.clock = [0] * self.threads
         self.lookahead = lookahead
         self.active: dict[int, Update] = {}
         self.lost = [0] * run.updates  # stores of each update (by uid) that were overwritten
+        self.dead: list[int] = []
+        self._local: list[np.ndarray] = [np.zeros(self.problem.dim) for _ in range(self.threads)]
+        self._pulled = [(0, 0)] * self.threads  # (completions, version) of each thread's read
         self._rows: list[tuple[Any, ...]] = []
         self._op_counts: list[int] = []
         self._op_blocks: list[int] = []
@@ -139,6 +170,8 @@ class Engine:
     def _advance(self, thread: int, duration: int, transfer: bool) -> simpy.Event | None:
         """Spend ``duration`` ns on one action; the event to wait for, or ``None`` if the
         action completes without anything else happening first."""
+        if self._pauses[thread]:
+            self._skip_pauses(thread)
         core = self._cores[thread]
         bus = self._bus[thread] if transfer else None
         env, end = self.env, self.clock[thread] + duration
@@ -149,6 +182,15 @@ class Engine:
         if self.lookahead and end < env.peek():
             return None
         return env.timeout(end - env.now)
+
+    def _skip_pauses(self, thread: int) -> None:
+        """A paused thread starts its next action when the pause window ends."""
+        moved = True
+        while moved:
+            moved = False
+            for start, end in self._pauses[thread]:
+                if start <= self.clock[thread] < end:
+                    self.clock[thread], moved = end, True
 
     def _uninterrupted(self, thread: int, durations: list[int], start: int) -> int:
         """End of the longest run of block actions from ``start`` that all end before the next
@@ -184,76 +226,149 @@ class Engine:
 
     # -- the loop: read, compute, write, with the protocol's gates ---------------------------
 
+    def _gate(self, thread: int, event: simpy.Event | None) -> Generator[Any, Any, None]:
+        """Wait for a protocol's event (if any) and move the thread's clock to simpy's."""
+        if event is not None:
+            yield event
+            self.clock[thread] = int(self.env.now)
+
+    def _catch_up(self, thread: int) -> Generator[Any, Any, None]:
+        wait = self._sync(thread)
+        if wait is not None:
+            yield wait
+
     def _thread(self, thread: int) -> Generator[Any, Any, None]:
-        local = np.zeros(self.problem.dim)
-        mem, protocol, clock, seq = self.mem, self.protocol, self.clock, 0
-        while self.started < self.updates and self.source.remaining(thread) != 0:
+        try:
+            yield from self._loop(thread)
+        except simpy.Interrupt:  # an injected death: abandon the update in flight
+            self.active.pop(thread, None)
+            self.dead.append(thread)
+
+    def _loop(self, thread: int) -> Generator[Any, Any, None]:
+        local = self._local[thread]
+        protocol, clock, seq = self.protocol, self.clock, 0
+        gated, injector = protocol.gated, self.injector
+        while (self.started < self.updates and self.source.remaining(thread) != 0
+               and protocol.active(self, thread)):
             u = self._begin(thread, seq)
             seq += 1
-            if protocol.gated:
-                wait = self._sync(thread)
-                if wait is not None:
-                    yield wait
-                yield protocol.acquire(self, u)
-                clock[thread] = int(self.env.now)
-            # READ: each block is copied when its read ends.
-            u.read_start, u.start_completed = clock[thread], self.completed
-            u.start_versions = [mem.count[op[0]] for op in u.ops]
-            copies: list[BlockCopy] = []
-            ops, n, i = u.ops, len(u.ops), 0
-            while i < n:
-                run = self._uninterrupted(thread, u.read_ns, i) if n > 1 else i
-                if run > i:
-                    copies.extend(mem.copy_run(ops[i:run], local))
-                    i = run
-                    continue
-                block, index, _, coords = ops[i]
-                wait = self._advance(thread, u.read_ns[i], True)
-                if wait is not None:
-                    yield wait
-                    clock[thread] = int(self.env.now)
-                copies.append(mem.copy(block, index, coords, local))
-                i += 1
-            u.read_end = clock[thread]
-            u.read_overwrites, u.torn = mem.read_report(copies, u.start_versions)
+            if gated:
+                yield from self._catch_up(thread)
+                yield from self._gate(thread, protocol.before_read(self, u))
+            if u.read:
+                yield from self._read(u, local)
+            else:  # gradients accumulated on the vector this thread read last
+                u.read_start = u.read_end = clock[thread]
+                u.start_completed, u.delay = self._pulled[thread]
+                u.read_overwrites, u.torn = 0, False
+            if gated:
+                yield from self._catch_up(thread)
+                protocol.after_read(self, u)
             # GRADIENT: the real gradient at the local copy, holding the device.
             u.grad_start = clock[thread]
             wait = self._advance(thread, u.grad_ns, False)
             if wait is not None:
                 yield wait
                 clock[thread] = int(self.env.now)
-            step, _ = self.problem.grad(local, u.sample)
-            step *= self.lr  # grad returns a new array
+            if self._dense_grad:
+                g, support = self.problem.dense_grad(local, u.sample), None
+            else:
+                g, support = self.problem.grad(local, u.sample)
+            if injector is not None:
+                if injector.errors:
+                    g, u.error_norm = injector.error(thread, g, local, support)
+                u.dropped = injector.dropped(thread)
+            g *= self.lr  # grad returns a new array
+            u.step = g
             u.grad_end = u.write_start = clock[thread]
-            # WRITE: block by block, an atomic add or a load, wait, store.
-            i = 0
-            while i < n:
-                run = self._uninterrupted(thread, u.write_ns, i) if n > 1 else i
-                if run > i:
-                    mem.write_run(ops[i:run], step, u.uid, self.atomic)
-                    i = run
+            if gated:
+                yield from self._catch_up(thread)
+                yield from self._gate(thread, protocol.before_write(self, u))
+                u.write_start = clock[thread]
+                if u.role == MEMBER:  # a group's writer completes this update
                     continue
-                block, index, vsel, coords = ops[i]
-                loaded_at, loaded = mem.count[block], None if self.atomic else mem.load(index)
-                wait = self._advance(thread, u.write_ns[i], True)
-                if wait is not None:
-                    yield wait
-                    clock[thread] = int(self.env.now)
-                i += 1
-                if loaded is None:
-                    mem.add(block, index, coords, -step[vsel], u.uid)
+                if u.discard:
+                    self._discard(u)
+                    protocol.after_write(self, u)
                     continue
-                lost = mem.store(block, index, coords, loaded, step[vsel], u.uid, loaded_at)
-                for victim in lost:
-                    self.lost[victim] += 1
-                u.overwrote += len(lost)
+            if protocol.rule:
+                u.step = protocol.step(self, u, u.step, local)
+            if u.role == GROUPED:
+                u.step = mean_step([m.step for m in u.group])
+            yield from self._write(u)
             u.write_end = clock[thread]
-            self._complete(u)
-            if protocol.gated:
-                wait = self._sync(thread)
-                if wait is not None:
-                    yield wait
-                protocol.release(self, u)
+            if u.role == GROUPED:
+                self._complete_group(u)
+            else:
+                self._complete(u)
+            if gated:
+                yield from self._catch_up(thread)
+                protocol.after_write(self, u)
+        if gated:
+            yield from self._catch_up(thread)
+            protocol.finish(self, thread)
+
+    def _read(self, u: Update, local: np.ndarray) -> Generator[Any, Any, None]:
+        """READ: each block is copied when its read ends (so a read can be torn)."""
+        thread, mem, clock = u.thread, self.mem, self.clock
+        u.read_start, u.start_completed = clock[thread], self.completed
+        u.start_versions = [mem.count[op[0]] for op in u.ops]
+        past = None
+        if self.injector is not None and self.injector.max_delay:
+            # An injected delay τ: the gradient sees w as it was τ completions before.
+            u.delay = min(self.injector.delay(thread), u.start_completed)
+            past = self._history[-1 - u.delay]
+        copies: list[BlockCopy] = []
+        ops, n, i = u.ops, len(u.ops), 0
+        while i < n:
+            run = self._uninterrupted(thread, u.read_ns, i) if n > 1 else i
+            if run > i:
+                copies.extend(mem.copy_run(ops[i:run], local))
+                i = run
+                continue
+            block, index, _, coords = ops[i]
+            wait = self._advance(thread, u.read_ns[i], True)
+            if wait is not None:
+                yield wait
+                clock[thread] = int(self.env.now)
+            copies.append(mem.copy(block, index, coords, local))
+            i += 1
+        u.read_end = clock[thread]
+        u.read_overwrites, u.torn = mem.read_report(copies, u.start_versions)
+        if past is not None:
+            np.copyto(local, past)
+        self._pulled[thread] = (u.start_completed, u.delay)
+
+    def _write(self, u: Update) -> Generator[Any, Any, None]:
+        """WRITE: block by block, an atomic add or a load, wait, store."""
+        thread, mem, clock, step = u.thread, self.mem, self.clock, u.step
+        ops, n, i = u.ops, len(u.ops), 0
+        if u.dropped:  # the write is lost in transit: its time passes, nothing is stored
+            wait = self._advance(thread, sum(u.write_ns), True)
+            if wait is not None:
+                yield wait
+                clock[thread] = int(self.env.now)
+            return
+        while i < n:
+            run = self._uninterrupted(thread, u.write_ns, i) if n > 1 else i
+            if run > i:
+                mem.write_run(ops[i:run], step, u.uid, self.atomic)
+                i = run
+                continue
+            block, index, vsel, coords = ops[i]
+            loaded_at, loaded = mem.count[block], None if self.atomic else mem.load(index)
+            wait = self._advance(thread, u.write_ns[i], True)
+            if wait is not None:
+                yield wait
+                clock[thread] = int(self.env.now)
+            i += 1
+            if loaded is None:
+                mem.add(block, index, coords, -step[vsel], u.uid)
+                continue
+            lost = mem.store(block, index, coords, loaded, step[vsel], u.uid, loaded_at)
+            for victim in lost:
+                self.lost[victim] += 1
+            u.overwrote += len(lost)
 
     def _begin(self, thread: int, seq: int) -> Update:
         sample = self.source.next_sample(thread)
@@ -267,24 +382,59 @@ class Engine:
         self.active[thread] = u
         return u
 
-    def _complete(self, u: Update) -> None:
-        staleness = self.completed - u.start_completed
-        self.completed += 1
-        t = self.completed
-        m = self.view.complete(t, self.mem.w, u.sample, u.write_end)
-        self._rows.append((u.uid, u.thread, u.seq, u.sample, u.read_start, u.read_end,
+    def _row(self, u: Update, step: int, m: tuple[Any, ...]) -> None:
+        """Append ``u``'s trace row; ``step`` is its completion t (0: never applied)."""
+        # Staleness: the completions between the vector it read and its own.
+        staleness = (step - 1 if step else self.completed) - u.start_completed + u.delay
+        self._rows.append((u.uid, u.thread, u.seq, u.sample, step, u.read_start, u.read_end,
                            u.grad_start, u.grad_end, u.write_start, u.write_end, u.grad_ns,
-                           staleness, u.read_overwrites, u.torn, 0, u.overwrote, *m))
+                           staleness, u.read_overwrites, u.torn, 0, u.overwrote, u.delay,
+                           u.error_norm, u.dropped, u.lr_scale, *m))
         self._op_counts.append(len(u.ops))
         self._op_blocks.extend(self._dense_blocks if u.ops is self._dense_ops
                                else [op[0] for op in u.ops])
         self._op_read_ns.extend(u.read_ns)
         self._op_write_ns.extend(u.write_ns)
-        del self.active[u.thread]
-        if t % _TRIM_EVERY == 0:
-            self._trim()
-        if self.progress is not None and t % _PROGRESS_EVERY == 0:
+        if self.active.get(u.thread) is u:
+            del self.active[u.thread]
+        n = len(self._rows)
+        if self.progress is not None and n % _PROGRESS_EVERY == 0:
             self.progress(_PROGRESS_EVERY)
+
+    def _completed(self) -> int:
+        """Count a completion: the shared vector has a new serialized state w_t."""
+        self.completed += 1
+        if self._history.maxlen and self._history.maxlen > 1:
+            self._history.append(self.mem.w.copy())
+        if self.completed % _TRIM_EVERY == 0:
+            self._trim()
+        return self.completed
+
+    def _complete(self, u: Update) -> None:
+        t = self._completed()
+        m = self.view.complete(t, self.mem.w, [u.sample], u.write_end, u.lr_scale,
+                               len(self._rows) + 1)
+        self._row(u, t, m)
+
+    def _complete_group(self, writer: Update) -> None:
+        """One completion applying the mean step of the group's gradients; the exact metrics
+        sit on the writer's row (the last of the group), the others share its step."""
+        group = writer.group
+        t = self._completed()
+        m = self.view.complete(t, self.mem.w, [v.sample for v in group], writer.write_end,
+                               writer.lr_scale, len(self._rows) + len(group))
+        for member in group:
+            if member is not writer:
+                member.write_start, member.write_end = writer.write_start, writer.write_end
+                self._row(member, t, UNMEASURED)
+        self._row(writer, t, m)
+
+    def _discard(self, u: Update) -> None:
+        """A gradient the protocol threw away: a row with step 0, no completion."""
+        u.write_end = u.write_start
+        for member in u.group or [u]:
+            member.write_start = member.write_end = u.write_start
+            self._row(member, 0, UNMEASURED)
 
     def _trim(self) -> None:
         keep = list(self.mem.count)
@@ -293,20 +443,41 @@ class Engine:
                 keep[op[0]] = min(keep[op[0]], version)
         self.mem.trim(keep)
 
+    def _deaths(self, processes: list[simpy.Process]) -> None:
+        for death in self.scenario.inject.deaths:
+            victims = ([death.thread] if death.thread >= 0 else
+                       [t for t in range(self.threads)
+                        if self.scenario.device_of(t) == death.device])
+            for thread in victims:
+                if thread < self.threads:
+                    self.env.process(self._kill(processes[thread], death.at))
+
+    def _kill(self, process: simpy.Process, at: int) -> Generator[Any, Any, None]:
+        yield self.env.timeout(at)
+        if process.is_alive:
+            process.interrupt("death")
+
     def run(self) -> Trace:
-        """Run every thread until T updates have completed; return the trace."""
-        for thread in range(self.threads):
-            self.env.process(self._thread(thread))
+        """Run every thread until T updates have started and every thread has stopped (or
+        nothing can happen any more: threads waiting on a dead one); return the trace."""
+        processes = [self.env.process(self._thread(thread)) for thread in range(self.threads)]
+        self._deaths(processes)
         self.env.run()
+        self.view.finish(self.completed, self.mem.w, self._end_time(), len(self._rows))
         if self.progress is not None:
-            self.progress(self.completed % _PROGRESS_EVERY)
+            self.progress(len(self._rows) % _PROGRESS_EVERY)
         return self._trace()
+
+    def _end_time(self) -> int:
+        return max((row[10] for row in self._rows), default=0)
 
     def _trace(self) -> Trace:
         names = list(COLUMNS)
         columns = list(zip(*self._rows, strict=True))
         arrays: dict[str, np.ndarray] = {name: np.asarray(col, dtype=COLUMNS[name])
                   for name, col in zip(names, columns, strict=True)}
+        if not self._rows:
+            arrays = {name: np.zeros(0, dtype=dtype) for name, dtype in COLUMNS.items()}
         arrays["lost_blocks"] = np.asarray(self.lost, dtype=np.int32)[arrays["uid"]]
         arrays.update(
             op_offsets=np.concatenate([[0], np.cumsum(self._op_counts)]).astype(np.int64),
@@ -318,7 +489,11 @@ class Engine:
         arrays.update(curve_t=np.asarray(curve[0], dtype=np.int64),
                       curve_time=np.asarray(curve[1], dtype=np.int64),
                       curve_loss=np.asarray(curve[2], dtype=np.float64),
-                      curve_dist2=np.asarray(curve[3], dtype=np.float64))
+                      curve_dist2=np.asarray(curve[3], dtype=np.float64),
+                      curve_n=np.asarray(curve[4], dtype=np.int64))
+        extras = {"dead_threads": np.asarray(sorted(self.dead), dtype=np.int64),
+                  **self.protocol.report()}
+        arrays.update({f"extra_{name}": values for name, values in extras.items()})
         return Trace(arrays, scenario_to_toml(self.scenario))
 
 

@@ -14,6 +14,7 @@ History is trimmed below the oldest version an in-flight update still needs.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -73,6 +74,18 @@ class SharedMemory:
         self._base = [0] * blocks  # version of the oldest store still in the history
         self._block_newest = [0] * blocks
         self._coord_newest = np.zeros(self.w.size, dtype=np.int64) if track_coords else None
+        # Low-precision writes: rounds stored values in place (None: full float64).
+        self.quantize: Callable[[np.ndarray], None] | None = None
+
+    def _rounded(self, index: Index) -> None:
+        if self.quantize is None:
+            return
+        if isinstance(index, slice):
+            self.quantize(self.w[index])
+        else:
+            values = self.w[index]
+            self.quantize(values)
+            self.w[index] = values
 
     def _window(self, block: int, start: int, stop: int | None = None) -> list[_Store]:
         base = self._base[block]
@@ -119,6 +132,7 @@ class SharedMemory:
             self.w[span] += -step[span]
         else:
             np.subtract(self.w[span], step[span], out=self.w[span])
+        self._rounded(span)
         for block, index, _, coords in ops:
             self._record(block, index, coords, uid)
 
@@ -161,6 +175,7 @@ class SharedMemory:
             np.subtract(loaded, step, out=self.w[index])
         else:
             self.w[index] = loaded - step
+        self._rounded(index)
         self._record(block, index, coords, uid)
         return lost
 
@@ -168,6 +183,7 @@ class SharedMemory:
             uid: int) -> None:
         """Atomically add ``delta``: no store is ever lost."""
         self.w[index] += delta
+        self._rounded(index)
         self._record(block, index, coords, uid)
 
     def _record(self, block: int, index: Index, coords: np.ndarray | None, uid: int) -> None:

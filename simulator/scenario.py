@@ -21,11 +21,14 @@ from typing import Any
 from simulator.distributions import Duration
 from simulator.errors import ScenarioError
 
-__all__ = ["DeviceSpec", "MetricsSpec", "ProblemSpec", "RunSpec", "Scenario", "TimingSpec",
+__all__ = ["ADMMSpec", "DCASGDSpec", "DeathSpec", "DeviceSpec", "InjectSpec", "MetricsSpec",
+           "ParamServerSpec", "PauseSpec", "ProblemSpec", "RunSpec", "Scenario", "StragglerSpec",
+           "TimingSpec",
            "load_scenario", "scenario_from_dict", "scenario_to_dict", "scenario_to_toml",
            "with_overrides"]
 
-PROTOCOLS = ("serial", "locked", "lockfree")
+PROTOCOLS = ("serial", "locked", "lockfree", "roundrobin", "minibatch", "paramserver",
+             "staleness_lr", "dcasgd")
 WRITE_MODES = ("load_store", "atomic_add")
 # Real data that a package ships, and the problem each serves.
 REAL_DATA = {"breast_cancer": "logistic", "digits": "mlp"}
@@ -84,18 +87,27 @@ class TimingSpec:
 @dataclass(frozen=True)
 class DeviceSpec:
     """A virtual device: ``speed`` divides durations; ``cores`` = 0 means one per thread;
-    ``bus`` > 0 caps concurrent block transfers; ``timing`` overrides the scenario's."""
+    ``bus`` > 0 caps concurrent block transfers; ``timing`` overrides the scenario's.
+
+    ``latency`` (ns per message) and ``bandwidth`` (bytes per ns, i.e. GB/s) describe the
+    device's network link to a server; only protocols that communicate over a network
+    (``paramserver``, ``admm``) pay them, on every pull and push."""
 
     name: str = "cpu"
     speed: float = 1.0
     cores: int = 0
     bus: int = 0
+    latency: int = 0
+    bandwidth: float = 0.0
     timing: TimingSpec | None = None
 
     def __post_init__(self) -> None:
         _check(math.isfinite(self.speed) and self.speed > 0, "speed", self.speed, "must be > 0")
         _check(self.cores >= 0, "cores", self.cores, "must be >= 0 (0: one core per thread)")
         _check(self.bus >= 0, "bus", self.bus, "must be >= 0 (0: unlimited)")
+        _check(self.latency >= 0, "latency", self.latency, "must be >= 0 (ns per message)")
+        _check(math.isfinite(self.bandwidth) and self.bandwidth >= 0, "bandwidth",
+               self.bandwidth, "must be >= 0 (bytes per ns; 0: unlimited)")
 
 
 @dataclass(frozen=True)
@@ -140,8 +152,163 @@ class MetricsSpec:
 
 
 @dataclass(frozen=True)
+class ParamServerSpec:
+    """Options of the ``paramserver`` protocol (Downpour-style, Dean et al. 2012).
+
+    ``staleness_limit`` S > 0 discards a push whose staleness exceeds S; ``accumulate`` n
+    computes n gradients at one pulled vector and pushes their mean (the learning rate scaled
+    by 1/n); ``warm_start`` lets thread 0 alone make that many updates before the others
+    start (``n_samples`` of them is one serial pass); ``fraction`` p < 1 runs synchronous
+    rounds that end when ceil(p·k) pushes computed on the round's vector arrived (backup
+    workers: later pushes of that round are discarded); ``rebalance`` r > 0 retires a worker
+    whose mean update time exceeds r times the median once every worker made
+    ``rebalance_after`` updates (its share of the data goes to the others)."""
+
+    staleness_limit: int = 0
+    accumulate: int = 1
+    warm_start: int = 0
+    fraction: float = 0.0
+    rebalance: float = 0.0
+    rebalance_after: int = 20
+
+    def __post_init__(self) -> None:
+        _check(self.staleness_limit >= 0, "staleness_limit", self.staleness_limit,
+               "must be >= 0 (0: keep every push)")
+        _check(self.accumulate >= 1, "accumulate", self.accumulate, "must be >= 1")
+        _check(self.warm_start >= 0, "warm_start", self.warm_start, "must be >= 0")
+        _check(0 <= self.fraction <= 1, "fraction", self.fraction,
+               "must be in [0, 1] (0: asynchronous)")
+        _check(self.rebalance == 0 or self.rebalance > 1, "rebalance", self.rebalance,
+               "must be 0 (off) or > 1")
+        _check(self.rebalance_after >= 1, "rebalance_after", self.rebalance_after,
+               "must be >= 1")
+        _check(self.fraction == 0 or self.accumulate == 1, "accumulate", self.accumulate,
+               "must be 1 with synchronous rounds (fraction > 0)")
+        _check(self.fraction == 0 or self.staleness_limit == 0, "staleness_limit",
+               self.staleness_limit, "must be 0 with synchronous rounds (fraction > 0)")
+
+
+@dataclass(frozen=True)
+class DCASGDSpec:
+    """Delay compensation (Zheng et al. 2017): g + lam·g⊙g⊙(w_now − w_read)."""
+
+    lam: float = 0.04
+
+    def __post_init__(self) -> None:
+        _check(math.isfinite(self.lam) and self.lam >= 0, "lam", self.lam, "must be >= 0")
+
+
+@dataclass(frozen=True)
+class ADMMSpec:
+    """Consensus ADMM: penalty ``rho``; each local solve is ``local_steps`` SGD steps."""
+
+    rho: float = 1.0
+    local_steps: int = 10
+
+    def __post_init__(self) -> None:
+        _check(math.isfinite(self.rho) and self.rho > 0, "rho", self.rho, "must be > 0")
+        _check(self.local_steps >= 1, "local_steps", self.local_steps, "must be >= 1")
+
+
+@dataclass(frozen=True)
+class StragglerSpec:
+    """Thread ``thread`` runs ``factor`` times slower than its device."""
+
+    thread: int = 0
+    factor: float = 1.0
+
+    def __post_init__(self) -> None:
+        _check(self.thread >= 0, "thread", self.thread, "must be >= 0")
+        _check(math.isfinite(self.factor) and self.factor > 0, "factor", self.factor,
+               "must be > 0")
+
+
+@dataclass(frozen=True)
+class PauseSpec:
+    """Thread ``thread`` starts no action in the window [start, end) ns."""
+
+    thread: int = 0
+    start: int = 0
+    end: int = 0
+
+    def __post_init__(self) -> None:
+        _check(self.thread >= 0, "thread", self.thread, "must be >= 0")
+        _check(self.start >= 0, "start", self.start, "must be >= 0")
+        _check(self.end > self.start, "end", self.end, f"must be > start ({self.start})")
+
+
+@dataclass(frozen=True)
+class DeathSpec:
+    """A thread (or every thread of ``device``) stops for good at time ``at`` ns; an update
+    in flight is abandoned, with whatever blocks it already stored."""
+
+    thread: int = -1
+    device: int = -1
+    at: int = 0
+
+    def __post_init__(self) -> None:
+        _check((self.thread >= 0) != (self.device >= 0), "thread", self.thread,
+               "give exactly one of thread or device (both >= 0)")
+        _check(self.at >= 0, "at", self.at, "must be >= 0")
+
+
+ERRORS = ("none", "noise", "adversarial")
+DELAYS = ("fixed", "uniform")
+
+
+@dataclass(frozen=True)
+class InjectSpec:
+    """Controlled delays and gradient errors, seeded by ``run.seed`` and recorded per update.
+
+    Delays: ``delay`` τ makes every gradient be computed on the vector as it was τ completions
+    before its read began (``delay_dist = "uniform"``: τ uniform in [delay, delay_max]);
+    stragglers, pauses and deaths act on threads. Errors, added to the gradient before the
+    update rule: ``error = "noise"`` adds a uniformly random direction of norm
+    ``error_bound`` (times ‖g‖ when ``error_relative``); ``"adversarial"`` adds that norm
+    along w − w*, the most harmful direction for Theorem 1; ``drop`` is the probability that
+    an update's write is lost (it completes without changing w); ``write_bits`` > 0 rounds
+    every stored value to that many significand bits."""
+
+    delay: int = 0
+    delay_dist: str = "fixed"
+    delay_max: int = 0
+    error: str = "none"
+    error_bound: float = 0.0
+    error_relative: bool = False
+    drop: float = 0.0
+    write_bits: int = 0
+    stragglers: tuple[StragglerSpec, ...] = ()
+    pauses: tuple[PauseSpec, ...] = ()
+    deaths: tuple[DeathSpec, ...] = ()
+
+    def __post_init__(self) -> None:
+        _check(self.delay >= 0, "delay", self.delay, "must be >= 0")
+        _check(self.delay_dist in DELAYS, "delay_dist", self.delay_dist,
+               f"must be one of {', '.join(DELAYS)}")
+        _check(self.delay_dist == "fixed" or self.delay_max >= self.delay, "delay_max",
+               self.delay_max, f"must be >= delay ({self.delay}) for a uniform delay")
+        _check(self.error in ERRORS, "error", self.error, f"must be one of {', '.join(ERRORS)}")
+        _check(math.isfinite(self.error_bound) and self.error_bound >= 0, "error_bound",
+               self.error_bound, "must be >= 0")
+        _check(0 <= self.drop < 1, "drop", self.drop, "must be in [0, 1)")
+        _check(0 <= self.write_bits <= 52, "write_bits", self.write_bits,
+               "must be in [0, 52] (0: full float64)")
+
+    @property
+    def max_delay(self) -> int:
+        return self.delay if self.delay_dist == "fixed" else self.delay_max
+
+    @property
+    def active(self) -> bool:
+        """Whether anything is injected at all."""
+        return bool(self.max_delay or self.error != "none" or self.drop or self.write_bits
+                    or self.stragglers or self.pauses or self.deaths)
+
+
+@dataclass(frozen=True)
 class Scenario:
-    """A complete simulation: problem, run, timing, metrics and devices."""
+    """A complete simulation: problem, run, timing, metrics, devices, injected delays and
+    errors, and the options of the protocols that have any."""
 
     name: str = "default"
     problem: ProblemSpec = field(default_factory=ProblemSpec)
@@ -149,9 +316,21 @@ class Scenario:
     timing: TimingSpec = field(default_factory=TimingSpec)
     metrics: MetricsSpec = field(default_factory=MetricsSpec)
     devices: tuple[DeviceSpec, ...] = (DeviceSpec(),)
+    inject: InjectSpec = field(default_factory=InjectSpec)
+    paramserver: ParamServerSpec = field(default_factory=ParamServerSpec)
+    dcasgd: DCASGDSpec = field(default_factory=DCASGDSpec)
+    admm: ADMMSpec = field(default_factory=ADMMSpec)
 
     def __post_init__(self) -> None:
         _check(len(self.devices) >= 1, "devices", [], "needs at least one device")
+        threads = self.run.threads
+        for kind in ("stragglers", "pauses", "deaths"):
+            for i, item in enumerate(getattr(self.inject, kind)):
+                _check(item.thread < threads, f"inject.{kind}.{i}.thread", item.thread,
+                       f"must be below run.threads ({threads})")
+        for i, death in enumerate(self.inject.deaths):
+            _check(death.device < len(self.devices), f"inject.deaths.{i}.device",
+                   death.device, f"must be below the number of devices ({len(self.devices)})")
 
     def device_of(self, thread: int) -> int:
         """Threads are placed on devices round-robin."""
@@ -179,11 +358,10 @@ def _convert(tp: Any, value: Any, base: Any, name: str) -> Any:
     if origin is tuple:
         item = typing.get_args(tp)[0]
         _check(isinstance(value, list | tuple), name, value, "must be a list")
-        default = typing.cast(Any, item)() if dataclasses.is_dataclass(item) else None
-        return tuple(_convert(item, v, default, f"{name}.{i}") for i, v in enumerate(value))
+        return tuple(_convert(item, v, None, f"{name}.{i}") for i, v in enumerate(value))
     if dataclasses.is_dataclass(tp):
         _check(isinstance(value, dict), name, value, "must be a table")
-        return _build(tp, value, base if base is not None else typing.cast(Any, tp)(), name)
+        return _build(tp, value, base, name)
     if tp is float:
         _check(isinstance(value, int | float) and not isinstance(value, bool), name, value,
                "must be a number")
@@ -202,9 +380,11 @@ def _build(cls: Any, data: dict[str, Any], base: Any, prefix: str) -> Any:
     for key in data:
         _check(key in names, f"{prefix}.{key}" if prefix else key, data[key], "unknown key")
     values = {}
+    defaults = {f.name: f.default if f.default_factory is dataclasses.MISSING
+                else f.default_factory() for f in dataclasses.fields(cls)}
     for name in names:
         path = f"{prefix}.{name}" if prefix else name
-        current = getattr(base, name)
+        current = getattr(base, name) if base is not None else defaults[name]
         values[name] = (_convert(hints[name], data[name], current, path) if name in data
                         else current)
     try:

@@ -83,8 +83,15 @@ class SampledSource:
     """
 
     def __init__(self, scenario: Scenario, threads: int, n_samples: int,
-                 dense: Sequence[float]) -> None:
+                 dense: Sequence[float], network: bool = False, dim: int = 0) -> None:
         self.dense = dense
+        self.dim = dim
+        slow = [1.0] * threads
+        for straggler in scenario.inject.stragglers:
+            if straggler.thread < threads:
+                slow[straggler.thread] *= straggler.factor
+        # Link cost per message (latency, ns per coordinate moved), for networked protocols.
+        self._link: list[tuple[int, float]] = []
         # Pre-draw about one thread's share of the run per chunk (at most _CHUNK updates).
         self._chunk = min(_CHUNK, max(16, scenario.run.updates // threads + 1))
         self._dense_scale: list[np.ndarray] = []
@@ -96,9 +103,12 @@ class SampledSource:
             device = scenario.device_of(thread)
             timing = scenario.timing_of(device)
             gens = _thread_generators(scenario.run.seed, threads, thread)
-            speed = scenario.devices[device].speed
+            spec = scenario.devices[device]
+            speed = spec.speed / slow[thread]
             self._speed.append(speed)
             self._dense_scale.append(np.asarray(dense, dtype=np.float64) / speed)
+            per_coord = 8.0 / spec.bandwidth if network and spec.bandwidth else 0.0
+            self._link.append((spec.latency if network else 0, per_coord))
             self._streams.append((
                 sample_stream(scenario.run.seed, threads, thread, n_samples),
                 _Stream(partial(timing.read.sample, gens[1])),
@@ -118,9 +128,10 @@ class SampledSource:
         _, read, grad, write = self._streams[thread]
         scale, blocks = self._dense_scale[thread], len(self.dense)
         n = self._chunk
-        reads = _ns(read.draw(n * blocks).reshape(n, blocks), scale).tolist()
+        link = self._link_ns(thread, self.dense)
+        reads = (_ns(read.draw(n * blocks).reshape(n, blocks), scale) + link).tolist()
         grads = _ns(grad.draw(n), 1.0 / self._speed[thread]).tolist()
-        writes = _ns(write.draw(n * blocks).reshape(n, blocks), scale).tolist()
+        writes = (_ns(write.draw(n * blocks).reshape(n, blocks), scale) + link).tolist()
         self._chunks[thread] = list(zip(reads, grads, writes, strict=True))
         self._pos[thread] = 0
 
@@ -133,9 +144,22 @@ class SampledSource:
             return self._chunks[thread][self._pos[thread] - 1]
         _, read, grad, write = self._streams[thread]
         speed = self._speed[thread]
-        return ([int(read.take() * f / speed + 0.5) for f in fractions],
+        link = self._link_ns(thread, fractions).tolist()
+        return ([int(read.take() * f / speed + 0.5) + c for f, c in zip(fractions, link,
+                                                                        strict=True)],
                 int(grad.take() / speed + 0.5),
-                [int(write.take() * f / speed + 0.5) for f in fractions])
+                [int(write.take() * f / speed + 0.5) + c for f, c in zip(fractions, link,
+                                                                         strict=True)])
+
+    def _link_ns(self, thread: int, fractions: Sequence[float]) -> np.ndarray:
+        """What one message over the thread's link adds to each block it moves: the latency
+        on the first block, and every block's bytes over the bandwidth."""
+        latency, per_coord = self._link[thread]
+        cost = np.floor(np.asarray(fractions, dtype=np.float64) * self.dim * per_coord + 0.5)
+        cost = cost.astype(np.int64)
+        if cost.size:
+            cost[0] += latency
+        return cost
 
 
 class ReplaySource:

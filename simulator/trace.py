@@ -1,6 +1,9 @@
 """The trace: one record per update, the one format both backends produce.
 
-Rows are updates in write-completion order (row t−1 is completion t of the serialized view).
+Rows are gradients in the order they were applied or discarded. Most protocols apply each
+gradient in its own write, so row t−1 is completion t of the serialized view; protocols that
+average several gradients in one write (minibatch, accumulation) give them the same ``step``,
+and gradients a protocol discards have ``step`` 0.
 Per-block durations are ragged (sparse updates move only some blocks): the ``op_*`` arrays hold
 them flat, update i owning ``op_offsets[i]:op_offsets[i+1]``. The file is a ``.npz`` written
 with fixed zip timestamps, so the same run gives the same bytes, and it is read with
@@ -21,7 +24,7 @@ from simulator.errors import TraceError
 
 __all__ = ["COLUMNS", "SCHEMA", "Trace"]
 
-SCHEMA = 1
+SCHEMA = 2
 
 # Per-update columns and their dtypes.
 COLUMNS: dict[str, type] = {
@@ -29,6 +32,7 @@ COLUMNS: dict[str, type] = {
     "thread": np.int32,
     "thread_seq": np.int64,     # the update's index among its thread's updates
     "sample": np.int64,
+    "step": np.int64,           # the completion t that applied this gradient (0: discarded)
     "read_start": np.int64, "read_end": np.int64,
     "grad_start": np.int64, "grad_end": np.int64,
     "write_start": np.int64, "write_end": np.int64,
@@ -38,6 +42,10 @@ COLUMNS: dict[str, type] = {
     "torn": np.bool_,           # the read mixes versions that never coexisted
     "lost_blocks": np.int32,    # this update's block stores overwritten by others (load_store)
     "overwrote": np.int32,      # other updates' block stores this update's stores overwrote
+    "delay": np.int32,          # injected staleness τ (its read saw w from τ completions back)
+    "error_norm": np.float64,   # ‖e‖ of the injected gradient error (0: none)
+    "dropped": np.bool_,        # injected: the write was lost (the completion changed nothing)
+    "lr_scale": np.float64,     # the update rule's factor on the learning rate
     "measured": np.bool_,       # exact metrics were computed for this completion
     "s_norm": np.float64, "g_norm": np.float64,
     "delta_norm": np.float64, "delta_dot": np.float64,  # ‖δ_t‖, ⟨δ_t, w_{t−1} − w*⟩
@@ -45,7 +53,8 @@ COLUMNS: dict[str, type] = {
 OPS: dict[str, type] = {"op_block": np.int32, "op_read_ns": np.int64, "op_write_ns": np.int64}
 OTHER: dict[str, type] = {"op_offsets": np.int64, "w0": np.float64, "w_final": np.float64,
                           "curve_t": np.int64, "curve_time": np.int64, "curve_loss": np.float64,
-                          "curve_dist2": np.float64}
+                          "curve_dist2": np.float64, "curve_n": np.int64}
+EXTRA = "extra_"  # protocol- and run-specific 1-d arrays (dead threads, residuals, ...)
 
 
 @dataclass
@@ -78,6 +87,10 @@ class Trace:
                                  f"{array.shape}; expected 1-d {np.dtype(dtype)}")
             if name in COLUMNS and array.shape != rows:
                 raise TraceError(f"trace: column {name} has {array.size} rows, uid has {rows[0]}")
+        for name, array in self.arrays.items():
+            if name not in expected and not (name.startswith(EXTRA) and array.ndim == 1
+                                             and array.dtype.kind in "biuf"):
+                raise TraceError(f"trace: unexpected array {name}")
         offsets = self.arrays["op_offsets"]
         ops = self.arrays["op_block"].size
         if (offsets.size != rows[0] + 1 or offsets[0] != 0 or offsets[-1] != ops

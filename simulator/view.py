@@ -45,8 +45,13 @@ def curve_checkpoints(updates: int, points: int) -> list[int]:
 class SerializedView:
     """Measures δ_t exactly at completions (every ``every``-th one when ``exact``).
 
-    Also records the loss curve: at each checkpoint, the time of completion t, f(w_t) and
-    a_t = ‖w_t − w*‖² (the quantity Theorem 1's recursion bounds).
+    An update may apply the mean gradient of several samples (a synchronous minibatch); then
+    g_t is the mean of their gradients at w_{t-1}. An update rule that scales the learning
+    rate by a factor (staleness-aware ASGD) is divided out: s_t = (w_{t-1} − w_t)/(lr·factor).
+
+    Also records the loss curve: at about ``curve_points`` evenly spaced counts of gradients
+    computed, the completion t, its time, f(w_t), a_t = ‖w_t − w*‖² (the quantity Theorem 1's
+    recursion bounds) and the gradient count.
     """
 
     def __init__(self, problem: Problem, lr: float, w0: np.ndarray, updates: int, exact: bool,
@@ -57,31 +62,46 @@ class SerializedView:
         self.prev = np.array(w0, dtype=np.float64)
         self._checkpoints = curve_checkpoints(updates, curve_points)
         self._next = 1
-        self.curve: list[tuple[int, int, float, float]] = [(0, 0, *self._position(w0))]
+        self.curve: list[tuple[int, int, float, float, int]] = [(0, 0, *self._position(w0), 0)]
 
-    def complete(self, t: int, w: np.ndarray, sample: int, time: int) -> Measurement:
-        """Record completion ``t`` (its sample, and ``w`` right after it) at ``time``."""
+    def complete(self, t: int, w: np.ndarray, samples: list[int], time: int,
+                 scale: float = 1.0, n: int | None = None) -> Measurement:
+        """Record completion ``t`` (its samples, and ``w`` right after it) at ``time``;
+        ``n`` gradients have been computed by then (default ``t``)."""
         result = UNMEASURED
         if self.exact:
             if t % self.every == 0:
-                result = self._measure(w, sample)
+                result = self._measure(w, samples, scale)
             if (t + 1) % self.every == 0:
                 np.copyto(self.prev, w)
-        if t == self._checkpoints[self._next]:
-            self.curve.append((t, time, *self._position(w)))
-            self._next = min(self._next + 1, len(self._checkpoints) - 1)
+        n = t if n is None else n
+        checkpoints = self._checkpoints
+        if self._next < len(checkpoints) and n >= checkpoints[self._next]:
+            self.curve.append((t, time, *self._position(w), n))
+            while self._next < len(checkpoints) and n >= checkpoints[self._next]:
+                self._next += 1
         return result
+
+    def finish(self, t: int, w: np.ndarray, time: int, n: int) -> None:
+        """End the curve with the final state when the last checkpoint was not reached (a run
+        that stalled, or ended with discarded gradients)."""
+        if self.curve[-1][4] < n or self.curve[-1][0] < t:
+            self.curve.append((t, time, *self._position(w), n))
 
     def _position(self, w: np.ndarray) -> tuple[float, float]:
         """(f(w), ‖w − w*‖²)."""
         gap = w - self.w_star
         return self.problem.full_loss(w), float(gap @ gap)
 
-    def _measure(self, w: np.ndarray, sample: int) -> Measurement:
+    def _measure(self, w: np.ndarray, samples: list[int], scale: float) -> Measurement:
         prev, w_star = self.prev, self.w_star
         s = np.subtract(prev, w)
-        s /= self.lr
-        g = self.problem.dense_grad(prev, sample)
+        s /= self.lr * scale
+        g = self.problem.dense_grad(prev, samples[0])
+        if len(samples) > 1:
+            for sample in samples[1:]:
+                g += self.problem.dense_grad(prev, sample)
+            g /= len(samples)
         delta = s - g
         # ‖x‖ as sqrt(x·x): what numpy's norm computes for a real vector, without its overhead.
         return Measurement(True, math.sqrt(s @ s), math.sqrt(g @ g), math.sqrt(delta @ delta),

@@ -44,9 +44,9 @@ def _run_with_snapshots(s):
     snapshots = [engine.mem.w.copy()]
     complete = engine.view.complete
 
-    def record(t, w, sample, time):
+    def record(t, w, samples, time, *rest):
         snapshots.append(w.copy())
-        return complete(t, w, sample, time)
+        return complete(t, w, samples, time, *rest)
 
     engine.view.complete = record
     return engine.run(), snapshots

@@ -1,15 +1,29 @@
 """Training protocols: each module states only how it differs from the shared update loop."""
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 from simulator.protocols.base import Protocol
+from simulator.protocols.dcasgd import DCASGD
 from simulator.protocols.locked import Locked
 from simulator.protocols.lockfree import LockFree
+from simulator.protocols.minibatch import MiniBatch
+from simulator.protocols.paramserver import ParamServer
+from simulator.protocols.roundrobin import RoundRobin
 from simulator.protocols.serial import Serial
+from simulator.protocols.staleness_lr import StalenessLR
 
-__all__ = ["PROTOCOLS", "LockFree", "Locked", "Protocol", "Serial", "make_protocol"]
+if TYPE_CHECKING:
+    from simulator.scenario import Scenario
 
-PROTOCOLS: dict[str, type[Protocol]] = {p.name: p for p in (Serial, Locked, LockFree)}
+__all__ = ["DCASGD", "PROTOCOLS", "LockFree", "Locked", "MiniBatch", "ParamServer", "Protocol",
+           "RoundRobin", "Serial", "StalenessLR", "make_protocol"]
+
+PROTOCOLS: dict[str, type[Protocol]] = {p.name: p for p in (
+    Serial, Locked, LockFree, RoundRobin, MiniBatch, ParamServer, StalenessLR, DCASGD)}
 
 
-def make_protocol(name: str) -> Protocol:
+def make_protocol(name: str, scenario: Scenario) -> Protocol:
     """A fresh protocol instance by name (names are validated by the scenario)."""
-    return PROTOCOLS[name]()
+    return PROTOCOLS[name](scenario)

@@ -4,13 +4,19 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar
 
+import numpy as np
 import simpy
 
 if TYPE_CHECKING:
     from simulator.engine import Engine, Update
-    from simulator.scenario import RunSpec
+    from simulator.scenario import RunSpec, Scenario
 
-__all__ = ["Protocol"]
+__all__ = ["GROUPED", "MEMBER", "SINGLE", "Protocol"]
+
+# What an update does once it has passed ``before_write`` (``Update.role``).
+SINGLE = 0   # writes its own step
+MEMBER = 1   # its gradient is part of a group another update (or a later one) writes
+GROUPED = 2  # writes the mean step of ``Update.group`` (itself last) and completes them all
 
 
 class Protocol:
@@ -18,17 +24,32 @@ class Protocol:
     what it needs through these plug-in points, whose defaults do nothing.
 
     * ``threads``: how many virtual threads run;
-    * ``setup``: create state (locks, barriers) on the engine's clock;
-    * ``acquire``: the event an update waits for before its read;
-    * ``release``: called when the update's write has completed.
+    * ``setup``: create state (locks, barriers, events) on the engine's clock;
+    * ``before_read`` / ``before_write``: an event the update waits for, or ``None``;
+    * ``after_read`` / ``after_write``: the update's read / write has ended;
+    * ``finish``: a thread's loop has ended (it will start no more updates);
+    * ``active``: whether a thread may start another update;
+    * ``step``: the update rule, from the step lr·g to the step the update applies.
 
-    ``acquire`` and ``release`` are called only when ``gated`` is true, and then at simpy's
-    own time (the engine first catches up with the thread's clock), since they touch state
-    other threads wait on.
+    The four ``before``/``after`` points are called only when ``gated`` is true, and then at
+    simpy's own time (the engine first catches up with the thread's clock), since they touch
+    state other threads wait on. ``step`` is called only when ``rule`` is true.
+
+    Flags: ``dense`` makes every update move every block with a dense gradient (needed to
+    average gradients of different samples); ``network`` makes pulls and pushes pay the
+    devices' link latency and bandwidth; ``atomic`` forces atomic block adds whatever
+    ``run.write_mode`` says (a server applies each push to a shard in one piece).
     """
 
     name: ClassVar[str] = ""
     gated: ClassVar[bool] = False
+    rule: ClassVar[bool] = False
+    network: ClassVar[bool] = False
+    atomic: ClassVar[bool] = False
+
+    def __init__(self, scenario: Scenario) -> None:
+        self.scenario = scenario
+        self.dense = False
 
     def threads(self, run: RunSpec) -> int:
         return run.threads
@@ -36,9 +57,29 @@ class Protocol:
     def setup(self, engine: Engine) -> None:
         """Create protocol state on the engine's clock."""
 
-    def acquire(self, engine: Engine, u: Update) -> simpy.Event:
-        """The event ``u`` waits for before reading."""
-        return engine.env.timeout(0)
+    def before_read(self, engine: Engine, u: Update) -> simpy.Event | None:
+        return None
 
-    def release(self, engine: Engine, u: Update) -> None:
-        """``u`` has completed its write."""
+    def after_read(self, engine: Engine, u: Update) -> None:
+        """``u``'s read has ended."""
+
+    def before_write(self, engine: Engine, u: Update) -> simpy.Event | None:
+        return None
+
+    def after_write(self, engine: Engine, u: Update) -> None:
+        """``u``'s write has completed (or ``u`` was discarded)."""
+
+    def finish(self, engine: Engine, thread: int) -> None:
+        """``thread`` starts no more updates."""
+
+    def active(self, engine: Engine, thread: int) -> bool:
+        return True
+
+    def step(self, engine: Engine, u: Update, step: np.ndarray,
+             local: np.ndarray) -> np.ndarray:
+        """The step ``u`` applies, given lr·g and its read copy ``local``."""
+        return step
+
+    def report(self) -> dict[str, np.ndarray]:
+        """Protocol-specific arrays for the trace (stored as ``extra_<name>``)."""
+        return {}

@@ -26,10 +26,10 @@ class Locked(Protocol):
         self.lock = simpy.Resource(engine.env, capacity=1)
         self.held: dict[int, simpy.resources.resource.Request] = {}
 
-    def acquire(self, engine: Engine, u: Update) -> simpy.Event:
+    def before_read(self, engine: Engine, u: Update) -> simpy.Event:
         request = self.lock.request()
         self.held[u.thread] = request
         return request
 
-    def release(self, engine: Engine, u: Update) -> None:
+    def after_write(self, engine: Engine, u: Update) -> None:
         self.lock.release(self.held.pop(u.thread))

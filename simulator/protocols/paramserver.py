@@ -1,0 +1,133 @@
+"""A Downpour-style parameter server (Dean et al. 2012), with the options of practice.
+
+The shared vector lives on a server, split into shards (the blocks). Each worker pulls the
+shards (reads), computes, and pushes its step (writes); the server applies each push to a
+shard atomically, so nothing is lost, but pulls can mix shard versions and pushes are stale.
+Every pull and push pays the worker's link: ``latency`` ns per message plus bytes/``bandwidth``
+per shard (``DeviceSpec``). Options (``[paramserver]``):
+
+* ``staleness_limit`` S: a push whose staleness exceeds S is discarded (row ``step`` 0);
+* ``accumulate`` n: n gradients at one pulled vector, pushed as their mean (lr/n per gradient);
+* ``warm_start`` W: thread 0 alone makes the first W updates, then the others join;
+* ``fraction`` p > 0: synchronous rounds with backup workers: a round ends when ceil(p·k)
+  pushes computed on its vector arrived, later ones are discarded (Chen et al. 2016; Project
+  Adam waited for 75%);
+* ``rebalance`` r: once every worker made ``rebalance_after`` updates, a worker whose mean
+  update time exceeds r times the median is retired and its share of the data goes to the
+  others (samples are drawn uniformly, so the others simply do its remaining updates).
+
+With one worker and no latency it is serial SGD, bit for bit.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+import simpy
+
+from simulator.protocols.base import GROUPED, MEMBER, Protocol
+from simulator.protocols.rounds import Rounds
+
+if TYPE_CHECKING:
+    from simulator.engine import Engine, Update
+    from simulator.scenario import Scenario
+
+__all__ = ["ParamServer"]
+
+
+class ParamServer(Protocol):
+    """Pull, compute, push; pushes applied atomically per shard."""
+
+    name = "paramserver"
+    gated = True
+    network = True
+    atomic = True
+
+    def __init__(self, scenario: Scenario) -> None:
+        super().__init__(scenario)
+        self.options = scenario.paramserver
+        self.dense = self.options.accumulate > 1 or self.options.fraction > 0
+
+    def setup(self, engine: Engine) -> None:
+        k = engine.threads
+        self.env = engine.env
+        self.rounds = Rounds(engine, self.options.fraction) if self.options.fraction else None
+        self.pending: list[list[Update]] = [[] for _ in range(k)]
+        self.warm = self.env.event()
+        if self.options.warm_start == 0:
+            self.warm.succeed()
+        self.busy = np.zeros(k, dtype=np.int64)   # summed update times (ns)
+        self.count = np.zeros(k, dtype=np.int64)
+        self.retired: list[int] = []
+        self.finished: set[int] = set()
+
+    def active(self, engine: Engine, thread: int) -> bool:
+        return thread not in self.retired
+
+    def before_read(self, engine: Engine, u: Update) -> simpy.Event | None:
+        if u.thread != 0 and not self.warm.triggered:
+            return self.warm
+        if self.pending[u.thread]:
+            u.read = False  # keep accumulating on the vector already pulled
+            return None
+        return self.rounds.before_read(u) if self.rounds else None
+
+    def after_read(self, engine: Engine, u: Update) -> None:
+        if self.rounds and u.read:
+            self.rounds.after_read(u)
+
+    def before_write(self, engine: Engine, u: Update) -> simpy.Event | None:
+        if self.rounds:
+            return self.rounds.before_write(u)
+        n = self.options.accumulate
+        if n > 1:
+            pending = self.pending[u.thread]
+            pending.append(u)
+            if len(pending) < n:
+                u.role = MEMBER
+                return None
+            u.role, u.group, self.pending[u.thread] = GROUPED, pending, []
+        limit = self.options.staleness_limit
+        if limit and engine.completed - u.start_completed + u.delay > limit:
+            u.discard = True
+        return None
+
+    def after_write(self, engine: Engine, u: Update) -> None:
+        if self.rounds:
+            self.rounds.after_write(u)
+        if not self.warm.triggered and engine.completed >= self.options.warm_start:
+            self.warm.succeed()
+        if not u.discard:
+            for member in u.group or [u]:
+                self.busy[member.thread] += member.write_end - member.read_start
+                self.count[member.thread] += 1
+            self._rebalance(engine)
+
+    def _rebalance(self, engine: Engine) -> None:
+        r = self.options.rebalance
+        working = [t for t in range(engine.threads)
+                   if t not in self.retired and t not in self.finished]
+        if not r or len(working) < 2 or any(self.count[t] < self.options.rebalance_after
+                                            for t in working):
+            return
+        means = self.busy[working] / self.count[working]
+        median = float(np.median(means))
+        for thread, mean in zip(working, means.tolist(), strict=True):
+            if mean > r * median and len(working) - len(self.retired) > 1:
+                self.retired.append(thread)
+
+    def finish(self, engine: Engine, thread: int) -> None:
+        self.finished.add(thread)
+        pending = self.pending[thread]
+        if pending:  # accumulated gradients the budget left unpushed: never applied
+            last = pending[-1]
+            last.group, self.pending[thread] = pending, []
+            engine._discard(last)
+        if thread == 0 and not self.warm.triggered:
+            self.warm.succeed()
+        if self.rounds:
+            self.rounds.finish()
+
+    def report(self) -> dict[str, np.ndarray]:
+        return {"retired_threads": np.asarray(self.retired, dtype=np.int64)}

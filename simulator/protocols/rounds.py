@@ -1,0 +1,88 @@
+"""Synchronous rounds: gradients computed on the same vector are averaged into one update.
+
+Shared by ``minibatch`` (every worker, every round) and ``paramserver`` with backup workers
+(a round ends when a fraction of the workers reported). Each read is tagged with the round
+whose vector it saw; a round closes when its quota of gradients has arrived: the last to
+arrive writes the mean step of all of them, the others wait until that write completed,
+and nobody reads while it is in progress, so every gradient of a round sees the same vector.
+A gradient that arrives after its round closed is discarded (its worker then reads again).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import simpy
+
+from simulator.protocols.base import GROUPED, MEMBER
+
+if TYPE_CHECKING:
+    from simulator.engine import Engine, Update
+
+__all__ = ["Rounds"]
+
+
+class Rounds:
+    """The barrier state of one run."""
+
+    def __init__(self, engine: Engine, fraction: float) -> None:
+        self.engine, self.env = engine, engine.env
+        self.fraction = fraction
+        self.live = engine.threads  # threads that may still start updates
+        self.round = 0
+        self.tags: dict[int, int] = {}  # uid → round whose vector it read
+        self.arrivals: list[Update] = []
+        self.waits: dict[int, simpy.Event] = {}
+        self.writing = False
+        self.opened = self.env.event()
+
+    def quota(self) -> int:
+        return max(1, min(math.ceil(self.fraction * self.engine.threads - 1e-9), self.live))
+
+    def before_read(self, u: Update) -> simpy.Event | None:
+        if self.writing:
+            return self.opened
+        return None
+
+    def after_read(self, u: Update) -> None:
+        self.tags[u.uid] = self.round
+
+    def before_write(self, u: Update) -> simpy.Event | None:
+        if self.tags.pop(u.uid) != self.round:
+            u.discard = True  # its round closed without it
+            return None
+        self.arrivals.append(u)
+        if len(self.arrivals) >= self.quota():
+            self._close(u)
+            return None
+        u.role = MEMBER
+        event = self.env.event()
+        self.waits[u.uid] = event
+        return event
+
+    def _close(self, writer: Update) -> None:
+        writer.role, writer.group = GROUPED, self.arrivals
+        self.arrivals = []
+        self.round += 1
+        self.writing = True
+
+    def after_write(self, u: Update) -> None:
+        if u.role != GROUPED:
+            return
+        for member in u.group:
+            event = self.waits.pop(member.uid, None)
+            if event is not None:
+                event.succeed()
+        self.writing = False
+        opened, self.opened = self.opened, self.env.event()
+        opened.succeed()
+
+    def finish(self) -> None:
+        """A thread stopped: a round waiting for it may now be complete."""
+        self.live -= 1
+        if self.arrivals and len(self.arrivals) >= self.quota():
+            writer = self.arrivals[-1]
+            event = self.waits.pop(writer.uid)
+            self._close(writer)
+            event.succeed()
