@@ -36,7 +36,14 @@ def _print_summary(summary: dict[str, Any], out: Path, seconds: float) -> None:
           f"(d={summary['problem']['dim']})")
     print(f"  gradient error rate {rate}, median relative error "
           f"{'n/a' if median is None else f'{median:.3g}'}")
-    print(f"  staleness mean {stale['mean']:.2f}, p95 {stale['p95']:.0f}, max {stale['max']}")
+    if summary.get("steps", summary["updates"]) != summary["updates"]:
+        print(f"  {summary['steps']} applied steps, {summary['discarded']} gradients discarded")
+    if summary.get("ended_early"):
+        print(f"  ended early: {summary['updates']} gradients; dead threads "
+              f"{summary.get('dead_threads', [])} (a protocol waiting on them stalls)")
+    if stale["mean"] is not None:
+        print(f"  staleness mean {stale['mean']:.2f}, p95 {stale['p95']:.0f}, "
+              f"max {stale['max']}")
     print(f"  lost blocks {over['lost_blocks']}, torn reads {over['torn_reads']}, "
           f"read-overwritten blocks {over['read_overwrite_blocks']}")
     clock = "wall-clock span" if summary["source"] == "real" else "simulated time"

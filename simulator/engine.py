@@ -183,6 +183,12 @@ class Engine:
             return None
         return env.timeout(end - env.now)
 
+    def _pause_point(self, thread: int) -> Generator[Any, Any, None]:
+        """Before a phase: sit out any pause the thread's clock falls into, on simpy's clock
+        (so the phase sees every completion that happened meanwhile)."""
+        self._skip_pauses(thread)
+        yield from self._catch_up(thread)
+
     def _skip_pauses(self, thread: int) -> None:
         """A paused thread starts its next action when the pause window ends."""
         moved = True
@@ -265,6 +271,8 @@ class Engine:
                 yield from self._catch_up(thread)
                 protocol.after_read(self, u)
             # GRADIENT: the real gradient at the local copy, holding the device.
+            if self._pauses[thread]:
+                yield from self._pause_point(thread)
             u.grad_start = clock[thread]
             wait = self._advance(thread, u.grad_ns, False)
             if wait is not None:
@@ -295,6 +303,9 @@ class Engine:
                 u.step = protocol.step(self, u, u.step, local)
             if u.role == GROUPED:
                 u.step = mean_step([m.step for m in u.group])
+            if self._pauses[thread]:
+                yield from self._pause_point(thread)
+                u.write_start = clock[thread]
             yield from self._write(u)
             u.write_end = clock[thread]
             if u.role == GROUPED:
@@ -311,6 +322,8 @@ class Engine:
     def _read(self, u: Update, local: np.ndarray) -> Generator[Any, Any, None]:
         """READ: each block is copied when its read ends (so a read can be torn)."""
         thread, mem, clock = u.thread, self.mem, self.clock
+        if self._pauses[thread]:
+            yield from self._pause_point(thread)
         u.read_start, u.start_completed = clock[thread], self.completed
         u.start_versions = [mem.count[op[0]] for op in u.ops]
         past = None

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from simulator.problems import Problem
-from simulator.trace import Trace
+from simulator.trace import EXTRA, Trace
 
 __all__ = ["ERROR_THRESHOLD", "curve_rows", "error_mask", "relative_error", "summarize"]
 
@@ -73,6 +73,14 @@ def summarize(trace: Trace, problem: Problem, scenario: Any) -> dict[str, Any]:
         "protocol": run.protocol,
         "threads": int(trace["thread"].max()) + 1 if len(trace) else 0,
         "updates": len(trace),
+        "steps": int(trace["step"].max()) if len(trace) else 0,
+        "ended_early": len(trace) < run.updates,
+        "discarded": int((trace["step"] == 0).sum()),
+        "injected": {"mean_delay": _number(trace["delay"].mean()) if len(trace) else None,
+                     "errors": int((trace["error_norm"] > 0).sum()),
+                     "dropped_writes": int(trace["dropped"].sum())},
+        **{name[len(EXTRA):]: trace[name].tolist() for name in sorted(trace.arrays)
+           if name.startswith(EXTRA)},
         "blocks": run.blocks,
         "write_mode": run.write_mode,
         "lr": run.lr,

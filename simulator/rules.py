@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["dc_compensate", "mean_step", "round_significand", "staleness_scale"]
+__all__ = ["dc_compensate", "dc_correction", "mean_step", "round_significand", "staleness_scale"]
 
 
 def staleness_scale(staleness: int) -> float:
@@ -19,14 +19,18 @@ def staleness_scale(staleness: int) -> float:
     return 1.0 / max(1, staleness)
 
 
+def dc_correction(g: np.ndarray, w_now: np.ndarray, w_read: np.ndarray,
+                  lam: float) -> np.ndarray:
+    """The delay-compensation term λ·g⊙g⊙(w_now − w_read) of Zheng et al. (2017): a
+    first-order Taylor correction of g from the vector it was computed on to the vector it
+    is applied to, with λ·g⊙g as a cheap diagonal stand-in for the Hessian."""
+    return lam * g * g * (w_now - w_read)
+
+
 def dc_compensate(g: np.ndarray, w_now: np.ndarray, w_read: np.ndarray,
                   lam: float) -> np.ndarray:
-    """Delay-compensated gradient (Zheng et al. 2017): g + λ·g⊙g⊙(w_now − w_read).
-
-    The term is a first-order Taylor correction of g from the vector it was computed on to the
-    vector it is applied to, with λ·g⊙g as a cheap diagonal stand-in for the Hessian.
-    """
-    return g + lam * g * g * (w_now - w_read)
+    """Delay-compensated gradient: g + λ·g⊙g⊙(w_now − w_read)."""
+    return g + dc_correction(g, w_now, w_read, lam)
 
 
 def mean_step(steps: Sequence[np.ndarray]) -> np.ndarray:

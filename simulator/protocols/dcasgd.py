@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from simulator.protocols.base import Protocol
-from simulator.rules import dc_compensate
+from simulator.rules import dc_correction
 
 if TYPE_CHECKING:
     from simulator.engine import Engine, Update
@@ -36,4 +36,5 @@ class DCASGD(Protocol):
              for op in u.ops])
         w_now = engine.mem.w if coords is None else engine.mem.w[coords]
         w_read = local if coords is None else local[coords]
-        return dc_compensate(step / lr, w_now, w_read, lam) * lr
+        # lr·(g + λ·g⊙g⊙Δ) with lr·g = step: nothing changes where w_now equals w_read.
+        return step + lr * dc_correction(step / lr, w_now, w_read, lam)
