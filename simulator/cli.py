@@ -91,6 +91,19 @@ def _replay(args: argparse.Namespace) -> int:
     return 0
 
 
+def _dask_client(address: str) -> Any:
+    """A Dask ``distributed`` client of the scheduler at ``address``."""
+    try:
+        from distributed import Client
+    except ImportError:
+        raise AsyngradError("--dask: needs the 'distributed' package "
+                            "(pip install 'asyngrad-lab[cluster]')") from None
+    try:
+        return Client(address, timeout=10)
+    except OSError as err:
+        raise AsyngradError(f"--dask = '{address}': no scheduler there ({err})") from None
+
+
 def _sweep(args: argparse.Namespace) -> int:
     from concurrent.futures import ProcessPoolExecutor
 
@@ -105,7 +118,10 @@ def _sweep(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     jobs = min(args.jobs or os.cpu_count() or 1, len(cells))
     with _progress(len(cells), args.quiet) as bar:
-        if jobs > 1:
+        if args.dask:
+            with _dask_client(args.dask) as client:
+                rows, ran = run_sweep(cells, axes, args.out, client.get_executor(), bar.update)
+        elif jobs > 1:
             with ProcessPoolExecutor(max_workers=jobs) as pool:
                 rows, ran = run_sweep(cells, axes, args.out, pool, bar.update)
         else:
@@ -279,6 +295,9 @@ def _parser() -> argparse.ArgumentParser:
                        help="also sweep run.seed over 0..N-1")
     sweep.add_argument("--jobs", type=int, default=0, metavar="N",
                        help="worker processes (default: one per core; 1: in this process)")
+    sweep.add_argument("--dask", metavar="ADDRESS",
+                       help="run the cells on the Dask scheduler at ADDRESS (e.g. "
+                            "tcp://host:8786); its workers must see --out")
 
     theorem = command("theorem", "learning rate (9) and update count (10) of AsynGrad's "
                       "Theorem 1", _theorem, out=None, scenario=False)

@@ -46,12 +46,15 @@ def _quantiles(values: np.ndarray) -> dict[str, float | None]:
             "p95": _number(np.quantile(values, 0.95)), "max": _number(values.max())}
 
 
-def curve_rows(trace: Trace, f_star: float) -> list[tuple[int, int, float, float, float]]:
-    """(update, time_ns, loss, suboptimality, ‖w − w*‖²) at each loss-curve checkpoint."""
-    return [(int(t), int(time), float(loss), float(loss) - f_star, float(dist2))
-            for t, time, loss, dist2 in zip(trace["curve_t"], trace["curve_time"],
-                                            trace["curve_loss"], trace["curve_dist2"],
-                                            strict=True)]
+def curve_rows(trace: Trace, f_star: float,
+               ) -> list[tuple[int, int, float, float, float, int]]:
+    """(update t, time_ns, loss, suboptimality, ‖w − w*‖², gradients computed) at each
+    loss-curve checkpoint (t counts applied updates; gradients include averaged and
+    discarded ones)."""
+    return [(int(t), int(time), float(loss), float(loss) - f_star, float(dist2), int(n))
+            for t, time, loss, dist2, n in zip(trace["curve_t"], trace["curve_time"],
+                                               trace["curve_loss"], trace["curve_dist2"],
+                                               trace["curve_n"], strict=True)]
 
 
 def summarize(trace: Trace, problem: Problem, scenario: Any) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from matplotlib.figure import Figure
 from simulator.metrics import ERROR_THRESHOLD, error_mask, relative_error
 from simulator.trace import Trace
 
-__all__ = ["error_histogram_figure", "loss_figure", "timeline_figure"]
+__all__ = ["error_histogram_figure", "loss_figure", "sweep_figure", "timeline_figure"]
 
 PHASES = (("read", "R", "#4C72B0"), ("grad", "G", "#DD8452"), ("write", "W", "#55A868"))
 
@@ -97,3 +97,72 @@ def error_histogram_figure(trace: Trace) -> Figure:
     ax.set_title(f"Gradient error: {errors.size} of {relative.size} measured updates "
                  f"(rate {rate:.3f}, threshold {ERROR_THRESHOLD:g})")
     return fig
+
+
+# One curve of a sweep cell: columns simulated time (ns), gradients computed, suboptimality.
+Curve = np.ndarray
+
+
+def _mean_curve(curves: Sequence[Curve], column: int) -> tuple[np.ndarray, np.ndarray]:
+    """Suboptimality averaged over seeds on the union of their x values (``column``), each
+    seed interpolated and held at its last value past its end."""
+    x = np.unique(np.concatenate([c[:, column] for c in curves]))
+    y = np.mean([np.interp(x, c[:, column], c[:, 2]) for c in curves], axis=0)
+    return x, y
+
+
+def sweep_figure(groups: dict[tuple[str, ...], list[Curve]], names: Sequence[str]) -> Figure:
+    """Suboptimality against simulated time (top) and against gradients computed (bottom),
+    one line per combination of the swept values ``names`` (mean over seeds): the
+    speed-versus-statistical-efficiency trade-off. Colours follow the first swept field;
+    with two or more, the last one splits the figure into columns."""
+    facet = len(names) >= 2
+    columns = sorted({key[-1] for key in groups}, key=_natural) if facet else [""]
+    colors = sorted({key[0] for key in groups}, key=_natural) if names else [""]
+    palette = ["#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860", "#DA8BC3",
+               "#8C8C8C", "#CCB974", "#64B5CD"]
+    styles = ["-", "--", ":", "-."]
+    middles: list[tuple[str, ...]] = (sorted({key[1:-1] for key in groups}) if len(names) > 2
+                                      else [()])
+    fig = Figure(figsize=(3.6 * len(columns) + 1.5, 6.4), layout="constrained")
+    axes = fig.subplots(2, len(columns), squeeze=False, sharey=True)
+    floor = np.finfo(np.float64).tiny
+    for key, curves in sorted(groups.items(), key=lambda item: [_natural(v) for v in item[0]]):
+        col = columns.index(key[-1]) if facet else 0
+        color = palette[colors.index(key[0]) % len(palette)] if names else palette[0]
+        style = styles[middles.index(key[1:-1]) % len(styles)] if len(names) > 2 else "-"
+        label = ", ".join(f"{n.split('.')[-1]}={v}"
+                          for n, v in zip(names[:-1] if facet else names, key, strict=False))
+        for row, (column, scale) in enumerate(((0, 1e-6), (1, 1.0))):
+            x, y = _mean_curve(curves, column)
+            axes[row][col].semilogy(x * scale, np.maximum(y, floor), style, color=color,
+                                    label=label or None)
+    for col, value in enumerate(columns):
+        title = f"{names[-1].split('.')[-1]} = {value}" if facet else ""
+        axes[0][col].set_title(title)
+        axes[0][col].set_xlabel("simulated time (ms)")
+        axes[1][col].set_xlabel("gradients computed")
+        for row in range(2):
+            axes[row][col].grid(True, which="both", alpha=0.3)
+    axes[0][0].set_ylabel("f(w) − f*")
+    axes[1][0].set_ylabel("f(w) − f*")
+    if names:
+        handles, labels = axes[0][0].get_legend_handles_labels()
+        seen = dict(zip(labels, handles, strict=True))
+        for ax in axes.ravel():
+            for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+                seen.setdefault(label, handle)
+        fig.legend(list(seen.values()), list(seen.keys()), loc="outside right upper",
+                   fontsize="small")
+    seeds = max(len(c) for c in groups.values())
+    fig.suptitle(f"Suboptimality against simulated time and against work (mean over {seeds} "
+                 f"seed{'s' if seeds > 1 else ''})")
+    return fig
+
+
+def _natural(value: str) -> tuple[int, float | str]:
+    """Sort numbers numerically, before text."""
+    try:
+        return (0, float(value))
+    except ValueError:
+        return (1, value)

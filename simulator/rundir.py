@@ -35,9 +35,9 @@ def _write_files(where: Path, scenario: Scenario, trace: Trace, summary: dict[st
     rows = curve_rows(trace, f_star)
     with open(where / "curve.csv", "w", newline="") as handle:
         writer = csv.writer(handle)
-        writer.writerow(["update", "time_ns", "loss", "suboptimality", "dist2"])
-        writer.writerows((t, time, repr(loss), repr(sub), repr(dist2))
-                         for t, time, loss, sub, dist2 in rows)
+        writer.writerow(["update", "time_ns", "loss", "suboptimality", "dist2", "gradients"])
+        writer.writerows((t, time, repr(loss), repr(sub), repr(dist2), n)
+                         for t, time, loss, sub, dist2, n in rows)
     if not plots:
         return
     devices = scenario.devices

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from simulator.errors import AsyngradError, ScenarioError
 from simulator.scenario import Scenario, load_scenario, scenario_to_toml
 
@@ -198,4 +200,28 @@ def run_sweep(cells: list[Cell], axes: Sequence[Axis], out: str | Path,
                 progress(1)
     rows = [_row(cell, axes, summaries[cell.index]) for cell in cells]
     _write_table(out, axes, rows)
+    _write_figure(out, cells, axes)
     return rows, len(pending)
+
+
+def _curve(where: Path) -> np.ndarray:
+    """A cell's (time_ns, gradients, suboptimality) rows from its curve.csv."""
+    with open(where / "curve.csv", newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    return np.array([[float(r["time_ns"]), float(r["gradients"]), float(r["suboptimality"])]
+                     for r in rows])
+
+
+def _write_figure(out: Path, cells: list[Cell], axes: Sequence[Axis]) -> None:
+    """``sweep.png``: suboptimality against simulated time and against gradients, one line
+    per combination of the swept values other than ``run.seed`` (mean over seeds)."""
+    from simulator.plots import sweep_figure
+
+    keep = [i for i, axis in enumerate(axes) if axis.key != "run.seed"]
+    groups: dict[tuple[str, ...], list[np.ndarray]] = {}
+    for cell in cells:
+        key = tuple(cell.values[i] for i in keep)
+        groups.setdefault(key, []).append(_curve(out / "cells" / cell.name))
+    staging = out / f".sweep.png.partial-{os.getpid()}.png"
+    sweep_figure(groups, [axes[i].key for i in keep]).savefig(staging, dpi=110)
+    staging.replace(out / "sweep.png")

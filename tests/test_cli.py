@@ -27,7 +27,7 @@ def test_default_simulation_writes_every_output(tmp_path):
     for png in ("timeline.png", "loss.png", "error_hist.png"):
         assert (tmp_path / "demo" / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     curve = (tmp_path / "demo" / "curve.csv").read_text().splitlines()
-    assert curve[0] == "update,time_ns,loss,suboptimality,dist2" and len(curve) == 102
+    assert curve[0] == "update,time_ns,loss,suboptimality,dist2,gradients" and len(curve) == 102
 
 
 def test_replay_command_reproduces_the_trace(tmp_path):

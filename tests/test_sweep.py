@@ -108,3 +108,54 @@ def test_sweep_out_that_is_a_file_is_refused(tmp_path):
     with pytest.raises(AsyngradError, match="cannot hold a sweep"):
         run_sweep(plan_sweep(None, BASE, AXES), AXES, out)
     assert out.read_text() == "precious"
+
+
+def test_dask_scheduler_gives_the_same_table_and_figure(tmp_path):
+    """`--dask ADDRESS` runs the cells on a real Dask scheduler (an in-process one here)."""
+    distributed = pytest.importorskip("distributed")
+    from simulator.cli import main
+
+    grid = ["--grid", "run.protocol=lockfree,minibatch", "--seeds", "2",
+            "--set", "run.updates=150", "--quiet"]
+    assert main(["sweep", "--out", str(tmp_path / "local"), "--jobs", "1", *grid]) == 0
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=2, processes=False,
+                                  dashboard_address=None) as cluster:
+        assert main(["sweep", "--out", str(tmp_path / "dask"), "--dask",
+                     cluster.scheduler_address, *grid]) == 0
+    local, dask = tmp_path / "local", tmp_path / "dask"
+    assert (local / "sweep.csv").read_bytes() == (dask / "sweep.csv").read_bytes()
+    assert (dask / "sweep.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_dask_bad_address_is_one_line(tmp_path, capsys):
+    pytest.importorskip("distributed")
+    from simulator.cli import main
+
+    code = main(["sweep", "--out", str(tmp_path / "s"), "--seeds", "1", "--quiet",
+                 "--dask", "tcp://127.0.0.1:9"])
+    assert code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--dask = 'tcp://127.0.0.1:9'" in err[0]
+
+
+def test_sweep_figure_has_a_line_per_protocol_and_thread_count(tmp_path):
+    cells = plan_sweep(None, ["run.updates=120", "metrics.curve_points=10"],
+                       [Axis("run.protocol", ("lockfree", "roundrobin")),
+                        Axis("run.threads", ("2", "4")), Axis("run.seed", ("0", "1"))])
+    run_sweep(cells, [Axis("run.protocol", ("lockfree", "roundrobin")),
+                      Axis("run.threads", ("2", "4")), Axis("run.seed", ("0", "1"))],
+              tmp_path)
+    from simulator.plots import sweep_figure
+    from simulator.sweep import _curve
+
+    groups: dict = {}
+    for cell in cells:
+        groups.setdefault(cell.values[:2], []).append(_curve(tmp_path / "cells" / cell.name))
+    fig = sweep_figure(groups, ["run.protocol", "run.threads"])
+    axes = fig.axes
+    assert len(axes) == 4  # (time, gradients) × (threads 2, threads 4)
+    assert all(len(ax.get_lines()) == 2 for ax in axes)  # one per protocol
+    # The gradients axis ends at the run's 120 gradients for every line.
+    bottom = [line for ax in axes[2:] for line in ax.get_lines()]
+    assert [line.get_xdata()[-1] for line in bottom] == [120] * 4
+    assert (tmp_path / "sweep.png").is_file()
