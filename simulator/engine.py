@@ -105,10 +105,11 @@ class Engine:
         self._dense_grad = self.problem.sparse and self.protocol.dense
         self.source = source if source is not None else SampledSource(
             scenario, self.threads, self.problem.n_samples, self._dense_fractions,
-            self.protocol.network, self.problem.dim)
+            self.protocol.network, self.problem.dim, self.protocol.grad_work)
         metrics = scenario.metrics
-        self.view = SerializedView(self.problem, self.lr, w0, run.updates, metrics.exact,
-                                   metrics.every, metrics.curve_points)
+        self.view = SerializedView(self.problem, self.lr, w0, run.updates,
+                                   metrics.exact and self.protocol.exact_view, metrics.every,
+                                   metrics.curve_points)
         self._cores, self._bus = self._resources()
         inject = scenario.inject
         self.injector = (Injector(inject, run.seed, self.threads, self.view.w_star)
@@ -278,16 +279,19 @@ class Engine:
             if wait is not None:
                 yield wait
                 clock[thread] = int(self.env.now)
-            if self._dense_grad:
-                g, support = self.problem.dense_grad(local, u.sample), None
+            if protocol.computes:
+                u.step = protocol.compute(self, u, local)
             else:
-                g, support = self.problem.grad(local, u.sample)
-            if injector is not None:
-                if injector.errors:
+                if self._dense_grad:
+                    g, support = self.problem.dense_grad(local, u.sample), None
+                else:
+                    g, support = self.problem.grad(local, u.sample)
+                if injector is not None and injector.errors:
                     g, u.error_norm = injector.error(thread, g, local, support)
+                g *= self.lr  # grad returns a new array
+                u.step = g
+            if injector is not None:
                 u.dropped = injector.dropped(thread)
-            g *= self.lr  # grad returns a new array
-            u.step = g
             u.grad_end = u.write_start = clock[thread]
             if gated:
                 yield from self._catch_up(thread)

@@ -57,6 +57,14 @@ def curve_rows(trace: Trace, f_star: float,
                                                trace["curve_n"], strict=True)]
 
 
+def _extra(values: np.ndarray, rows: int) -> Any:
+    """A protocol's extra array: per-update series as (first, final, min, max), else a list."""
+    if values.size == rows and rows > 16:
+        return {"first": _number(values[0]), "final": _number(values[-1]),
+                "min": _number(values.min()), "max": _number(values.max())}
+    return values.tolist()
+
+
 def summarize(trace: Trace, problem: Problem, scenario: Any) -> dict[str, Any]:
     """Everything ``summary.json`` holds: deterministic (no wall-clock time)."""
     run, metrics = scenario.run, scenario.metrics
@@ -82,7 +90,7 @@ def summarize(trace: Trace, problem: Problem, scenario: Any) -> dict[str, Any]:
         "injected": {"mean_delay": _number(trace["delay"].mean()) if len(trace) else None,
                      "errors": int((trace["error_norm"] > 0).sum()),
                      "dropped_writes": int(trace["dropped"].sum())},
-        **{name[len(EXTRA):]: trace[name].tolist() for name in sorted(trace.arrays)
+        **{name[len(EXTRA):]: _extra(trace[name], len(trace)) for name in sorted(trace.arrays)
            if name.startswith(EXTRA)},
         "blocks": run.blocks,
         "write_mode": run.write_mode,

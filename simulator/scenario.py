@@ -28,7 +28,7 @@ __all__ = ["ADMMSpec", "DCASGDSpec", "DeathSpec", "DeviceSpec", "InjectSpec", "M
            "with_overrides"]
 
 PROTOCOLS = ("serial", "locked", "lockfree", "roundrobin", "minibatch", "paramserver",
-             "staleness_lr", "dcasgd")
+             "staleness_lr", "dcasgd", "admm")
 WRITE_MODES = ("load_store", "atomic_add")
 # Real data that a package ships, and the problem each serves.
 REAL_DATA = {"breast_cancer": "logistic", "digits": "mlp"}

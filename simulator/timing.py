@@ -83,8 +83,10 @@ class SampledSource:
     """
 
     def __init__(self, scenario: Scenario, threads: int, n_samples: int,
-                 dense: Sequence[float], network: bool = False, dim: int = 0) -> None:
+                 dense: Sequence[float], network: bool = False, dim: int = 0,
+                 grad_work: int = 1) -> None:
         self.dense = dense
+        self.grad_work = grad_work
         self.dim = dim
         slow = [1.0] * threads
         for straggler in scenario.inject.stragglers:
@@ -130,7 +132,7 @@ class SampledSource:
         n = self._chunk
         link = self._link_ns(thread, self.dense)
         reads = (_ns(read.draw(n * blocks).reshape(n, blocks), scale) + link).tolist()
-        grads = _ns(grad.draw(n), 1.0 / self._speed[thread]).tolist()
+        grads = _ns(grad.draw(n), self.grad_work / self._speed[thread]).tolist()
         writes = (_ns(write.draw(n * blocks).reshape(n, blocks), scale) + link).tolist()
         self._chunks[thread] = list(zip(reads, grads, writes, strict=True))
         self._pos[thread] = 0
@@ -147,7 +149,7 @@ class SampledSource:
         link = self._link_ns(thread, fractions).tolist()
         return ([int(read.take() * f / speed + 0.5) + c for f, c in zip(fractions, link,
                                                                         strict=True)],
-                int(grad.take() / speed + 0.5),
+                int(grad.take() * self.grad_work / speed + 0.5),
                 [int(write.take() * f / speed + 0.5) + c for f, c in zip(fractions, link,
                                                                          strict=True)])
 

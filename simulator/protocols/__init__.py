@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from simulator.protocols.admm import ADMM
 from simulator.protocols.base import Protocol
 from simulator.protocols.dcasgd import DCASGD
 from simulator.protocols.locked import Locked
@@ -17,11 +18,12 @@ from simulator.protocols.staleness_lr import StalenessLR
 if TYPE_CHECKING:
     from simulator.scenario import Scenario
 
-__all__ = ["DCASGD", "PROTOCOLS", "LockFree", "Locked", "MiniBatch", "ParamServer", "Protocol",
-           "RoundRobin", "Serial", "StalenessLR", "make_protocol"]
+__all__ = ["ADMM", "DCASGD", "PROTOCOLS", "LockFree", "Locked", "MiniBatch", "ParamServer",
+           "Protocol", "RoundRobin", "Serial", "StalenessLR", "make_protocol"]
 
 PROTOCOLS: dict[str, type[Protocol]] = {p.name: p for p in (
-    Serial, Locked, LockFree, RoundRobin, MiniBatch, ParamServer, StalenessLR, DCASGD)}
+    Serial, Locked, LockFree, RoundRobin, MiniBatch, ParamServer, StalenessLR, DCASGD,
+    ADMM)}
 
 
 def make_protocol(name: str, scenario: Scenario) -> Protocol:

@@ -29,7 +29,8 @@ class Protocol:
     * ``after_read`` / ``after_write``: the update's read / write has ended;
     * ``finish``: a thread's loop has ended (it will start no more updates);
     * ``active``: whether a thread may start another update;
-    * ``step``: the update rule, from the step lr·g to the step the update applies.
+    * ``step``: the update rule, from the step lr·g to the step the update applies;
+    * ``compute``: replaces the gradient altogether (``computes``: ADMM's local solve).
 
     The four ``before``/``after`` points are called only when ``gated`` is true, and then at
     simpy's own time (the engine first catches up with the thread's clock), since they touch
@@ -38,7 +39,9 @@ class Protocol:
     Flags: ``dense`` makes every update move every block with a dense gradient (needed to
     average gradients of different samples); ``network`` makes pulls and pushes pay the
     devices' link latency and bandwidth; ``atomic`` forces atomic block adds whatever
-    ``run.write_mode`` says (a server applies each push to a shard in one piece).
+    ``run.write_mode`` says (a server applies each push to a shard in one piece);
+    ``exact_view`` false switches the serialized view's δ off (updates that are not SGD
+    steps); ``grad_work`` multiplies each sampled gradient duration.
     """
 
     name: ClassVar[str] = ""
@@ -46,10 +49,13 @@ class Protocol:
     rule: ClassVar[bool] = False
     network: ClassVar[bool] = False
     atomic: ClassVar[bool] = False
+    computes: ClassVar[bool] = False
+    exact_view: ClassVar[bool] = True
 
     def __init__(self, scenario: Scenario) -> None:
         self.scenario = scenario
         self.dense = False
+        self.grad_work = 1  # gradient durations per update (local solves take several)
 
     def threads(self, run: RunSpec) -> int:
         return run.threads
@@ -79,6 +85,10 @@ class Protocol:
              local: np.ndarray) -> np.ndarray:
         """The step ``u`` applies, given lr·g and its read copy ``local``."""
         return step
+
+    def compute(self, engine: Engine, u: Update, local: np.ndarray) -> np.ndarray:
+        """The step ``u`` applies, computed from its read copy (when ``computes``)."""
+        raise NotImplementedError
 
     def report(self) -> dict[str, np.ndarray]:
         """Protocol-specific arrays for the trace (stored as ``extra_<name>``)."""
