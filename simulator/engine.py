@@ -435,14 +435,15 @@ class Engine:
 
     def _complete_group(self, writer: Update) -> None:
         """One completion applying the mean step of the group's gradients; the exact metrics
-        sit on the writer's row (the last of the group), the others share its step."""
+        sit on the writer's row (the last of the group), the others share its step and get an
+        empty write at its end."""
         group = writer.group
         t = self._completed()
         m = self.view.complete(t, self.mem.w, [v.sample for v in group], writer.write_end,
                                writer.lr_scale, len(self._rows) + len(group))
         for member in group:
-            if member is not writer:
-                member.write_start, member.write_end = writer.write_start, writer.write_end
+            if member is not writer:  # applied, without writing itself, when the write ended
+                member.write_start = member.write_end = writer.write_end
                 self._row(member, t, UNMEASURED)
         self._row(writer, t, m)
 

@@ -23,6 +23,11 @@ from simulator.trace import Trace
 __all__ = ["FIXED_BY_TRACE", "load_trace", "replay", "replay_scenario", "replay_source"]
 
 FIXED_BY_TRACE = ("protocol", "threads", "blocks", "updates")
+# Other fields that shape the interleaving (or are already inside the recorded durations).
+FIXED_SECTIONS = {"paramserver": ("staleness_limit", "accumulate", "warm_start", "fraction",
+                                  "rebalance", "rebalance_after"),
+                  "admm": ("local_steps",),
+                  "inject": ("stragglers", "pauses", "deaths")}
 
 
 def load_trace(path: str | Path) -> Trace:
@@ -68,6 +73,12 @@ def replay_scenario(trace: Trace, overrides: list[str] | tuple[str, ...] = ()) -
     if scenario.devices != original.devices:
         raise ScenarioError("devices", scenario_to_dict(scenario)["devices"],
                             "are fixed by the trace")
+    for section, names in FIXED_SECTIONS.items():
+        for name in names:
+            now, then = (getattr(getattr(x, section), name) for x in (scenario, original))
+            if now != then:
+                shown = scenario_to_dict(scenario)[section][name]
+                raise ScenarioError(f"{section}.{name}", shown, "is fixed by the trace")
     return scenario
 
 
