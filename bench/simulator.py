@@ -6,6 +6,7 @@ curve is off (curve_points=0) so the table shows the engine and the exact metric
 
     python bench/simulator.py            # full table
     python bench/simulator.py --quick    # fewer updates, for a smoke run
+    python bench/simulator.py --protocols  # only the table of protocols (d = 100, k = 8)
 """
 
 from __future__ import annotations
@@ -61,13 +62,39 @@ def measure(dim: int, threads: int, blocks: int, exact: bool, updates: int,
     return statistics.median(base), statistics.median(sim)
 
 
+PROTOCOLS = ("lockfree", "locked", "roundrobin", "minibatch", "paramserver", "staleness_lr",
+             "dcasgd", "admm")
+
+
+def protocols(updates: int, repeats: int) -> None:
+    """Each protocol at d = 100, k = 8, B = 1, metrics off, against the bare loop."""
+    problem = make_problem(load_scenario(None, []).problem)
+    problem.optimum()
+    print("| protocol | bare SGD µs/gradient | simulator µs/gradient | ratio |")
+    print("|---|---:|---:|---:|")
+    for protocol in PROTOCOLS:
+        overrides = [f"run.protocol={protocol}", f"run.updates={updates}",
+                     "metrics.exact=false", "metrics.curve_points=0"]
+        samples = np.random.default_rng(0).integers(0, problem.n_samples, updates)
+        base, sim = [], []
+        for _ in range(repeats):
+            base.append(bare_sgd(problem, samples, 0.02))
+            sim.append(simulated(problem, overrides))
+        b, m = statistics.median(base), statistics.median(sim)
+        print(f"| {protocol} | {b * 1e6:.2f} | {m * 1e6:.2f} | {m / b:.2f} |", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer updates and repeats")
+    parser.add_argument("--protocols", action="store_true", help="only the protocol table")
     args = parser.parse_args()
     scale, repeats = (0.1, 1) if args.quick else (1.0, 3)
     print(f"# {time.strftime('%Y-%m-%d')}, {platform.processor() or platform.machine()}, "
           f"Python {platform.python_version()}, numpy {np.__version__}")
+    if args.protocols:
+        protocols(int(20_000 * scale), repeats)
+        return
     print("| d | k | B | exact metrics | bare SGD µs/update | simulator µs/update | ratio |")
     print("|---:|---:|---:|:---:|---:|---:|---:|")
     for dim, updates in ((100, 20_000), (10_000, 4_000)):
@@ -81,6 +108,8 @@ def main() -> None:
                     print(f"| {dim} | {threads} | {blocks} | {'on' if exact else 'off'} | "
                           f"{base * 1e6:.2f} | {sim * 1e6:.2f} | {sim / base:.2f} |",
                           flush=True)
+    print()
+    protocols(int(20_000 * scale), repeats)
 
 
 if __name__ == "__main__":

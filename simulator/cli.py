@@ -20,6 +20,7 @@ from simulator.errors import AsyngradError, ScenarioError
 __all__ = ["main"]
 
 CHECK_FILES = ("check.json", "check.png")
+TAUSWEEP_FILES = ("tausweep.json", "tausweep.png")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -219,6 +220,50 @@ def _check(args: argparse.Namespace) -> int:
     return 1 if result["verdict"].startswith("VIOLATED") else 0
 
 
+def _tausweep(args: argparse.Namespace) -> int:
+    import json
+
+    from simulator.rundir import check_out, publish
+    from simulator.scenario import load_scenario
+    from theory.injection import tau_sweep
+    from theory.plots import tausweep_figure
+
+    scenario = load_scenario(args.scenario, args.set)
+    bounds = _floats("--bounds", args.bounds) if args.bounds else None
+    out = Path(args.out or f"runs/tausweep-{scenario.name}")
+    check_out(out, TAUSWEEP_FILES)
+    total = args.pilot_seeds + args.seeds * (len(bounds) if bounds else args.points)
+    with _progress(total, args.quiet) as bar:
+        result = tau_sweep(scenario, args.eps, args.seeds, bounds, args.points, args.horizon,
+                           args.beta, args.pilot_seeds, args.max_updates, bar.update)
+
+    def write(where: Path) -> None:
+        (where / "tausweep.json").write_text(json.dumps(result, indent=2) + "\n")
+        tausweep_figure(result).savefig(where / "tausweep.png", dpi=110)
+
+    publish(out, TAUSWEEP_FILES, write)
+    if not args.quiet:
+        print(f"Error-injection sweep of {scenario.name} (ε = {args.eps:g})")
+        if "gamma" in result:
+            print(f"  c = {result['c']:.4g}, q = {result['q']:.4g}, κ² = {result['kappa2']:.4g},"
+                  f" scenario's own τ = {result['tau_scenario']:.4g}; γ (9) = "
+                  f"{result['gamma']:.4g}, {result['ran_updates']:,} updates per run")
+            print("  bound b | τ measured | final f − f* (mean) | reached ε")
+            for p in result["points"]:
+                print(f"  {p['bound']:.4g} | {p['tau']:.4g} | {p['final_mean']:.4g} | "
+                      f"{'yes' if p['reached_eps'] else 'no'}")
+        print(f"  {result['verdict']}")
+        print(f"  wrote {out}/tausweep.json and tausweep.png")
+    return 0
+
+
+def _floats(name: str, text: str) -> list[float]:
+    try:
+        return [float(v) for v in text.split(",")]
+    except ValueError:
+        raise ScenarioError(name, text, "must be numbers separated by commas") from None
+
+
 def _real(args: argparse.Namespace) -> int:
     try:
         import torch  # noqa: F401 - the real backend's one optional dependency
@@ -321,6 +366,23 @@ def _parser() -> argparse.ArgumentParser:
                        help="cap on the updates of each validation run (default 200000)")
     check.add_argument("--rounds", type=int, default=3,
                        help="re-estimation rounds of κ² and τ at γ (default 3)")
+
+    tsweep = command("tausweep", "inject adversarial gradient errors of growing size and find "
+                     "where convergence to ε stops, against Theorem 1's limit", _tausweep,
+                     out="directory for tausweep.json and tausweep.png "
+                     "(default runs/tausweep-NAME)", out_required=False)
+    tsweep.add_argument("--eps", type=float, required=True, help="target accuracy ε")
+    tsweep.add_argument("--seeds", type=int, default=5, help="runs per error size (default 5)")
+    tsweep.add_argument("--bounds", metavar="B1,B2,...",
+                        help="error norms to inject (default: --points norms around the limit)")
+    tsweep.add_argument("--points", type=int, default=9, help="default grid size (default 9)")
+    tsweep.add_argument("--horizon", type=float, default=2.0,
+                        help="run length as a multiple of t of (10) (default 2)")
+    tsweep.add_argument("--beta", type=float, default=1.0, help="β >= 1 (default 1)")
+    tsweep.add_argument("--pilot-seeds", type=int, default=3,
+                        help="pilot runs that estimate κ² and the scenario's τ (default 3)")
+    tsweep.add_argument("--max-updates", type=int, default=100_000,
+                        help="cap on the updates of each run (default 100000)")
 
     real = command("real", "train with real lock-free worker processes", _real)
     real.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")

@@ -1,0 +1,158 @@
+"""Where does convergence stop? Theorem 1's error limit against injected errors.
+
+Theorem 1 (AsynGrad) guarantees E[f(w_t) − f*] ≤ ε only while the gradient error satisfies
+2τq < cε, i.e. τ < cε/(2q), with τ bounding −E⟨δ_t, w_{t−1} − w*⟩ (condition (7)). This
+sweep injects the error that is worst for the theorem — an adversarial error of norm b along
+−(w − w*), so −⟨δ, w − w*⟩ = b·‖w − w*‖ (``simulator.inject``) — for increasing b, on top
+of whatever error the scenario itself makes, and asks at which τ the runs stop reaching ε.
+
+Procedure (``tau_sweep``):
+
+1. c, q and a_0 from the problem; κ² and the scenario's own τ_0 from pilot runs without
+   injection; γ by (9) and t by (10) from them. If f is not strongly convex, or the scenario
+   alone already breaks 2τq < cε, there is no γ to hold fixed and the sweep says so.
+2. For each bound b: ``seeds`` runs at lr = γ for ``horizon``·t updates with the adversarial
+   error of norm b. τ(b) is measured in those runs like every τ of this package (worst window,
+   one-sided 95% upper bound; ``theory.estimators.serialized_constants``); the runs reach ε
+   when the mean final suboptimality is at most ε.
+3. The empirical breaking τ is the measured τ of the smallest b whose runs miss ε (every
+   smaller b reached it); the report divides it by the theorem's limit cε/(2q): how
+   conservative the theorem is on this problem.
+
+All runs share γ and the run length, so what changes from point to point is the injected
+error alone.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from simulator.engine import Engine
+from simulator.errors import ScenarioError
+from simulator.problems import Problem, make_problem
+from simulator.scenario import Scenario, with_overrides
+from simulator.trace import Trace
+from theory.asyngrad import Constants, InfeasibleError, check_accuracy, learning_rate, tau_limit
+from theory.asyngrad import updates as updates_needed
+from theory.check import PILOT_SEED, _mean_and_bounds
+from theory.estimators import curvature, initial_distance, serialized_constants
+
+__all__ = ["default_bounds", "tau_sweep"]
+
+
+def default_bounds(limit: float, a0: float, points: int) -> list[float]:
+    """Error norms b from 1/10 to 1000 times b_lim = limit/√a_0, the norm at which the
+    adversary's τ at w_0 (b·√a_0) equals the theorem's limit, evenly spaced in log."""
+    b_lim = limit / math.sqrt(a0) if a0 > 0 else limit
+    return [float(b) for b in b_lim * np.geomspace(0.1, 1000.0, points)]
+
+
+def _runs(scenario: Scenario, problem: Problem, overrides: list[str], seeds: Sequence[int],
+          progress: Callable[[int], object] | None) -> list[Trace]:
+    traces = []
+    for seed in seeds:
+        traces.append(Engine(with_overrides(scenario, [*overrides, f"run.seed={seed}"]),
+                             problem).run())
+        if progress:
+            progress(1)
+    return traces
+
+
+def tau_sweep(scenario: Scenario, eps: float, seeds: int = 5,
+              bounds: Sequence[float] | None = None, points: int = 9, horizon: float = 2.0,
+              beta: float = 1.0, pilot_seeds: int = 3, max_updates: int = 100_000,
+              progress: Callable[[int], object] | None = None,
+              problem: Problem | None = None) -> dict[str, Any]:
+    """Everything ``tausweep.json`` holds (see the module docstring).
+
+    Raises:
+        ScenarioError: ε, β, seeds, points, horizon, max_updates or a bound out of range.
+    """
+    check_accuracy(eps, beta)
+    for name, value, low in (("--seeds", seeds, 2), ("--points", points, 2),
+                             ("--pilot-seeds", pilot_seeds, 1),
+                             ("--max-updates", max_updates, 1)):
+        if value < low:
+            raise ScenarioError(name, value, f"must be >= {low}")
+    if not (math.isfinite(horizon) and horizon > 0):
+        raise ScenarioError("--horizon", horizon, "must be a finite number > 0")
+    for b in bounds or ():
+        if not (math.isfinite(b) and b > 0):
+            raise ScenarioError("--bounds", b, "must all be finite numbers > 0")
+    problem = problem if problem is not None else make_problem(scenario.problem)
+    curv = curvature(problem)
+    result: dict[str, Any] = {"scenario": scenario.name, "eps": eps, "beta": beta,
+                              "seeds": seeds, "problem": problem.describe(), "c": curv.c,
+                              "q": curv.q, "points": []}
+    if not curv.convex or curv.c <= 0:
+        result["verdict"] = (f"no sweep: f is not strongly convex (condition (4) fails; "
+                             f"{curv.method}: smallest {curv.c:.4g})")
+        return result
+    a0 = initial_distance(problem, problem.initial())
+    w_star, f_star = problem.optimum()
+    result["a0"] = a0
+    pilot = _runs(scenario, problem, ["metrics.exact=true", "metrics.every=1"],
+                  range(PILOT_SEED, PILOT_SEED + pilot_seeds), progress)
+    kappa2, tau0 = serialized_constants(pilot)
+    k = Constants(c=curv.c, q=curv.q, kappa2=kappa2.upper, tau=tau0.upper, a0=a0)
+    limit = tau_limit(k, eps)
+    result.update(kappa2=k.kappa2, tau_scenario=k.tau, tau_limit=limit)
+    try:
+        gamma = learning_rate(k, eps, beta)
+    except InfeasibleError as err:
+        result["verdict"] = f"no sweep: the scenario alone leaves no learning rate ({err})"
+        return result
+    t = updates_needed(k, eps, beta)
+    ran = min(max(1, math.ceil(horizon * t)), max_updates)
+    result.update(gamma=gamma, updates=t, ran_updates=ran)
+    bounds = list(bounds) if bounds else default_bounds(limit, a0, points)
+    every = max(1, ran * seeds // 20_000)
+    for b in sorted(bounds):
+        runs = _runs(scenario, problem, [
+            f"run.lr={gamma!r}", f"run.updates={ran}", "metrics.exact=true",
+            f"metrics.every={every}", "metrics.curve_points=20", "inject.error=adversarial",
+            f"inject.error_bound={b!r}", "inject.error_relative=false"], range(seeds), progress)
+        _, tau = serialized_constants(runs)
+        final = np.array([r["curve_loss"][-1] - f_star for r in runs])
+        mean, _, upper = _mean_and_bounds(final[:, None])
+        distance = float(np.mean([np.linalg.norm(r["w_final"] - w_star) for r in runs]))
+        result["points"].append({
+            "bound": b, "tau": tau.upper, "tau_mean": tau.mean,
+            "final_mean": float(mean[0]), "final_upper": float(upper[0]),
+            "final_distance": distance, "reached_eps": bool(mean[0] <= eps)})
+    _conclude(result, eps)
+    return result
+
+
+def _conclude(result: dict[str, Any], eps: float) -> None:
+    points, limit = result["points"], result["tau_limit"]
+    first_miss = next((i for i, p in enumerate(points) if not p["reached_eps"]), None)
+    if first_miss is None:
+        last_ok = points[-1]
+    else:
+        last_ok = points[first_miss - 1] if first_miss > 0 else None
+    result["last_reached"] = last_ok
+    result["first_missed"] = points[first_miss] if first_miss is not None else None
+    if first_miss is None:
+        result["breaking_tau"] = None
+        result["verdict"] = (f"every injected error still reached ε = {eps:g}, up to τ = "
+                             f"{points[-1]['tau']:.4g} = {points[-1]['tau'] / limit:.3g}× the "
+                             f"theorem's limit {limit:.4g}: extend --bounds")
+        return
+    breaking = points[first_miss]["tau"]
+    result["breaking_tau"] = breaking
+    result["conservatism"] = breaking / limit
+    if first_miss == 0:
+        result["verdict"] = (f"even the smallest injected error (τ = {breaking:.4g}, "
+                             f"{breaking / limit:.3g}× the limit {limit:.4g}) missed ε: "
+                             "start --bounds lower")
+        return
+    assert last_ok is not None
+    result["verdict"] = (f"convergence to ε = {eps:g} stops between τ = {last_ok['tau']:.4g} "
+                         f"and {breaking:.4g}; the theorem's limit cε/(2q) is {limit:.4g}, "
+                         f"so it is conservative by {last_ok['tau'] / limit:.3g}–"
+                         f"{breaking / limit:.3g}×")
