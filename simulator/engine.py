@@ -27,7 +27,7 @@ from simulator.inject import Injector
 from simulator.memory import BlockCopy, Op, SharedMemory, block_ops
 from simulator.problems import Problem, make_problem
 from simulator.protocols import make_protocol
-from simulator.protocols.base import GROUPED, MEMBER, SINGLE
+from simulator.protocols.base import GROUPED, MEMBER, SINGLE, Protocol
 from simulator.rules import mean_step
 from simulator.scenario import Scenario, scenario_to_toml
 from simulator.timing import DurationSource, SampledSource
@@ -118,6 +118,7 @@ class Engine:
             self.mem.quantize = self.injector.quantize if self.injector else None
         # Snapshots w_{t} of the last completions, for injected delays.
         self._history: deque[np.ndarray] = deque([w0.copy()], maxlen=inject.max_delay + 1)
+        self._keep_history = inject.max_delay > 0
         self._pauses: list[list[tuple[int, int]]] = [[] for _ in range(self.threads)]
         for pause in inject.pauses:
             if pause.thread < self.threads:
@@ -252,18 +253,50 @@ class Engine:
             self.dead.append(thread)
 
     def _loop(self, thread: int) -> Generator[Any, Any, None]:
+        """The update loop of one thread (read and write inline: this is the hot path)."""
         local = self._local[thread]
-        protocol, clock, seq = self.protocol, self.clock, 0
-        gated, injector = protocol.gated, self.injector
+        mem, protocol, clock, seq = self.mem, self.protocol, self.clock, 0
+        gated, injector, paused = protocol.gated, self.injector, bool(self._pauses[thread])
+        delays = injector is not None and injector.max_delay > 0
+        retires = type(protocol).active is not Protocol.active
         while (self.started < self.updates and self.source.remaining(thread) != 0
-               and protocol.active(self, thread)):
+               and (not retires or protocol.active(self, thread))):
             u = self._begin(thread, seq)
             seq += 1
             if gated:
                 yield from self._catch_up(thread)
                 yield from self._gate(thread, protocol.before_read(self, u))
+            ops, n = u.ops, len(u.ops)
             if u.read:
-                yield from self._read(u, local)
+                # READ: each block is copied when its read ends (so a read can be torn).
+                if paused:
+                    yield from self._pause_point(thread)
+                u.read_start, u.start_completed = clock[thread], self.completed
+                u.start_versions = [mem.count[op[0]] for op in ops]
+                if delays:  # the gradient will see w as it was τ completions before
+                    assert injector is not None
+                    u.delay = min(injector.delay(thread), u.start_completed)
+                    past = self._history[-1 - u.delay]
+                copies: list[BlockCopy] = []
+                i = 0
+                while i < n:
+                    run = self._uninterrupted(thread, u.read_ns, i) if n > 1 else i
+                    if run > i:
+                        copies.extend(mem.copy_run(ops[i:run], local))
+                        i = run
+                        continue
+                    block, index, _, coords = ops[i]
+                    wait = self._advance(thread, u.read_ns[i], True)
+                    if wait is not None:
+                        yield wait
+                        clock[thread] = int(self.env.now)
+                    copies.append(mem.copy(block, index, coords, local))
+                    i += 1
+                u.read_end = clock[thread]
+                u.read_overwrites, u.torn = mem.read_report(copies, u.start_versions)
+                if delays:
+                    np.copyto(local, past)
+                self._pulled[thread] = (u.start_completed, u.delay)
             else:  # gradients accumulated on the vector this thread read last
                 u.read_start = u.read_end = clock[thread]
                 u.start_completed, u.delay = self._pulled[thread]
@@ -272,7 +305,7 @@ class Engine:
                 yield from self._catch_up(thread)
                 protocol.after_read(self, u)
             # GRADIENT: the real gradient at the local copy, holding the device.
-            if self._pauses[thread]:
+            if paused:
                 yield from self._pause_point(thread)
             u.grad_start = clock[thread]
             wait = self._advance(thread, u.grad_ns, False)
@@ -280,18 +313,18 @@ class Engine:
                 yield wait
                 clock[thread] = int(self.env.now)
             if protocol.computes:
-                u.step = protocol.compute(self, u, local)
+                step = protocol.compute(self, u, local)
             else:
                 if self._dense_grad:
-                    g, support = self.problem.dense_grad(local, u.sample), None
+                    step, support = self.problem.dense_grad(local, u.sample), None
                 else:
-                    g, support = self.problem.grad(local, u.sample)
+                    step, support = self.problem.grad(local, u.sample)
                 if injector is not None and injector.errors:
-                    g, u.error_norm = injector.error(thread, g, local, support)
-                g *= self.lr  # grad returns a new array
-                u.step = g
+                    step, u.error_norm = injector.error(thread, step, local, support)
+                step *= self.lr  # grad returns a new array
             if injector is not None:
                 u.dropped = injector.dropped(thread)
+            u.step = step
             u.grad_end = u.write_start = clock[thread]
             if gated:
                 yield from self._catch_up(thread)
@@ -304,13 +337,40 @@ class Engine:
                     protocol.after_write(self, u)
                     continue
             if protocol.rule:
-                u.step = protocol.step(self, u, u.step, local)
+                step = u.step = protocol.step(self, u, step, local)
             if u.role == GROUPED:
-                u.step = mean_step([m.step for m in u.group])
-            if self._pauses[thread]:
+                step = u.step = mean_step([m.step for m in u.group])
+            if paused:
                 yield from self._pause_point(thread)
                 u.write_start = clock[thread]
-            yield from self._write(u)
+            # WRITE: block by block, an atomic add or a load, wait, store.
+            if u.dropped:  # lost in transit: its time passes, nothing is stored
+                wait = self._advance(thread, sum(u.write_ns), True)
+                if wait is not None:
+                    yield wait
+                    clock[thread] = int(self.env.now)
+                n = 0
+            i = 0
+            while i < n:
+                run = self._uninterrupted(thread, u.write_ns, i) if n > 1 else i
+                if run > i:
+                    mem.write_run(ops[i:run], step, u.uid, self.atomic)
+                    i = run
+                    continue
+                block, index, vsel, coords = ops[i]
+                loaded_at, loaded = mem.count[block], None if self.atomic else mem.load(index)
+                wait = self._advance(thread, u.write_ns[i], True)
+                if wait is not None:
+                    yield wait
+                    clock[thread] = int(self.env.now)
+                i += 1
+                if loaded is None:
+                    mem.add(block, index, coords, -step[vsel], u.uid)
+                    continue
+                lost = mem.store(block, index, coords, loaded, step[vsel], u.uid, loaded_at)
+                for victim in lost:
+                    self.lost[victim] += 1
+                u.overwrote += len(lost)
             u.write_end = clock[thread]
             if u.role == GROUPED:
                 self._complete_group(u)
@@ -322,70 +382,6 @@ class Engine:
         if gated:
             yield from self._catch_up(thread)
             protocol.finish(self, thread)
-
-    def _read(self, u: Update, local: np.ndarray) -> Generator[Any, Any, None]:
-        """READ: each block is copied when its read ends (so a read can be torn)."""
-        thread, mem, clock = u.thread, self.mem, self.clock
-        if self._pauses[thread]:
-            yield from self._pause_point(thread)
-        u.read_start, u.start_completed = clock[thread], self.completed
-        u.start_versions = [mem.count[op[0]] for op in u.ops]
-        past = None
-        if self.injector is not None and self.injector.max_delay:
-            # An injected delay τ: the gradient sees w as it was τ completions before.
-            u.delay = min(self.injector.delay(thread), u.start_completed)
-            past = self._history[-1 - u.delay]
-        copies: list[BlockCopy] = []
-        ops, n, i = u.ops, len(u.ops), 0
-        while i < n:
-            run = self._uninterrupted(thread, u.read_ns, i) if n > 1 else i
-            if run > i:
-                copies.extend(mem.copy_run(ops[i:run], local))
-                i = run
-                continue
-            block, index, _, coords = ops[i]
-            wait = self._advance(thread, u.read_ns[i], True)
-            if wait is not None:
-                yield wait
-                clock[thread] = int(self.env.now)
-            copies.append(mem.copy(block, index, coords, local))
-            i += 1
-        u.read_end = clock[thread]
-        u.read_overwrites, u.torn = mem.read_report(copies, u.start_versions)
-        if past is not None:
-            np.copyto(local, past)
-        self._pulled[thread] = (u.start_completed, u.delay)
-
-    def _write(self, u: Update) -> Generator[Any, Any, None]:
-        """WRITE: block by block, an atomic add or a load, wait, store."""
-        thread, mem, clock, step = u.thread, self.mem, self.clock, u.step
-        ops, n, i = u.ops, len(u.ops), 0
-        if u.dropped:  # the write is lost in transit: its time passes, nothing is stored
-            wait = self._advance(thread, sum(u.write_ns), True)
-            if wait is not None:
-                yield wait
-                clock[thread] = int(self.env.now)
-            return
-        while i < n:
-            run = self._uninterrupted(thread, u.write_ns, i) if n > 1 else i
-            if run > i:
-                mem.write_run(ops[i:run], step, u.uid, self.atomic)
-                i = run
-                continue
-            block, index, vsel, coords = ops[i]
-            loaded_at, loaded = mem.count[block], None if self.atomic else mem.load(index)
-            wait = self._advance(thread, u.write_ns[i], True)
-            if wait is not None:
-                yield wait
-                clock[thread] = int(self.env.now)
-            i += 1
-            if loaded is None:
-                mem.add(block, index, coords, -step[vsel], u.uid)
-                continue
-            lost = mem.store(block, index, coords, loaded, step[vsel], u.uid, loaded_at)
-            for victim in lost:
-                self.lost[victim] += 1
-            u.overwrote += len(lost)
 
     def _begin(self, thread: int, seq: int) -> Update:
         sample = self.source.next_sample(thread)
@@ -421,7 +417,7 @@ class Engine:
     def _completed(self) -> int:
         """Count a completion: the shared vector has a new serialized state w_t."""
         self.completed += 1
-        if self._history.maxlen and self._history.maxlen > 1:
+        if self._keep_history:
             self._history.append(self.mem.w.copy())
         if self.completed % _TRIM_EVERY == 0:
             self._trim()

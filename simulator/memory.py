@@ -78,8 +78,7 @@ class SharedMemory:
         self.quantize: Callable[[np.ndarray], None] | None = None
 
     def _rounded(self, index: Index) -> None:
-        if self.quantize is None:
-            return
+        assert self.quantize is not None
         if isinstance(index, slice):
             self.quantize(self.w[index])
         else:
@@ -132,7 +131,8 @@ class SharedMemory:
             self.w[span] += -step[span]
         else:
             np.subtract(self.w[span], step[span], out=self.w[span])
-        self._rounded(span)
+        if self.quantize is not None:
+            self._rounded(span)
         for block, index, _, coords in ops:
             self._record(block, index, coords, uid)
 
@@ -175,7 +175,8 @@ class SharedMemory:
             np.subtract(loaded, step, out=self.w[index])
         else:
             self.w[index] = loaded - step
-        self._rounded(index)
+        if self.quantize is not None:
+            self._rounded(index)
         self._record(block, index, coords, uid)
         return lost
 
@@ -183,7 +184,8 @@ class SharedMemory:
             uid: int) -> None:
         """Atomically add ``delta``: no store is ever lost."""
         self.w[index] += delta
-        self._rounded(index)
+        if self.quantize is not None:
+            self._rounded(index)
         self._record(block, index, coords, uid)
 
     def _record(self, block: int, index: Index, coords: np.ndarray | None, uid: int) -> None:
