@@ -57,6 +57,14 @@ def curve_rows(trace: Trace, f_star: float,
                                                trace["curve_n"], strict=True)]
 
 
+def _write_mode(run: Any) -> str:
+    """The write mode in effect: protocols that apply pushes on a server add atomically."""
+    from simulator.protocols import PROTOCOLS
+
+    protocol = PROTOCOLS.get(run.protocol)
+    return "atomic_add" if protocol is not None and protocol.atomic else str(run.write_mode)
+
+
 def _extra(values: np.ndarray, rows: int) -> Any:
     """A protocol's extra array: per-update series as (first, final, min, max), else a list."""
     if values.size == rows and rows > 16:
@@ -93,7 +101,7 @@ def summarize(trace: Trace, problem: Problem, scenario: Any) -> dict[str, Any]:
         **{name[len(EXTRA):]: _extra(trace[name], len(trace)) for name in sorted(trace.arrays)
            if name.startswith(EXTRA)},
         "blocks": run.blocks,
-        "write_mode": run.write_mode,
+        "write_mode": _write_mode(run),
         "lr": run.lr,
         "problem": problem.describe(),
         "time": {"span_ns": span, "updates_per_second": len(trace) / (span * 1e-9)},

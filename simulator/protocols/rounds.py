@@ -1,11 +1,13 @@
 """Synchronous rounds: gradients computed on the same vector are averaged into one update.
 
 Shared by ``minibatch`` (every worker, every round) and ``paramserver`` with backup workers
-(a round ends when a fraction of the workers reported). Each read is tagged with the round
-whose vector it saw; a round closes when its quota of gradients has arrived: the last to
-arrive writes the mean step of all of them, the others wait until that write completed,
-and nobody reads while it is in progress, so every gradient of a round sees the same vector.
-A gradient that arrives after its round closed is discarded (its worker then reads again).
+(a round ends when a fraction of the workers reported). A round closes when its quota of
+gradients has arrived: the last to arrive writes the mean step of all of them, the others
+wait until that write completed, and a read that wants to start during the write waits for
+its end. Each read is tagged with the round it starts in, so a read already running when
+its round closed (and therefore overlapping the write) belongs to the old round, and a
+gradient that arrives after its round closed is discarded (its worker then reads again).
+Every applied gradient of a round was computed on the same vector.
 """
 
 from __future__ import annotations
@@ -41,12 +43,13 @@ class Rounds:
         return max(1, min(math.ceil(self.fraction * self.engine.threads - 1e-9), self.live))
 
     def before_read(self, u: Update) -> simpy.Event | None:
-        if self.writing:
-            return self.opened
-        return None
+        # The round whose vector this read starts on: the round number moves on when a round
+        # closes, before its write, so a read that waits for that write belongs to it too.
+        self.tags[u.uid] = self.round
+        return self.opened if self.writing else None
 
     def after_read(self, u: Update) -> None:
-        self.tags[u.uid] = self.round
+        """Nothing: reads are tagged when they start."""
 
     def before_write(self, u: Update) -> simpy.Event | None:
         if self.tags.pop(u.uid) != self.round:
