@@ -21,6 +21,7 @@ __all__ = ["main"]
 
 CHECK_FILES = ("check.json", "check.png")
 TAUSWEEP_FILES = ("tausweep.json", "tausweep.png")
+COMPARE_FILES = ("compare.json", "compare.png")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -257,6 +258,47 @@ def _tausweep(args: argparse.Namespace) -> int:
     return 0
 
 
+def _compare(args: argparse.Namespace) -> int:
+    import json
+
+    from simulator.compare import compare_figure, compare_runs
+    from simulator.rundir import check_out, publish
+
+    out = Path(args.out or "runs/compare")
+    check_out(out, COMPARE_FILES)
+    report = compare_runs(args.run_a, args.run_b)
+
+    def write(where: Path) -> None:
+        (where / "compare.json").write_text(json.dumps(report, indent=2) + "\n")
+        compare_figure(args.run_a, args.run_b).savefig(where / "compare.png", dpi=100)
+
+    publish(out, COMPARE_FILES, write)
+    if not args.quiet:
+        st, ge, lo = report["staleness"], report["gradient_error"], report["loss"]
+
+        def num(value: Any, spec: str = ".4g") -> str:
+            return "n/a" if value is None else format(value, spec)
+
+        print(f"A: {report['a']['label']}\nB: {report['b']['label']}")
+        print(f"  staleness mean {num(st['mean_a'])} vs {num(st['mean_b'])} (gap "
+              f"{num(st['relative_mean_gap'], '.1%')}), p95 {num(st['p95_a'])} vs "
+              f"{num(st['p95_b'])}, KS distance {num(st['ks_distance'], '.3f')}")
+        print(f"  gradient error rate {num(ge['a']['rate'], '.3f')} vs "
+              f"{num(ge['b']['rate'], '.3f')}, relative error p50 {num(ge['a']['p50'])} vs "
+              f"{num(ge['b']['p50'])}")
+        ow = report["overwrites"]
+        print(f"  lost blocks per update {ow['a']['lost_blocks_per_update']:.3g} vs "
+              f"{ow['b']['lost_blocks_per_update']:.3g}, torn reads "
+              f"{ow['a']['torn_read_fraction']:.3g} vs {ow['b']['torn_read_fraction']:.3g}")
+        print(f"  updates/s {report['throughput']['updates_per_second_a']:.4g} vs "
+              f"{report['throughput']['updates_per_second_b']:.4g}")
+        print(f"  final suboptimality {num(lo['final_a'])} vs {num(lo['final_b'])} (ratio "
+              f"{num(lo['final_ratio'], '.3g')}; largest ratio along the curves "
+              f"10^{num(lo['max_abs_log10_ratio'], '.2f')})")
+        print(f"  wrote {out}/compare.json and compare.png")
+    return 0
+
+
 def _floats(name: str, text: str) -> list[float]:
     try:
         return [float(v) for v in text.split(",")]
@@ -383,6 +425,12 @@ def _parser() -> argparse.ArgumentParser:
                         help="pilot runs that estimate κ² and the scenario's τ (default 3)")
     tsweep.add_argument("--max-updates", type=int, default=100_000,
                         help="cap on the updates of each run (default 100000)")
+
+    cmp = command("compare", "fidelity report of run B against run A (simulated or real)",
+                  _compare, scenario=False, out="directory for compare.json and compare.png "
+                  "(default runs/compare)", out_required=False)
+    cmp.add_argument("run_a", help="a run directory")
+    cmp.add_argument("run_b", help="another run directory of the same problem")
 
     real = command("real", "train with real lock-free worker processes", _real)
     real.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")

@@ -9,12 +9,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from simulator.metrics import ERROR_THRESHOLD, error_mask, relative_error
 from simulator.trace import Trace
 
-__all__ = ["error_histogram_figure", "loss_figure", "sweep_figure", "timeline_figure"]
+__all__ = ["draw_timeline", "error_histogram_figure", "loss_figure", "sweep_figure",
+           "timeline_figure"]
 
 PHASES = (("read", "R", "#4C72B0"), ("grad", "G", "#DD8452"), ("write", "W", "#55A868"))
 
@@ -28,6 +30,16 @@ def timeline_figure(trace: Trace, window: int | None = None,
     lanes (default: ``thread i``).
     """
     threads = int(trace["thread"].max()) + 1 if len(trace) else 1
+    fig = Figure(figsize=(11, 1.2 + 0.45 * threads), layout="constrained")
+    draw_timeline(fig.add_subplot(), trace, window, lanes)
+    fig.legend(loc="outside lower center", ncol=5, frameon=False)
+    return fig
+
+
+def draw_timeline(ax: Axes, trace: Trace, window: int | None = None,
+                  lanes: Sequence[str] | None = None) -> None:
+    """The timeline of :func:`timeline_figure` on ``ax``."""
+    threads = int(trace["thread"].max()) + 1 if len(trace) else 1
     # Start once every thread is running (real workers start at different times).
     begin = max((int(trace["read_start"][trace["thread"] == t].min())
                  for t in range(threads) if np.any(trace["thread"] == t)), default=0)
@@ -35,8 +47,6 @@ def timeline_figure(trace: Trace, window: int | None = None,
     shown = min(after.size, window or max(24, 6 * threads))
     end = int(trace["write_end"][after[shown - 1]]) if shown else 1
     rows = np.flatnonzero((trace["read_start"] <= end) & (trace["write_end"] >= begin))
-    fig = Figure(figsize=(11, 1.2 + 0.45 * threads), layout="constrained")
-    ax = fig.add_subplot()
     scale = 1e-3  # ns -> µs
     for phase, label, colour in PHASES:
         start, stop = trace[f"{phase}_start"][rows], trace[f"{phase}_end"][rows]
@@ -48,14 +58,12 @@ def timeline_figure(trace: Trace, window: int | None = None,
     torn = rows[trace["torn"][rows]]
     ax.plot(trace["read_end"][torn] * scale, trace["thread"][torn], "v", color="#8172B3",
             markersize=7, label="torn read")
-    ax.set_xlim(begin * scale, end * scale)
+    ax.set_xlim(begin * scale, max(end, begin + 1) * scale)
     ax.set_yticks(range(threads), lanes or [f"thread {t}" for t in range(threads)])
     ax.invert_yaxis()
     ax.set_xlabel("time (µs)")
     ax.set_title(f"Thread timeline: {shown} of {len(trace)} updates"
                  + (f", from {begin * scale:.0f} µs (all threads running)" if begin else ""))
-    fig.legend(loc="outside lower center", ncol=5, frameon=False)
-    return fig
 
 
 def loss_figure(updates: Sequence[float] | np.ndarray,

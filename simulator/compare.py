@@ -1,0 +1,192 @@
+"""Fidelity of one run against another: simulated vs real, predicted vs measured.
+
+Both runs are run directories (``asyngrad simulate``, ``replay``, ``real`` or a sweep cell)
+of the same problem. The report puts side by side what a researcher checks before trusting
+a simulation of hardware: the staleness distributions (means, p95 and the two-sample
+Kolmogorov–Smirnov distance), the gradient error rate and relative-error quantiles, the
+overwrite counts per update, the throughput, and the loss curves against gradients computed
+(the ratio of the final suboptimalities and the largest ratio along the common range).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import scipy.stats
+from matplotlib.figure import Figure
+
+from simulator.errors import AsyngradError, TraceError
+from simulator.metrics import error_mask, relative_error
+from simulator.plots import draw_timeline
+from simulator.trace import Trace
+
+__all__ = ["Run", "compare_figure", "compare_runs", "load_run"]
+
+
+class Run:
+    """A run directory's summary, trace and loss curve."""
+
+    def __init__(self, path: Path, summary: dict[str, Any], trace: Trace,
+                 curve: np.ndarray) -> None:
+        self.path, self.summary, self.trace, self.curve = path, summary, trace, curve
+
+    @property
+    def label(self) -> str:
+        s = self.summary
+        return f"{self.path.name} ({s['source']}, {s['protocol']}, k={s['threads']})"
+
+
+def load_run(path: str | Path) -> Run:
+    """Read a run directory.
+
+    Raises:
+        AsyngradError: not a run directory, or a file in it is unreadable.
+    """
+    path = Path(path)
+    if not path.is_dir():
+        raise AsyngradError(f"compare: {path}: no such run directory")
+    missing = [name for name in ("summary.json", "trace.npz", "curve.csv")
+               if not (path / name).is_file()]
+    if missing:
+        raise AsyngradError(f"compare: {path}: not a run directory (missing "
+                            f"{', '.join(missing)})")
+    try:
+        summary = json.loads((path / "summary.json").read_text())
+        with open(path / "curve.csv", newline="") as handle:
+            rows = list(csv.DictReader(handle))
+        curve = np.array([[float(r["gradients"]), float(r["suboptimality"]),
+                           float(r["time_ns"])] for r in rows])
+    except (OSError, ValueError, KeyError) as err:
+        raise AsyngradError(f"compare: {path}: unreadable run files ({err})") from None
+    try:
+        trace = Trace.load(path / "trace.npz")
+    except TraceError as err:
+        raise AsyngradError(f"compare: {err}") from None
+    return Run(path, summary, trace, curve)
+
+
+def _quantile(values: np.ndarray, q: float) -> float | None:
+    return float(np.quantile(values, q)) if values.size else None
+
+
+def _loss_agreement(a: np.ndarray, b: np.ndarray) -> dict[str, float | None]:
+    """Final suboptimality ratio b/a, and the largest |log10(b/a)| over the gradient counts
+    both curves cover (each interpolated on the union of their checkpoints)."""
+    final = (b[-1, 1] / a[-1, 1]) if a[-1, 1] > 0 and b[-1, 1] > 0 else None
+    end = min(a[-1, 0], b[-1, 0])
+    x = np.unique(np.concatenate([a[:, 0], b[:, 0]]))
+    x = x[x <= end]
+    ya, yb = np.interp(x, a[:, 0], a[:, 1]), np.interp(x, b[:, 0], b[:, 1])
+    positive = (ya > 0) & (yb > 0)
+    worst = float(np.abs(np.log10(yb[positive] / ya[positive])).max()) if positive.any() else None
+    return {"final_a": float(a[-1, 1]), "final_b": float(b[-1, 1]), "final_ratio": final,
+            "max_abs_log10_ratio": worst, "common_gradients": float(end)}
+
+
+def compare_runs(a: str | Path, b: str | Path) -> dict[str, Any]:
+    """The fidelity report of run ``b`` against run ``a`` (what ``compare.json`` holds).
+
+    Raises:
+        AsyngradError: a path is not a run directory, or the runs train different problems.
+    """
+    ra, rb = load_run(a), load_run(b)
+    pa, pb = ra.summary["problem"], rb.summary["problem"]
+    if pa != pb:
+        differ = sorted(k for k in set(pa) | set(pb) if pa.get(k) != pb.get(k))
+        raise AsyngradError(f"compare: {ra.path} and {rb.path} train different problems "
+                            f"({', '.join(f'{k}: {pa.get(k)} vs {pb.get(k)}' for k in differ)})")
+    ta, tb = ra.trace, rb.trace
+    sa, sb = ta["staleness"].astype(np.float64), tb["staleness"].astype(np.float64)
+    ks = float(scipy.stats.ks_2samp(sa, sb).statistic) if sa.size and sb.size else None
+    mean_a = float(sa.mean()) if sa.size else 0.0
+    mean_b = float(sb.mean()) if sb.size else 0.0
+
+    def errors(trace: Trace, summary: dict[str, Any]) -> dict[str, Any]:
+        relative = relative_error(trace)
+        return {"rate": float(error_mask(trace).mean()) if relative.size else None,
+                "measured": int(relative.size), "p50": _quantile(relative, 0.5),
+                "p95": _quantile(relative, 0.95)}
+
+    def overwrites(trace: Trace) -> dict[str, float]:
+        n = max(len(trace), 1)
+        return {"lost_blocks_per_update": float(trace["lost_blocks"].sum()) / n,
+                "torn_read_fraction": float(trace["torn"].sum()) / n,
+                "read_overwrite_blocks_per_update": float(trace["read_overwrites"].sum()) / n}
+
+    ea, eb = errors(ta, ra.summary), errors(tb, rb.summary)
+    rate_gap = (abs(eb["rate"] - ea["rate"]) if ea["rate"] is not None
+                and eb["rate"] is not None else None)
+    ups_a = ra.summary["time"]["updates_per_second"]
+    ups_b = rb.summary["time"]["updates_per_second"]
+    return {
+        "a": {"path": str(ra.path), "label": ra.label, "updates": len(ta)},
+        "b": {"path": str(rb.path), "label": rb.label, "updates": len(tb)},
+        "staleness": {"mean_a": mean_a, "mean_b": mean_b,
+                      "relative_mean_gap": (abs(mean_b - mean_a) / mean_a if mean_a > 0
+                                            else (0.0 if mean_b == 0 else math.inf)),
+                      "p95_a": _quantile(sa, 0.95), "p95_b": _quantile(sb, 0.95),
+                      "ks_distance": ks},
+        "gradient_error": {"a": ea, "b": eb, "rate_gap": rate_gap},
+        "overwrites": {"a": overwrites(ta), "b": overwrites(tb)},
+        "throughput": {"updates_per_second_a": ups_a, "updates_per_second_b": ups_b,
+                       "ratio": ups_b / ups_a if ups_a else None},
+        "loss": _loss_agreement(ra.curve, rb.curve),
+    }
+
+
+def compare_figure(a: str | Path, b: str | Path) -> Figure:
+    """Both runs overlaid: staleness histogram, relative-error histogram, loss curve against
+    gradients computed, and a timeline excerpt of each."""
+    ra, rb = load_run(a), load_run(b)
+    fig = Figure(figsize=(12, 10), layout="constrained")
+    grid = fig.add_gridspec(3, 2, height_ratios=[1, 1, 1.1])
+    colours = ("#4C72B0", "#DD8452")
+    ax = fig.add_subplot(grid[0, 0])
+    top = int(max(ra.trace["staleness"].max(initial=0), rb.trace["staleness"].max(initial=0)))
+    bins = np.arange(top + 2) - 0.5
+    for run, colour in zip((ra, rb), colours, strict=True):
+        ax.hist(run.trace["staleness"], bins=bins, density=True, alpha=0.5, color=colour,
+                label=run.label)
+    ax.set_xlabel("staleness (completions between read and write)")
+    ax.set_ylabel("fraction of updates")
+    ax.set_title("Staleness")
+    ax.legend(fontsize=7)
+    ax = fig.add_subplot(grid[0, 1])
+    errors = [relative_error(r.trace)[error_mask(r.trace)] for r in (ra, rb)]
+    present = [e for e in errors if e.size]
+    if present:
+        low = min(float(e.min()) for e in present)
+        high = max(float(e.max()) for e in present)
+        edges = np.logspace(np.log10(low), np.log10(high) + 1e-9, 40)
+        for run, values, colour in zip((ra, rb), errors, colours, strict=True):
+            if values.size:
+                ax.hist(values, bins=edges, alpha=0.5, color=colour, label=run.label,
+                        weights=np.full(values.size, 1 / values.size))
+        ax.set_xscale("log")
+        ax.set_ylabel("fraction of those updates")
+        ax.legend(fontsize=7)
+    else:
+        ax.text(0.5, 0.5, "no measured gradient errors", ha="center", va="center",
+                transform=ax.transAxes)
+    ax.set_xlabel("relative gradient error ‖δ‖/‖g‖")
+    ax.set_title("Gradient error (updates that carry one)")
+    ax = fig.add_subplot(grid[1, :])
+    floor = np.finfo(np.float64).tiny
+    for run, colour in zip((ra, rb), colours, strict=True):
+        ax.semilogy(run.curve[:, 0], np.maximum(run.curve[:, 1], floor), color=colour,
+                    label=run.label)
+    ax.set_xlabel("gradients computed")
+    ax.set_ylabel("f(w) − f*")
+    ax.set_title("Loss")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7)
+    for col, run in enumerate((ra, rb)):
+        ax = fig.add_subplot(grid[2, col])
+        draw_timeline(ax, run.trace, window=12)
+        ax.set_title(f"{run.path.name}: " + ax.get_title(), fontsize=9)
+    return fig
