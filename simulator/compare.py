@@ -148,7 +148,7 @@ def compare_figure(a: str | Path, b: str | Path) -> Figure:
     colours = ("#4C72B0", "#DD8452")
     ax = fig.add_subplot(grid[0, 0])
     top = int(max(ra.trace["staleness"].max(initial=0), rb.trace["staleness"].max(initial=0)))
-    bins = np.arange(top + 2) - 0.5
+    bins = (np.arange(top + 2) - 0.5).tolist()
     for run, colour in zip((ra, rb), colours, strict=True):
         ax.hist(run.trace["staleness"], bins=bins, density=True, alpha=0.5, color=colour,
                 label=run.label)
@@ -162,7 +162,7 @@ def compare_figure(a: str | Path, b: str | Path) -> Figure:
     if present:
         low = min(float(e.min()) for e in present)
         high = max(float(e.max()) for e in present)
-        edges = np.logspace(np.log10(low), np.log10(high) + 1e-9, 40)
+        edges = np.logspace(np.log10(low), np.log10(high) + 1e-9, 40).tolist()
         for run, values, colour in zip((ra, rb), errors, colours, strict=True):
             if values.size:
                 ax.hist(values, bins=edges, alpha=0.5, color=colour, label=run.label,
