@@ -299,6 +299,33 @@ def _compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _calibrate(args: argparse.Namespace) -> int:
+    from simulator.calibrate import MARKER, calibrate, calibrated_toml
+
+    out = Path(args.out)
+    if out.is_dir() or (out.exists() and not out.read_text().startswith(MARKER)):
+        raise AsyngradError(f"--out = '{out}': exists and is not a calibrated scenario; "
+                            "choose a new file name")
+    scenario, report = calibrate(args.run_dir)
+    text = calibrated_toml(scenario, report)
+    staging = out.parent / f".{out.name}.partial-{os.getpid()}"
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        staging.write_text(text)
+        staging.replace(out)
+    except OSError as err:
+        staging.unlink(missing_ok=True)
+        raise AsyngradError(f"--out = '{out}': cannot be written ({err.strerror or err})"
+                            ) from None
+    if not args.quiet:
+        for line in text.splitlines()[1:]:
+            if not line.startswith("#"):
+                break
+            print(line[2:])
+        print(f"wrote {out}; simulate it with: asyngrad simulate {out} --out DIR")
+    return 0
+
+
 def _floats(name: str, text: str) -> list[float]:
     try:
         return [float(v) for v in text.split(",")]
@@ -425,6 +452,11 @@ def _parser() -> argparse.ArgumentParser:
                         help="pilot runs that estimate κ² and the scenario's τ (default 3)")
     tsweep.add_argument("--max-updates", type=int, default=100_000,
                         help="cap on the updates of each run (default 100000)")
+
+    cal = command("calibrate", "fit the simulator's timing model to a recorded (real) run",
+                  _calibrate, scenario=False, out="scenario file to write (TOML)")
+    cal.add_argument("run_dir", metavar="RUN",
+                     help="a run directory (from asyngrad real, simulate or replay)")
 
     cmp = command("compare", "fidelity report of run B against run A (simulated or real)",
                   _compare, scenario=False, out="directory for compare.json and compare.png "

@@ -102,7 +102,8 @@ def compare_runs(a: str | Path, b: str | Path) -> dict[str, Any]:
                             f"({', '.join(f'{k}: {pa.get(k)} vs {pb.get(k)}' for k in differ)})")
     ta, tb = ra.trace, rb.trace
     sa, sb = ta["staleness"].astype(np.float64), tb["staleness"].astype(np.float64)
-    ks = float(scipy.stats.ks_2samp(sa, sb).statistic) if sa.size and sb.size else None
+    ks = (float(scipy.stats.ks_2samp(sa, sb, method="asymp").statistic) if sa.size and sb.size
+          else None)
     mean_a = float(sa.mean()) if sa.size else 0.0
     mean_b = float(sb.mean()) if sb.size else 0.0
 

@@ -1,0 +1,217 @@
+"""Calibration: fit the simulator's timing model to a recorded run.
+
+From a run directory (real or simulated) this module fits, per worker and per operation, the
+distribution of durations the simulator draws from, and writes a normal scenario whose
+devices carry the fitted timings (one device per worker, so worker r is simulated by thread
+r with worker r's own timing).
+
+What is fitted:
+
+* a read or write block duration is a draw of the whole-vector duration times the fraction of
+  coordinates the block moves (DESIGN §3), so each recorded block duration divided by its
+  fraction is one sample of the whole-vector read or write duration; gradient durations are
+  the recorded ``grad_ns`` (the gradient's own time, without waiting for a core);
+* families by maximum likelihood: lognormal (closed form) and gamma (scipy, location 0); the
+  larger log-likelihood wins unless neither passes a Kolmogorov–Smirnov test at the 1% level
+  on at least 50 samples, in which case the empirical distribution (up to 512 quantiles) is
+  used. Every candidate's log-likelihood and KS statistic is reported;
+* contention, reported: the slope of read and write durations against the number of other
+  workers reading or writing at the same time (least squares), and the gradient's slope
+  against the number of other workers computing. The calibrated scenario keeps one core per
+  worker and no bus: the fitted distributions already contain the contention of the recorded
+  run at its worker count.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import scipy.stats
+
+from simulator.distributions import Duration
+from simulator.errors import AsyngradError, TraceError
+from simulator.memory import block_bounds
+from simulator.problems import make_problem
+from simulator.scenario import DeviceSpec, Scenario, TimingSpec, scenario_from_dict
+from simulator.trace import Trace
+
+__all__ = ["Fit", "calibrate", "fit_durations", "operation_samples"]
+
+_KS_LEVEL = 0.01
+_MIN_FOR_TEST = 50
+_QUANTILES = 512
+
+
+@dataclass(frozen=True)
+class Fit:
+    """The chosen distribution of one operation and how every candidate fitted."""
+
+    duration: Duration
+    n: int
+    candidates: dict[str, dict[str, float]]
+
+    def describe(self) -> str:
+        d = self.duration
+        shape = (f"mean {d.mean:.4g} ns, cv {d.cv:.3g}" if d.dist != "empirical"
+                 else f"{len(d.values)} quantiles, mean {d.mean:.4g} ns")
+        scores = ", ".join(f"{name} loglik {c['loglik']:.6g} KS {c['ks']:.3f}"
+                           for name, c in self.candidates.items())
+        return f"{d.dist} ({shape}; n = {self.n}; {scores})"
+
+
+def fit_durations(values: np.ndarray) -> Fit:
+    """Fit lognormal and gamma by maximum likelihood and choose (see the module docstring).
+
+    Raises:
+        AsyngradError: fewer than two positive durations.
+    """
+    x = np.asarray(values, dtype=np.float64)
+    x = x[x > 0]
+    if x.size < 2 or np.all(x == x[0]):
+        if x.size >= 1:  # a constant duration: nothing to fit
+            return Fit(Duration("constant", float(x[0])), int(x.size), {})
+        raise AsyngradError("calibrate: fewer than two positive durations to fit")
+    logs = np.log(x)
+    mu, sigma = float(logs.mean()), float(logs.std())
+    lognormal = scipy.stats.lognorm(s=sigma, scale=math.exp(mu))
+    shape, _, scale = scipy.stats.gamma.fit(x, floc=0)
+    gamma = scipy.stats.gamma(shape, scale=scale)
+    candidates: dict[str, dict[str, float]] = {}
+    for name, dist in (("lognormal", lognormal), ("gamma", gamma)):
+        test = scipy.stats.kstest(x, dist.cdf)
+        candidates[name] = {"loglik": float(dist.logpdf(x).sum()), "ks": float(test.statistic),
+                            "p": float(test.pvalue)}
+    best = max(candidates, key=lambda name: candidates[name]["loglik"])
+    if x.size >= _MIN_FOR_TEST and all(c["p"] < _KS_LEVEL for c in candidates.values()):
+        points = min(_QUANTILES, x.size)
+        quantiles = np.quantile(x, (np.arange(points) + 0.5) / points)
+        return Fit(Duration("empirical", values=tuple(float(q) for q in quantiles)),
+                   int(x.size), candidates)
+    if best == "lognormal":
+        duration = Duration("lognormal", math.exp(mu + sigma**2 / 2),
+                            math.sqrt(math.expm1(sigma**2)))
+    else:
+        duration = Duration("gamma", shape * scale, 1 / math.sqrt(shape))
+    return Fit(duration, int(x.size), candidates)
+
+
+def operation_samples(trace: Trace, scenario: Scenario) -> dict[int, dict[str, np.ndarray]]:
+    """Per worker: whole-vector read and write durations (block durations over the fraction
+    of coordinates moved) and gradient durations."""
+    problem = make_problem(scenario.problem)
+    dim = problem.dim
+    bounds = block_bounds(dim, scenario.run.blocks)
+    sizes = np.diff(bounds)
+    offsets = trace["op_offsets"]
+    blocks = trace["op_block"]
+    fraction = sizes[blocks] / dim
+    if problem.sparse:  # the coordinates of the sample's support in each block it moved
+        for row in range(len(trace)):
+            support = problem.support(int(trace["sample"][row]))
+            if support is None:
+                continue
+            counts = np.bincount(np.searchsorted(bounds, support, side="right") - 1,
+                                 minlength=len(sizes))
+            ops = slice(int(offsets[row]), int(offsets[row + 1]))
+            fraction[ops] = counts[blocks[ops]] / dim
+    owner = np.repeat(trace["thread"], np.diff(offsets))
+    read = trace["op_read_ns"] / np.maximum(fraction, 1e-300)
+    write = trace["op_write_ns"] / np.maximum(fraction, 1e-300)
+    moved = fraction > 0
+    out: dict[int, dict[str, np.ndarray]] = {}
+    for worker in np.unique(trace["thread"]).tolist():
+        mine = (owner == worker) & moved
+        out[int(worker)] = {"read": read[mine], "write": write[mine],
+                            "grad": trace["grad_ns"][trace["thread"] == worker].astype(float)}
+    return out
+
+
+def _overlaps(starts: np.ndarray, ends: np.ndarray, owners: np.ndarray) -> np.ndarray:
+    """For each interval, how many intervals of other owners overlap its midpoint."""
+    mid = (starts + ends) / 2
+    order = np.argsort(starts, kind="stable")
+    count = np.zeros(starts.size)
+    for i in range(starts.size):
+        j = order[: np.searchsorted(starts[order], mid[i], side="right")]
+        count[i] = np.sum((ends[j] > mid[i]) & (owners[j] != owners[i]))
+    return count
+
+
+def _slope(load: np.ndarray, durations: np.ndarray) -> dict[str, float] | None:
+    """Least-squares duration = base + slope·load, or None when load never varies."""
+    if load.size < 3 or np.ptp(load) == 0:
+        return None
+    slope, base = np.polyfit(load, durations, 1)
+    return {"base_ns": float(base), "ns_per_concurrent": float(slope),
+            "mean_concurrent": float(load.mean())}
+
+
+def contention(trace: Trace) -> dict[str, Any]:
+    """How phase durations grow with the number of other workers in the same phase."""
+    limit = min(len(trace), 4000)  # the O(n²) scan stays cheap
+    rows = np.arange(limit)
+    result: dict[str, Any] = {}
+    for phase in ("read", "grad", "write"):
+        start = trace[f"{phase}_start"][rows].astype(np.float64)
+        end = trace[f"{phase}_end"][rows].astype(np.float64)
+        load = _overlaps(start, end, trace["thread"][rows])
+        result[phase] = _slope(load, end - start)
+    return result
+
+
+def calibrate(run_dir: str | Path) -> tuple[Scenario, dict[str, Any]]:
+    """The calibrated scenario of a run directory and the fit report.
+
+    Raises:
+        AsyngradError: not a run directory, an unreadable trace or scenario, or too few
+            durations to fit.
+    """
+    import tomllib
+
+    path = Path(run_dir)
+    if not (path / "trace.npz").is_file():
+        raise AsyngradError(f"calibrate: {path}: not a run directory (no trace.npz)")
+    try:
+        trace = Trace.load(path / "trace.npz")
+    except TraceError as err:
+        raise AsyngradError(f"calibrate: {err}") from None
+    if len(trace) < 2:
+        raise AsyngradError(f"calibrate: {path}: the trace has {len(trace)} updates")
+    scenario = scenario_from_dict(tomllib.loads(trace.scenario_toml))
+    samples = operation_samples(trace, scenario)
+    devices, report = [], {}
+    for worker, ops in samples.items():
+        fits = {op: fit_durations(values) for op, values in ops.items()}
+        report[f"worker {worker}"] = {op: fit.describe() for op, fit in fits.items()}
+        devices.append(DeviceSpec(name=f"worker{worker}", timing=TimingSpec(
+            read=fits["read"].duration, grad=fits["grad"].duration,
+            write=fits["write"].duration)))
+    # The recorded durations already contain stragglers and network links: drop them.
+    calibrated = replace(scenario, name=f"{scenario.name}-calibrated", devices=tuple(devices),
+                         inject=replace(scenario.inject, stragglers=()))
+    return calibrated, {"source": trace.source, "run": str(path), "fits": report,
+                        "contention": contention(trace)}
+
+
+MARKER = "# asyngrad-lab calibrated scenario"
+
+
+def calibrated_toml(scenario: Scenario, report: dict[str, Any]) -> str:
+    """The calibrated scenario as TOML, the fit report in comments above it."""
+    from simulator.scenario import scenario_to_toml
+
+    lines = [MARKER, f"# fitted from {report['run']} ({report['source']} run)"]
+    for worker, fits in report["fits"].items():
+        for op, text in fits.items():
+            lines.append(f"#   {worker} {op}: {text}")
+    for phase, fit in report["contention"].items():
+        lines.append(f"#   contention, {phase}: " + (
+            "no variation in concurrency" if fit is None else
+            f"{fit['ns_per_concurrent']:.4g} ns per other worker in the same phase "
+            f"(base {fit['base_ns']:.4g} ns, mean {fit['mean_concurrent']:.3g} others)"))
+    body = scenario_to_toml(scenario).split("\n", 1)[1]  # its own header line replaced
+    return "\n".join(lines) + "\n" + body
