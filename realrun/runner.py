@@ -73,7 +73,8 @@ def _allocate(dim: int, blocks: int, workers: int, quota: int, dtype: str,
         store_end=shared(workers, quota, blocks, fill=-1), samples=shared(workers, quota),
         progress=shared(workers), status=shared(workers),
         message=shared(workers, MESSAGE_BYTES, kind=torch.uint8),
-        steps=shared(workers, quota, dim, kind=torch.float64) if measure else None)
+        steps=shared(workers, quota, dim, kind=torch.float64) if measure else None,
+        ready=shared(workers))
 
 
 def _failure(buffers: Buffers, processes: list[Any]) -> dict[str, Any] | None:
@@ -150,9 +151,10 @@ def run_real(scenario: Scenario, workers: int, mode: str, dtype: str = "float32"
     block_locks = ([context.Lock() for _ in range(scenario.run.blocks)] if mode == "blocklock"
                    else None)
     toml = scenario_to_toml(scenario)
+    go = context.Event()
     processes = [context.Process(target=worker_main, daemon=True,
                                  args=(WorkerSpec(rank, workers, quotas[rank], toml), buffers,
-                                       lock, block_locks)) for rank in range(workers)]
+                                       lock, block_locks, go)) for rank in range(workers)]
     started = time.monotonic()
     snapshots = [(0, time.monotonic_ns(), buffers.w.numpy().astype(np.float64))]
     failure = None
@@ -161,8 +163,13 @@ def run_real(scenario: Scenario, workers: int, mode: str, dtype: str = "float32"
             process.start()
         if on_start:
             on_start([p.pid for p in processes if p.pid is not None])
-        failure = _watch(buffers, processes, scenario.run.updates, timeout, started, progress,
-                         snapshots)
+        failure = _start_together(buffers, processes, timeout, started)
+        if failure is None:
+            started = time.monotonic()  # the run's time counts from the common start
+            snapshots = [(0, time.monotonic_ns(), buffers.w.numpy().astype(np.float64))]
+            go.set()
+            failure = _watch(buffers, processes, scenario.run.updates, timeout, started,
+                             progress, snapshots)
     except KeyboardInterrupt:
         failure = {"worker": None, "reason": "interrupted (Ctrl-C)"}
     finally:
@@ -172,6 +179,19 @@ def run_real(scenario: Scenario, workers: int, mode: str, dtype: str = "float32"
                          measure_every)
     return RealRun(scenario, problem, trace, workers, mode, dtype, seconds, failure, lost,
                    measure_every)
+
+
+def _start_together(buffers: Buffers, processes: list[Any], timeout: float | None,
+                    started: float) -> dict[str, Any] | None:
+    """Wait until every worker is set up (or one failed, or the timeout passed)."""
+    while not all(int(r) == 1 for r in buffers.ready):
+        failure = _failure(buffers, processes)
+        if failure is not None:
+            return failure
+        if timeout is not None and time.monotonic() - started > timeout:
+            return {"worker": None, "reason": f"timeout after {timeout:g} s (starting)"}
+        time.sleep(_POLL_S)
+    return None
 
 
 def _watch(buffers: Buffers, processes: list[Any], total: int, timeout: float | None,

@@ -44,7 +44,8 @@ class Buffers:
     ``times[r, i]`` = read start, read end, gradient end, write end of update i;
     ``copy_end[r, i, b]`` / ``store_end[r, i, b]`` = when block b's copy / store finished
     (−1: block not touched); ``samples[r, i]``; ``progress[r]`` = updates done;
-    ``status[r]`` and ``message[r]`` = how the worker ended; in measure mode
+    ``status[r]`` and ``message[r]`` = how the worker ended; ``ready[r]`` = set up and
+    waiting for the common start; in measure mode
     ``steps[r, i]`` = the step lr·g update i subtracted (dense, zeros off its support).
     """
 
@@ -57,10 +58,13 @@ class Buffers:
     status: Any
     message: Any
     steps: Any = None  # measure mode: (workers, quota, d) float64, lr·g as subtracted
+    ready: Any = None  # ready[r] = 1 once worker r is set up and waits for the start
 
 
-def worker_main(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any = None) -> None:
-    """Run ``spec.quota`` updates; on any exception record it and exit with status 1.
+def worker_main(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any = None,
+                go: Any = None) -> None:
+    """Set up, wait for ``go`` (an Event every worker waits on, so all start together), run
+    ``spec.quota`` updates; on any exception record it and exit with status 1.
 
     Workers ignore SIGINT: Ctrl-C reaches the whole process group, and the parent decides how
     to stop (it terminates the workers and keeps what they completed)."""
@@ -70,7 +74,7 @@ def worker_main(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(1)
     try:
-        _loop(spec, buffers, lock, block_locks)
+        _loop(spec, buffers, lock, block_locks, go)
         buffers.status[spec.rank] = STATUS_DONE
     except BaseException as err:  # every failure, SystemExit included, must reach the parent
         text = "".join(traceback.format_exception_only(type(err), err)).strip()
@@ -80,7 +84,7 @@ def worker_main(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any 
         raise SystemExit(1) from None
 
 
-def _loop(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any) -> None:
+def _loop(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any, go: Any) -> None:
     from simulator.memory import block_bounds, block_ops
     from simulator.problems import make_problem
     from simulator.scenario import scenario_from_dict
@@ -98,6 +102,10 @@ def _loop(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any) -> No
     lr, clock = scenario.run.lr, time.monotonic_ns
     steps = None if buffers.steps is None else buffers.steps[spec.rank].numpy()
     dense = block_ops(bounds, None) if problem.support(0) is None else None
+    problem.grad(local, 0)  # warm up (first-call costs stay out of the timed loop)
+    if go is not None:  # start together: process start-up takes tens of milliseconds each
+        buffers.ready[spec.rank] = 1
+        go.wait()
     for i in range(spec.quota):
         sample = int(stream.take())
         ops = dense if dense is not None else block_ops(bounds, problem.support(sample))

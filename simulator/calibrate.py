@@ -15,6 +15,8 @@ What is fitted:
   larger log-likelihood wins unless neither passes a Kolmogorov–Smirnov test at the 1% level
   on at least 50 samples, in which case the empirical distribution (up to 512 quantiles) is
   used. Every candidate's log-likelihood and KS statistic is reported;
+* only the updates made while every worker was running are used (real workers start and
+  finish at different times);
 * contention, reported: the slope of read and write durations against the number of other
   workers reading or writing at the same time (least squares), and the gradient's slope
   against the number of other workers computing. The calibrated scenario keeps one core per
@@ -99,9 +101,10 @@ def fit_durations(values: np.ndarray) -> Fit:
     return Fit(duration, int(x.size), candidates)
 
 
-def operation_samples(trace: Trace, scenario: Scenario) -> dict[int, dict[str, np.ndarray]]:
+def operation_samples(trace: Trace, scenario: Scenario,
+                      rows: np.ndarray | None = None) -> dict[int, dict[str, np.ndarray]]:
     """Per worker: whole-vector read and write durations (block durations over the fraction
-    of coordinates moved) and gradient durations."""
+    of coordinates moved) and gradient durations, from ``rows`` (default: all)."""
     problem = make_problem(scenario.problem)
     dim = problem.dim
     bounds = block_bounds(dim, scenario.run.blocks)
@@ -119,14 +122,17 @@ def operation_samples(trace: Trace, scenario: Scenario) -> dict[int, dict[str, n
             ops = slice(int(offsets[row]), int(offsets[row + 1]))
             fraction[ops] = counts[blocks[ops]] / dim
     owner = np.repeat(trace["thread"], np.diff(offsets))
+    chosen = np.zeros(len(trace), dtype=bool)
+    chosen[np.arange(len(trace)) if rows is None else rows] = True
     read = trace["op_read_ns"] / np.maximum(fraction, 1e-300)
     write = trace["op_write_ns"] / np.maximum(fraction, 1e-300)
-    moved = fraction > 0
+    moved = (fraction > 0) & np.repeat(chosen, np.diff(offsets))
     out: dict[int, dict[str, np.ndarray]] = {}
     for worker in np.unique(trace["thread"]).tolist():
         mine = (owner == worker) & moved
         out[int(worker)] = {"read": read[mine], "write": write[mine],
-                            "grad": trace["grad_ns"][trace["thread"] == worker].astype(float)}
+                            "grad": trace["grad_ns"][(trace["thread"] == worker) & chosen]
+                            .astype(float)}
     return out
 
 
@@ -150,10 +156,19 @@ def _slope(load: np.ndarray, durations: np.ndarray) -> dict[str, float] | None:
             "mean_concurrent": float(load.mean())}
 
 
-def contention(trace: Trace) -> dict[str, Any]:
+def running_together(trace: Trace) -> np.ndarray:
+    """Rows of the span in which every worker was running (real workers start and finish
+    at different times; durations outside that span carry no contention)."""
+    threads = np.unique(trace["thread"])
+    begin = max(int(trace["read_start"][trace["thread"] == t].min()) for t in threads)
+    end = min(int(trace["write_end"][trace["thread"] == t].max()) for t in threads)
+    rows = np.flatnonzero((trace["read_start"] >= begin) & (trace["write_end"] <= end))
+    return rows if rows.size >= 100 else np.arange(len(trace))
+
+
+def contention(trace: Trace, rows: np.ndarray) -> dict[str, Any]:
     """How phase durations grow with the number of other workers in the same phase."""
-    limit = min(len(trace), 4000)  # the O(n²) scan stays cheap
-    rows = np.arange(limit)
+    rows = rows[:: max(1, rows.size // 4000)]  # the O(n²) scan stays cheap
     result: dict[str, Any] = {}
     for phase in ("read", "grad", "write"):
         start = trace[f"{phase}_start"][rows].astype(np.float64)
@@ -163,8 +178,13 @@ def contention(trace: Trace) -> dict[str, Any]:
     return result
 
 
-def calibrate(run_dir: str | Path) -> tuple[Scenario, dict[str, Any]]:
+def calibrate(run_dir: str | Path, pool: bool = False,
+              cores: int = 0) -> tuple[Scenario, dict[str, Any]]:
     """The calibrated scenario of a run directory and the fit report.
+
+    ``pool`` fits one timing to all workers together and puts every thread on one device
+    with ``cores`` cores (0: one per thread): the form to predict other worker counts on the
+    same machine, where threads beyond the cores time-share them.
 
     Raises:
         AsyngradError: not a run directory, an unreadable trace or scenario, or too few
@@ -182,19 +202,25 @@ def calibrate(run_dir: str | Path) -> tuple[Scenario, dict[str, Any]]:
     if len(trace) < 2:
         raise AsyngradError(f"calibrate: {path}: the trace has {len(trace)} updates")
     scenario = scenario_from_dict(tomllib.loads(trace.scenario_toml))
-    samples = operation_samples(trace, scenario)
+    together = running_together(trace)
+    samples = operation_samples(trace, scenario, together)
+    if pool:
+        samples = {-1: {op: np.concatenate([ops[op] for ops in samples.values()])
+                        for op in ("read", "grad", "write")}}
     devices, report = [], {}
     for worker, ops in samples.items():
         fits = {op: fit_durations(values) for op, values in ops.items()}
-        report[f"worker {worker}"] = {op: fit.describe() for op, fit in fits.items()}
-        devices.append(DeviceSpec(name=f"worker{worker}", timing=TimingSpec(
+        name = "all workers" if worker < 0 else f"worker {worker}"
+        report[name] = {op: fit.describe() for op, fit in fits.items()}
+        devices.append(DeviceSpec(name=name.replace(" ", ""), cores=cores, timing=TimingSpec(
             read=fits["read"].duration, grad=fits["grad"].duration,
             write=fits["write"].duration)))
     # The recorded durations already contain stragglers and network links: drop them.
     calibrated = replace(scenario, name=f"{scenario.name}-calibrated", devices=tuple(devices),
                          inject=replace(scenario.inject, stragglers=()))
     return calibrated, {"source": trace.source, "run": str(path), "fits": report,
-                        "contention": contention(trace)}
+                        "rows_fitted": int(together.size), "rows": len(trace),
+                        "contention": contention(trace, together)}
 
 
 MARKER = "# asyngrad-lab calibrated scenario"
@@ -204,7 +230,9 @@ def calibrated_toml(scenario: Scenario, report: dict[str, Any]) -> str:
     """The calibrated scenario as TOML, the fit report in comments above it."""
     from simulator.scenario import scenario_to_toml
 
-    lines = [MARKER, f"# fitted from {report['run']} ({report['source']} run)"]
+    lines = [MARKER, f"# fitted from {report['run']} ({report['source']} run; "
+             f"{report['rows_fitted']} of {report['rows']} updates, those made while every "
+             "worker was running)"]
     for worker, fits in report["fits"].items():
         for op, text in fits.items():
             lines.append(f"#   {worker} {op}: {text}")

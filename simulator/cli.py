@@ -306,7 +306,9 @@ def _calibrate(args: argparse.Namespace) -> int:
     if out.is_dir() or (out.exists() and not out.read_text().startswith(MARKER)):
         raise AsyngradError(f"--out = '{out}': exists and is not a calibrated scenario; "
                             "choose a new file name")
-    scenario, report = calibrate(args.run_dir)
+    if args.cores < 0:
+        raise ScenarioError("--cores", args.cores, "must be >= 0 (0: one per thread)")
+    scenario, report = calibrate(args.run_dir, args.pool, args.cores)
     text = calibrated_toml(scenario, report)
     staging = out.parent / f".{out.name}.partial-{os.getpid()}"
     try:
@@ -457,6 +459,11 @@ def _parser() -> argparse.ArgumentParser:
                   _calibrate, scenario=False, out="scenario file to write (TOML)")
     cal.add_argument("run_dir", metavar="RUN",
                      help="a run directory (from asyngrad real, simulate or replay)")
+    cal.add_argument("--pool", action="store_true",
+                     help="one timing for all workers on one device (to predict other k)")
+    cal.add_argument("--cores", type=int, default=0,
+                     help="with --pool: the machine's cores, shared by the threads (0: one "
+                          "per thread)")
 
     cmp = command("compare", "fidelity report of run B against run A (simulated or real)",
                   _compare, scenario=False, out="directory for compare.json and compare.png "

@@ -84,3 +84,11 @@ def test_bad_input_is_one_line_and_nothing_is_overwritten(tmp_path, capsys):
         assert len(err) == 1 and needle in err[0]
     assert keep.read_text() == "precious = true\n"
     assert not (tmp_path / "x").exists()
+
+
+def test_pooled_calibration_shares_cores_between_threads(tmp_path):
+    run = _source(tmp_path)
+    scenario, report = calibrate(run, pool=True, cores=2)
+    assert len(scenario.devices) == 1 and scenario.devices[0].cores == 2
+    assert list(report["fits"]) == ["all workers"]
+    assert scenario.devices[0].timing.grad.mean == pytest.approx(6000, rel=0.1)
