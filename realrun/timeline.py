@@ -98,6 +98,13 @@ def merge(records: list[WorkerRecord], w0: np.ndarray, w_final: np.ndarray,
     copy_end = np.where(data["copy_end"] >= 0, data["copy_end"] - origin, -1)
     store_end = np.where(data["store_end"] >= 0, data["store_end"] - origin, -1)
     rel = times - origin
+    # Local work before each update: since the same worker's previous update ended (sampling,
+    # recording the previous update's timestamps); 0 for a worker's first update.
+    same = np.zeros(len(rel), dtype=bool)
+    same[1:] = data["thread"][1:] == data["thread"][:-1]
+    idle = np.zeros(len(rel), dtype=np.int64)
+    idle[1:] = rel[1:, 0] - rel[:-1, 3]
+    idle = np.where(same, np.maximum(idle, 0), 0)
     rel[:, 3] = store_end.max(axis=1) if len(rel) else rel[:, 3]
     start_order = np.lexsort((data["thread"], rel[:, 0]))
     uid = np.empty(len(rel), dtype=np.int64)
@@ -113,7 +120,7 @@ def merge(records: list[WorkerRecord], w0: np.ndarray, w_final: np.ndarray,
         "sample": data["samples"], "step": position + 1,
         "read_start": rel[:, 0], "read_end": rel[:, 1],
         "grad_start": rel[:, 1], "grad_end": rel[:, 2], "write_start": rel[:, 2],
-        "write_end": rel[:, 3], "grad_ns": rel[:, 2] - rel[:, 1],
+        "write_end": rel[:, 3], "grad_ns": rel[:, 2] - rel[:, 1], "idle_ns": idle,
         "staleness": np.maximum(staleness, 0), "read_overwrites": overwritten, "torn": torn,
         "lost_blocks": np.zeros(len(rel)), "overwrote": np.zeros(len(rel)),
         "delay": np.zeros(len(rel)), "error_norm": np.zeros(len(rel)),

@@ -10,7 +10,9 @@ What is fitted:
 * a read or write block duration is a draw of the whole-vector duration times the fraction of
   coordinates the block moves (DESIGN §3), so each recorded block duration divided by its
   fraction is one sample of the whole-vector read or write duration; gradient durations are
-  the recorded ``grad_ns`` (the gradient's own time, without waiting for a core);
+  the recorded ``grad_ns`` (the gradient's own time, without waiting for a core), and the
+  local work between a worker's updates is the recorded ``idle_ns`` (real workers spend it
+  drawing the sample and recording timestamps: about 30% of a small update's cycle);
 * families by maximum likelihood: lognormal (closed form) and gamma (scipy, location 0); the
   larger log-likelihood wins unless neither passes a Kolmogorov–Smirnov test at the 1% level
   on at least 50 samples, in which case the empirical distribution (up to 512 quantiles) is
@@ -66,17 +68,12 @@ class Fit:
 
 
 def fit_durations(values: np.ndarray) -> Fit:
-    """Fit lognormal and gamma by maximum likelihood and choose (see the module docstring).
-
-    Raises:
-        AsyngradError: fewer than two positive durations.
-    """
+    """Fit lognormal and gamma by maximum likelihood and choose (see the module docstring);
+    fewer than two distinct positive durations give a constant (0 when there are none)."""
     x = np.asarray(values, dtype=np.float64)
     x = x[x > 0]
-    if x.size < 2 or np.all(x == x[0]):
-        if x.size >= 1:  # a constant duration: nothing to fit
-            return Fit(Duration("constant", float(x[0])), int(x.size), {})
-        raise AsyngradError("calibrate: fewer than two positive durations to fit")
+    if x.size < 2 or np.all(x == x[0]):  # nothing to fit: no time, or a constant one
+        return Fit(Duration("constant", float(x[0]) if x.size else 0.0), int(x.size), {})
     logs = np.log(x)
     mu, sigma = float(logs.mean()), float(logs.std())
     lognormal = scipy.stats.lognorm(s=sigma, scale=math.exp(mu))
@@ -130,9 +127,10 @@ def operation_samples(trace: Trace, scenario: Scenario,
     out: dict[int, dict[str, np.ndarray]] = {}
     for worker in np.unique(trace["thread"]).tolist():
         mine = (owner == worker) & moved
+        rows_of = (trace["thread"] == worker) & chosen
         out[int(worker)] = {"read": read[mine], "write": write[mine],
-                            "grad": trace["grad_ns"][(trace["thread"] == worker) & chosen]
-                            .astype(float)}
+                            "grad": trace["grad_ns"][rows_of].astype(float),
+                            "idle": trace["idle_ns"][rows_of].astype(float)}
     return out
 
 
@@ -187,8 +185,7 @@ def calibrate(run_dir: str | Path, pool: bool = False,
     same machine, where threads beyond the cores time-share them.
 
     Raises:
-        AsyngradError: not a run directory, an unreadable trace or scenario, or too few
-            durations to fit.
+        AsyngradError: not a run directory, an unreadable trace, or fewer than 2 updates.
     """
     import tomllib
 
@@ -206,7 +203,7 @@ def calibrate(run_dir: str | Path, pool: bool = False,
     samples = operation_samples(trace, scenario, together)
     if pool:
         samples = {-1: {op: np.concatenate([ops[op] for ops in samples.values()])
-                        for op in ("read", "grad", "write")}}
+                        for op in ("read", "grad", "write", "idle")}}
     devices, report = [], {}
     for worker, ops in samples.items():
         fits = {op: fit_durations(values) for op, values in ops.items()}
@@ -214,7 +211,7 @@ def calibrate(run_dir: str | Path, pool: bool = False,
         report[name] = {op: fit.describe() for op, fit in fits.items()}
         devices.append(DeviceSpec(name=name.replace(" ", ""), cores=cores, timing=TimingSpec(
             read=fits["read"].duration, grad=fits["grad"].duration,
-            write=fits["write"].duration)))
+            write=fits["write"].duration, idle=fits["idle"].duration)))
     # The recorded durations already contain stragglers and network links: drop them.
     calibrated = replace(scenario, name=f"{scenario.name}-calibrated", devices=tuple(devices),
                          inject=replace(scenario.inject, stragglers=()))

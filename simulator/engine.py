@@ -44,13 +44,14 @@ class Update:
     """One update in flight: its sample, the blocks it moves and what happened to it."""
 
     __slots__ = ("delay", "discard", "dropped", "error_norm", "grad_end", "grad_ns",
-                 "grad_start", "group", "lr_scale", "ops", "overwrote", "read", "read_end",
-                 "read_ns", "read_overwrites", "read_start", "role", "sample", "seq",
+                 "grad_start", "group", "idle_ns", "lr_scale", "ops", "overwrote", "read",
+                 "read_end", "read_ns", "read_overwrites", "read_start", "role", "sample", "seq",
                  "start_completed", "start_versions", "step", "thread", "torn", "uid",
                  "write_end", "write_ns", "write_start")
 
     read_ns: list[int]
     grad_ns: int
+    idle_ns: int
     write_ns: list[int]
     read_start: int
     read_end: int
@@ -263,6 +264,11 @@ class Engine:
                and (not retires or protocol.active(self, thread))):
             u = self._begin(thread, seq)
             seq += 1
+            if u.idle_ns:  # local work before the update (sampling, bookkeeping)
+                wait = self._advance(thread, u.idle_ns, False)
+                if wait is not None:
+                    yield wait
+                    clock[thread] = int(self.env.now)
             if gated:
                 yield from self._catch_up(thread)
                 yield from self._gate(thread, protocol.before_read(self, u))
@@ -391,6 +397,7 @@ class Engine:
             ops, fractions = self._dense_ops, self._dense_fractions
         u = Update(self.started, thread, seq, sample, ops)
         u.read_ns, u.grad_ns, u.write_ns = self.source.durations(thread, fractions)
+        u.idle_ns = self.source.idle(thread)
         self.started += 1
         self.active[thread] = u
         return u
@@ -401,7 +408,7 @@ class Engine:
         staleness = (step - 1 if step else self.completed) - u.start_completed + u.delay
         self._rows.append((u.uid, u.thread, u.seq, u.sample, step, u.read_start, u.read_end,
                            u.grad_start, u.grad_end, u.write_start, u.write_end, u.grad_ns,
-                           staleness, u.read_overwrites, u.torn, 0, u.overwrote, u.delay,
+                           u.idle_ns, staleness, u.read_overwrites, u.torn, 0, u.overwrote, u.delay,
                            u.error_norm, u.dropped, u.lr_scale, *m))
         self._op_counts.append(len(u.ops))
         self._op_blocks.extend(self._dense_blocks if u.ops is self._dense_ops
@@ -483,7 +490,7 @@ class Engine:
         return self._trace()
 
     def _end_time(self) -> int:
-        return max((row[10] for row in self._rows), default=0)
+        return max((row[10] for row in self._rows), default=0)  # write_end
 
     def _trace(self) -> Trace:
         names = list(COLUMNS)

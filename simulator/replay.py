@@ -37,16 +37,18 @@ def load_trace(path: str | Path) -> Trace:
 
 
 def replay_source(trace: Trace) -> ReplaySource:
-    """Each thread's recorded (sample, read durations, gradient duration, write durations)."""
+    """Each thread's recorded (sample, read durations, gradient duration, write durations,
+    idle before the update)."""
     threads = int(trace["thread"].max()) + 1 if len(trace) else 0
     order = np.lexsort((trace["thread_seq"], trace["thread"]))
-    per_thread: list[list[tuple[int, list[int], int, list[int]]]] = [[] for _ in range(threads)]
+    per_thread: list[list[tuple[int, list[int], int, list[int], int]]] = [
+        [] for _ in range(threads)]
     reads, writes = trace["op_read_ns"], trace["op_write_ns"]
     for row in order.tolist():
         ops = trace.ops_of(row)
         per_thread[int(trace["thread"][row])].append(
             (int(trace["sample"][row]), reads[ops].tolist(), int(trace["grad_ns"][row]),
-             writes[ops].tolist()))
+             writes[ops].tolist(), int(trace["idle_ns"][row])))
     return ReplaySource(per_thread)
 
 

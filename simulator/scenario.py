@@ -74,7 +74,9 @@ class ProblemSpec:
 
 @dataclass(frozen=True)
 class TimingSpec:
-    """Durations of one whole-vector read, one gradient, one whole-vector write (ns).
+    """Durations of one whole-vector read, one gradient, one whole-vector write (ns), and of
+    the local work before each update (``idle``: drawing the sample, bookkeeping; it touches
+    no shared memory and holds a core).
 
     A block's read or write takes a draw times the fraction of coordinates it moves.
     """
@@ -82,6 +84,7 @@ class TimingSpec:
     read: Duration = Duration("lognormal", 2000.0, 0.3)
     grad: Duration = Duration("lognormal", 6000.0, 0.3)
     write: Duration = Duration("lognormal", 2000.0, 0.3)
+    idle: Duration = Duration("constant", 0.0)
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,9 @@ def thread_seeds(seed: int, threads: int) -> list[np.random.SeedSequence]:
 
 
 def _thread_generators(seed: int, threads: int, thread: int) -> list[np.random.Generator]:
-    return [np.random.default_rng(s) for s in thread_seeds(seed, threads)[thread].spawn(4)]
+    # Five streams: samples, read, gradient, write, idle (spawn(n) children do not depend on
+    # n, so adding a stream never changed the others).
+    return [np.random.default_rng(s) for s in thread_seeds(seed, threads)[thread].spawn(5)]
 
 
 def sample_stream(seed: int, threads: int, thread: int, n_samples: int) -> _Stream:
@@ -47,6 +49,10 @@ class DurationSource(Protocol):
 
     def durations(self, thread: int, fractions: Sequence[float]) -> tuple[list[int], int,
                                                                           list[int]]: ...
+
+    def idle(self, thread: int) -> int:
+        """The local work before the update whose durations were just drawn (ns)."""
+        ...
 
 
 class _Stream:
@@ -99,6 +105,8 @@ class SampledSource:
         self._dense_scale: list[np.ndarray] = []
         self._speed: list[float] = []
         self._streams: list[tuple[_Stream, _Stream, _Stream, _Stream]] = []
+        self._idle: list[_Stream | None] = []
+        self._idle_scale: list[float] = []
         self._chunks: list[list[tuple[list[int], int, list[int]]]] = []
         self._pos: list[int] = []
         for thread in range(threads):
@@ -117,6 +125,10 @@ class SampledSource:
                 _Stream(partial(timing.grad.sample, gens[2])),
                 _Stream(partial(timing.write.sample, gens[3])),
             ))
+            idle = timing.idle
+            zero = idle.dist == "constant" and idle.mean == 0
+            self._idle.append(None if zero else _Stream(partial(idle.sample, gens[4])))
+            self._idle_scale.append(1.0 / speed)
             self._chunks.append([])
             self._pos.append(0)
 
@@ -153,6 +165,12 @@ class SampledSource:
                 [int(write.take() * f / speed + 0.5) + c for f, c in zip(fractions, link,
                                                                          strict=True)])
 
+    def idle(self, thread: int) -> int:
+        stream = self._idle[thread]
+        if stream is None:
+            return 0
+        return int(stream.take() * self._idle_scale[thread] + 0.5)
+
     def _link_ns(self, thread: int, fractions: Sequence[float]) -> np.ndarray:
         """What one message over the thread's link adds to each block it moves: the latency
         on the first block, and every block's bytes over the bandwidth."""
@@ -167,11 +185,13 @@ class SampledSource:
 class ReplaySource:
     """The recorded samples and durations of a trace, per thread in the order it ran them."""
 
-    def __init__(self, per_thread: list[list[tuple[int, list[int], int, list[int]]]]) -> None:
+    def __init__(self, per_thread: list[list[tuple[int, list[int], int, list[int], int]]],
+                 ) -> None:
         self._updates = per_thread
         self._pos = [0] * len(per_thread)
+        self._idle = [0] * len(per_thread)
 
-    def _current(self, thread: int) -> tuple[int, list[int], int, list[int]]:
+    def _current(self, thread: int) -> tuple[int, list[int], int, list[int], int]:
         if thread >= len(self._updates) or self._pos[thread] >= len(self._updates[thread]):
             raise TraceError(f"replay: thread {thread} needs more updates than the trace "
                              "recorded for it (the scenario does not match the trace)")
@@ -188,9 +208,12 @@ class ReplaySource:
 
     def durations(self, thread: int, fractions: Sequence[float]) -> tuple[list[int], int,
                                                                           list[int]]:
-        _, read, grad, write = self._current(thread)
+        _, read, grad, write, self._idle[thread] = self._current(thread)
         self._pos[thread] += 1
         if len(read) != len(fractions):
             raise TraceError(f"replay: thread {thread} update {self._pos[thread] - 1} moves "
                              f"{len(fractions)} blocks but the trace recorded {len(read)}")
         return read, grad, write
+
+    def idle(self, thread: int) -> int:
+        return self._idle[thread]

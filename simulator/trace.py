@@ -37,6 +37,7 @@ COLUMNS: dict[str, type] = {
     "grad_start": np.int64, "grad_end": np.int64,
     "write_start": np.int64, "write_end": np.int64,
     "grad_ns": np.int64,        # the gradient's own duration (without waiting for a core)
+    "idle_ns": np.int64,        # local work before the update's read (sampling, bookkeeping)
     "staleness": np.int64,      # completions between this update's read start and write end
     "read_overwrites": np.int32,  # blocks whose copy saw a store newer than the read's start
     "torn": np.bool_,           # the read mixes versions that never coexisted

@@ -92,3 +92,19 @@ def test_pooled_calibration_shares_cores_between_threads(tmp_path):
     assert len(scenario.devices) == 1 and scenario.devices[0].cores == 2
     assert list(report["fits"]) == ["all workers"]
     assert scenario.devices[0].timing.grad.mean == pytest.approx(6000, rel=0.1)
+
+
+def test_idle_time_between_updates_is_simulated_and_recovered(tmp_path):
+    """Local work before each update lengthens the cycle but not the read-to-write window,
+    so it lowers staleness; calibration recovers it."""
+    busy = _source(tmp_path, "timing.idle={dist='gamma', mean=3000, cv=0.4}")
+    scenario, _ = calibrate(busy)
+    idle = scenario.devices[0].timing.idle
+    assert idle.dist == "gamma" and idle.mean == pytest.approx(3000, rel=0.1)
+    report = compare_runs(tmp_path / "source", busy)  # itself: zero distance
+    assert report["staleness"]["ks_distance"] == 0
+    plain = tmp_path / "plain"
+    assert main(["simulate", "--out", str(plain), "--quiet", "--set", "run.updates=3000",
+                 "--set", "run.threads=2"]) == 0
+    gap = compare_runs(plain, busy)["staleness"]
+    assert gap["mean_b"] < 0.8 * gap["mean_a"]
