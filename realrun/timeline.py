@@ -91,21 +91,28 @@ def merge(records: list[WorkerRecord], w0: np.ndarray, w_final: np.ndarray,
     hardware lost. ``curve`` (completions, time, f(w), ‖w − w*‖²) is the parent's sampled
     curve; measure mode replaces it with the exact rebuilt one.
 
-    An update completes with its last block store (its write end)."""
+    An update's read ends with its last block copy and the update completes with its last
+    block store (its write end)."""
     data = _stacked(records)
     times = data["times"]
     origin = int(times[:, 0].min()) if len(times) else 0
     copy_end = np.where(data["copy_end"] >= 0, data["copy_end"] - origin, -1)
     store_end = np.where(data["store_end"] >= 0, data["store_end"] - origin, -1)
     rel = times - origin
-    # Local work before each update: since the same worker's previous update ended (sampling,
-    # recording the previous update's timestamps); 0 for a worker's first update.
+    # As in the simulator, a read ends with its last block copy and a write with its last
+    # block store (the timestamps taken after each loop come a few ns later).
+    if len(rel):
+        rel[:, 1] = copy_end.max(axis=1)
+        rel[:, 3] = store_end.max(axis=1)
+    # Local work before each update: from the same worker's previous update's last store (its
+    # write end) to this read start (sampling, recording timestamps); for a worker's first
+    # update, from the first read of the run. Replaying these with the recorded durations
+    # puts every event at its recorded time.
     same = np.zeros(len(rel), dtype=bool)
     same[1:] = data["thread"][1:] == data["thread"][:-1]
-    idle = np.zeros(len(rel), dtype=np.int64)
-    idle[1:] = rel[1:, 0] - rel[:-1, 3]
-    idle = np.where(same, np.maximum(idle, 0), 0)
-    rel[:, 3] = store_end.max(axis=1) if len(rel) else rel[:, 3]
+    previous = np.zeros(len(rel), dtype=np.int64)
+    previous[1:] = rel[:-1, 3]
+    idle = np.maximum(rel[:, 0] - np.where(same, previous, 0), 0)
     start_order = np.lexsort((data["thread"], rel[:, 0]))
     uid = np.empty(len(rel), dtype=np.int64)
     uid[start_order] = np.arange(len(rel))
