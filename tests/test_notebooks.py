@@ -1,0 +1,32 @@
+"""The notebooks run top to bottom (small sizes), outputs and figures included."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+jupytext = pytest.importorskip("jupytext")
+nbclient = pytest.importorskip("nbclient")
+
+NOTEBOOKS = Path(__file__).parent.parent / "notebooks"
+
+
+def _execute(name: str, parameters: dict[str, object], tmp_path: Path):
+    notebook = jupytext.read(NOTEBOOKS / name)
+    cell = next(c for c in notebook.cells if "parameters" in c.metadata.get("tags", []))
+    cell.source += "\n" + "\n".join(f"{k} = {v!r}" for k, v in parameters.items())
+    client = nbclient.NotebookClient(notebook, timeout=600, kernel_name="python3",
+                                     resources={"metadata": {"path": str(tmp_path)}})
+    client.execute()
+    return notebook
+
+
+def test_sim_vs_hardware_notebook(tmp_path):
+    notebook = _execute("03_sim_vs_hardware.py", {"UPDATES": 3000, "OUT": str(tmp_path / "nb")},
+                        tmp_path)
+    outputs = [o for c in notebook.cells if c.cell_type == "code" for o in c.outputs]
+    images = [o for o in outputs if "image/png" in o.get("data", {})]
+    assert len(images) == 2
+    conclusion = notebook.cells[-1].outputs[0]["data"]["text/markdown"]
+    assert "predicts k = 3" in conclusion and "Targets met:" in conclusion
