@@ -176,13 +176,14 @@ def contention(trace: Trace, rows: np.ndarray) -> dict[str, Any]:
     return result
 
 
-def calibrate(run_dir: str | Path, pool: bool = False,
-              cores: int = 0) -> tuple[Scenario, dict[str, Any]]:
+def calibrate(run_dir: str | Path, pool: bool = False, cores: int = 0,
+              quantum: int = 0) -> tuple[Scenario, dict[str, Any]]:
     """The calibrated scenario of a run directory and the fit report.
 
     ``pool`` fits one timing to all workers together and puts every thread on one device
     with ``cores`` cores (0: one per thread): the form to predict other worker counts on the
-    same machine, where threads beyond the cores time-share them.
+    same machine, where threads beyond the cores time-share them (per action, or in time
+    slices of ``quantum`` ns as an OS scheduler does).
 
     Raises:
         AsyngradError: not a run directory, an unreadable trace, or fewer than 2 updates.
@@ -209,9 +210,10 @@ def calibrate(run_dir: str | Path, pool: bool = False,
         fits = {op: fit_durations(values) for op, values in ops.items()}
         name = "all workers" if worker < 0 else f"worker {worker}"
         report[name] = {op: fit.describe() for op, fit in fits.items()}
-        devices.append(DeviceSpec(name=name.replace(" ", ""), cores=cores, timing=TimingSpec(
-            read=fits["read"].duration, grad=fits["grad"].duration,
-            write=fits["write"].duration, idle=fits["idle"].duration)))
+        timing = TimingSpec(read=fits["read"].duration, grad=fits["grad"].duration,
+                            write=fits["write"].duration, idle=fits["idle"].duration)
+        devices.append(DeviceSpec(name=name.replace(" ", ""), cores=cores, quantum=quantum,
+                                  timing=timing))
     # The recorded durations already contain stragglers and network links: drop them.
     calibrated = replace(scenario, name=f"{scenario.name}-calibrated", devices=tuple(devices),
                          inject=replace(scenario.inject, stragglers=()))

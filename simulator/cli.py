@@ -308,7 +308,9 @@ def _calibrate(args: argparse.Namespace) -> int:
                             "choose a new file name")
     if args.cores < 0:
         raise ScenarioError("--cores", args.cores, "must be >= 0 (0: one per thread)")
-    scenario, report = calibrate(args.run_dir, args.pool, args.cores)
+    if args.quantum < 0:
+        raise ScenarioError("--quantum", args.quantum, "must be >= 0 ns")
+    scenario, report = calibrate(args.run_dir, args.pool, args.cores, args.quantum)
     text = calibrated_toml(scenario, report)
     staging = out.parent / f".{out.name}.partial-{os.getpid()}"
     try:
@@ -464,6 +466,9 @@ def _parser() -> argparse.ArgumentParser:
     cal.add_argument("--cores", type=int, default=0,
                      help="with --pool: the machine's cores, shared by the threads (0: one "
                           "per thread)")
+    cal.add_argument("--quantum", type=int, default=0, metavar="NS",
+                     help="with --cores: threads beyond the cores run in OS-like time slices "
+                          "of NS ns (0: they take turns per action)")
 
     cmp = command("compare", "fidelity report of run B against run A (simulated or real)",
                   _compare, scenario=False, out="directory for compare.json and compare.png "

@@ -124,9 +124,12 @@ class Engine:
         for pause in inject.pauses:
             if pause.thread < self.threads:
                 self._pauses[pause.thread].append((pause.start, pause.end))
-        self._free = [lookahead and core is None and bus is None and not pauses
-                      for core, bus, pauses in zip(self._cores, self._bus, self._pauses,
-                                                   strict=True)]
+        self._slices = self._time_slices()
+        self._blocked = [bool(p) or s is not None
+                         for p, s in zip(self._pauses, self._slices, strict=True)]
+        self._free = [lookahead and core is None and bus is None and not blocked
+                      for core, bus, blocked in zip(self._cores, self._bus, self._blocked,
+                                                    strict=True)]
         self.started = self.completed = 0
         self.clock = [0] * self.threads
         self.lookahead = lookahead
@@ -157,12 +160,27 @@ class Engine:
         per_device = [0] * len(scenario.devices)
         for thread in range(self.threads):
             per_device[scenario.device_of(thread)] += 1
-        pools = [simpy.Resource(self.env, d.cores) if 0 < d.cores < n else None
-                 for d, n in zip(scenario.devices, per_device, strict=True)]
+        pools = [simpy.Resource(self.env, d.cores) if 0 < d.cores < n and not d.quantum
+                 else None for d, n in zip(scenario.devices, per_device, strict=True)]
         buses = [simpy.Resource(self.env, d.bus) if d.bus > 0 else None
                  for d in scenario.devices]
         devices = [scenario.device_of(t) for t in range(self.threads)]
         return [pools[d] for d in devices], [buses[d] for d in devices]
+
+    def _time_slices(self) -> list[tuple[int, int, int, int] | None]:
+        """Per thread on a time-sliced device: (its index there, threads there, cores,
+        quantum); None elsewhere."""
+        scenario = self.scenario
+        on: dict[int, list[int]] = {}
+        for thread in range(self.threads):
+            on.setdefault(scenario.device_of(thread), []).append(thread)
+        slices: list[tuple[int, int, int, int] | None] = [None] * self.threads
+        for device, threads in on.items():
+            spec = scenario.devices[device]
+            if spec.quantum and 0 < spec.cores < len(threads):
+                for index, thread in enumerate(threads):
+                    slices[thread] = (index, len(threads), spec.cores, spec.quantum)
+        return slices
 
     # -- the clock ---------------------------------------------------------------------------
     # Each thread keeps its own clock, which may run ahead of simpy's: an action that ends
@@ -173,7 +191,7 @@ class Engine:
     def _advance(self, thread: int, duration: int, transfer: bool) -> simpy.Event | None:
         """Spend ``duration`` ns on one action; the event to wait for, or ``None`` if the
         action completes without anything else happening first."""
-        if self._pauses[thread]:
+        if self._blocked[thread]:
             self._skip_pauses(thread)
         core = self._cores[thread]
         bus = self._bus[thread] if transfer else None
@@ -193,13 +211,24 @@ class Engine:
         yield from self._catch_up(thread)
 
     def _skip_pauses(self, thread: int) -> None:
-        """A paused thread starts its next action when the pause window ends."""
+        """A paused thread starts its next action when the pause window ends; a thread out of
+        its time slice, when its next slice begins."""
         moved = True
         while moved:
             moved = False
             for start, end in self._pauses[thread]:
                 if start <= self.clock[thread] < end:
                     self.clock[thread], moved = end, True
+            sliced = self._slices[thread]
+            if sliced is not None:
+                index, threads, cores, quantum = sliced
+                slot = self.clock[thread] // quantum
+                # Slot s runs the device's threads (s·cores + j) mod threads, j < cores.
+                wait = 0
+                while (index - (slot + wait) * cores) % threads >= cores:
+                    wait += 1
+                if wait:
+                    self.clock[thread], moved = (slot + wait) * quantum, True
 
     def _uninterrupted(self, thread: int, durations: list[int], start: int) -> int:
         """End of the longest run of block actions from ``start`` that all end before the next
@@ -257,7 +286,7 @@ class Engine:
         """The update loop of one thread (read and write inline: this is the hot path)."""
         local = self._local[thread]
         mem, protocol, clock, seq = self.mem, self.protocol, self.clock, 0
-        gated, injector, paused = protocol.gated, self.injector, bool(self._pauses[thread])
+        gated, injector, paused = protocol.gated, self.injector, self._blocked[thread]
         delays = injector is not None and injector.max_delay > 0
         retires = type(protocol).active is not Protocol.active
         while (self.started < self.updates and self.source.remaining(thread) != 0

@@ -92,6 +92,11 @@ class DeviceSpec:
     """A virtual device: ``speed`` divides durations; ``cores`` = 0 means one per thread;
     ``bus`` > 0 caps concurrent block transfers; ``timing`` overrides the scenario's.
 
+    When threads outnumber ``cores``, they take turns per action (FIFO), or, with
+    ``quantum`` > 0, in time slices as an OS scheduler runs processes: in each slice of
+    ``quantum`` ns, ``cores`` of the device's threads run (round robin) and the others start
+    no action.
+
     ``latency`` (ns per message) and ``bandwidth`` (bytes per ns, i.e. GB/s) describe the
     device's network link to a server; only protocols that communicate over a network
     (``paramserver``, ``admm``) pay them, on every pull and push."""
@@ -102,6 +107,7 @@ class DeviceSpec:
     bus: int = 0
     latency: int = 0
     bandwidth: float = 0.0
+    quantum: int = 0
     timing: TimingSpec | None = None
 
     def __post_init__(self) -> None:
@@ -111,6 +117,8 @@ class DeviceSpec:
         _check(self.latency >= 0, "latency", self.latency, "must be >= 0 (ns per message)")
         _check(math.isfinite(self.bandwidth) and self.bandwidth >= 0, "bandwidth",
                self.bandwidth, "must be >= 0 (bytes per ns; 0: unlimited)")
+        _check(self.quantum >= 0, "quantum", self.quantum,
+               "must be >= 0 (ns; 0: threads take turns per action)")
 
 
 @dataclass(frozen=True)

@@ -195,3 +195,18 @@ def test_lookahead_matches_one_event_per_action_on_long_runs():
         fast, slow = simulate(s), simulate(s, lookahead=False)
         for name, array in slow.arrays.items():
             assert np.array_equal(fast[name], array, equal_nan=array.dtype.kind == "f"), name
+
+
+def test_time_slices_run_only_cores_threads_at_a_time():
+    """k = 3 threads on 2 cores in 100 µs slices: slot s runs threads (2s + j) mod 3, so no
+    phase of a thread starts in a slot that is not its own, and every thread progresses."""
+    s = scenario(*CONSTANT, "run.threads=3", "run.updates=300", "devices.0.cores=2",
+                 "devices.0.quantum=100000")
+    trace = simulate(s)
+    for column in ("read_start", "grad_start", "write_start"):
+        slot = trace[column] // 100_000
+        assert ((trace["thread"] - slot * 2) % 3 < 2).all(), column
+    assert np.bincount(trace["thread"]).min() >= 90
+    per_action = simulate(scenario(*CONSTANT, "run.threads=3", "run.updates=300",
+                                   "devices.0.cores=2"))
+    assert not np.array_equal(per_action["write_end"], trace["write_end"])
