@@ -84,13 +84,30 @@ def _replay(args: argparse.Namespace) -> int:
 
     started = time.perf_counter()
     check_out(args.out)
-    recorded = load_trace(args.trace)
-    scenario, problem, trace = replay(recorded, args.set)
+    if args.schedule is not None:
+        scenario, problem, trace = _replay_schedule(Path(args.trace), args.schedule, args.set)
+    else:
+        recorded = load_trace(args.trace)
+        scenario, problem, trace = replay(recorded, args.set)
     out = Path(args.out)
     summary = write_run(out, scenario, trace, problem)
     if not args.quiet:
         _print_summary(summary, out, time.perf_counter() - started)
     return 0
+
+
+def _replay_schedule(path: Path, text: str, overrides: list[str]) -> tuple[Any, Any, Any]:
+    """Re-run a controlled schedule on a scenario file, or on the scenario.toml of a
+    directory (an ``asyngrad explore`` output or a run directory)."""
+    from simulator.scenario import load_scenario
+    from simulator.schedule import Scheduler, parse_schedule, run_schedule
+
+    source = path / "scenario.toml" if path.is_dir() else path
+    scenario = load_scenario(source, overrides)
+    threads = 1 if scenario.run.protocol == "serial" else scenario.run.threads
+    result = run_schedule(scenario, Scheduler("fixed", threads,
+                                              schedule=parse_schedule(text)))
+    return scenario, result.problem, result.trace
 
 
 def _dask_client(address: str) -> Any:
@@ -330,6 +347,40 @@ def _calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _explore(args: argparse.Namespace) -> int:
+    import json
+
+    from simulator.rundir import check_out, publish, write_run
+    from simulator.scenario import load_scenario, scenario_to_toml
+    from simulator.schedule import explore
+
+    scenario = load_scenario(args.scenario, args.set)
+    out = Path(args.out)
+    files = ("explore.json", "scenario.toml", "worst")
+    check_out(out, files)
+    with _progress(args.runs, args.quiet) as bar:
+        report, worst = explore(scenario, args.scheduler, args.runs, args.objective,
+                                args.depth, args.seed, args.keep, bar.update)
+
+    def write(where: Path) -> None:
+        (where / "explore.json").write_text(json.dumps(report, indent=2) + "\n")
+        (where / "scenario.toml").write_text(scenario_to_toml(scenario))
+        write_run(where / "worst", scenario, worst.trace, worst.problem)
+
+    publish(out, files, write)
+    if not args.quiet:
+        v = report["values"]
+        print(f"{report['runs']} {report['scheduler']} schedules (depth {report['depth']}) of "
+              f"{scenario.name}, {report['steps_per_run']} steps each; {report['objective']}: "
+              f"mean {v['mean']:.4g}, max {v['max']:.4g}")
+        for item in report["worst"]:
+            print(f"  {item['value']:.6g}  {item['schedule']}")
+        print(f"  the worst schedule replays identically: {report['replayed_identically']}")
+        print(f"  wrote {out}/explore.json and {out}/worst/ (replay: asyngrad replay {out} "
+              f"--schedule {report['worst'][0]['schedule']} --out DIR)")
+    return 0
+
+
 def _floats(name: str, text: str) -> list[float]:
     try:
         return [float(v) for v in text.split(",")]
@@ -404,6 +455,10 @@ def _parser() -> argparse.ArgumentParser:
     rep.add_argument("trace", help="trace.npz, or a run directory holding one")
     rep.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                      help="change a value the trace does not fix, e.g. run.lr=0.01")
+    rep.add_argument("--schedule", metavar="S",
+                     help="re-run this controlled schedule (e.g. 0x3.1.0x2, from asyngrad "
+                          "explore) on TRACE's scenario: a scenario file or a directory "
+                          "holding scenario.toml")
 
     sweep = command("sweep", "run a scenario over a grid of field values", _sweep,
                     out="sweep directory (rerun to resume)")
@@ -456,6 +511,18 @@ def _parser() -> argparse.ArgumentParser:
                         help="pilot runs that estimate κ² and the scenario's τ (default 3)")
     tsweep.add_argument("--max-updates", type=int, default=100_000,
                         help="cap on the updates of each run (default 100000)")
+
+    exp = command("explore", "run a scenario under controlled schedules and keep the worst",
+                  _explore, out="directory for explore.json and the worst run")
+    exp.add_argument("--scheduler", default="pct", help="random, roundrobin or pct "
+                     "(default pct)")
+    exp.add_argument("--runs", type=int, default=100, help="schedules to try (default 100)")
+    exp.add_argument("--depth", type=int, default=2, help="pct bug depth d (default 2)")
+    exp.add_argument("--objective", default="grad_error",
+                     help="grad_error (max ‖δ‖/‖g‖), staleness (max), lost_blocks (total) or "
+                          "suboptimality (final); default grad_error")
+    exp.add_argument("--seed", type=int, default=0, help="first scheduler seed (default 0)")
+    exp.add_argument("--keep", type=int, default=5, help="worst schedules kept (default 5)")
 
     cal = command("calibrate", "fit the simulator's timing model to a recorded (real) run",
                   _calibrate, scenario=False, out="scenario file to write (TOML)")

@@ -40,14 +40,16 @@ def draw_timeline(ax: Axes, trace: Trace, window: int | None = None,
                   lanes: Sequence[str] | None = None) -> None:
     """The timeline of :func:`timeline_figure` on ``ax``."""
     threads = int(trace["thread"].max()) + 1 if len(trace) else 1
+    steps = trace.source == "scheduled"  # controlled schedules count steps, not ns
     # Start once every thread is running (real workers start at different times).
-    begin = max((int(trace["read_start"][trace["thread"] == t].min())
-                 for t in range(threads) if np.any(trace["thread"] == t)), default=0)
+    begin = 0 if steps else max((int(trace["read_start"][trace["thread"] == t].min())
+                                 for t in range(threads) if np.any(trace["thread"] == t)),
+                                default=0)
     after = np.flatnonzero(trace["write_end"] >= begin)
     shown = min(after.size, window or max(24, 6 * threads))
     end = int(trace["write_end"][after[shown - 1]]) if shown else 1
     rows = np.flatnonzero((trace["read_start"] <= end) & (trace["write_end"] >= begin))
-    scale = 1e-3  # ns -> µs
+    scale = 1.0 if steps else 1e-3  # ns -> µs
     for phase, label, colour in PHASES:
         start, stop = trace[f"{phase}_start"][rows], trace[f"{phase}_end"][rows]
         ax.barh(trace["thread"][rows], (stop - start) * scale, left=start * scale, height=0.6,
@@ -61,7 +63,7 @@ def draw_timeline(ax: Axes, trace: Trace, window: int | None = None,
     ax.set_xlim(begin * scale, max(end, begin + 1) * scale)
     ax.set_yticks(range(threads), lanes or [f"thread {t}" for t in range(threads)])
     ax.invert_yaxis()
-    ax.set_xlabel("time (µs)")
+    ax.set_xlabel("step" if steps else "time (µs)")
     ax.set_title(f"Thread timeline: {shown} of {len(trace)} updates"
                  + (f", from {begin * scale:.0f} µs (all threads running)" if begin else ""))
 

@@ -1,0 +1,334 @@
+"""Controlled interleavings: a scheduler, not sampled durations, decides who acts next.
+
+The timing engine shows what typical timings produce; the interesting interleavings are often
+rare. Here every thread runs the same update as in the engine (DESIGN §3), cut into atomic
+actions — one block read, the gradient, one block load, one block store (``load_store``) or
+one block add (``atomic_add``) — and at each step a scheduler picks the thread that performs
+its next action. A run is fully described by its scenario and its schedule, the sequence of
+chosen threads, written compactly as ``0x3.1.0x2`` (thread 0 three times, then 1, then 0
+twice); replaying a schedule reproduces the run bit for bit.
+
+Schedulers:
+
+* ``random``: uniform among the runnable threads, seeded;
+* ``roundrobin``: the runnable threads in turn;
+* ``pct``: probabilistic concurrency testing (Burckhardt et al. 2010): random distinct thread
+  priorities, d − 1 priority change points drawn uniformly among the run's steps; at each
+  step the highest-priority runnable thread acts, and at the i-th change point the acting
+  thread drops to priority i (below every initial one). A bug of depth d is found with
+  probability at least 1/(n·k^(d−1)) per run (n steps, k threads);
+* ``fixed``: follows a given schedule.
+
+Time in the resulting trace counts steps: the action at step s spans [s, s + 1).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Generator, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from simulator.errors import ScenarioError
+from simulator.memory import BlockCopy, SharedMemory, block_ops
+from simulator.problems import Problem, make_problem
+from simulator.scenario import Scenario, scenario_to_toml
+from simulator.timing import sample_stream
+from simulator.trace import COLUMNS, Trace
+from simulator.view import SerializedView
+
+__all__ = ["OBJECTIVES", "SCHEDULERS", "Scheduler", "explore", "format_schedule",
+           "parse_schedule", "run_schedule"]
+
+SCHEDULERS = ("random", "roundrobin", "pct", "fixed")
+
+
+def format_schedule(choices: list[int]) -> str:
+    """``[0, 0, 0, 1, 0, 0]`` → ``"0x3.1.0x2"``."""
+    parts: list[str] = []
+    i = 0
+    while i < len(choices):
+        j = i
+        while j < len(choices) and choices[j] == choices[i]:
+            j += 1
+        parts.append(f"{choices[i]}x{j - i}" if j - i > 1 else str(choices[i]))
+        i = j
+    return ".".join(parts)
+
+
+def parse_schedule(text: str) -> list[int]:
+    """The inverse of :func:`format_schedule`.
+
+    Raises:
+        ScenarioError: not of the form ``T[xN].T[xN]...`` with integers T >= 0, N >= 1.
+    """
+    choices: list[int] = []
+    for part in text.strip().split(".") if text.strip() else []:
+        thread, sep, count = part.partition("x")
+        if not thread.isdigit() or (sep and (not count.isdigit() or int(count) < 1)):
+            raise ScenarioError("--schedule", text, f"has a bad part {part!r} (expected "
+                                "THREAD or THREADxCOUNT, separated by dots)")
+        choices.extend([int(thread)] * (int(count) if count else 1))
+    return choices
+
+
+class Scheduler:
+    """Chooses the thread that acts at each step."""
+
+    def __init__(self, kind: str, threads: int, seed: int = 0, depth: int = 1,
+                 steps: int = 1, schedule: list[int] | None = None) -> None:
+        if kind not in SCHEDULERS:
+            raise ScenarioError("--scheduler", kind, f"must be one of {', '.join(SCHEDULERS)}")
+        if depth < 1:
+            raise ScenarioError("--depth", depth, "must be >= 1")
+        self.kind, self.threads = kind, threads
+        self.rng = np.random.default_rng([seed, 0x5C4ED])
+        self.schedule = schedule or []
+        self.step = 0
+        self.last = -1
+        if kind == "pct":
+            # Initial priorities d .. d+k−1 (distinct, random order); change points get 1..d−1.
+            self.priority = (self.rng.permutation(threads) + depth).tolist()
+            points = self.rng.choice(max(steps, depth), size=depth - 1, replace=False)
+            self.changes = {int(p): depth - 1 - i for i, p in enumerate(sorted(points))}
+
+    def choose(self, runnable: list[int]) -> int:
+        """The thread that acts now (``runnable`` is sorted and not empty)."""
+        step, self.step = self.step, self.step + 1
+        if self.kind == "random":
+            choice = runnable[int(self.rng.integers(len(runnable)))]
+        elif self.kind == "roundrobin":
+            later = [t for t in runnable if t > self.last]
+            choice = later[0] if later else runnable[0]
+        elif self.kind == "pct":
+            choice = max(runnable, key=lambda t: self.priority[t])
+            if step in self.changes:
+                self.priority[choice] = self.changes[step]
+        else:
+            if step >= len(self.schedule):
+                raise ScenarioError("--schedule", format_schedule(self.schedule),
+                                    f"ends after {len(self.schedule)} steps; the run needs more")
+            choice = self.schedule[step]
+            if choice not in runnable:
+                raise ScenarioError("--schedule", format_schedule(self.schedule),
+                                    f"picks thread {choice} at step {step}, which cannot act "
+                                    f"(runnable: {runnable})")
+        self.last = choice
+        return choice
+
+
+@dataclass
+class ScheduledRun:
+    """A finished controlled run: its trace and the schedule that produced it."""
+
+    trace: Trace
+    schedule: list[int]
+    problem: Problem
+
+    @property
+    def text(self) -> str:
+        return format_schedule(self.schedule)
+
+
+_Action = Generator[None, None, None]
+
+
+def run_schedule(scenario: Scenario, scheduler: Scheduler | Callable[[int], Scheduler],
+                 problem: Problem | None = None) -> ScheduledRun:
+    """Run ``scenario`` (lock-free or serial) under ``scheduler``.
+
+    Raises:
+        ScenarioError: another protocol, or a schedule that does not fit the run.
+    """
+    run = scenario.run
+    if run.protocol not in ("lockfree", "serial"):
+        raise ScenarioError("run.protocol", run.protocol,
+                            "controlled schedules support lockfree and serial")
+    problem = problem if problem is not None else make_problem(scenario.problem)
+    threads = 1 if run.protocol == "serial" else run.threads
+    if callable(scheduler) and not isinstance(scheduler, Scheduler):
+        scheduler = scheduler(threads)
+    return _Controlled(scenario, problem, threads).run(scheduler)
+
+
+class _Controlled:
+    """The update loop of the engine as generators, one ``yield`` per atomic action."""
+
+    def __init__(self, scenario: Scenario, problem: Problem, threads: int) -> None:
+        self.scenario, self.problem, self.threads = scenario, problem, threads
+        run = scenario.run
+        if run.blocks > problem.dim:
+            raise ScenarioError("run.blocks", run.blocks,
+                                f"must be <= the problem's dimension ({problem.dim})")
+        self.lr, self.updates = run.lr, run.updates
+        self.atomic = run.write_mode == "atomic_add"
+        w0 = problem.initial()
+        self.mem = SharedMemory(w0, run.blocks, track_coords=problem.sparse)
+        self.view = SerializedView(problem, self.lr, w0, run.updates, scenario.metrics.exact,
+                                   scenario.metrics.every, scenario.metrics.curve_points)
+        self.streams = [sample_stream(run.seed, threads, t, problem.n_samples)
+                        for t in range(threads)]
+        self.step = 0
+        self.started = self.completed = 0
+        self.lost = [0] * run.updates
+        self.rows: list[tuple[Any, ...]] = []
+        self.ops: list[tuple[int, int]] = []  # (update row, block) per block action
+
+    def _thread(self, thread: int) -> Iterator[None]:
+        mem, local, seq = self.mem, np.zeros(self.problem.dim), 0
+        while self.started < self.updates:
+            uid, sample = self.started, int(self.streams[thread].take())
+            self.started += 1
+            support = self.problem.support(sample)
+            ops = block_ops(mem.bounds, support)
+            # Each block action happens when the thread resumes after its ``yield``: at step
+            # self.step − 1. The read begins with its first block action.
+            read_start, start_completed = self.step, self.completed
+            versions = [mem.count[op[0]] for op in ops]
+            copies: list[BlockCopy] = []
+            for i, (block, index, _, coords) in enumerate(ops):
+                yield  # one block read
+                if i == 0:
+                    read_start, start_completed = self.step - 1, self.completed
+                    versions = [mem.count[op[0]] for op in ops]
+                copies.append(mem.copy(block, index, coords, local))
+            read_end = self.step
+            overwrites, torn = mem.read_report(copies, versions)
+            yield  # the gradient
+            grad_start = self.step - 1
+            step, _ = self.problem.grad(local, sample)
+            step *= self.lr
+            grad_end = write_start = self.step
+            overwrote = 0
+            for i, (block, index, vsel, coords) in enumerate(ops):
+                yield  # one atomic block add, or the load of a read-modify-write
+                if i == 0:
+                    write_start = self.step - 1
+                if self.atomic:
+                    mem.add(block, index, coords, -step[vsel], uid)
+                    continue
+                loaded_at, loaded = mem.count[block], mem.load(index)
+                yield  # the store
+                lost = mem.store(block, index, coords, loaded, step[vsel], uid, loaded_at)
+                for victim in lost:
+                    self.lost[victim] += 1
+                overwrote += len(lost)
+            staleness = self.completed - start_completed
+            self.completed += 1
+            t = self.completed
+            m = self.view.complete(t, mem.w, [sample], self.step, 1.0, len(self.rows) + 1)
+            self.rows.append((uid, thread, seq, sample, t, read_start, read_end, grad_start,
+                              grad_end, write_start, self.step, 1, 0, staleness, overwrites,
+                              torn, 0, overwrote, 0, 0.0, False, 1.0, *m))
+            self.ops.extend((len(self.rows) - 1, op[0]) for op in ops)
+            seq += 1
+
+    def run(self, scheduler: Scheduler) -> ScheduledRun:
+        threads = [self._thread(t) for t in range(self.threads)]
+        # Prime each thread up to its first action; a thread with nothing to do is done.
+        runnable = [t for t, gen in enumerate(threads) if next(gen, StopIteration) is None]
+        chosen: list[int] = []
+        while runnable:
+            thread = scheduler.choose(runnable)
+            chosen.append(thread)
+            self.step += 1
+            if next(threads[thread], StopIteration) is not None:
+                runnable.remove(thread)
+        self.view.finish(self.completed, self.mem.w, self.step, len(self.rows))
+        return ScheduledRun(self._trace(), chosen, self.problem)
+
+    def _trace(self) -> Trace:
+        names = list(COLUMNS)
+        columns = list(zip(*self.rows, strict=True)) if self.rows else [()] * len(names)
+        arrays: dict[str, np.ndarray] = {name: np.asarray(col, dtype=COLUMNS[name])
+                                         for name, col in zip(names, columns, strict=True)}
+        arrays["lost_blocks"] = np.asarray(self.lost, dtype=np.int32)[arrays["uid"]]
+        counts = np.bincount([row for row, _ in self.ops], minlength=len(self.rows))
+        arrays.update(
+            op_offsets=np.concatenate([[0], np.cumsum(counts)]).astype(np.int64),
+            op_block=np.asarray([block for _, block in self.ops], dtype=np.int32),
+            op_read_ns=np.ones(len(self.ops), dtype=np.int64),
+            op_write_ns=np.full(len(self.ops), 1 if self.atomic else 2, dtype=np.int64),
+            w0=self.problem.initial(), w_final=self.mem.w.copy())
+        curve = list(zip(*self.view.curve, strict=True))
+        arrays.update(curve_t=np.asarray(curve[0], dtype=np.int64),
+                      curve_time=np.asarray(curve[1], dtype=np.int64),
+                      curve_loss=np.asarray(curve[2], dtype=np.float64),
+                      curve_dist2=np.asarray(curve[3], dtype=np.float64),
+                      curve_n=np.asarray(curve[4], dtype=np.int64))
+        return Trace(arrays, scenario_to_toml(self.scenario), source="scheduled")
+
+
+def _log_schedules(threads: int, steps: int) -> float:
+    """log of the number of interleavings of ``threads`` threads with ``steps`` actions each:
+    (k·n)!/(n!)^k."""
+    return math.lgamma(threads * steps + 1) - threads * math.lgamma(steps + 1)
+
+
+OBJECTIVES: dict[str, Callable[[Trace, float], float]] = {
+    "grad_error": lambda t, f_star: float(np.max(
+        t["delta_norm"][t["measured"]] / np.maximum(t["g_norm"][t["measured"]], 1e-12),
+        initial=0.0)),
+    "staleness": lambda t, f_star: float(t["staleness"].max(initial=0)),
+    "lost_blocks": lambda t, f_star: float(t["lost_blocks"].sum()),
+    "suboptimality": lambda t, f_star: float(t["curve_loss"][-1] - f_star),
+}
+
+
+def explore(scenario: Scenario, kind: str, runs: int, objective: str, depth: int = 1,
+            seed: int = 0, keep: int = 5, progress: Callable[[int], object] | None = None,
+            ) -> tuple[dict[str, Any], ScheduledRun]:
+    """Run ``runs`` schedules of ``kind`` and keep the ``keep`` worst by ``objective``
+    (largest value); the worst one is run again to check that it reproduces bit for bit.
+    Returns the report and that rerun.
+
+    Raises:
+        ScenarioError: an unknown scheduler or objective, runs or keep < 1, depth < 1.
+    """
+    if objective not in OBJECTIVES:
+        raise ScenarioError("--objective", objective,
+                            f"must be one of {', '.join(OBJECTIVES)}")
+    if kind == "fixed":
+        raise ScenarioError("--scheduler", kind, "replays one schedule: use asyngrad replay "
+                            "--schedule")
+    for name, count in (("--runs", runs), ("--keep", keep)):
+        if count < 1:
+            raise ScenarioError(name, count, "must be >= 1")
+    problem = make_problem(scenario.problem)
+    f_star = problem.optimum()[1]
+    measure = OBJECTIVES[objective]
+    threads = 1 if scenario.run.protocol == "serial" else scenario.run.threads
+    # Steps of a run, for pct's change points: every update's actions.
+    probe = run_schedule(scenario, Scheduler("roundrobin", threads), problem)
+    steps = len(probe.schedule)
+    found: list[tuple[float, int, str]] = []
+    values = []
+    for run in range(runs):
+        result = run_schedule(scenario, Scheduler(kind, threads, seed + run, depth, steps),
+                              problem)
+        value = measure(result.trace, f_star)
+        values.append(value)
+        if all(text != result.text for _, _, text in found):
+            found.append((value, seed + run, result.text))
+        found.sort(key=lambda item: (-item[0], item[1]))
+        del found[keep:]
+        if progress:
+            progress(1)
+    worst_value, _, worst_text = found[0]
+    again = run_schedule(scenario, Scheduler("fixed", threads, schedule=parse_schedule(
+        worst_text)), problem)
+    deterministic = measure(again.trace, f_star) == worst_value and again.text == worst_text
+    spread = np.asarray(values)
+    return {
+        "scenario": scenario.name, "scheduler": kind, "depth": depth, "runs": runs,
+        "seed": seed, "objective": objective, "steps_per_run": steps, "threads": threads,
+        "log10_interleavings_bound": _log_schedules(threads, math.ceil(steps / threads))
+        / math.log(10),
+        "values": {"mean": float(spread.mean()), "p50": float(np.quantile(spread, 0.5)),
+                   "max": float(spread.max()), "min": float(spread.min())},
+        "worst": [{"value": value, "seed": run_seed, "schedule": text}
+                  for value, run_seed, text in found],
+        "replayed_identically": bool(deterministic),
+    }, again

@@ -1,0 +1,114 @@
+"""Controlled schedules: hand-worked interleavings, exact replay, and PCT's guarantee."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from simulator.cli import main
+from simulator.errors import ScenarioError
+from simulator.schedule import (
+    Scheduler,
+    explore,
+    format_schedule,
+    parse_schedule,
+    run_schedule,
+)
+
+from .conftest import scenario
+
+TINY = ("run.threads=2", "problem.dim=4", "run.blocks=2", "metrics.curve_points=0",
+        "problem.n_samples=20")
+
+
+@given(st.lists(st.integers(0, 5), max_size=60))
+def test_schedule_strings_round_trip(choices):
+    assert parse_schedule(format_schedule(choices)) == choices
+
+
+def test_bad_schedule_strings_and_schedules_are_one_clear_error():
+    for text in ("0x", "ax2", "1x0", "0..1"):
+        with pytest.raises(ScenarioError, match="--schedule"):
+            parse_schedule(text)
+    s = scenario(*TINY, "run.updates=2")
+    with pytest.raises(ScenarioError, match="ends after 3 steps"):
+        run_schedule(s, Scheduler("fixed", 2, schedule=[0, 0, 1]))
+    with pytest.raises(ScenarioError, match="picks thread 3 at step 0"):
+        run_schedule(s, Scheduler("fixed", 2, schedule=[3]))
+    with pytest.raises(ScenarioError, match=r"run\.protocol = 'locked'"):
+        run_schedule(scenario(*TINY, "run.protocol=locked"), Scheduler("random", 2))
+
+
+def test_round_robin_interleaving_worked_by_hand():
+    """k = 2, B = 2, load_store, one update each (7 actions: 2 block reads, the gradient,
+    2 × (load, store)), threads alternating: both read both blocks (steps 0–3), compute
+    (4–5), then load b0, load b0, store b0, store b0, … : thread 1's stores land last and
+    overwrite both of thread 0's."""
+    s = scenario(*TINY, "run.updates=2")
+    result = run_schedule(s, Scheduler("roundrobin", 2))
+    assert result.text == ".".join(["0.1"] * 7)
+    t = result.trace
+    assert t["thread"].tolist() == [0, 1]
+    assert t["read_start"].tolist() == [0, 1] and t["read_end"].tolist() == [3, 4]
+    assert t["grad_start"].tolist() == [4, 5] and t["write_end"].tolist() == [13, 14]
+    assert t["lost_blocks"].tolist() == [2, 0] and t["overwrote"].tolist() == [0, 2]
+    assert t["staleness"].tolist() == [0, 1]
+    # Thread 0's update was lost entirely: w_T is w_0 minus thread 1's step alone.
+    serial = run_schedule(s, Scheduler("fixed", 2, schedule=[1] * 7 + [0] * 7))
+    assert serial.trace["lost_blocks"].sum() == 0
+
+
+def test_replaying_a_schedule_is_bit_identical():
+    s = scenario(*TINY, "run.updates=6")
+    first = run_schedule(s, Scheduler("random", 2, seed=11))
+    again = run_schedule(s, Scheduler("fixed", 2, schedule=parse_schedule(first.text)))
+    assert again.text == first.text
+    for name, values in first.trace.arrays.items():
+        assert np.array_equal(values, again.trace[name], equal_nan=True), name
+
+
+def test_pct_meets_its_guarantee_on_a_planted_depth_two_bug():
+    """One update per thread, B = 1: an update is lost only if a thread is preempted between
+    its load and its store (depth 2). PCT with d = 2 must find it with probability at least
+    1/(n·k) per run (n = 8 steps: 4 actions per thread, k = 2); with d = 1 it never
+    preempts, so it never can."""
+    s = scenario(*TINY, "run.updates=2", "run.blocks=1")
+    n, k, runs = 8, 2, 400
+    found = [run_schedule(s, Scheduler("pct", k, seed, 2, n)).trace["lost_blocks"].sum() > 0
+             for seed in range(runs)]
+    assert np.mean(found) >= 1 / (n * k)
+    never = [run_schedule(s, Scheduler("pct", k, seed, 1, n)).trace["lost_blocks"].sum()
+             for seed in range(50)]
+    assert sum(never) == 0
+
+
+def test_explore_keeps_distinct_worst_schedules_that_replay(tmp_path):
+    s = scenario(*TINY, "run.updates=4")
+    report, worst = explore(s, "pct", 120, "lost_blocks", depth=2, keep=3)
+    texts = [w["schedule"] for w in report["worst"]]
+    assert len(set(texts)) == len(texts) == 3
+    values = [w["value"] for w in report["worst"]]
+    assert values == sorted(values, reverse=True) and values[0] == report["values"]["max"]
+    assert report["replayed_identically"] and worst.text == texts[0]
+    assert worst.trace["lost_blocks"].sum() == values[0]
+
+
+def test_cli_explore_and_replay_schedule(tmp_path, capsys):
+    out = tmp_path / "ex"
+    sets = [arg for o in (*TINY, "run.updates=4") for arg in ("--set", o)]
+    assert main(["explore", "--out", str(out), "--runs", "60", "--objective", "staleness",
+                 "--quiet", *sets]) == 0
+    report = json.loads((out / "explore.json").read_text())
+    schedule = report["worst"][0]["schedule"]
+    assert (out / "worst" / "timeline.png").is_file()
+    assert main(["replay", str(out), "--schedule", schedule, "--out", str(tmp_path / "r"),
+                 "--quiet"]) == 0
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert summary["staleness"]["max"] == report["worst"][0]["value"]
+    assert main(["explore", "--out", str(tmp_path / "bad"), "--objective", "speed"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--objective = 'speed'" in err[0]
