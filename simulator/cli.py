@@ -360,7 +360,8 @@ def _explore(args: argparse.Namespace) -> int:
     check_out(out, files)
     with _progress(args.runs, args.quiet) as bar:
         report, worst = explore(scenario, args.scheduler, args.runs, args.objective,
-                                args.depth, args.seed, args.keep, bar.update)
+                                args.depth, args.seed, args.keep, bar.update,
+                                args.preemptions, args.checkpoint)
 
     def write(where: Path) -> None:
         (where / "explore.json").write_text(json.dumps(report, indent=2) + "\n")
@@ -370,9 +371,18 @@ def _explore(args: argparse.Namespace) -> int:
     publish(out, files, write)
     if not args.quiet:
         v = report["values"]
-        print(f"{report['runs']} {report['scheduler']} schedules (depth {report['depth']}) of "
-              f"{scenario.name}, {report['steps_per_run']} steps each; {report['objective']}: "
-              f"mean {v['mean']:.4g}, max {v['max']:.4g}")
+        if report["scheduler"] == "dfs":
+            bound = ("" if report["preemptions"] is None
+                     else f" with at most {report['preemptions']} preemptions")
+            extent = ("all of them" if report["complete"] else
+                      "stopped at --runs; rerun with the same --checkpoint to go on")
+            print(f"{report['schedules']} interleavings of {scenario.name}{bound} "
+                  f"({extent}); {report['objective']}: mean {v['mean']:.4g}, p95 "
+                  f"{v['p95']:.4g}, max {v['max']:.4g}")
+        else:
+            print(f"{report['runs']} {report['scheduler']} schedules (depth {report['depth']}) "
+                  f"of {scenario.name}, {report['steps_per_run']} steps each; "
+                  f"{report['objective']}: mean {v['mean']:.4g}, max {v['max']:.4g}")
         for item in report["worst"]:
             print(f"  {item['value']:.6g}  {item['schedule']}")
         print(f"  the worst schedule replays identically: {report['replayed_identically']}")
@@ -514,9 +524,14 @@ def _parser() -> argparse.ArgumentParser:
 
     exp = command("explore", "run a scenario under controlled schedules and keep the worst",
                   _explore, out="directory for explore.json and the worst run")
-    exp.add_argument("--scheduler", default="pct", help="random, roundrobin or pct "
-                     "(default pct)")
-    exp.add_argument("--runs", type=int, default=100, help="schedules to try (default 100)")
+    exp.add_argument("--scheduler", default="pct", help="random, roundrobin, pct or dfs "
+                     "(every interleaving; default pct)")
+    exp.add_argument("--runs", type=int, default=100,
+                     help="schedules to try (default 100; dfs: the most to run now)")
+    exp.add_argument("--preemptions", type=int, default=None,
+                     help="dfs: at most this many preemptions per schedule (default: any)")
+    exp.add_argument("--checkpoint", metavar="FILE",
+                     help="dfs: where to save and resume the enumeration")
     exp.add_argument("--depth", type=int, default=2, help="pct bug depth d (default 2)")
     exp.add_argument("--objective", default="grad_error",
                      help="grad_error (max ‖δ‖/‖g‖), staleness (max), lost_blocks (total) or "

@@ -17,7 +17,10 @@ Schedulers:
   step the highest-priority runnable thread acts, and at the i-th change point the acting
   thread drops to priority i (below every initial one). A bug of depth d is found with
   probability at least 1/(n·k^(d−1)) per run (n steps, k threads);
-* ``fixed``: follows a given schedule.
+* ``fixed``: follows a given schedule;
+* ``dfs``: exhaustive enumeration (``enumerate_schedules``): every interleaving of a small
+  case, optionally with at most c preemptions (switching away from a thread that could
+  still act), resumable from a checkpoint file.
 
 Time in the resulting trace counts steps: the action at step s spans [s, s + 1).
 """
@@ -39,10 +42,10 @@ from simulator.timing import sample_stream
 from simulator.trace import COLUMNS, Trace
 from simulator.view import SerializedView
 
-__all__ = ["OBJECTIVES", "SCHEDULERS", "Scheduler", "explore", "format_schedule",
-           "parse_schedule", "run_schedule"]
+__all__ = ["OBJECTIVES", "SCHEDULERS", "Scheduler", "enumerate_schedules", "explore",
+           "format_schedule", "parse_schedule", "run_schedule"]
 
-SCHEDULERS = ("random", "roundrobin", "pct", "fixed")
+SCHEDULERS = ("random", "roundrobin", "pct", "fixed", "dfs")
 
 
 def format_schedule(choices: list[int]) -> str:
@@ -88,6 +91,7 @@ class Scheduler:
         self.schedule = schedule or []
         self.step = 0
         self.last = -1
+        self.seen: list[list[int]] = []  # dfs: the runnable threads at each step
         if kind == "pct":
             # Initial priorities d .. d+k−1 (distinct, random order); change points get 1..d−1.
             self.priority = (self.rng.permutation(threads) + depth).tolist()
@@ -97,7 +101,13 @@ class Scheduler:
     def choose(self, runnable: list[int]) -> int:
         """The thread that acts now (``runnable`` is sorted and not empty)."""
         step, self.step = self.step, self.step + 1
-        if self.kind == "random":
+        if self.kind == "dfs":  # the prefix, then keep the running thread while it can act
+            self.seen.append(list(runnable))
+            if step < len(self.schedule):
+                choice = self.schedule[step]
+            else:
+                choice = self.last if self.last in runnable else runnable[0]
+        elif self.kind == "random":
             choice = runnable[int(self.rng.integers(len(runnable)))]
         elif self.kind == "roundrobin":
             later = [t for t in runnable if t > self.last]
@@ -279,6 +289,7 @@ OBJECTIVES: dict[str, Callable[[Trace, float], float]] = {
 
 def explore(scenario: Scenario, kind: str, runs: int, objective: str, depth: int = 1,
             seed: int = 0, keep: int = 5, progress: Callable[[int], object] | None = None,
+            preemptions: int | None = None, checkpoint: str | None = None,
             ) -> tuple[dict[str, Any], ScheduledRun]:
     """Run ``runs`` schedules of ``kind`` and keep the ``keep`` worst by ``objective``
     (largest value); the worst one is run again to check that it reproduces bit for bit.
@@ -293,6 +304,17 @@ def explore(scenario: Scenario, kind: str, runs: int, objective: str, depth: int
     if kind == "fixed":
         raise ScenarioError("--scheduler", kind, "replays one schedule: use asyngrad replay "
                             "--schedule")
+    if kind == "dfs":  # every interleaving (up to runs = the limit), then replay the worst
+        report = enumerate_schedules(scenario, objective, preemptions, runs, checkpoint,
+                                     progress)
+        threads = report["threads"]
+        text = report["worst"][0]["schedule"]
+        again = run_schedule(scenario, Scheduler("fixed", threads,
+                                                 schedule=parse_schedule(text)))
+        value = OBJECTIVES[objective](again.trace, again.problem.optimum()[1])
+        report["replayed_identically"] = bool(value == report["worst"][0]["value"]
+                                              and again.text == text)
+        return report, again
     for name, count in (("--runs", runs), ("--keep", keep)):
         if count < 1:
             raise ScenarioError(name, count, "must be >= 1")
@@ -332,3 +354,98 @@ def explore(scenario: Scenario, kind: str, runs: int, objective: str, depth: int
                   for value, run_seed, text in found],
         "replayed_identically": bool(deterministic),
     }, again
+
+
+def enumerate_schedules(scenario: Scenario, objective: str, preemptions: int | None = None,
+                        limit: int | None = None, checkpoint: str | None = None,
+                        progress: Callable[[int], object] | None = None) -> dict[str, Any]:
+    """Every interleaving of ``scenario`` (depth-first, by re-execution), or those with at
+    most ``preemptions`` preemptions; stops after ``limit`` schedules, saving where it was to
+    ``checkpoint`` (a JSON file) so that a later call resumes there. Reports the exact worst
+    schedule by ``objective`` and the distribution of its values over the schedules run.
+
+    Raises:
+        ScenarioError: an unknown objective, preemptions < 0 or limit < 1.
+    """
+    import json
+    from pathlib import Path
+
+    if objective not in OBJECTIVES:
+        raise ScenarioError("--objective", objective,
+                            f"must be one of {', '.join(OBJECTIVES)}")
+    if preemptions is not None and preemptions < 0:
+        raise ScenarioError("--preemptions", preemptions, "must be >= 0")
+    if limit is not None and limit < 1:
+        raise ScenarioError("--limit", limit, "must be >= 1")
+    problem = make_problem(scenario.problem)
+    f_star = problem.optimum()[1]
+    measure = OBJECTIVES[objective]
+    threads = 1 if scenario.run.protocol == "serial" else scenario.run.threads
+    # The DFS stack: per step of the current path, the runnable threads, the ones tried,
+    # and the preemptions up to and including that step.
+    stack: list[tuple[list[int], list[int], int]] = []
+    prefix: list[int] = []
+    values: list[float] = []
+    worst: tuple[float, str] | None = None
+    state = Path(checkpoint) if checkpoint else None
+    if state is not None and state.is_file():
+        saved = json.loads(state.read_text())
+        stack = [(list(a), list(b), int(c)) for a, b, c in saved["stack"]]
+        prefix, values = saved["prefix"], saved["values"]
+        worst = (saved["worst"][0], saved["worst"][1]) if saved["worst"] else None
+    done = False
+    ran = 0
+    while not done:
+        scheduler = Scheduler("dfs", threads, schedule=prefix)
+        result = run_schedule(scenario, scheduler, problem)
+        path, seen = result.schedule, scheduler.seen
+        count = stack[-1][2] if stack else 0
+        for step in range(len(stack), len(path)):
+            count += int(step > 0 and path[step] != path[step - 1] and path[step - 1] in
+                         seen[step])
+            stack.append((seen[step], [path[step]], count))
+        value = measure(result.trace, f_star)
+        values.append(value)
+        if worst is None or value > worst[0]:
+            worst = (value, result.text)
+        ran += 1
+        if progress:
+            progress(1)
+        # Backtrack to the deepest step with an untried thread within the preemption bound.
+        while stack:
+            step = len(stack) - 1
+            runnable, tried, _ = stack[-1]
+            before = stack[step - 1][2] if step else 0
+            options = [t for t in runnable if t not in tried and (
+                preemptions is None or before + int(step > 0 and t != path[step - 1]
+                                                    and path[step - 1] in runnable)
+                <= preemptions)]
+            if options:
+                tried.append(options[0])
+                extra = int(step > 0 and options[0] != path[step - 1]
+                            and path[step - 1] in runnable)
+                stack[-1] = (runnable, tried, before + extra)
+                prefix = [*path[:step], options[0]]
+                break
+            stack.pop()
+        else:
+            done = True
+        if not done and limit is not None and ran >= limit:
+            break
+    if state is not None:
+        if done:
+            state.unlink(missing_ok=True)
+        else:
+            state.write_text(json.dumps({"stack": stack, "prefix": prefix, "values": values,
+                                         "worst": list(worst) if worst else None}))
+    spread = np.asarray(values)
+    assert worst is not None
+    return {"scenario": scenario.name, "scheduler": "dfs", "objective": objective,
+            "preemptions": preemptions, "complete": done, "schedules": len(values),
+            "threads": threads,
+            "values": {"mean": float(spread.mean()), "p50": float(np.quantile(spread, 0.5)),
+                       "p95": float(np.quantile(spread, 0.95)), "max": float(spread.max()),
+                       "min": float(spread.min()),
+                       "histogram": np.histogram(spread, bins=10)[0].tolist(),
+                       "edges": np.histogram(spread, bins=10)[1].tolist()},
+            "worst": [{"value": worst[0], "schedule": worst[1]}]}

@@ -13,6 +13,7 @@ from simulator.cli import main
 from simulator.errors import ScenarioError
 from simulator.schedule import (
     Scheduler,
+    enumerate_schedules,
     explore,
     format_schedule,
     parse_schedule,
@@ -112,3 +113,34 @@ def test_cli_explore_and_replay_schedule(tmp_path, capsys):
     assert main(["explore", "--out", str(tmp_path / "bad"), "--objective", "speed"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--objective = 'speed'" in err[0]
+
+
+@pytest.mark.parametrize(("threads", "blocks", "actions"), [(2, 1, 4), (2, 2, 7), (3, 1, 4)])
+def test_dfs_enumerates_every_interleaving(threads, blocks, actions):
+    """One update per thread of `actions` atomic actions: (k·n)!/(n!)^k interleavings."""
+    from math import factorial
+
+    s = scenario(*TINY, f"run.threads={threads}", f"run.updates={threads}",
+                 f"run.blocks={blocks}")
+    if threads == 3:  # 34,650 schedules: count them without the exact metrics
+        s = scenario(*TINY, "run.threads=3", "run.updates=3", "run.blocks=1",
+                     "metrics.exact=false")
+    report = enumerate_schedules(s, "lost_blocks")
+    expected = factorial(threads * actions) // factorial(actions) ** threads
+    assert report["complete"] and report["schedules"] == expected
+    none = enumerate_schedules(s, "lost_blocks", preemptions=0)
+    assert none["schedules"] == factorial(threads)  # each thread runs to the end in turn
+    assert none["values"]["max"] == 0  # no preemption, no lost update
+
+
+def test_dfs_finds_the_exact_worst_case_and_resumes_from_a_checkpoint(tmp_path):
+    s = scenario(*TINY, "run.updates=2", "run.blocks=1")
+    full = enumerate_schedules(s, "grad_error")
+    sampled, _ = explore(s, "pct", 60, "grad_error", depth=2)
+    assert full["values"]["max"] >= sampled["values"]["max"]
+    state = tmp_path / "dfs.json"
+    first = enumerate_schedules(s, "grad_error", limit=25, checkpoint=str(state))
+    assert not first["complete"] and first["schedules"] == 25 and state.is_file()
+    rest = enumerate_schedules(s, "grad_error", limit=1000, checkpoint=str(state))
+    assert rest["complete"] and rest["schedules"] == 70 and not state.exists()
+    assert rest["worst"] == full["worst"]
