@@ -358,6 +358,8 @@ def _explore(args: argparse.Namespace) -> int:
     out = Path(args.out)
     files = ("explore.json", "scenario.toml", "worst")
     check_out(out, files)
+    if args.property is not None:
+        return _explore_property(args, scenario, out, files)
     with _progress(args.runs, args.quiet) as bar:
         report, worst = explore(scenario, args.scheduler, args.runs, args.objective,
                                 args.depth, args.seed, args.keep, bar.update,
@@ -389,6 +391,41 @@ def _explore(args: argparse.Namespace) -> int:
         print(f"  wrote {out}/explore.json and {out}/worst/ (replay: asyngrad replay {out} "
               f"--schedule {report['worst'][0]['schedule']} --out DIR)")
     return 0
+
+
+def _explore_property(args: argparse.Namespace, scenario: Any, out: Path,
+                      files: tuple[str, ...]) -> int:
+    """Search for a schedule violating --property, shrink it, write the counterexample."""
+    import json
+
+    from simulator.rundir import publish, write_run
+    from simulator.scenario import scenario_to_toml
+    from simulator.schedule import Property, search_violation
+
+    prop = Property.parse(args.property)
+    with _progress(args.runs, args.quiet) as bar:
+        report = search_violation(scenario, prop, args.scheduler, args.runs, args.depth,
+                                  args.seed, bar.update)
+    run = report.pop("run", None)
+
+    def write(where: Path) -> None:
+        (where / "explore.json").write_text(json.dumps(report, indent=2) + "\n")
+        (where / "scenario.toml").write_text(scenario_to_toml(scenario))
+        if run is not None:
+            write_run(where / "worst", scenario, run.trace, run.problem)
+
+    publish(out, files, write)
+    if not args.quiet:
+        if report["counterexample"] is None:
+            print(f"{prop} held in all {args.runs} {args.scheduler} schedules")
+        else:
+            print(f"{prop} fails after {report['runs_until_found']} {args.scheduler} "
+                  f"schedules ({report['found_value']:.6g}); shrunk to "
+                  f"{report['counterexample']} ({report['counterexample_preemptions']} "
+                  f"preemptions, {report['counterexample_value']:.6g})")
+            print(f"  wrote {out}/explore.json and the counterexample run {out}/worst/ "
+                  "(timeline.png)")
+    return 1 if report["counterexample"] is not None else 0
 
 
 def _floats(name: str, text: str) -> list[float]:
@@ -524,14 +561,18 @@ def _parser() -> argparse.ArgumentParser:
 
     exp = command("explore", "run a scenario under controlled schedules and keep the worst",
                   _explore, out="directory for explore.json and the worst run")
-    exp.add_argument("--scheduler", default="pct", help="random, roundrobin, pct or dfs "
-                     "(every interleaving; default pct)")
+    exp.add_argument("--scheduler", default="pct",
+                     help="random, roundrobin, pct, dfs (every interleaving) or adversarial "
+                          "(greedy worst case); default pct")
     exp.add_argument("--runs", type=int, default=100,
                      help="schedules to try (default 100; dfs: the most to run now)")
     exp.add_argument("--preemptions", type=int, default=None,
                      help="dfs: at most this many preemptions per schedule (default: any)")
     exp.add_argument("--checkpoint", metavar="FILE",
                      help="dfs: where to save and resume the enumeration")
+    exp.add_argument("--property", metavar="'METRIC OP VALUE'",
+                     help="search for a schedule violating it, e.g. 'lost_fraction <= 0.5', "
+                          "and shrink it to a minimal counterexample (exit 1 when found)")
     exp.add_argument("--depth", type=int, default=2, help="pct bug depth d (default 2)")
     exp.add_argument("--objective", default="grad_error",
                      help="grad_error (max ‖δ‖/‖g‖), staleness (max), lost_blocks (total) or "

@@ -20,7 +20,9 @@ Schedulers:
 * ``fixed``: follows a given schedule;
 * ``dfs``: exhaustive enumeration (``enumerate_schedules``): every interleaving of a small
   case, optionally with at most c preemptions (switching away from a thread that could
-  still act), resumable from a checkpoint file.
+  still act), resumable from a checkpoint file;
+* ``adversarial``: greedy search (``greedy_schedule``): at each step, the thread whose action
+  leads to the largest objective when the run then goes on without preemption.
 
 Time in the resulting trace counts steps: the action at step s spans [s, s + 1).
 """
@@ -42,10 +44,11 @@ from simulator.timing import sample_stream
 from simulator.trace import COLUMNS, Trace
 from simulator.view import SerializedView
 
-__all__ = ["OBJECTIVES", "SCHEDULERS", "Scheduler", "enumerate_schedules", "explore",
-           "format_schedule", "parse_schedule", "run_schedule"]
+__all__ = ["OBJECTIVES", "SCHEDULERS", "Property", "Scheduler", "enumerate_schedules",
+           "explore", "format_schedule", "greedy_schedule", "parse_schedule", "run_schedule",
+           "search_violation", "shrink"]
 
-SCHEDULERS = ("random", "roundrobin", "pct", "fixed", "dfs")
+SCHEDULERS = ("random", "roundrobin", "pct", "fixed", "dfs", "adversarial")
 
 
 def format_schedule(choices: list[int]) -> str:
@@ -105,6 +108,10 @@ class Scheduler:
             self.seen.append(list(runnable))
             if step < len(self.schedule):
                 choice = self.schedule[step]
+                if choice not in runnable:
+                    raise ScenarioError("--schedule", format_schedule(self.schedule),
+                                        f"picks thread {choice} at step {step}, which cannot "
+                                        f"act (runnable: {runnable})")
             else:
                 choice = self.last if self.last in runnable else runnable[0]
         elif self.kind == "random":
@@ -277,7 +284,13 @@ def _log_schedules(threads: int, steps: int) -> float:
     return math.lgamma(threads * steps + 1) - threads * math.lgamma(steps + 1)
 
 
+def _lost_fraction(t: Trace, f_star: float) -> float:
+    moved = np.diff(t["op_offsets"])
+    return float(np.max(t["lost_blocks"] / np.maximum(moved, 1), initial=0.0))
+
+
 OBJECTIVES: dict[str, Callable[[Trace, float], float]] = {
+    "lost_fraction": _lost_fraction,
     "grad_error": lambda t, f_star: float(np.max(
         t["delta_norm"][t["measured"]] / np.maximum(t["g_norm"][t["measured"]], 1e-12),
         initial=0.0)),
@@ -304,6 +317,18 @@ def explore(scenario: Scenario, kind: str, runs: int, objective: str, depth: int
     if kind == "fixed":
         raise ScenarioError("--scheduler", kind, "replays one schedule: use asyngrad replay "
                             "--schedule")
+    if kind == "adversarial":
+        result, value, tried = greedy_schedule(scenario, objective, progress)
+        threads = 1 if scenario.run.protocol == "serial" else scenario.run.threads
+        again = run_schedule(scenario, Scheduler("fixed", threads, schedule=result.schedule))
+        f_star = again.problem.optimum()[1]
+        return {"scenario": scenario.name, "scheduler": kind, "objective": objective,
+                "runs": tried, "steps_per_run": len(result.schedule),
+                "values": {"mean": value, "p50": value, "max": value, "min": value},
+                "worst": [{"value": value, "schedule": result.text}],
+                "replayed_identically": bool(
+                    OBJECTIVES[objective](again.trace, f_star) == value
+                    and again.text == result.text)}, again
     if kind == "dfs":  # every interleaving (up to runs = the limit), then replay the worst
         report = enumerate_schedules(scenario, objective, preemptions, runs, checkpoint,
                                      progress)
@@ -449,3 +474,171 @@ def enumerate_schedules(scenario: Scenario, objective: str, preemptions: int | N
                        "histogram": np.histogram(spread, bins=10)[0].tolist(),
                        "edges": np.histogram(spread, bins=10)[1].tolist()},
             "worst": [{"value": worst[0], "schedule": worst[1]}]}
+
+
+_OPS: dict[str, Callable[[float, float], bool]] = {
+    "<=": lambda a, b: a <= b, ">=": lambda a, b: a >= b,
+    "<": lambda a, b: a < b, ">": lambda a, b: a > b,
+}
+
+
+@dataclass(frozen=True)
+class Property:
+    """``METRIC OP VALUE`` over a run, e.g. ``lost_fraction <= 0.5`` (no update loses more
+    than half its blocks) or ``suboptimality <= 0.1`` (after the scenario's T updates)."""
+
+    metric: str
+    op: str
+    value: float
+
+    @classmethod
+    def parse(cls, text: str) -> Property:
+        """Raises ScenarioError naming ``--property`` for anything else."""
+        for op in ("<=", ">=", "<", ">"):
+            metric, sep, value = text.partition(op)
+            if sep:
+                metric = metric.strip()
+                try:
+                    number = float(value)
+                except ValueError:
+                    number = math.nan
+                if metric in OBJECTIVES and math.isfinite(number):
+                    return cls(metric, op, number)
+                break
+        raise ScenarioError("--property", text, "must look like METRIC OP VALUE with METRIC "
+                            f"one of {', '.join(OBJECTIVES)} and OP one of <=, >=, <, >")
+
+    def holds(self, trace: Trace, f_star: float) -> bool:
+        return _OPS[self.op](OBJECTIVES[self.metric](trace, f_star), self.value)
+
+    def __str__(self) -> str:
+        return f"{self.metric} {self.op} {self.value:g}"
+
+
+def _runs_of(schedule: list[int]) -> list[tuple[int, int]]:
+    return [(int(p.split("x")[0]), int(p.split("x")[1]) if "x" in p else 1)
+            for p in format_schedule(schedule).split(".") if p]
+
+
+def _expand(runs: list[tuple[int, int]]) -> list[int]:
+    return [thread for thread, count in runs for _ in range(count)]
+
+
+def shrink(scenario: Scenario, prop: Property, schedule: list[int],
+           problem: Problem | None = None) -> tuple[list[int], ScheduledRun]:
+    """A minimal prefix that still violates ``prop``: the run follows the prefix, then lets
+    each thread run until it cannot act (no further preemption). Greedily cuts the prefix
+    short, drops whole runs of one thread, trims the last run and swaps adjacent runs (all
+    of which remove preemptions or steps) while the property still fails, until none does:
+    in particular no single removal of a run or of the last step keeps it failing.
+
+    Raises:
+        ScenarioError: ``schedule`` does not violate ``prop``.
+    """
+    problem = problem if problem is not None else make_problem(scenario.problem)
+    f_star = problem.optimum()[1]
+    threads = 1 if scenario.run.protocol == "serial" else scenario.run.threads
+
+    def violates(prefix: list[int]) -> ScheduledRun | None:
+        try:
+            result = run_schedule(scenario, Scheduler("dfs", threads, schedule=prefix),
+                                  problem)
+        except ScenarioError:  # the prefix picks a thread that cannot act there
+            return None
+        return None if prop.holds(result.trace, f_star) else result
+
+    best = violates(schedule)
+    if best is None:
+        raise ScenarioError("--schedule", format_schedule(schedule),
+                            f"does not violate {prop}")
+    runs = _runs_of(schedule)
+    changed = True
+    while changed:
+        changed = False
+        # Shortest prefixes first, then single removals (a run of one thread, or the last
+        # step), then swaps of adjacent runs (which merge runs of the same thread).
+        candidates = [runs[:j] for j in range(len(runs))]
+        candidates += [runs[:i] + runs[i + 1:] for i in range(len(runs))]
+        if runs and runs[-1][1] > 1:
+            candidates.append([*runs[:-1], (runs[-1][0], runs[-1][1] - 1)])
+        candidates += [[*runs[:i], runs[i + 1], runs[i], *runs[i + 2:]]
+                       for i in range(len(runs) - 1)]
+        size = (len(runs), sum(count for _, count in runs))
+        for candidate in candidates:
+            merged = _runs_of(_expand(candidate))
+            if (len(merged), sum(count for _, count in merged)) >= size:
+                continue  # only strictly smaller prefixes: the search always ends
+            result = violates(_expand(candidate))
+            if result is not None:
+                runs, best, changed = merged, result, True
+                break
+    return _expand(runs), best
+
+
+def search_violation(scenario: Scenario, prop: Property, kind: str, runs: int,
+                     depth: int = 2, seed: int = 0,
+                     progress: Callable[[int], object] | None = None,
+                     ) -> dict[str, Any]:
+    """Run schedules of ``kind`` until one violates ``prop``; shrink it. The report holds the
+    violating schedule, the minimal counterexample and its metric (``counterexample`` is
+    None when every run satisfied the property)."""
+    problem = make_problem(scenario.problem)
+    f_star = problem.optimum()[1]
+    threads = 1 if scenario.run.protocol == "serial" else scenario.run.threads
+    probe = run_schedule(scenario, Scheduler("roundrobin", threads), problem)
+    steps = len(probe.schedule)
+    report: dict[str, Any] = {"scenario": scenario.name, "property": str(prop),
+                              "scheduler": kind, "depth": depth, "counterexample": None}
+    for run in range(runs):
+        if kind == "dfs":
+            raise ScenarioError("--scheduler", kind, "with --property: random, roundrobin "
+                                "or pct")
+        result = run_schedule(scenario, Scheduler(kind, threads, seed + run, depth, steps),
+                              problem)
+        if progress:
+            progress(1)
+        if not prop.holds(result.trace, f_star):
+            minimal, shrunk = shrink(scenario, prop, result.schedule, problem)
+            measure = OBJECTIVES[prop.metric]
+            report.update(
+                runs_until_found=run + 1, found=result.text,
+                found_value=measure(result.trace, f_star),
+                counterexample=format_schedule(minimal),
+                counterexample_value=measure(shrunk.trace, f_star),
+                counterexample_preemptions=max(0, len(_runs_of(minimal)) - 1),
+                run=shrunk)
+            return report
+    report["runs_until_found"] = None
+    return report
+
+
+def greedy_schedule(scenario: Scenario, objective: str,
+                    progress: Callable[[int], object] | None = None,
+                    ) -> tuple[ScheduledRun, float, int]:
+    """Build a schedule step by step, each time choosing the runnable thread that maximises
+    ``objective`` of the run completed without further preemption (ties: the lowest thread).
+    Returns the run, its objective and how many runs the search took."""
+    problem = make_problem(scenario.problem)
+    f_star = problem.optimum()[1]
+    measure = OBJECTIVES[objective]
+    threads = 1 if scenario.run.protocol == "serial" else scenario.run.threads
+    prefix: list[int] = []
+    tried = 0
+    while True:
+        scheduler = Scheduler("dfs", threads, schedule=prefix)
+        current = run_schedule(scenario, scheduler, problem)
+        tried += 1
+        if len(prefix) >= len(current.schedule):
+            return current, measure(current.trace, f_star), tried
+        best: tuple[float, int] | None = None
+        for thread in scheduler.seen[len(prefix)]:
+            run = run_schedule(scenario, Scheduler("dfs", threads, schedule=[*prefix, thread]),
+                               problem)
+            tried += 1
+            value = measure(run.trace, f_star)
+            if best is None or value > best[0]:
+                best = (value, thread)
+        assert best is not None
+        prefix.append(best[1])
+        if progress:
+            progress(1)

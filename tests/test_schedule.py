@@ -12,12 +12,14 @@ from hypothesis import strategies as st
 from simulator.cli import main
 from simulator.errors import ScenarioError
 from simulator.schedule import (
+    Property,
     Scheduler,
     enumerate_schedules,
     explore,
     format_schedule,
     parse_schedule,
     run_schedule,
+    search_violation,
 )
 
 from .conftest import scenario
@@ -144,3 +146,70 @@ def test_dfs_finds_the_exact_worst_case_and_resumes_from_a_checkpoint(tmp_path):
     rest = enumerate_schedules(s, "grad_error", limit=1000, checkpoint=str(state))
     assert rest["complete"] and rest["schedules"] == 70 and not state.exists()
     assert rest["worst"] == full["worst"]
+
+
+def test_properties_parse_and_reject_bad_text():
+    prop = Property.parse("lost_fraction <= 0.5")
+    assert (prop.metric, prop.op, prop.value) == ("lost_fraction", "<=", 0.5)
+    assert str(Property.parse("staleness<3")) == "staleness < 3"
+    for bad in ("speed <= 1", "lost_blocks == 0", "staleness <= x", "staleness"):
+        with pytest.raises(ScenarioError, match="--property"):
+            Property.parse(bad)
+
+
+@pytest.mark.parametrize("text", ["lost_fraction <= 0.5", "lost_blocks <= 0",
+                                  "staleness <= 2"])
+def test_shrunk_counterexamples_violate_and_are_minimal(text):
+    """The counterexample still violates the property, and no single removal — of one run of
+    a thread, or of the last step — keeps it violating."""
+    from simulator.problems import make_problem
+
+    s = scenario(*TINY, "run.updates=6")
+    prop = Property.parse(text)
+    report = search_violation(s, prop, "random", 200)
+    assert report["counterexample"] is not None
+    minimal = parse_schedule(report["counterexample"])
+    found = parse_schedule(report["found"])
+    assert len(minimal) <= len(found)
+    problem = make_problem(s.problem)
+    f_star = problem.optimum()[1]
+
+    def violates(prefix):
+        try:
+            run = run_schedule(s, Scheduler("dfs", 2, schedule=prefix), problem)
+        except ScenarioError:
+            return False
+        return not prop.holds(run.trace, f_star)
+
+    assert violates(minimal)
+    runs = [(int(p.split("x")[0]), int(p.split("x")[1]) if "x" in p else 1)
+            for p in report["counterexample"].split(".")]
+    for i in range(len(runs)):
+        fewer = [t for j, (t, n) in enumerate(runs) if j != i for _ in range(n)]
+        assert not violates(fewer), (report["counterexample"], i)
+    assert not violates(minimal[:-1])
+    assert report["counterexample_preemptions"] == len(runs) - 1
+
+
+def test_cli_property_search_writes_the_counterexample(tmp_path):
+    out = tmp_path / "prop"
+    sets = [arg for o in (*TINY, "run.updates=6") for arg in ("--set", o)]
+    code = main(["explore", "--out", str(out), "--scheduler", "random", "--runs", "200",
+                 "--property", "lost_blocks <= 0", "--quiet", *sets])
+    assert code == 1  # a violation was found
+    report = json.loads((out / "explore.json").read_text())
+    assert report["counterexample"] and (out / "worst" / "timeline.png").is_file()
+    held = main(["explore", "--out", str(tmp_path / "ok"), "--scheduler", "random", "--runs",
+                 "20", "--property", "lost_blocks >= 0", "--quiet", *sets])
+    assert held == 0
+
+
+def test_adversarial_greedy_search_finds_the_exact_worst_case_of_a_small_run():
+    s = scenario(*TINY, "run.updates=2", "run.blocks=1")
+    exact = enumerate_schedules(s, "grad_error")["values"]["max"]
+    report, _ = explore(s, "adversarial", 1, "grad_error")
+    assert report["worst"][0]["value"] == exact and report["replayed_identically"]
+    bigger = scenario(*TINY, "run.updates=4")
+    greedy, _ = explore(bigger, "adversarial", 1, "grad_error")
+    sampled, _ = explore(bigger, "random", 100, "grad_error")
+    assert greedy["worst"][0]["value"] >= sampled["values"]["max"]
