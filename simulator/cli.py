@@ -104,6 +104,8 @@ def _replay_schedule(path: Path, text: str, overrides: list[str]) -> tuple[Any, 
 
     source = path / "scenario.toml" if path.is_dir() else path
     scenario = load_scenario(source, overrides)
+    if Path(text).is_file():  # a schedule file, such as explore's worst.schedule
+        text = Path(text).read_text().strip()
     threads = 1 if scenario.run.protocol == "serial" else scenario.run.threads
     result = run_schedule(scenario, Scheduler("fixed", threads,
                                               schedule=parse_schedule(text)))
@@ -356,7 +358,7 @@ def _explore(args: argparse.Namespace) -> int:
 
     scenario = load_scenario(args.scenario, args.set)
     out = Path(args.out)
-    files = ("explore.json", "scenario.toml", "worst")
+    files = ("explore.json", "scenario.toml", "worst", "worst.schedule")
     check_out(out, files)
     if args.property is not None:
         return _explore_property(args, scenario, out, files)
@@ -368,6 +370,7 @@ def _explore(args: argparse.Namespace) -> int:
     def write(where: Path) -> None:
         (where / "explore.json").write_text(json.dumps(report, indent=2) + "\n")
         (where / "scenario.toml").write_text(scenario_to_toml(scenario))
+        (where / "worst.schedule").write_text(report["worst"][0]["schedule"] + "\n")
         write_run(where / "worst", scenario, worst.trace, worst.problem)
 
     publish(out, files, write)
@@ -388,8 +391,8 @@ def _explore(args: argparse.Namespace) -> int:
         for item in report["worst"]:
             print(f"  {item['value']:.6g}  {item['schedule']}")
         print(f"  the worst schedule replays identically: {report['replayed_identically']}")
-        print(f"  wrote {out}/explore.json and {out}/worst/ (replay: asyngrad replay {out} "
-              f"--schedule {report['worst'][0]['schedule']} --out DIR)")
+        print(f"  wrote {out}/explore.json, {out}/worst.schedule and {out}/worst/ (replay: "
+              f"asyngrad replay {out} --schedule {out}/worst.schedule --out DIR)")
     return 0
 
 
@@ -412,6 +415,7 @@ def _explore_property(args: argparse.Namespace, scenario: Any, out: Path,
         (where / "explore.json").write_text(json.dumps(report, indent=2) + "\n")
         (where / "scenario.toml").write_text(scenario_to_toml(scenario))
         if run is not None:
+            (where / "worst.schedule").write_text(report["counterexample"] + "\n")
             write_run(where / "worst", scenario, run.trace, run.problem)
 
     publish(out, files, write)
@@ -503,9 +507,9 @@ def _parser() -> argparse.ArgumentParser:
     rep.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                      help="change a value the trace does not fix, e.g. run.lr=0.01")
     rep.add_argument("--schedule", metavar="S",
-                     help="re-run this controlled schedule (e.g. 0x3.1.0x2, from asyngrad "
-                          "explore) on TRACE's scenario: a scenario file or a directory "
-                          "holding scenario.toml")
+                     help="re-run this controlled schedule (e.g. 0x3.1.0x2, or a file "
+                          "holding one such as explore's worst.schedule) on TRACE's "
+                          "scenario: a scenario file or a directory holding scenario.toml")
 
     sweep = command("sweep", "run a scenario over a grid of field values", _sweep,
                     out="sweep directory (rerun to resume)")

@@ -300,6 +300,18 @@ OBJECTIVES: dict[str, Callable[[Trace, float], float]] = {
 }
 
 
+def _identical(scenario: Scenario, text: str, problem: Problem | None = None,
+               ) -> tuple[ScheduledRun, bool]:
+    """Run schedule ``text`` twice and compare every array of the two traces (a check for
+    nondeterminism the schedule does not control); returns the run and the verdict."""
+    threads = 1 if scenario.run.protocol == "serial" else scenario.run.threads
+    runs = [run_schedule(scenario, Scheduler("fixed", threads, schedule=parse_schedule(text)),
+                         problem) for _ in range(2)]
+    same = all(np.array_equal(values, runs[1].trace[name], equal_nan=True)
+               for name, values in runs[0].trace.arrays.items())
+    return runs[0], same and runs[0].text == runs[1].text == text
+
+
 def explore(scenario: Scenario, kind: str, runs: int, objective: str, depth: int = 1,
             seed: int = 0, keep: int = 5, progress: Callable[[int], object] | None = None,
             preemptions: int | None = None, checkpoint: str | None = None,
@@ -319,26 +331,21 @@ def explore(scenario: Scenario, kind: str, runs: int, objective: str, depth: int
                             "--schedule")
     if kind == "adversarial":
         result, value, tried = greedy_schedule(scenario, objective, progress)
-        threads = 1 if scenario.run.protocol == "serial" else scenario.run.threads
-        again = run_schedule(scenario, Scheduler("fixed", threads, schedule=result.schedule))
+        again, same = _identical(scenario, result.text)
         f_star = again.problem.optimum()[1]
         return {"scenario": scenario.name, "scheduler": kind, "objective": objective,
                 "runs": tried, "steps_per_run": len(result.schedule),
                 "values": {"mean": value, "p50": value, "max": value, "min": value},
                 "worst": [{"value": value, "schedule": result.text}],
                 "replayed_identically": bool(
-                    OBJECTIVES[objective](again.trace, f_star) == value
-                    and again.text == result.text)}, again
+                    same and OBJECTIVES[objective](again.trace, f_star) == value)}, again
     if kind == "dfs":  # every interleaving (up to runs = the limit), then replay the worst
         report = enumerate_schedules(scenario, objective, preemptions, runs, checkpoint,
                                      progress)
-        threads = report["threads"]
         text = report["worst"][0]["schedule"]
-        again = run_schedule(scenario, Scheduler("fixed", threads,
-                                                 schedule=parse_schedule(text)))
+        again, same = _identical(scenario, text)
         value = OBJECTIVES[objective](again.trace, again.problem.optimum()[1])
-        report["replayed_identically"] = bool(value == report["worst"][0]["value"]
-                                              and again.text == text)
+        report["replayed_identically"] = bool(same and value == report["worst"][0]["value"])
         return report, again
     for name, count in (("--runs", runs), ("--keep", keep)):
         if count < 1:
@@ -364,9 +371,8 @@ def explore(scenario: Scenario, kind: str, runs: int, objective: str, depth: int
         if progress:
             progress(1)
     worst_value, _, worst_text = found[0]
-    again = run_schedule(scenario, Scheduler("fixed", threads, schedule=parse_schedule(
-        worst_text)), problem)
-    deterministic = measure(again.trace, f_star) == worst_value and again.text == worst_text
+    again, same = _identical(scenario, worst_text, problem)
+    deterministic = same and measure(again.trace, f_star) == worst_value
     spread = np.asarray(values)
     return {
         "scenario": scenario.name, "scheduler": kind, "depth": depth, "runs": runs,

@@ -108,8 +108,9 @@ def test_cli_explore_and_replay_schedule(tmp_path, capsys):
     report = json.loads((out / "explore.json").read_text())
     schedule = report["worst"][0]["schedule"]
     assert (out / "worst" / "timeline.png").is_file()
-    assert main(["replay", str(out), "--schedule", schedule, "--out", str(tmp_path / "r"),
-                 "--quiet"]) == 0
+    assert (out / "worst.schedule").read_text().strip() == schedule
+    assert main(["replay", str(out), "--schedule", str(out / "worst.schedule"), "--out",
+                 str(tmp_path / "r"), "--quiet"]) == 0
     summary = json.loads((tmp_path / "r" / "summary.json").read_text())
     assert summary["staleness"]["max"] == report["worst"][0]["value"]
     assert main(["explore", "--out", str(tmp_path / "bad"), "--objective", "speed"]) == 2
