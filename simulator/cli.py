@@ -21,6 +21,7 @@ __all__ = ["main"]
 
 CHECK_FILES = ("check.json", "check.png")
 TAUSWEEP_FILES = ("tausweep.json", "tausweep.png")
+TABLE_FILES = ("table.csv", "table.md")
 COMPARE_FILES = ("compare.json", "compare.png")
 
 
@@ -432,6 +433,35 @@ def _explore_property(args: argparse.Namespace, scenario: Any, out: Path,
     return 1 if report["counterexample"] is not None else 0
 
 
+def _table(args: argparse.Namespace) -> int:
+    import csv
+
+    from simulator.rundir import check_out, publish
+    from simulator.table import paper_table, table_markdown
+
+    for name, value in (("--updates", args.updates), ("--threads", args.threads)):
+        if value < 1:
+            raise ScenarioError(name, value, "must be >= 1")
+    out = Path(args.out)
+    check_out(out, TABLE_FILES)
+    with _progress(6, args.quiet) as bar:
+        cells = paper_table(args.updates, args.threads, args.seed, bar.update)
+    text = table_markdown(cells)
+
+    def write(where: Path) -> None:
+        with open(where / "table.csv", "w", newline="") as handle:
+            writer = csv.DictWriter(handle, list(cells[0]))
+            writer.writeheader()
+            writer.writerows(cells)
+        (where / "table.md").write_text(text)
+
+    publish(out, TABLE_FILES, write)
+    if not args.quiet:
+        print(text, end="")
+        print(f"wrote {out}/table.csv and table.md")
+    return 0
+
+
 def _floats(name: str, text: str) -> list[float]:
     try:
         return [float(v) for v in text.split(",")]
@@ -583,6 +613,12 @@ def _parser() -> argparse.ArgumentParser:
                           "suboptimality (final); default grad_error")
     exp.add_argument("--seed", type=int, default=0, help="first scheduler seed (default 0)")
     exp.add_argument("--keep", type=int, default=5, help="worst schedules kept (default 5)")
+
+    tab = command("table", "the Sync/Async × Sparse/Dense table of AsynGrad, measured", _table,
+                  scenario=False, out="directory for table.csv and table.md")
+    tab.add_argument("--updates", type=int, default=20_000, help="T per run (default 20000)")
+    tab.add_argument("--threads", type=int, default=8, help="k (default 8)")
+    tab.add_argument("--seed", type=int, default=0, help="run seed (default 0)")
 
     cal = command("calibrate", "fit the simulator's timing model to a recorded (real) run",
                   _calibrate, scenario=False, out="scenario file to write (TOML)")

@@ -122,6 +122,10 @@ class Problem(ABC):
             w = w + step
         return w
 
+    def accuracy(self, w: np.ndarray) -> float | None:
+        """Training accuracy at ``w`` for classification problems (None otherwise)."""
+        return None
+
     def describe(self) -> dict[str, Any]:
         """Plain facts for summaries."""
         return {"name": self.name, "dim": self.dim, "n_samples": self.n_samples,
@@ -214,6 +218,9 @@ class LogisticProblem(Problem):
         super().__init__(X.shape[1], X.shape[0])
         self.X, self.y, self.l2 = X, y, l2
         self._y = y.tolist()
+
+    def accuracy(self, w: np.ndarray) -> float | None:
+        return float(np.mean(np.where(self.X @ w >= 0, 1.0, -1.0) == self.y))
 
     @classmethod
     def synthetic(cls, dim: int, n_samples: int, l2: float, seed: int) -> LogisticProblem:
@@ -342,6 +349,9 @@ class SparseLogisticProblem(Problem):
         margins = self.y * (self.X @ w)
         return float(np.logaddexp(0.0, -margins).mean() + 0.5 * self.l2 * float(w @ w))
 
+    def accuracy(self, w: np.ndarray) -> float | None:
+        return float(np.mean(np.where(self.X @ w >= 0, 1.0, -1.0) == self.y))
+
     def full_grad(self, w: np.ndarray) -> np.ndarray:
         coef = -self.y * _expit(-self.y * (self.X @ w))
         return self.X.T @ coef / self.n_samples + self.l2 * w
@@ -449,6 +459,9 @@ class MLPProblem(Problem):
         W1, b1, W2, b2 = self._unpack(w)
         h = np.tanh(self.X @ W1.T + b1)
         return h, h @ W2.T + b2
+
+    def accuracy(self, w: np.ndarray) -> float | None:
+        return float(np.mean(self._batch(w)[1].argmax(axis=1) == self.y))
 
     def full_loss(self, w: np.ndarray) -> float:
         _, z = self._batch(w)
