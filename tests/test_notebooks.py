@@ -30,3 +30,11 @@ def test_sim_vs_hardware_notebook(tmp_path):
     assert len(images) == 2
     conclusion = notebook.cells[-1].outputs[0]["data"]["text/markdown"]
     assert "predicts k = 3" in conclusion and "Targets met:" in conclusion
+
+
+def test_theorem_notebook(tmp_path):
+    notebook = _execute("02_theorem.py", {"SEEDS": 4, "SWEEP_SEEDS": 2, "POINTS": 4}, tmp_path)
+    outputs = [o for c in notebook.cells if c.cell_type == "code" for o in c.outputs]
+    assert len([o for o in outputs if "image/png" in o.get("data", {})]) == 2
+    conclusion = notebook.cells[-1].outputs[0]["data"]["text/markdown"]
+    assert "lock-free scenario" in conclusion and "verdict" in conclusion
