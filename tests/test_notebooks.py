@@ -38,3 +38,12 @@ def test_theorem_notebook(tmp_path):
     assert len([o for o in outputs if "image/png" in o.get("data", {})]) == 2
     conclusion = notebook.cells[-1].outputs[0]["data"]["text/markdown"]
     assert "lock-free scenario" in conclusion and "verdict" in conclusion
+
+
+def test_scenarios_notebook(tmp_path):
+    notebook = _execute("01_scenarios.py", {"UPDATES": 600, "THREADS": (1, 4, 16),
+                                            "RATIOS": (0.1, 0.8)}, tmp_path)
+    outputs = [o for c in notebook.cells if c.cell_type == "code" for o in c.outputs]
+    assert len([o for o in outputs if "image/png" in o.get("data", {})]) == 3
+    conclusion = notebook.cells[-1].outputs[0]["data"]["text/markdown"]
+    assert "dense model's updates carry a gradient error" in conclusion
