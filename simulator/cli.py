@@ -444,7 +444,7 @@ def _table(args: argparse.Namespace) -> int:
             raise ScenarioError(name, value, "must be >= 1")
     out = Path(args.out)
     check_out(out, TABLE_FILES)
-    with _progress(6, args.quiet) as bar:
+    with _progress(9, args.quiet) as bar:
         cells = paper_table(args.updates, args.threads, args.seed, bar.update)
     text = table_markdown(cells)
 

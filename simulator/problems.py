@@ -532,8 +532,16 @@ def _make_mlp(spec: Any) -> Problem:
                                 spec.seed)
 
 
+def _make_lstm_tagger(spec: Any) -> Problem:
+    from simulator.lstm_tagger import LSTMTaggerProblem
+
+    return LSTMTaggerProblem.synthetic(spec.dim, spec.n_samples, spec.length, spec.classes,
+                                       spec.hidden, spec.l2, spec.seed)
+
+
 PROBLEMS = {"quadratic": _make_quadratic, "logistic": _make_logistic,
-            "sparse_logistic": _make_sparse_logistic, "mlp": _make_mlp}
+            "sparse_logistic": _make_sparse_logistic, "mlp": _make_mlp,
+            "lstm_tagger": _make_lstm_tagger}
 
 
 def make_problem(spec: Any) -> Problem:

@@ -46,7 +46,9 @@ class ProblemSpec:
 
     ``dim`` is the number of features (for ``mlp``, its input size; the parameter count is
     hidden·(dim + 1) + classes·(hidden + 1)); ``density`` serves ``sparse_logistic``;
-    ``hidden`` and ``classes`` serve ``mlp``."""
+    ``hidden`` and ``classes`` serve ``mlp``. For ``lstm_tagger``, ``dim`` is the vocabulary,
+    ``hidden`` the embedding and LSTM size, ``classes`` the tags and ``length`` the tokens per
+    sequence (a sample)."""
 
     name: str = "logistic"
     data: str = "synthetic"
@@ -56,6 +58,7 @@ class ProblemSpec:
     density: float = 0.01
     hidden: int = 32
     classes: int = 4
+    length: int = 8
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -69,6 +72,7 @@ class ProblemSpec:
         _check(0 < self.density <= 1, "density", self.density, "must be in (0, 1]")
         _check(self.hidden >= 1, "hidden", self.hidden, "must be >= 1 (mlp hidden units)")
         _check(self.classes >= 2, "classes", self.classes, "must be >= 2 (mlp classes)")
+        _check(self.length >= 1, "length", self.length, "must be >= 1 (lstm_tagger tokens)")
         _check(self.seed >= 0, "seed", self.seed, "must be >= 0")
 
 

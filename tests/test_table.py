@@ -14,19 +14,23 @@ from simulator.table import paper_table
 
 def test_the_table_shows_the_papers_observations():
     """Locked training has no gradient error, no staleness and no speedup; lock-free training
-    on the dense model carries an error on nearly every update, far more often and far larger
-    than on the sparse model, runs about k times faster in simulated time, and ends at about
-    the serial run's accuracy."""
+    on the dense models carries an error on nearly every update, far more often and far larger
+    than on the sparse model, runs about k times faster in simulated time, and ends near the
+    serial run's accuracy."""
     cells = {(c["row"], c["column"]): c for c in paper_table(updates=3000, threads=8)}
-    for column in ("sparse", "dense"):
+    for column in ("sparse", "dense", "lstm"):
         sync = cells["sync", column]
         assert sync["error_rate"] == 0 and sync["staleness_mean"] == 0
         assert sync["speedup"] == pytest.approx(1.0, abs=0.05)
         assert cells["async", column]["speedup"] > 6
-        assert abs(cells["async", column]["accuracy"] - sync["serial_accuracy"]) < 0.05
+        # The LSTM needs more than these 3,000 updates to catch up (at 20,000 it is within
+        # 0.01 of serial: README); here it must be well on its way.
+        tolerance = 0.1 if column == "lstm" else 0.05
+        assert abs(cells["async", column]["accuracy"] - sync["serial_accuracy"]) < tolerance
     dense, sparse = cells["async", "dense"], cells["async", "sparse"]
     assert dense["error_rate"] > 0.95 > sparse["error_rate"]
     assert dense["relative_error_p50"] > 1e6 * sparse["relative_error_p50"]
+    assert cells["async", "lstm"]["error_rate"] > 0.95
 
 
 def test_accuracy_of_the_classifiers():
@@ -42,7 +46,8 @@ def test_cli_writes_csv_and_markdown(tmp_path, capsys):
     assert main(["table", "--out", str(out), "--updates", "500"]) == 0
     assert "Async (lock-free, k = 8)" in capsys.readouterr().out
     rows = list(csv.DictReader((out / "table.csv").read_text().splitlines()))
-    assert [(r["row"], r["column"]) for r in rows] == [("sync", "sparse"), ("async", "sparse"),
-                                                       ("sync", "dense"), ("async", "dense")]
+    assert [(r["row"], r["column"]) for r in rows] == [
+        ("sync", "sparse"), ("async", "sparse"), ("sync", "dense"), ("async", "dense"),
+        ("sync", "lstm"), ("async", "lstm")]
     assert (out / "table.md").read_text().startswith("| | Sparse")
     assert main(["table", "--out", str(tmp_path / "bad"), "--threads", "0"]) == 2

@@ -1,0 +1,206 @@
+"""Sequence labelling with an LSTM over embeddings: the main model of the AsynGrad paper.
+
+A sample is a sequence of L tokens from a vocabulary of V with one tag (of K) per token. The
+model embeds each token (embedding size H), runs a one-layer left-to-right LSTM with H units,
+and predicts each position's tag from its hidden state; f_i is the mean cross-entropy over
+the sequence's positions plus (λ/2)‖w‖². Gradients are exact backpropagation through time,
+written in numpy and vectorised over sequences, so the per-sample gradient and the full
+gradient are the same code; the torch twin checks them.
+
+The synthetic data come from a hidden Markov model: tags follow a sticky Markov chain, and
+each tag emits tokens mostly from its own part of the vocabulary, with shared ambiguous
+tokens. Telling the tag of an ambiguous token needs the context, which the LSTM can learn.
+
+Nonconvex: ``optimum()`` is a local estimate (L-BFGS from the seeded w_0, at most
+``SOLVER_ITERATIONS`` steps), and suboptimality is measured against it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import scipy.optimize
+
+from simulator.problems import Gradient, Problem
+
+__all__ = ["LSTMTaggerProblem"]
+
+
+def _sigmoid(z: np.ndarray) -> np.ndarray:
+    return 0.5 * (1.0 + np.tanh(0.5 * z))
+
+
+class LSTMTaggerProblem(Problem):
+    """w = (embeddings V×H, input weights 4H×H, recurrent weights 4H×H, gate biases 4H,
+    output weights K×H, output biases K), gates in the order input, forget, cell, output."""
+
+    name = "lstm_tagger"
+    convex = False
+    SOLVER_ITERATIONS = 200
+
+    def __init__(self, tokens: np.ndarray, tags: np.ndarray, vocab: int, hidden: int,
+                 classes: int, l2: float, seed: int) -> None:
+        self.tokens, self.tags = tokens.astype(np.int64), tags.astype(np.int64)
+        self.vocab, self.hidden, self.classes = vocab, hidden, classes
+        self.l2, self.seed = l2, seed
+        h = hidden
+        sizes = [vocab * h, 4 * h * h, 4 * h * h, 4 * h, classes * h, classes]
+        self._cuts = np.cumsum([0, *sizes]).tolist()
+        super().__init__(self._cuts[-1], tokens.shape[0])
+
+    @classmethod
+    def synthetic(cls, vocab: int, n_samples: int, length: int, classes: int, hidden: int,
+                  l2: float, seed: int) -> LSTMTaggerProblem:
+        """Sequences from a sticky HMM: stay with probability 0.8; each tag emits its own
+        tokens with probability 0.7, else any token uniformly (the ambiguous part)."""
+        rng = np.random.default_rng(seed)
+        own = np.array_split(np.arange(vocab), classes)
+        tags = np.zeros((n_samples, length), dtype=np.int64)
+        tokens = np.zeros((n_samples, length), dtype=np.int64)
+        tags[:, 0] = rng.integers(0, classes, n_samples)
+        for t in range(1, length):
+            stay = rng.random(n_samples) < 0.8
+            tags[:, t] = np.where(stay, tags[:, t - 1], rng.integers(0, classes, n_samples))
+        mine = rng.random((n_samples, length)) < 0.7
+        uniform = rng.integers(0, vocab, (n_samples, length))
+        for tag, words in enumerate(own):
+            pick = words[rng.integers(0, len(words), (n_samples, length))] if len(words) \
+                else uniform
+            tokens = np.where((tags == tag) & mine, pick, tokens)
+        tokens = np.where(mine, tokens, uniform)
+        return cls(tokens, tags, vocab, hidden, classes, l2, seed)
+
+    def _unpack(self, w: np.ndarray) -> tuple[np.ndarray, ...]:
+        h, c = self.hidden, self._cuts
+        return (w[c[0]:c[1]].reshape(self.vocab, h), w[c[1]:c[2]].reshape(4 * h, h),
+                w[c[2]:c[3]].reshape(4 * h, h), w[c[3]:c[4]],
+                w[c[4]:c[5]].reshape(self.classes, h), w[c[5]:c[6]])
+
+    def initial(self) -> np.ndarray:
+        rng = np.random.default_rng([self.seed, 1])
+        w = np.zeros(self.dim)
+        emb, wx, wh, b, wo, _ = self._unpack(w)
+        scale = 1.0 / math.sqrt(self.hidden)
+        emb[:] = rng.standard_normal(emb.shape) * scale
+        wx[:] = rng.standard_normal(wx.shape) * scale
+        wh[:] = rng.standard_normal(wh.shape) * scale
+        b[self.hidden: 2 * self.hidden] = 1.0  # forget-gate bias: remember by default
+        wo[:] = rng.standard_normal(wo.shape) * scale
+        return w
+
+    def _run(self, w: np.ndarray, rows: np.ndarray | slice,
+             backward: bool) -> tuple[float, np.ndarray | None, np.ndarray]:
+        """Mean over ``rows`` of the per-sequence losses (without the l2 term), its gradient
+        when ``backward``, and the logits (N, L, K)."""
+        emb, wx, wh, b, wo, bo = self._unpack(w)
+        tokens, tags = self.tokens[rows], self.tags[rows]
+        n, length = tokens.shape
+        h = self.hidden
+        hs, cs = [np.zeros((n, h))], [np.zeros((n, h))]
+        gates, xs = [], []
+        logits = np.zeros((n, length, self.classes))
+        for t in range(length):
+            x = emb[tokens[:, t]]
+            a = x @ wx.T + hs[-1] @ wh.T + b
+            i, f = _sigmoid(a[:, :h]), _sigmoid(a[:, h:2 * h])
+            g, o = np.tanh(a[:, 2 * h:3 * h]), _sigmoid(a[:, 3 * h:])
+            c = f * cs[-1] + i * g
+            hs.append(o * np.tanh(c))
+            cs.append(c)
+            gates.append((i, f, g, o))
+            xs.append(x)
+            logits[:, t] = hs[-1] @ wo.T + bo
+        top = logits.max(axis=2, keepdims=True)
+        shifted = np.exp(logits - top)
+        total = shifted.sum(axis=2, keepdims=True)
+        logp = logits - top - np.log(total)
+        picked = np.take_along_axis(logp, tags[:, :, None], axis=2)[:, :, 0]
+        value = float(-picked.mean(axis=1).mean())
+        if not backward:
+            return value, None, logits
+        grad = np.zeros(self.dim)
+        g_emb, g_wx, g_wh, g_b, g_wo, g_bo = self._unpack(grad)
+        dz = shifted / total
+        np.put_along_axis(dz, tags[:, :, None],
+                          np.take_along_axis(dz, tags[:, :, None], axis=2) - 1.0, axis=2)
+        dz /= n * length  # mean over positions, then over sequences
+        dh_next, dc_next = np.zeros((n, h)), np.zeros((n, h))
+        for t in reversed(range(length)):
+            i, f, g, o = gates[t]
+            h_t, c_t, c_prev, h_prev = hs[t + 1], cs[t + 1], cs[t], hs[t]
+            g_wo += dz[:, t].T @ h_t
+            g_bo += dz[:, t].sum(axis=0)
+            dh = dz[:, t] @ wo + dh_next
+            tanh_c = np.tanh(c_t)
+            dc = dh * o * (1.0 - tanh_c * tanh_c) + dc_next
+            da = np.concatenate([dc * g * i * (1.0 - i), dc * c_prev * f * (1.0 - f),
+                                 dc * i * (1.0 - g * g), dh * tanh_c * o * (1.0 - o)], axis=1)
+            g_wx += da.T @ xs[t]
+            g_wh += da.T @ h_prev
+            g_b += da.sum(axis=0)
+            np.add.at(g_emb, tokens[:, t], da @ wx)
+            dh_next, dc_next = da @ wh, dc * f
+        return value, grad, logits
+
+    def loss(self, w: np.ndarray, idx: int) -> float:
+        value, _, _ = self._run(w, slice(idx, idx + 1), False)
+        return value + 0.5 * self.l2 * float(w @ w)
+
+    def grad(self, w: np.ndarray, idx: int) -> Gradient:
+        _, grad, _ = self._run(w, slice(idx, idx + 1), True)
+        assert grad is not None
+        grad += self.l2 * w
+        return grad, None
+
+    def full_loss(self, w: np.ndarray) -> float:
+        value, _, _ = self._run(w, slice(None), False)
+        return value + 0.5 * self.l2 * float(w @ w)
+
+    def full_grad(self, w: np.ndarray) -> np.ndarray:
+        _, grad, _ = self._run(w, slice(None), True)
+        assert grad is not None
+        grad += self.l2 * w
+        return grad
+
+    def hessp(self, w: np.ndarray, v: np.ndarray) -> np.ndarray:
+        """∇²f(w)v by a central difference of ∇f (step scaled to w and v)."""
+        norm = float(np.linalg.norm(v))
+        if norm == 0:
+            return np.zeros(self.dim)
+        step = 1e-5 * (1.0 + float(np.linalg.norm(w))) / norm
+        return (self.full_grad(w + step * v) - self.full_grad(w - step * v)) / (2 * step)
+
+    def accuracy(self, w: np.ndarray) -> float | None:
+        """Per-token tagging accuracy over all sequences."""
+        _, _, logits = self._run(w, slice(None), False)
+        return float(np.mean(logits.argmax(axis=2) == self.tags))
+
+    def _solve(self) -> np.ndarray:
+        result = scipy.optimize.minimize(self.full_loss, self.initial(), jac=self.full_grad,
+                                         method="L-BFGS-B",
+                                         options={"gtol": 1e-10, "ftol": 1e-15,
+                                                  "maxiter": self.SOLVER_ITERATIONS})
+        return np.asarray(result.x, dtype=np.float64)
+
+    def torch_loss(self, w: Any, idx: int) -> Any:
+        import torch
+
+        h, c = self.hidden, self._cuts
+        emb = w[c[0]:c[1]].reshape(self.vocab, h)
+        wx, wh = w[c[1]:c[2]].reshape(4 * h, h), w[c[2]:c[3]].reshape(4 * h, h)
+        b, wo, bo = w[c[3]:c[4]], w[c[4]:c[5]].reshape(self.classes, h), w[c[5]:c[6]]
+        state = torch.zeros(h, dtype=w.dtype)
+        cell = torch.zeros(h, dtype=w.dtype)
+        total = torch.zeros((), dtype=w.dtype)
+        length = self.tokens.shape[1]
+        for t in range(length):
+            a = wx @ emb[int(self.tokens[idx, t])] + wh @ state + b
+            i, f = torch.sigmoid(a[:h]), torch.sigmoid(a[h:2 * h])
+            g, o = torch.tanh(a[2 * h:3 * h]), torch.sigmoid(a[3 * h:])
+            cell = f * cell + i * g
+            state = o * torch.tanh(cell)
+            z = wo @ state + bo
+            total = total + torch.logsumexp(z, 0) - z[int(self.tags[idx, t])]
+        return total / length + 0.5 * self.l2 * (w @ w)
