@@ -25,7 +25,29 @@ import scipy.optimize
 
 from simulator.problems import Gradient, Problem
 
-__all__ = ["LSTMTaggerProblem"]
+__all__ = ["LSTMTaggerProblem", "hmm_sequences"]
+
+
+def hmm_sequences(vocab: int, n_samples: int, length: int, classes: int,
+                  seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(tokens, tags), each (n_samples, length), from a sticky HMM: a tag stays with
+    probability 0.8; it emits one of its own tokens with probability 0.7, else any token
+    uniformly (the ambiguous part, which only the context can resolve)."""
+    rng = np.random.default_rng(seed)
+    own = np.array_split(np.arange(vocab), classes)
+    tags = np.zeros((n_samples, length), dtype=np.int64)
+    tokens = np.zeros((n_samples, length), dtype=np.int64)
+    tags[:, 0] = rng.integers(0, classes, n_samples)
+    for t in range(1, length):
+        stay = rng.random(n_samples) < 0.8
+        tags[:, t] = np.where(stay, tags[:, t - 1], rng.integers(0, classes, n_samples))
+    mine = rng.random((n_samples, length)) < 0.7
+    uniform = rng.integers(0, vocab, (n_samples, length))
+    for tag, words in enumerate(own):
+        pick = words[rng.integers(0, len(words), (n_samples, length))] if len(words) \
+            else uniform
+        tokens = np.where((tags == tag) & mine, pick, tokens)
+    return np.where(mine, tokens, uniform), tags
 
 
 def _sigmoid(z: np.ndarray) -> np.ndarray:
@@ -53,23 +75,8 @@ class LSTMTaggerProblem(Problem):
     @classmethod
     def synthetic(cls, vocab: int, n_samples: int, length: int, classes: int, hidden: int,
                   l2: float, seed: int) -> LSTMTaggerProblem:
-        """Sequences from a sticky HMM: stay with probability 0.8; each tag emits its own
-        tokens with probability 0.7, else any token uniformly (the ambiguous part)."""
-        rng = np.random.default_rng(seed)
-        own = np.array_split(np.arange(vocab), classes)
-        tags = np.zeros((n_samples, length), dtype=np.int64)
-        tokens = np.zeros((n_samples, length), dtype=np.int64)
-        tags[:, 0] = rng.integers(0, classes, n_samples)
-        for t in range(1, length):
-            stay = rng.random(n_samples) < 0.8
-            tags[:, t] = np.where(stay, tags[:, t - 1], rng.integers(0, classes, n_samples))
-        mine = rng.random((n_samples, length)) < 0.7
-        uniform = rng.integers(0, vocab, (n_samples, length))
-        for tag, words in enumerate(own):
-            pick = words[rng.integers(0, len(words), (n_samples, length))] if len(words) \
-                else uniform
-            tokens = np.where((tags == tag) & mine, pick, tokens)
-        tokens = np.where(mine, tokens, uniform)
+        """Sequences from :func:`hmm_sequences`."""
+        tokens, tags = hmm_sequences(vocab, n_samples, length, classes, seed)
         return cls(tokens, tags, vocab, hidden, classes, l2, seed)
 
     def _unpack(self, w: np.ndarray) -> tuple[np.ndarray, ...]:

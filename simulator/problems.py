@@ -539,9 +539,16 @@ def _make_lstm_tagger(spec: Any) -> Problem:
                                        spec.hidden, spec.l2, spec.seed)
 
 
+def _make_dense_crf(spec: Any) -> Problem:
+    from simulator.dense_crf import DenseCRFProblem
+
+    return DenseCRFProblem.synthetic(spec.dim, spec.n_samples, spec.length, spec.classes,
+                                     spec.hidden, spec.l2, spec.seed)
+
+
 PROBLEMS = {"quadratic": _make_quadratic, "logistic": _make_logistic,
             "sparse_logistic": _make_sparse_logistic, "mlp": _make_mlp,
-            "lstm_tagger": _make_lstm_tagger}
+            "lstm_tagger": _make_lstm_tagger, "dense_crf": _make_dense_crf}
 
 
 def make_problem(spec: Any) -> Problem:

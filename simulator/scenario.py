@@ -46,9 +46,9 @@ class ProblemSpec:
 
     ``dim`` is the number of features (for ``mlp``, its input size; the parameter count is
     hidden·(dim + 1) + classes·(hidden + 1)); ``density`` serves ``sparse_logistic``;
-    ``hidden`` and ``classes`` serve ``mlp``. For ``lstm_tagger``, ``dim`` is the vocabulary,
-    ``hidden`` the embedding and LSTM size, ``classes`` the tags and ``length`` the tokens per
-    sequence (a sample)."""
+    ``hidden`` and ``classes`` serve ``mlp``. For ``lstm_tagger`` and ``dense_crf``, ``dim`` is
+    the vocabulary, ``hidden`` the embedding (and LSTM) size, ``classes`` the tags and
+    ``length`` the tokens per sequence (a sample)."""
 
     name: str = "logistic"
     data: str = "synthetic"

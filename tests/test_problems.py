@@ -193,3 +193,59 @@ def test_lstm_tagger_learns_the_tags_from_context():
     g0 = np.linalg.norm(p.full_grad(p.initial()))
     assert np.linalg.norm(p.full_grad(w_star)) < 1e-3 * g0 and f_star < p.full_loss(p.initial())
     assert p.accuracy(w_star) > 0.7 > p.accuracy(p.initial())
+
+
+def test_dense_crf_matches_torch_brute_force_and_learns():
+    """Dense CRF: forward-backward gradients equal autograd of the torch twin (exact forward
+    algorithm); Viterbi equals brute force over all tag sequences; the local optimum is
+    stationary and tags far better than w_0."""
+    import itertools
+
+    from simulator.dense_crf import DenseCRFProblem
+    p = DenseCRFProblem.synthetic(12, 40, 5, 3, 4, 0.01, seed=2)
+    rng = np.random.default_rng(3)
+    for idx in (0, 17, 39):
+        w = p.initial() + 0.3 * rng.standard_normal(p.dim)
+        wt = torch.tensor(w, requires_grad=True)
+        loss = p.torch_loss(wt, idx)
+        loss.backward()
+        assert loss.detach().item() == pytest.approx(p.loss(w, idx), rel=1e-12)
+        assert np.allclose(p.dense_grad(w, idx), wt.grad.numpy(), rtol=1e-10, atol=1e-12)
+    mean = np.mean([p.dense_grad(w, i) for i in range(40)], axis=0)
+    assert np.allclose(p.full_grad(w), mean, rtol=1e-10, atol=1e-12)
+    _, _, _, trans, start = p._unpack(w)
+    decoded = p.decode(w)
+    for row in (0, 7):
+        s = p._scores(w, slice(row, row + 1))[0]
+
+        def score(y, s=s):
+            return (start[y[0]] + sum(s[t, y[t]] for t in range(5))
+                    + sum(trans[y[t - 1], y[t]] for t in range(1, 5)))
+
+        best = max(itertools.product(range(3), repeat=5), key=score)
+        assert list(best) == decoded[row].tolist()
+    w_star, f_star = p.optimum()
+    assert np.linalg.norm(p.full_grad(w_star)) < 1e-6 and f_star < p.full_loss(p.initial())
+    assert p.accuracy(w_star) > 0.8 > p.accuracy(p.initial())
+
+
+@pytest.mark.parametrize("name", ["lstm_tagger", "dense_crf"])
+def test_lock_free_taggers_reach_the_serial_accuracy(name):
+    """Lock-free training of the paper's dense models ends near the serial run's accuracy,
+    although nearly every update carries a gradient error."""
+    from simulator.engine import Engine
+    from simulator.metrics import error_mask
+    from simulator.scenario import load_scenario
+
+    base = [f"problem.name={name}", "problem.dim=30", "problem.hidden=8",
+            "problem.classes=3", "problem.n_samples=150", "problem.length=6",
+            "run.updates=4000", "run.lr=0.1", "metrics.every=4", "metrics.curve_points=5"]
+    accuracy = {}
+    for protocol in ("serial", "lockfree"):
+        engine = Engine(load_scenario(None, [*base, f"run.protocol={protocol}"]))
+        trace = engine.run()
+        accuracy[protocol] = engine.problem.accuracy(trace["w_final"])
+        if protocol == "lockfree":
+            assert error_mask(trace).mean() > 0.9
+    assert accuracy["serial"] > 0.6
+    assert abs(accuracy["lockfree"] - accuracy["serial"]) < 0.05
