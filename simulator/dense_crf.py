@@ -7,7 +7,8 @@ The gradient of log Z comes from the forward-backward marginals; decoding is Vit
 are vectorised over sequences in numpy; the torch twin checks the gradient.
 
 The embeddings and W enter as a product, so f is nonconvex (w = 0 is a saddle): w_0 is seeded
-and ``optimum()`` is a local estimate by L-BFGS. Data: the HMM sequences of the LSTM tagger.
+and ``optimum()`` is a local estimate by L-BFGS. Data: the HMM sequences of the LSTM tagger,
+with the same held-out set.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import numpy as np
 import scipy.optimize
 import scipy.special
 
-from simulator.lstm_tagger import hmm_sequences
+from simulator.lstm_tagger import HELD_OUT, hmm_sequences
 from simulator.problems import Gradient, Problem
 
 __all__ = ["DenseCRFProblem"]
@@ -38,6 +39,7 @@ class DenseCRFProblem(Problem):
         self.tokens, self.tags = tokens.astype(np.int64), tags.astype(np.int64)
         self.vocab, self.hidden, self.classes = vocab, hidden, classes
         self.l2, self.seed = l2, seed
+        self.held_out: DenseCRFProblem | None = None
         k = classes
         sizes = [vocab * hidden, k * hidden, k, k * k, k]
         self._cuts = np.cumsum([0, *sizes]).tolist()
@@ -47,7 +49,10 @@ class DenseCRFProblem(Problem):
     def synthetic(cls, vocab: int, n_samples: int, length: int, classes: int, hidden: int,
                   l2: float, seed: int) -> DenseCRFProblem:
         tokens, tags = hmm_sequences(vocab, n_samples, length, classes, seed)
-        return cls(tokens, tags, vocab, hidden, classes, l2, seed)
+        problem = cls(tokens, tags, vocab, hidden, classes, l2, seed)
+        held = hmm_sequences(vocab, max(1, n_samples // 4), length, classes, [seed, HELD_OUT])
+        problem.held_out = cls(*held, vocab, hidden, classes, l2, seed)
+        return problem
 
     def _unpack(self, w: np.ndarray) -> tuple[np.ndarray, ...]:
         k, c = self.classes, self._cuts
@@ -163,6 +168,9 @@ class DenseCRFProblem(Problem):
     def accuracy(self, w: np.ndarray) -> float | None:
         """Per-token accuracy of the Viterbi tags."""
         return float(np.mean(self.decode(w) == self.tags))
+
+    def held_out_accuracy(self, w: np.ndarray) -> float | None:
+        return None if self.held_out is None else self.held_out.accuracy(w)
 
     def _solve(self) -> np.ndarray:
         result = scipy.optimize.minimize(self.full_loss, self.initial(), jac=self.full_grad,

@@ -25,11 +25,13 @@ import scipy.optimize
 
 from simulator.problems import Gradient, Problem
 
-__all__ = ["LSTMTaggerProblem", "hmm_sequences"]
+__all__ = ["HELD_OUT", "LSTMTaggerProblem", "hmm_sequences"]
+
+HELD_OUT = 0x4E1D  # the held-out sequences' stream, apart from the training ones
 
 
 def hmm_sequences(vocab: int, n_samples: int, length: int, classes: int,
-                  seed: int) -> tuple[np.ndarray, np.ndarray]:
+                  seed: int | list[int]) -> tuple[np.ndarray, np.ndarray]:
     """(tokens, tags), each (n_samples, length), from a sticky HMM: a tag stays with
     probability 0.8; it emits one of its own tokens with probability 0.7, else any token
     uniformly (the ambiguous part, which only the context can resolve)."""
@@ -67,6 +69,7 @@ class LSTMTaggerProblem(Problem):
         self.tokens, self.tags = tokens.astype(np.int64), tags.astype(np.int64)
         self.vocab, self.hidden, self.classes = vocab, hidden, classes
         self.l2, self.seed = l2, seed
+        self.held_out: LSTMTaggerProblem | None = None
         h = hidden
         sizes = [vocab * h, 4 * h * h, 4 * h * h, 4 * h, classes * h, classes]
         self._cuts = np.cumsum([0, *sizes]).tolist()
@@ -75,9 +78,13 @@ class LSTMTaggerProblem(Problem):
     @classmethod
     def synthetic(cls, vocab: int, n_samples: int, length: int, classes: int, hidden: int,
                   l2: float, seed: int) -> LSTMTaggerProblem:
-        """Sequences from :func:`hmm_sequences`."""
+        """Sequences from :func:`hmm_sequences`, and a held-out set of a quarter as many from
+        the same HMM (its own stream) for :meth:`held_out_accuracy`."""
         tokens, tags = hmm_sequences(vocab, n_samples, length, classes, seed)
-        return cls(tokens, tags, vocab, hidden, classes, l2, seed)
+        problem = cls(tokens, tags, vocab, hidden, classes, l2, seed)
+        held = hmm_sequences(vocab, max(1, n_samples // 4), length, classes, [seed, HELD_OUT])
+        problem.held_out = cls(*held, vocab, hidden, classes, l2, seed)
+        return problem
 
     def _unpack(self, w: np.ndarray) -> tuple[np.ndarray, ...]:
         h, c = self.hidden, self._cuts
@@ -183,6 +190,9 @@ class LSTMTaggerProblem(Problem):
         """Per-token tagging accuracy over all sequences."""
         _, _, logits = self._run(w, slice(None), False)
         return float(np.mean(logits.argmax(axis=2) == self.tags))
+
+    def held_out_accuracy(self, w: np.ndarray) -> float | None:
+        return None if self.held_out is None else self.held_out.accuracy(w)
 
     def _solve(self) -> np.ndarray:
         result = scipy.optimize.minimize(self.full_loss, self.initial(), jac=self.full_grad,

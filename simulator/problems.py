@@ -126,6 +126,10 @@ class Problem(ABC):
         """Training accuracy at ``w`` for classification problems (None otherwise)."""
         return None
 
+    def held_out_accuracy(self, w: np.ndarray) -> float | None:
+        """Accuracy on held-out data from the same distribution, where the problem has some."""
+        return None
+
     def describe(self) -> dict[str, Any]:
         """Plain facts for summaries."""
         return {"name": self.name, "dim": self.dim, "n_samples": self.n_samples,

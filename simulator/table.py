@@ -34,6 +34,7 @@ def _run(scenario: Scenario) -> dict[str, Any]:
     trace = engine.run()
     summary = summarize(trace, engine.problem, scenario)
     summary["accuracy"] = engine.problem.accuracy(trace["w_final"])
+    summary["held_out"] = engine.problem.held_out_accuracy(trace["w_final"])
     return summary
 
 
@@ -60,6 +61,8 @@ def paper_table(updates: int = 20_000, threads: int = 8, seed: int = 0,
                 "staleness_mean": s["staleness"]["mean"],
                 "speedup": serial["time"]["span_ns"] / s["time"]["span_ns"],
                 "accuracy": s["accuracy"], "serial_accuracy": serial["accuracy"],
+                "held_out_accuracy": s["held_out"],
+                "serial_held_out_accuracy": serial["held_out"],
                 "suboptimality": s["loss"]["final_suboptimality"],
                 "serial_suboptimality": serial["loss"]["final_suboptimality"],
             })
@@ -70,10 +73,13 @@ def table_markdown(cells: list[dict[str, Any]]) -> str:
     """The 2×2 table as Markdown, one line of numbers per cell."""
     def cell(row: str, column: str) -> str:
         c = next(c for c in cells if c["row"] == row and c["column"] == column)
+        held = ("" if c["held_out_accuracy"] is None else
+                f"; held out {c['held_out_accuracy']:.3f} (serial "
+                f"{c['serial_held_out_accuracy']:.3f})")
         return (f"error rate {c['error_rate']:.3f}, median ‖δ‖/‖g‖ "
                 f"{c['relative_error_p50']:.2g}, staleness {c['staleness_mean']:.2f}, speedup "
                 f"{c['speedup']:.2f}×, accuracy {c['accuracy']:.3f} (serial "
-                f"{c['serial_accuracy']:.3f})")
+                f"{c['serial_accuracy']:.3f}){held}")
 
     threads = cells[0]["threads"]
     lines = ["| | Sparse (sparse_logistic) | Dense (logistic) | Dense (lstm_tagger) |",

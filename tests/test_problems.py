@@ -193,6 +193,9 @@ def test_lstm_tagger_learns_the_tags_from_context():
     g0 = np.linalg.norm(p.full_grad(p.initial()))
     assert np.linalg.norm(p.full_grad(w_star)) < 1e-3 * g0 and f_star < p.full_loss(p.initial())
     assert p.accuracy(w_star) > 0.7 > p.accuracy(p.initial())
+    # Held-out sequences from the same HMM (their own stream): the model generalises.
+    assert p.held_out.n_samples == 15 and not np.array_equal(p.held_out.tokens, p.tokens[:15])
+    assert p.held_out_accuracy(w_star) > 0.6 > p.held_out_accuracy(p.initial())
 
 
 def test_dense_crf_matches_torch_brute_force_and_learns():
@@ -240,12 +243,14 @@ def test_lock_free_taggers_reach_the_serial_accuracy(name):
     base = [f"problem.name={name}", "problem.dim=30", "problem.hidden=8",
             "problem.classes=3", "problem.n_samples=150", "problem.length=6",
             "run.updates=4000", "run.lr=0.1", "metrics.every=4", "metrics.curve_points=5"]
-    accuracy = {}
+    accuracy, held = {}, {}
     for protocol in ("serial", "lockfree"):
         engine = Engine(load_scenario(None, [*base, f"run.protocol={protocol}"]))
         trace = engine.run()
         accuracy[protocol] = engine.problem.accuracy(trace["w_final"])
+        held[protocol] = engine.problem.held_out_accuracy(trace["w_final"])
         if protocol == "lockfree":
             assert error_mask(trace).mean() > 0.9
-    assert accuracy["serial"] > 0.6
+    assert accuracy["serial"] > 0.6 and held["serial"] > 0.6
     assert abs(accuracy["lockfree"] - accuracy["serial"]) < 0.05
+    assert abs(held["lockfree"] - held["serial"]) < 0.08  # 37 held-out sequences
