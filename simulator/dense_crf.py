@@ -7,8 +7,8 @@ The gradient of log Z comes from the forward-backward marginals; decoding is Vit
 are vectorised over sequences in numpy; the torch twin checks the gradient.
 
 The embeddings and W enter as a product, so f is nonconvex (w = 0 is a saddle): w_0 is seeded
-and ``optimum()`` is a local estimate by L-BFGS. Data: the HMM sequences of the LSTM tagger,
-with the same held-out set.
+and ``optimum()`` is a local estimate by L-BFGS. Data and held-out set: those of
+:mod:`simulator.tagging`, as for the LSTM tagger.
 """
 
 from __future__ import annotations
@@ -17,42 +17,22 @@ import math
 from typing import Any
 
 import numpy as np
-import scipy.optimize
 import scipy.special
 
-from simulator.lstm_tagger import HELD_OUT, hmm_sequences
-from simulator.problems import Gradient, Problem
+from simulator.tagging import TaggingProblem
 
 __all__ = ["DenseCRFProblem"]
 
 
-class DenseCRFProblem(Problem):
+class DenseCRFProblem(TaggingProblem):
     """w = (embeddings V×H, emission weights K×H, emission biases K, transitions K×K,
     start scores K)."""
 
     name = "dense_crf"
-    convex = False
-    SOLVER_ITERATIONS = 200
 
-    def __init__(self, tokens: np.ndarray, tags: np.ndarray, vocab: int, hidden: int,
-                 classes: int, l2: float, seed: int) -> None:
-        self.tokens, self.tags = tokens.astype(np.int64), tags.astype(np.int64)
-        self.vocab, self.hidden, self.classes = vocab, hidden, classes
-        self.l2, self.seed = l2, seed
-        self.held_out: DenseCRFProblem | None = None
-        k = classes
-        sizes = [vocab * hidden, k * hidden, k, k * k, k]
-        self._cuts = np.cumsum([0, *sizes]).tolist()
-        super().__init__(self._cuts[-1], tokens.shape[0])
-
-    @classmethod
-    def synthetic(cls, vocab: int, n_samples: int, length: int, classes: int, hidden: int,
-                  l2: float, seed: int) -> DenseCRFProblem:
-        tokens, tags = hmm_sequences(vocab, n_samples, length, classes, seed)
-        problem = cls(tokens, tags, vocab, hidden, classes, l2, seed)
-        held = hmm_sequences(vocab, max(1, n_samples // 4), length, classes, [seed, HELD_OUT])
-        problem.held_out = cls(*held, vocab, hidden, classes, l2, seed)
-        return problem
+    def _sizes(self) -> list[int]:
+        k = self.classes
+        return [self.vocab * self.hidden, k * self.hidden, k, k * k, k]
 
     def _unpack(self, w: np.ndarray) -> tuple[np.ndarray, ...]:
         k, c = self.classes, self._cuts
@@ -72,8 +52,8 @@ class DenseCRFProblem(Problem):
         emb, weights, bias, _, _ = self._unpack(w)
         return emb[self.tokens[rows]] @ weights.T + bias  # (N, L, K)
 
-    def _run(self, w: np.ndarray, rows: np.ndarray | slice,
-             backward: bool) -> tuple[float, np.ndarray | None]:
+    def _objective(self, w: np.ndarray, rows: slice,
+                   backward: bool) -> tuple[float, np.ndarray | None]:
         """Mean over ``rows`` of −log p(y|x)/L (no l2 term), and its gradient."""
         emb, weights, _, trans, start = self._unpack(w)
         tokens, tags = self.tokens[rows], self.tags[rows]
@@ -120,34 +100,6 @@ class DenseCRFProblem(Problem):
             g_trans += scale * (expected - observed)
         return value, grad
 
-    def loss(self, w: np.ndarray, idx: int) -> float:
-        value, _ = self._run(w, slice(idx, idx + 1), False)
-        return value + 0.5 * self.l2 * float(w @ w)
-
-    def grad(self, w: np.ndarray, idx: int) -> Gradient:
-        _, grad = self._run(w, slice(idx, idx + 1), True)
-        assert grad is not None
-        grad += self.l2 * w
-        return grad, None
-
-    def full_loss(self, w: np.ndarray) -> float:
-        value, _ = self._run(w, slice(None), False)
-        return value + 0.5 * self.l2 * float(w @ w)
-
-    def full_grad(self, w: np.ndarray) -> np.ndarray:
-        _, grad = self._run(w, slice(None), True)
-        assert grad is not None
-        grad += self.l2 * w
-        return grad
-
-    def hessp(self, w: np.ndarray, v: np.ndarray) -> np.ndarray:
-        """∇²f(w)v by a central difference of ∇f (step scaled to w and v)."""
-        norm = float(np.linalg.norm(v))
-        if norm == 0:
-            return np.zeros(self.dim)
-        step = 1e-5 * (1.0 + float(np.linalg.norm(w))) / norm
-        return (self.full_grad(w + step * v) - self.full_grad(w - step * v)) / (2 * step)
-
     def decode(self, w: np.ndarray) -> np.ndarray:
         """Viterbi: the most likely tag sequence of every sequence, (N, L)."""
         _, _, _, trans, start = self._unpack(w)
@@ -168,16 +120,6 @@ class DenseCRFProblem(Problem):
     def accuracy(self, w: np.ndarray) -> float | None:
         """Per-token accuracy of the Viterbi tags."""
         return float(np.mean(self.decode(w) == self.tags))
-
-    def held_out_accuracy(self, w: np.ndarray) -> float | None:
-        return None if self.held_out is None else self.held_out.accuracy(w)
-
-    def _solve(self) -> np.ndarray:
-        result = scipy.optimize.minimize(self.full_loss, self.initial(), jac=self.full_grad,
-                                         method="L-BFGS-B",
-                                         options={"gtol": 1e-10, "ftol": 1e-15,
-                                                  "maxiter": self.SOLVER_ITERATIONS})
-        return np.asarray(result.x, dtype=np.float64)
 
     def torch_loss(self, w: Any, idx: int) -> Any:
         import torch

@@ -535,12 +535,7 @@ class Engine:
             op_read_ns=np.asarray(self._op_read_ns, dtype=np.int64),
             op_write_ns=np.asarray(self._op_write_ns, dtype=np.int64),
             w0=self.problem.initial(), w_final=self.mem.w.copy())
-        curve = list(zip(*self.view.curve, strict=True))
-        arrays.update(curve_t=np.asarray(curve[0], dtype=np.int64),
-                      curve_time=np.asarray(curve[1], dtype=np.int64),
-                      curve_loss=np.asarray(curve[2], dtype=np.float64),
-                      curve_dist2=np.asarray(curve[3], dtype=np.float64),
-                      curve_n=np.asarray(curve[4], dtype=np.int64))
+        arrays.update(self.view.curve_arrays())
         extras = {"dead_threads": np.asarray(sorted(self.dead), dtype=np.int64),
                   **self.protocol.report()}
         arrays.update({f"extra_{name}": values for name, values in extras.items()})

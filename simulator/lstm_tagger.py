@@ -7,9 +7,10 @@ the sequence's positions plus (λ/2)‖w‖². Gradients are exact backpropagati
 written in numpy and vectorised over sequences, so the per-sample gradient and the full
 gradient are the same code; the torch twin checks them.
 
-The synthetic data come from a hidden Markov model: tags follow a sticky Markov chain, and
-each tag emits tokens mostly from its own part of the vocabulary, with shared ambiguous
-tokens. Telling the tag of an ambiguous token needs the context, which the LSTM can learn.
+The data come from the hidden Markov model of :mod:`simulator.tagging`: tags follow a sticky
+Markov chain, and each tag emits tokens mostly from its own part of the vocabulary, with
+shared ambiguous tokens. Telling the tag of an ambiguous token needs the context, which the
+LSTM can learn.
 
 Nonconvex: ``optimum()`` is a local estimate (L-BFGS from the seeded w_0, at most
 ``SOLVER_ITERATIONS`` steps), and suboptimality is measured against it.
@@ -21,70 +22,25 @@ import math
 from typing import Any
 
 import numpy as np
-import scipy.optimize
 
-from simulator.problems import Gradient, Problem
+from simulator.tagging import TaggingProblem
 
-__all__ = ["HELD_OUT", "LSTMTaggerProblem", "hmm_sequences"]
-
-HELD_OUT = 0x4E1D  # the held-out sequences' stream, apart from the training ones
-
-
-def hmm_sequences(vocab: int, n_samples: int, length: int, classes: int,
-                  seed: int | list[int]) -> tuple[np.ndarray, np.ndarray]:
-    """(tokens, tags), each (n_samples, length), from a sticky HMM: a tag stays with
-    probability 0.8; it emits one of its own tokens with probability 0.7, else any token
-    uniformly (the ambiguous part, which only the context can resolve)."""
-    rng = np.random.default_rng(seed)
-    own = np.array_split(np.arange(vocab), classes)
-    tags = np.zeros((n_samples, length), dtype=np.int64)
-    tokens = np.zeros((n_samples, length), dtype=np.int64)
-    tags[:, 0] = rng.integers(0, classes, n_samples)
-    for t in range(1, length):
-        stay = rng.random(n_samples) < 0.8
-        tags[:, t] = np.where(stay, tags[:, t - 1], rng.integers(0, classes, n_samples))
-    mine = rng.random((n_samples, length)) < 0.7
-    uniform = rng.integers(0, vocab, (n_samples, length))
-    for tag, words in enumerate(own):
-        pick = words[rng.integers(0, len(words), (n_samples, length))] if len(words) \
-            else uniform
-        tokens = np.where((tags == tag) & mine, pick, tokens)
-    return np.where(mine, tokens, uniform), tags
+__all__ = ["LSTMTaggerProblem"]
 
 
 def _sigmoid(z: np.ndarray) -> np.ndarray:
     return 0.5 * (1.0 + np.tanh(0.5 * z))
 
 
-class LSTMTaggerProblem(Problem):
+class LSTMTaggerProblem(TaggingProblem):
     """w = (embeddings V×H, input weights 4H×H, recurrent weights 4H×H, gate biases 4H,
     output weights K×H, output biases K), gates in the order input, forget, cell, output."""
 
     name = "lstm_tagger"
-    convex = False
-    SOLVER_ITERATIONS = 200
 
-    def __init__(self, tokens: np.ndarray, tags: np.ndarray, vocab: int, hidden: int,
-                 classes: int, l2: float, seed: int) -> None:
-        self.tokens, self.tags = tokens.astype(np.int64), tags.astype(np.int64)
-        self.vocab, self.hidden, self.classes = vocab, hidden, classes
-        self.l2, self.seed = l2, seed
-        self.held_out: LSTMTaggerProblem | None = None
-        h = hidden
-        sizes = [vocab * h, 4 * h * h, 4 * h * h, 4 * h, classes * h, classes]
-        self._cuts = np.cumsum([0, *sizes]).tolist()
-        super().__init__(self._cuts[-1], tokens.shape[0])
-
-    @classmethod
-    def synthetic(cls, vocab: int, n_samples: int, length: int, classes: int, hidden: int,
-                  l2: float, seed: int) -> LSTMTaggerProblem:
-        """Sequences from :func:`hmm_sequences`, and a held-out set of a quarter as many from
-        the same HMM (its own stream) for :meth:`held_out_accuracy`."""
-        tokens, tags = hmm_sequences(vocab, n_samples, length, classes, seed)
-        problem = cls(tokens, tags, vocab, hidden, classes, l2, seed)
-        held = hmm_sequences(vocab, max(1, n_samples // 4), length, classes, [seed, HELD_OUT])
-        problem.held_out = cls(*held, vocab, hidden, classes, l2, seed)
-        return problem
+    def _sizes(self) -> list[int]:
+        h = self.hidden
+        return [self.vocab * h, 4 * h * h, 4 * h * h, 4 * h, self.classes * h, self.classes]
 
     def _unpack(self, w: np.ndarray) -> tuple[np.ndarray, ...]:
         h, c = self.hidden, self._cuts
@@ -158,48 +114,15 @@ class LSTMTaggerProblem(Problem):
             dh_next, dc_next = da @ wh, dc * f
         return value, grad, logits
 
-    def loss(self, w: np.ndarray, idx: int) -> float:
-        value, _, _ = self._run(w, slice(idx, idx + 1), False)
-        return value + 0.5 * self.l2 * float(w @ w)
-
-    def grad(self, w: np.ndarray, idx: int) -> Gradient:
-        _, grad, _ = self._run(w, slice(idx, idx + 1), True)
-        assert grad is not None
-        grad += self.l2 * w
-        return grad, None
-
-    def full_loss(self, w: np.ndarray) -> float:
-        value, _, _ = self._run(w, slice(None), False)
-        return value + 0.5 * self.l2 * float(w @ w)
-
-    def full_grad(self, w: np.ndarray) -> np.ndarray:
-        _, grad, _ = self._run(w, slice(None), True)
-        assert grad is not None
-        grad += self.l2 * w
-        return grad
-
-    def hessp(self, w: np.ndarray, v: np.ndarray) -> np.ndarray:
-        """∇²f(w)v by a central difference of ∇f (step scaled to w and v)."""
-        norm = float(np.linalg.norm(v))
-        if norm == 0:
-            return np.zeros(self.dim)
-        step = 1e-5 * (1.0 + float(np.linalg.norm(w))) / norm
-        return (self.full_grad(w + step * v) - self.full_grad(w - step * v)) / (2 * step)
+    def _objective(self, w: np.ndarray, rows: slice,
+                   backward: bool) -> tuple[float, np.ndarray | None]:
+        value, grad, _ = self._run(w, rows, backward)
+        return value, grad
 
     def accuracy(self, w: np.ndarray) -> float | None:
         """Per-token tagging accuracy over all sequences."""
         _, _, logits = self._run(w, slice(None), False)
         return float(np.mean(logits.argmax(axis=2) == self.tags))
-
-    def held_out_accuracy(self, w: np.ndarray) -> float | None:
-        return None if self.held_out is None else self.held_out.accuracy(w)
-
-    def _solve(self) -> np.ndarray:
-        result = scipy.optimize.minimize(self.full_loss, self.initial(), jac=self.full_grad,
-                                         method="L-BFGS-B",
-                                         options={"gtol": 1e-10, "ftol": 1e-15,
-                                                  "maxiter": self.SOLVER_ITERATIONS})
-        return np.asarray(result.x, dtype=np.float64)
 
     def torch_loss(self, w: Any, idx: int) -> Any:
         import torch

@@ -379,21 +379,41 @@ def _softmax(z: np.ndarray) -> np.ndarray:
     return e / e.sum(axis=-1, keepdims=True)
 
 
-class MLPProblem(Problem):
+class LocalOptimumProblem(Problem):
+    """A nonconvex problem: no strong-convexity constant; ∇²f(w)v by a central difference of
+    ∇f; ``optimum()`` a *local* minimum estimate, L-BFGS from the seeded w_0 for at most
+    ``SOLVER_ITERATIONS`` steps (suboptimality is measured against it and can be negative)."""
+
+    convex = False
+    SOLVER_ITERATIONS = 300
+
+    def hessp(self, w: np.ndarray, v: np.ndarray) -> np.ndarray:
+        """∇²f(w)v by a central difference of ∇f (step scaled to w and v)."""
+        norm = float(np.linalg.norm(v))
+        if norm == 0:
+            return np.zeros(self.dim)
+        h = 1e-5 * (1.0 + float(np.linalg.norm(w))) / norm
+        return (self.full_grad(w + h * v) - self.full_grad(w - h * v)) / (2 * h)
+
+    def _solve(self) -> np.ndarray:
+        result = scipy.optimize.minimize(self.full_loss, self.initial(), jac=self.full_grad,
+                                         method="L-BFGS-B",
+                                         options={"gtol": 1e-10, "ftol": 1e-15,
+                                                  "maxiter": self.SOLVER_ITERATIONS})
+        return np.asarray(result.x, dtype=np.float64)
+
+
+class MLPProblem(LocalOptimumProblem):
     """A one-hidden-layer tanh network with softmax cross-entropy and an l2 term:
     f_i(w) = −log softmax(W2 tanh(W1 x_i + b1) + b2)[y_i] + (λ/2)‖w‖².
 
-    Nonconvex: no strong-convexity constant, and ``optimum()`` is a *local* minimum estimate,
-    L-BFGS from w_0 for at most 300 iterations (suboptimality is measured against it and can
-    be negative).
+    Nonconvex (:class:`LocalOptimumProblem`): ``optimum()`` is a local minimum estimate.
     w = (W1, b1, W2, b2) flattened; w_0 is random (seeded), since w = 0 is a symmetric saddle.
     ``data="digits"`` uses the 8×8 digit images scikit-learn ships (1,797 samples, 64 pixels,
     10 classes); synthetic labels come from a random teacher network.
     """
 
     name = "mlp"
-    convex = False
-    SOLVER_ITERATIONS = 300  # a local-minimum estimate; large networks cost ~1 s per 30 steps
 
     def __init__(self, X: np.ndarray, y: np.ndarray, classes: int, hidden: int, l2: float,
                  seed: int) -> None:
@@ -489,21 +509,6 @@ class MLPProblem(Problem):
         gb2 += dz.sum(axis=0)
         return g
 
-    def hessp(self, w: np.ndarray, v: np.ndarray) -> np.ndarray:
-        """∇²f(w)v by a central difference of ∇f (step scaled to w and v)."""
-        norm = float(np.linalg.norm(v))
-        if norm == 0:
-            return np.zeros(self.dim)
-        h = 1e-5 * (1.0 + float(np.linalg.norm(w))) / norm
-        return (self.full_grad(w + h * v) - self.full_grad(w - h * v)) / (2 * h)
-
-    def _solve(self) -> np.ndarray:
-        result = scipy.optimize.minimize(self.full_loss, self.initial(), jac=self.full_grad,
-                                         method="L-BFGS-B",
-                                         options={"gtol": 1e-10, "ftol": 1e-15,
-                                                  "maxiter": self.SOLVER_ITERATIONS})
-        return np.asarray(result.x, dtype=np.float64)
-
     def torch_loss(self, w: Any, idx: int) -> Any:
         import torch
         d_in, hidden, classes = self.shape
@@ -536,23 +541,18 @@ def _make_mlp(spec: Any) -> Problem:
                                 spec.seed)
 
 
-def _make_lstm_tagger(spec: Any) -> Problem:
+def _make_tagger(spec: Any) -> Problem:
+    from simulator.dense_crf import DenseCRFProblem
     from simulator.lstm_tagger import LSTMTaggerProblem
 
-    return LSTMTaggerProblem.synthetic(spec.dim, spec.n_samples, spec.length, spec.classes,
-                                       spec.hidden, spec.l2, spec.seed)
-
-
-def _make_dense_crf(spec: Any) -> Problem:
-    from simulator.dense_crf import DenseCRFProblem
-
-    return DenseCRFProblem.synthetic(spec.dim, spec.n_samples, spec.length, spec.classes,
-                                     spec.hidden, spec.l2, spec.seed)
+    cls = LSTMTaggerProblem if spec.name == "lstm_tagger" else DenseCRFProblem
+    return cls.synthetic(spec.dim, spec.n_samples, spec.length, spec.classes, spec.hidden,
+                         spec.l2, spec.seed)
 
 
 PROBLEMS = {"quadratic": _make_quadratic, "logistic": _make_logistic,
             "sparse_logistic": _make_sparse_logistic, "mlp": _make_mlp,
-            "lstm_tagger": _make_lstm_tagger, "dense_crf": _make_dense_crf}
+            "lstm_tagger": _make_tagger, "dense_crf": _make_tagger}
 
 
 def make_problem(spec: Any) -> Problem:

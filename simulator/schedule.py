@@ -269,12 +269,7 @@ class _Controlled:
             op_read_ns=np.ones(len(self.ops), dtype=np.int64),
             op_write_ns=np.full(len(self.ops), 1 if self.atomic else 2, dtype=np.int64),
             w0=self.problem.initial(), w_final=self.mem.w.copy())
-        curve = list(zip(*self.view.curve, strict=True))
-        arrays.update(curve_t=np.asarray(curve[0], dtype=np.int64),
-                      curve_time=np.asarray(curve[1], dtype=np.int64),
-                      curve_loss=np.asarray(curve[2], dtype=np.float64),
-                      curve_dist2=np.asarray(curve[3], dtype=np.float64),
-                      curve_n=np.asarray(curve[4], dtype=np.int64))
+        arrays.update(self.view.curve_arrays())
         return Trace(arrays, scenario_to_toml(self.scenario), source="scheduled")
 
 

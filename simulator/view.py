@@ -88,6 +88,15 @@ class SerializedView:
         if self.curve[-1][4] < n or self.curve[-1][0] < t:
             self.curve.append((t, time, *self._position(w), n))
 
+    def curve_arrays(self) -> dict[str, np.ndarray]:
+        """The loss curve as the trace's ``curve_*`` arrays."""
+        t, time, loss, dist2, n = zip(*self.curve, strict=True)
+        return {"curve_t": np.asarray(t, dtype=np.int64),
+                "curve_time": np.asarray(time, dtype=np.int64),
+                "curve_loss": np.asarray(loss, dtype=np.float64),
+                "curve_dist2": np.asarray(dist2, dtype=np.float64),
+                "curve_n": np.asarray(n, dtype=np.int64)}
+
     def _position(self, w: np.ndarray) -> tuple[float, float]:
         """(f(w), ‖w − w*‖²)."""
         gap = w - self.w_star

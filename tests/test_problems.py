@@ -168,7 +168,12 @@ def test_lstm_tagger_matches_torch_and_its_own_full_objective():
     """LSTM tagger: BPTT in numpy equals autograd of the torch twin; f and ∇f are the means
     of the per-sequence ones."""
     from simulator.lstm_tagger import LSTMTaggerProblem
-    p = LSTMTaggerProblem.synthetic(12, 40, 6, 3, 5, 0.01, seed=2)
+    _matches_torch_and_full_objective(LSTMTaggerProblem.synthetic(12, 40, 6, 3, 5, 0.01, 2))
+
+
+def _matches_torch_and_full_objective(p):
+    """Per-sequence loss and gradient equal the torch twin's (autograd) at random points;
+    f and ∇f are the means of the per-sequence ones. Returns the last point."""
     rng = np.random.default_rng(3)
     for idx in (0, 17, 39):
         w = p.initial() + 0.3 * rng.standard_normal(p.dim)
@@ -181,6 +186,7 @@ def test_lstm_tagger_matches_torch_and_its_own_full_objective():
                                            rel=1e-12)
     mean = np.mean([p.dense_grad(w, i) for i in range(40)], axis=0)
     assert np.allclose(p.full_grad(w), mean, rtol=1e-10, atol=1e-12)
+    return w
 
 
 def test_lstm_tagger_learns_the_tags_from_context():
@@ -206,16 +212,7 @@ def test_dense_crf_matches_torch_brute_force_and_learns():
 
     from simulator.dense_crf import DenseCRFProblem
     p = DenseCRFProblem.synthetic(12, 40, 5, 3, 4, 0.01, seed=2)
-    rng = np.random.default_rng(3)
-    for idx in (0, 17, 39):
-        w = p.initial() + 0.3 * rng.standard_normal(p.dim)
-        wt = torch.tensor(w, requires_grad=True)
-        loss = p.torch_loss(wt, idx)
-        loss.backward()
-        assert loss.detach().item() == pytest.approx(p.loss(w, idx), rel=1e-12)
-        assert np.allclose(p.dense_grad(w, idx), wt.grad.numpy(), rtol=1e-10, atol=1e-12)
-    mean = np.mean([p.dense_grad(w, i) for i in range(40)], axis=0)
-    assert np.allclose(p.full_grad(w), mean, rtol=1e-10, atol=1e-12)
+    w = _matches_torch_and_full_objective(p)
     _, _, _, trans, start = p._unpack(w)
     decoded = p.decode(w)
     for row in (0, 7):

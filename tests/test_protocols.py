@@ -28,8 +28,17 @@ def small(*overrides: str):
     return s, make_problem(s.problem)
 
 
-def rows_by_step(trace):
-    return np.argsort(trace["step"], kind="stable")
+def averaged_sgd(problem, trace, lr):
+    """w_T of the iteration w_t = w_{t−1} − mean over step t's samples of lr·∇f(w_{t−1})."""
+    w = problem.initial()
+    for step in range(1, int(trace["step"].max()) + 1):
+        steps = []
+        for sample in trace["sample"][trace["step"] == step].tolist():
+            g = problem.grad(w.copy(), sample)[0]
+            g *= lr
+            steps.append(g)
+        w = w - mean_step(steps)
+    return w
 
 
 def test_roundrobin_turns_and_staleness_worked_by_hand():
@@ -68,15 +77,7 @@ def test_minibatch_rounds_average_and_wait_for_the_slowest():
     assert trace["write_end"].tolist() == [10000] * 3 + [20000] * 3 + [30000] * 3
     assert (trace["staleness"] == 0).all() and not error_mask(trace).any()
     assert trace["measured"].sum() == 3  # one measurement per applied step
-    w = problem.initial()
-    for step in range(1, 4):
-        steps = []
-        for sample in trace["sample"][trace["step"] == step].tolist():
-            g = problem.grad(w.copy(), sample)[0]
-            g *= s.run.lr
-            steps.append(g)
-        w = w - mean_step(steps)
-    assert np.array_equal(w, trace["w_final"])
+    assert np.array_equal(averaged_sgd(problem, trace, s.run.lr), trace["w_final"])
 
     slow, _ = small("run.protocol=minibatch", "run.threads=3", "run.updates=9",
                     "inject.stragglers=[{thread=1, factor=3}]")
@@ -148,15 +149,7 @@ def test_paramserver_accumulation_pushes_the_mean_of_n_gradients_at_one_pull():
     assert trace["step"].tolist() == [1, 1, 1, 2, 2, 2, 3, 3, 3]
     reads = trace["read_end"] - trace["read_start"]
     assert reads.tolist() == [2000, 0, 0] * 3  # one pull per push
-    w = problem.initial()
-    for step in range(1, 4):
-        steps = []
-        for sample in trace["sample"][trace["step"] == step].tolist():
-            g = problem.grad(w.copy(), sample)[0]
-            g *= s.run.lr
-            steps.append(g)
-        w = w - mean_step(steps)
-    assert np.array_equal(w, trace["w_final"])
+    assert np.array_equal(averaged_sgd(problem, trace, s.run.lr), trace["w_final"])
     leftover, _ = small("run.protocol=paramserver", "run.threads=1", "run.updates=8",
                         "paramserver.accumulate=3")
     trace = simulate(leftover, problem)

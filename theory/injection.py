@@ -31,14 +31,12 @@ from typing import Any
 
 import numpy as np
 
-from simulator.engine import Engine
 from simulator.errors import ScenarioError
 from simulator.problems import Problem, make_problem
-from simulator.scenario import Scenario, with_overrides
-from simulator.trace import Trace
+from simulator.scenario import Scenario
 from theory.asyngrad import Constants, InfeasibleError, check_accuracy, learning_rate, tau_limit
 from theory.asyngrad import updates as updates_needed
-from theory.check import PILOT_SEED, _mean_and_bounds
+from theory.check import PILOT_SEED, _mean_and_bounds, _runs
 from theory.estimators import curvature, initial_distance, serialized_constants
 
 __all__ = ["default_bounds", "tau_sweep"]
@@ -49,17 +47,6 @@ def default_bounds(limit: float, a0: float, points: int) -> list[float]:
     adversary's τ at w_0 (b·√a_0) equals the theorem's limit, evenly spaced in log."""
     b_lim = limit / math.sqrt(a0) if a0 > 0 else limit
     return [float(b) for b in b_lim * np.geomspace(0.1, 1000.0, points)]
-
-
-def _runs(scenario: Scenario, problem: Problem, overrides: list[str], seeds: Sequence[int],
-          progress: Callable[[int], object] | None) -> list[Trace]:
-    traces = []
-    for seed in seeds:
-        traces.append(Engine(with_overrides(scenario, [*overrides, f"run.seed={seed}"]),
-                             problem).run())
-        if progress:
-            progress(1)
-    return traces
 
 
 def tau_sweep(scenario: Scenario, eps: float, seeds: int = 5,

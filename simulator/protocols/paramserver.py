@@ -106,10 +106,12 @@ class ParamServer(Protocol):
 
     def _rebalance(self, engine: Engine) -> None:
         r = self.options.rebalance
+        if not r:
+            return
         working = [t for t in range(engine.threads)
                    if t not in self.retired and t not in self.finished]
-        if not r or len(working) < 2 or any(self.count[t] < self.options.rebalance_after
-                                            for t in working):
+        if len(working) < 2 or any(self.count[t] < self.options.rebalance_after
+                                   for t in working):
             return
         means = self.busy[working] / self.count[working]
         median = float(np.median(means))
