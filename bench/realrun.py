@@ -33,6 +33,7 @@ import torch
 import torch.multiprocessing as mp
 
 from realrun.runner import run_real
+from realrun.timeline import overlap_rate, thread_ends
 from simulator.problems import MLPProblem, Problem, make_problem
 from simulator.scenario import Scenario, load_scenario
 from simulator.timing import sample_stream
@@ -42,17 +43,7 @@ def _ours(scenario: Scenario, problem: Problem, workers: int, mode: str) -> tupl
     """(updates per second, final suboptimality) of one real run."""
     run = run_real(scenario, workers, mode, dtype="float64", problem=problem)
     trace = run.trace
-    ends = [trace["write_end"][trace["thread"] == rank] for rank in range(run.workers)]
-    return _overlap_rate(ends), float(trace["curve_loss"][-1]) - problem.optimum()[1]
-
-
-def _overlap_rate(ends: list[np.ndarray]) -> float:
-    """Updates per second while every worker runs: completions inside [the latest first
-    completion, the earliest last completion] over that window's length."""
-    low = max(int(e.min()) for e in ends)
-    high = min(int(e.max()) for e in ends)
-    inside = sum(int(((e > low) & (e <= high)).sum()) for e in ends)
-    return inside / ((high - low) * 1e-9)
+    return overlap_rate(thread_ends(trace)), float(trace["curve_loss"][-1]) - problem.optimum()[1]
 
 
 def _model(problem: Problem) -> torch.nn.Module:
@@ -112,7 +103,7 @@ def _plain(scenario: Scenario, problem: Problem, workers: int) -> tuple[float, f
         p.start()
     for p in processes:
         p.join()
-    rate = _overlap_rate([stamps[r, :quota].numpy() for r, quota in enumerate(quotas)])
+    rate = overlap_rate([stamps[r, :quota].numpy() for r, quota in enumerate(quotas)])
     w = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).numpy()
     return rate, problem.full_loss(w) - problem.optimum()[1]
 

@@ -40,8 +40,10 @@ def rebuild(problem: Problem, lr: float, bounds: list[int], dtype: str, every: i
     """Replay the block stores of every row (rows in completion order).
 
     ``store_end[i, b]`` is when row i's store to block b finished (−1: untouched), ``steps[r]``
-    the steps worker r subtracted, indexed by ``seq``.
+    the steps worker r subtracted, indexed by ``seq``; ``samples[i]`` the samples row i's
+    step averaged (one per row, or m per row).
     """
+    samples = samples[:, None] if samples.ndim == 1 else samples
     n = len(store_end)
     w = problem.initial().astype(dtype)
     view = SerializedView(problem, lr, problem.initial(), n, True, every, 100)
@@ -58,7 +60,7 @@ def rebuild(problem: Problem, lr: float, bounds: list[int], dtype: str, every: i
         if remaining[row] == 0:
             completed += 1
             measurements[row] = view.complete(completed, w.astype(np.float64),
-                                              [int(samples[row])], int(write_end[row]))
+                                              samples[row].tolist(), int(write_end[row]))
     assert all(m is not None for m in measurements)
     return Rebuild([m for m in measurements if m is not None], view.curve,
                    w.astype(np.float64))

@@ -1,6 +1,8 @@
 """The parent of a real run: start workers, watch them, stop cleanly, merge the trace.
 
-Workers are ``torch.multiprocessing`` processes (spawn) on one shared flat parameter tensor.
+Workers are ``torch.multiprocessing`` processes (spawn) on one shared flat parameter tensor
+(host shared memory, or a CUDA tensor shared by CUDA IPC), or threads of this process (each
+on its own CUDA stream; ``launch="threads"``).
 The parent polls every 10 ms: it follows progress (shared counters, no locks), samples the
 shared vector for the loss curve, and notices a worker that died (exception or signal), the
 timeout, or Ctrl-C. On any of those it stops every worker (terminate, then kill) and still
@@ -36,6 +38,10 @@ __all__ = ["MODES", "RealRun", "run_real"]
 
 MODES = ("lockfree", "blocklock", "locked", "serial")
 DTYPES = ("float32", "float64")
+LAUNCHES = ("processes", "threads")
+# Measured with bench/gpu.py (bench/README.md): the faster way to run CUDA workers.
+CUDA_LAUNCH = "threads"
+PATTERNS = ("shared", "host")
 _POLL_S = 0.01
 _CURVE_POINTS = 50
 
@@ -54,27 +60,61 @@ class RealRun:
     failure: dict[str, Any] | None
     hardware_loss: dict[str, float] | None = None
     measure_every: int | None = None
+    device: str = "cpu"
+    launch: str = "processes"
+    pattern: str = "shared"
+    accumulate: int = 1
 
 
 def _quotas(updates: int, workers: int) -> list[int]:
     return [updates // workers + (1 if r < updates % workers else 0) for r in range(workers)]
 
 
-def _allocate(dim: int, blocks: int, workers: int, quota: int, dtype: str,
-              measure: bool) -> Buffers:
+def _allocate(dim: int, blocks: int, workers: int, quota: int, dtype: str, measure: bool,
+              w_device: str, accumulate: int, torch_path: bool) -> Buffers:
+    """Shared buffers; ``w`` on ``w_device``. The numpy worker's steps are float64 (numpy
+    computes ``w -= step`` in float64 and rounds once), the torch worker's are in the run's
+    dtype (the very tensor it subtracted)."""
     import torch
 
     def shared(*shape: int, fill: int = 0, kind: Any = torch.int64) -> Any:
         return torch.full(shape, fill, dtype=kind).share_memory_()
 
+    w = (shared(dim, kind=getattr(torch, dtype)) if w_device == "cpu"
+         else torch.zeros(dim, dtype=getattr(torch, dtype), device=w_device))
+    step_dtype = getattr(torch, dtype) if torch_path else torch.float64
     return Buffers(
-        w=shared(dim, kind=getattr(torch, dtype)), times=shared(workers, quota, 4),
+        w=w, times=shared(workers, quota, 4),
         copy_end=shared(workers, quota, blocks, fill=-1),
-        store_end=shared(workers, quota, blocks, fill=-1), samples=shared(workers, quota),
+        store_end=shared(workers, quota, blocks, fill=-1),
+        samples=shared(workers, quota, accumulate),
         progress=shared(workers), status=shared(workers),
         message=shared(workers, MESSAGE_BYTES, kind=torch.uint8),
-        steps=shared(workers, quota, dim, kind=torch.float64) if measure else None,
+        steps=shared(workers, quota, dim, kind=step_dtype) if measure else None,
         ready=shared(workers))
+
+
+def _host(w: Any) -> np.ndarray:
+    """A float64 numpy copy of the shared vector, wherever it lives."""
+    import torch
+
+    return w.detach().to("cpu", torch.float64).numpy()
+
+
+def _check_device(device: str) -> None:
+    import torch
+
+    if device == "cpu":
+        return
+    if not device.startswith("cuda"):
+        raise ScenarioError("--device", device, "must be cpu, cuda or cuda:N")
+    if not torch.cuda.is_available():
+        raise ScenarioError("--device", device, "CUDA is not available on this machine "
+                            "(torch.cuda.is_available() is False)")
+    index = torch.device(device).index
+    if index is not None and index >= torch.cuda.device_count():
+        raise ScenarioError("--device", device,
+                            f"this machine has {torch.cuda.device_count()} CUDA device(s)")
 
 
 def _failure(buffers: Buffers, processes: list[Any]) -> dict[str, Any] | None:
@@ -91,6 +131,8 @@ def _failure(buffers: Buffers, processes: list[Any]) -> dict[str, Any] | None:
 
 
 def _stop(processes: list[Any]) -> None:
+    """Stop the started workers: terminate, wait up to 2 s, then kill."""
+    processes = [p for p in processes if p.exitcode is not None or p.is_alive()]
     for process in processes:
         if process.is_alive():
             process.terminate()
@@ -105,10 +147,20 @@ def _stop(processes: list[Any]) -> None:
 def run_real(scenario: Scenario, workers: int, mode: str, dtype: str = "float32",
              timeout: float | None = None, progress: Callable[[int], object] | None = None,
              on_start: Callable[[list[int]], object] | None = None,
-             measure_every: int | None = None, problem: Problem | None = None) -> RealRun:
-    """Train ``scenario``'s problem with real processes; returns the run (failed or not).
+             measure_every: int | None = None, problem: Problem | None = None,
+             device: str = "cpu", launch: str | None = None, pattern: str = "shared",
+             accumulate: int = 1) -> RealRun:
+    """Train ``scenario``'s problem with real workers; returns the run (failed or not).
 
     ``serial`` runs one worker. ``on_start`` receives the worker pids (monitoring, tests).
+    ``device`` is where gradients run (cpu, cuda, cuda:N); ``pattern`` where the parameters
+    live: ``shared`` on that device, updated in place by every worker, or ``host``: master
+    parameters in host memory, each worker computing on its own device copy
+    (``realrun.torch_worker``). ``launch`` runs workers as spawned processes or as threads of
+    this process (on CUDA, each on its own stream; None: processes on the CPU,
+    ``CUDA_LAUNCH`` on CUDA). ``accumulate = n`` averages n gradients
+    per update. On the CPU with processes, shared parameters and n = 1, workers run the
+    problem's numpy code (``realrun.worker``); otherwise its torch loss by autograd.
     ``measure_every = n`` turns on measure mode: workers also store their steps (one vector per
     update) and the parent rebuilds the serialized view, measuring every n-th completion.
     ``problem`` reuses a prebuilt problem in the parent (its optimum is computed once); workers
@@ -117,7 +169,7 @@ def run_real(scenario: Scenario, workers: int, mode: str, dtype: str = "float32"
     Raises:
         ScenarioError: workers < 1, an unknown mode or dtype, timeout <= 0, measure_every < 1.
     """
-    import torch.multiprocessing as mp
+    import torch
 
     if mode not in MODES:
         raise ScenarioError("--mode", mode, f"must be one of {', '.join(MODES)}")
@@ -129,6 +181,16 @@ def run_real(scenario: Scenario, workers: int, mode: str, dtype: str = "float32"
         raise ScenarioError("--timeout", timeout, "must be > 0 seconds")
     if measure_every is not None and measure_every < 1:
         raise ScenarioError("--measure-every", measure_every, "must be >= 1")
+    if launch is None:
+        launch = "processes" if device == "cpu" else CUDA_LAUNCH
+    if launch not in LAUNCHES:
+        raise ScenarioError("--launch", launch, f"must be one of {', '.join(LAUNCHES)}")
+    if pattern not in PATTERNS:
+        raise ScenarioError("--pattern", pattern, f"must be one of {', '.join(PATTERNS)}")
+    if accumulate < 1:
+        raise ScenarioError("--accumulate", accumulate, "must be >= 1")
+    _check_device(device)
+    torch_path = device != "cpu" or launch == "threads" or accumulate > 1
     workers = 1 if mode == "serial" else workers
     # The embedded scenario states the closest simulator semantics: a per-block lock makes each
     # block's read-modify-write atomic (atomic_add); the whole-update lock is `locked`.
@@ -144,19 +206,15 @@ def run_real(scenario: Scenario, workers: int, mode: str, dtype: str = "float32"
     w_star, _ = problem.optimum()
     quotas = _quotas(scenario.run.updates, workers)
     buffers = _allocate(problem.dim, scenario.run.blocks, workers, max(quotas), dtype,
-                        measure_every is not None)
-    buffers.w.numpy()[:] = problem.initial()
-    context = mp.get_context("spawn")
-    lock = context.Lock() if mode == "locked" else None
-    block_locks = ([context.Lock() for _ in range(scenario.run.blocks)] if mode == "blocklock"
-                   else None)
+                        measure_every is not None, device if pattern == "shared" else "cpu",
+                        accumulate, torch_path)
+    buffers.w.copy_(torch.as_tensor(problem.initial()))
     toml = scenario_to_toml(scenario)
-    go = context.Event()
-    processes = [context.Process(target=worker_main, daemon=True,
-                                 args=(WorkerSpec(rank, workers, quotas[rank], toml), buffers,
-                                       lock, block_locks, go)) for rank in range(workers)]
+    processes = _workers(buffers, workers, quotas, toml, mode, scenario.run.blocks,
+                         device if torch_path else None, launch, accumulate)
+    go = processes[0].go
     started = time.monotonic()
-    snapshots = [(0, time.monotonic_ns(), buffers.w.numpy().astype(np.float64))]
+    snapshots = [(0, time.monotonic_ns(), _host(buffers.w))]
     failure = None
     try:
         for process in processes:
@@ -166,7 +224,7 @@ def run_real(scenario: Scenario, workers: int, mode: str, dtype: str = "float32"
         failure = _start_together(buffers, processes, timeout, started)
         if failure is None:
             started = time.monotonic()  # the run's time counts from the common start
-            snapshots = [(0, time.monotonic_ns(), buffers.w.numpy().astype(np.float64))]
+            snapshots = [(0, time.monotonic_ns(), _host(buffers.w))]
             go.set()
             failure = _watch(buffers, processes, scenario.run.updates, timeout, started,
                              progress, snapshots)
@@ -178,7 +236,45 @@ def run_real(scenario: Scenario, workers: int, mode: str, dtype: str = "float32"
     trace, lost = _trace(buffers, workers, scenario, problem, w_star, snapshots, toml, dtype,
                          measure_every)
     return RealRun(scenario, problem, trace, workers, mode, dtype, seconds, failure, lost,
-                   measure_every)
+                   measure_every, device, launch, pattern, accumulate)
+
+
+def _workers(buffers: Buffers, workers: int, quotas: list[int], toml: str, mode: str,
+             blocks: int, device: str | None, launch: str, accumulate: int) -> list[Any]:
+    """The worker processes or threads, not started; each carries the common start event
+    as ``.go``. ``device`` None: the numpy worker; else the torch worker on that device."""
+    import threading
+
+    import torch.multiprocessing as mp
+
+    from realrun.torch_worker import ThreadWorker, torch_worker_main
+
+    if launch == "threads":
+        lock: Any = threading.Lock() if mode == "locked" else None
+        block_locks: Any = ([threading.Lock() for _ in range(blocks)] if mode == "blocklock"
+                            else None)
+        go: Any = threading.Event()
+        stop = threading.Event()
+        made: list[Any] = [ThreadWorker(torch_worker_main, (
+            WorkerSpec(rank, workers, quotas[rank], toml), buffers, lock, block_locks, go,
+            device, accumulate, stop), stop) for rank in range(workers)]
+    else:
+        context = mp.get_context("spawn")
+        lock = context.Lock() if mode == "locked" else None
+        block_locks = ([context.Lock() for _ in range(blocks)] if mode == "blocklock"
+                       else None)
+        go = context.Event()
+        made = []
+        for rank in range(workers):
+            spec = WorkerSpec(rank, workers, quotas[rank], toml)
+            target, args = ((worker_main, (spec, buffers, lock, block_locks, go))
+                            if device is None else
+                            (torch_worker_main, (spec, buffers, lock, block_locks, go, device,
+                                                 accumulate)))
+            made.append(context.Process(target=target, args=args, daemon=True))
+    for worker in made:
+        worker.go = go
+    return made
 
 
 def _start_together(buffers: Buffers, processes: list[Any], timeout: float | None,
@@ -205,7 +301,7 @@ def _watch(buffers: Buffers, processes: list[Any], total: int, timeout: float | 
             progress(done - reported)
         reported = done
         if done >= snapshots[-1][0] + every and done < total:
-            snapshots.append((done, time.monotonic_ns(), buffers.w.numpy().astype(np.float64)))
+            snapshots.append((done, time.monotonic_ns(), _host(buffers.w)))
         failure = _failure(buffers, processes)
         if failure is not None:
             return failure
@@ -227,7 +323,7 @@ def _trace(buffers: Buffers, workers: int, scenario: Scenario, problem: Problem,
                                     buffers.copy_end[rank, :n].numpy().copy(),
                                     buffers.store_end[rank, :n].numpy().copy(),
                                     buffers.samples[rank, :n].numpy().copy()))
-    w_final = buffers.w.numpy().astype(np.float64)
+    w_final = _host(buffers.w)
     done = sum(len(r.samples) for r in records)
     points = [*snapshots, (done, time.monotonic_ns(), w_final)]
     curve = [(t, stamp, problem.full_loss(w), float((w - w_star) @ (w - w_star)))
@@ -241,6 +337,8 @@ def _trace(buffers: Buffers, workers: int, scenario: Scenario, problem: Problem,
 def summary_extra(run: RealRun) -> dict[str, Any]:
     """The real-run facts summary.json adds to the simulator's summary."""
     return {"real": {"workers": run.workers, "mode": run.mode, "dtype": run.dtype,
+                     "device": run.device, "launch": run.launch, "pattern": run.pattern,
+                     "accumulate": run.accumulate,
                      "wall_seconds": run.seconds,
                      "updates_per_wall_second": len(run.trace) / max(run.seconds, 1e-9),
                      "failure": run.failure, "measure_every": run.measure_every,

@@ -24,13 +24,14 @@ from realrun.rebuild import rebuild
 from simulator.problems import Problem
 from simulator.trace import COLUMNS, Trace
 
-__all__ = ["Measure", "WorkerRecord", "merge"]
+__all__ = ["Measure", "WorkerRecord", "merge", "overlap_rate", "thread_ends"]
 
 
 @dataclass(frozen=True)
 class WorkerRecord:
     """One worker's completed updates (n rows): times (n, 4) = read start, read end, gradient
-    end, write end; copy_end, store_end (n, B) with −1 for untouched blocks; samples (n,)."""
+    end, write end; copy_end, store_end (n, B) with −1 for untouched blocks; samples (n,), or
+    (n, m) when each update averages m gradients (the trace's ``sample`` is the first)."""
 
     times: np.ndarray
     copy_end: np.ndarray
@@ -94,6 +95,8 @@ def merge(records: list[WorkerRecord], w0: np.ndarray, w_final: np.ndarray,
     An update's read ends with its last block copy and the update completes with its last
     block store (its write end)."""
     data = _stacked(records)
+    groups = data["samples"][:, None] if data["samples"].ndim == 1 else data["samples"]
+    data["samples"] = groups[:, 0]
     times = data["times"]
     origin = int(times[:, 0].min()) if len(times) else 0
     copy_end = np.where(data["copy_end"] >= 0, data["copy_end"] - origin, -1)
@@ -142,7 +145,7 @@ def merge(records: list[WorkerRecord], w0: np.ndarray, w_final: np.ndarray,
     if measure is not None:
         built = rebuild(measure.problem, measure.lr, measure.bounds, measure.dtype,
                         measure.every, store_end[order], measure.steps,
-                        arrays["thread"], arrays["thread_seq"], arrays["sample"],
+                        arrays["thread"], arrays["thread_seq"], groups[order],
                         arrays["write_end"])
         for name, values in zip(("measured", "s_norm", "g_norm", "delta_norm", "delta_dot"),
                                 zip(*built.measurements, strict=True), strict=True):
@@ -182,3 +185,21 @@ def _ops(rel: np.ndarray, copy_end: np.ndarray, store_end: np.ndarray) -> dict[s
     return {"op_offsets": np.concatenate([[0], np.cumsum(counts)]).astype(np.int64),
             "op_block": blocks.astype(np.int32), "op_read_ns": reads.astype(np.int64),
             "op_write_ns": writes.astype(np.int64)}
+
+
+def thread_ends(trace: Trace) -> list[np.ndarray]:
+    """Each thread's write ends (ns), for :func:`overlap_rate`."""
+    threads = int(trace["thread"].max()) + 1 if len(trace) else 0
+    return [trace["write_end"][trace["thread"] == rank] for rank in range(threads)]
+
+
+def overlap_rate(ends: list[np.ndarray]) -> float:
+    """Updates per second while every worker runs: completions inside [the latest first
+    completion, the earliest last completion] over that window's length (spawned workers
+    start and end at different times; this leaves the ramps out)."""
+    low = max(int(e.min()) for e in ends)
+    high = min(int(e.max()) for e in ends)
+    if high <= low:
+        return float("nan")
+    inside = sum(int(((e > low) & (e <= high)).sum()) for e in ends)
+    return inside / ((high - low) * 1e-9)

@@ -483,7 +483,9 @@ def _real(args: argparse.Namespace) -> int:
     check_out(args.out)
     with _progress(scenario.run.updates, args.quiet) as bar:
         run = run_real(scenario, args.workers, args.mode, args.dtype, args.timeout, bar.update,
-                       measure_every=args.measure_every or (1 if args.measure else None))
+                       measure_every=args.measure_every or (1 if args.measure else None),
+                       device=args.device, launch=args.launch, pattern=args.pattern,
+                       accumulate=args.accumulate)
     summary = write_run(args.out, run.scenario, run.trace, run.problem,
                         extra=summary_extra(run))
     if run.failure is not None:
@@ -494,7 +496,8 @@ def _real(args: argparse.Namespace) -> int:
     if not args.quiet:
         _print_summary(summary, Path(args.out), run.seconds)
         print(f"  {summary['real']['updates_per_wall_second']:.4g} updates per wall second "
-              f"with {run.workers} {run.mode} worker(s), {run.dtype}")
+              f"with {run.workers} {run.mode} worker(s), {run.dtype}, on {run.device}"
+              + ("" if run.device == "cpu" else f" ({run.launch}, {run.pattern} parameters)"))
         if run.hardware_loss is not None:
             print(f"  hardware lost: |rebuilt w_T − real w_T| = "
                   f"{run.hardware_loss['rebuilt_vs_real_norm']:.3g} (max element "
@@ -650,6 +653,18 @@ def _parser() -> argparse.ArgumentParser:
                       help="exact gradient errors: rebuild the serialized view offline")
     real.add_argument("--measure-every", type=int, default=None, metavar="N",
                       help="measure mode, computing the exact gradient of every N-th update")
+    real.add_argument("--device", default="cpu",
+                      help="where gradients run: cpu (default), cuda or cuda:N")
+    real.add_argument("--launch", default=None,
+                      help="workers as spawned processes or as threads of one process (on "
+                      "CUDA each with its own stream); default: processes on the CPU, the "
+                      "faster measured on CUDA")
+    real.add_argument("--pattern", default="shared",
+                      help="shared (default: parameters on the device, updated in place by "
+                      "every worker) or host (master parameters in host memory, each worker "
+                      "computes on its device copy and pushes its step)")
+    real.add_argument("--accumulate", type=int, default=1, metavar="N",
+                      help="average N gradients per update (lr/N per gradient)")
 
     command("scenario", "print a fully resolved scenario as TOML", _scenario, out=None)
     return parser

@@ -128,7 +128,7 @@ class DenseCRFProblem(TaggingProblem):
         emb = w[c[0]:c[1]].reshape(self.vocab, self.hidden)
         weights, bias = w[c[1]:c[2]].reshape(k, self.hidden), w[c[2]:c[3]]
         trans, start = w[c[3]:c[4]].reshape(k, k), w[c[4]:c[5]]
-        tokens = torch.as_tensor(self.tokens[idx])
+        tokens = torch.as_tensor(self.tokens[idx], device=w.device)
         tags = [int(t) for t in self.tags[idx]]
         s = emb[tokens] @ weights.T + bias
         alpha = start + s[0]

@@ -131,9 +131,9 @@ class LSTMTaggerProblem(TaggingProblem):
         emb = w[c[0]:c[1]].reshape(self.vocab, h)
         wx, wh = w[c[1]:c[2]].reshape(4 * h, h), w[c[2]:c[3]].reshape(4 * h, h)
         b, wo, bo = w[c[3]:c[4]], w[c[4]:c[5]].reshape(self.classes, h), w[c[5]:c[6]]
-        state = torch.zeros(h, dtype=w.dtype)
-        cell = torch.zeros(h, dtype=w.dtype)
-        total = torch.zeros((), dtype=w.dtype)
+        state = torch.zeros(h, dtype=w.dtype, device=w.device)
+        cell = torch.zeros(h, dtype=w.dtype, device=w.device)
+        total = torch.zeros((), dtype=w.dtype, device=w.device)
         length = self.tokens.shape[1]
         for t in range(length):
             a = wx @ emb[int(self.tokens[idx, t])] + wh @ state + b

@@ -73,7 +73,20 @@ class Problem(ABC):
 
     @abstractmethod
     def torch_loss(self, w: Any, idx: int) -> Any:
-        """f_idx(w) written in torch, for autograd (``w`` a torch tensor)."""
+        """f_idx(w) written in torch, for autograd (``w`` a torch tensor, on any device)."""
+
+    def on_device(self, name: str, w: Any, floating: bool = True) -> Any:
+        """The data array ``self.<name>`` as a tensor on ``w``'s device (in ``w``'s dtype when
+        ``floating``), copied there once and cached: the torch losses index these rows, so
+        a GPU worker never copies data from the host inside its loop."""
+        import torch
+
+        cache: dict[tuple[str, str, Any], Any] = self.__dict__.setdefault("_device_data", {})
+        key = (name, str(w.device), w.dtype if floating else None)
+        if key not in cache:
+            cache[key] = torch.as_tensor(np.ascontiguousarray(getattr(self, name)),
+                                         device=w.device, dtype=w.dtype if floating else None)
+        return cache[key]
 
     @property
     def strong_convexity(self) -> float | None:
@@ -192,9 +205,7 @@ class QuadraticProblem(Problem):
         return vt.T @ ((s / (s**2 + self.n_samples * self.l2)) * (u.T @ self.b))
 
     def torch_loss(self, w: Any, idx: int) -> Any:
-        import torch
-        a = torch.as_tensor(self.A[idx], dtype=w.dtype)
-        r = a @ w - self._b[idx]
+        r = self.on_device("A", w)[idx] @ w - float(self._b[idx])
         return 0.5 * r * r + 0.5 * self.l2 * (w @ w)
 
 
@@ -280,8 +291,7 @@ class LogisticProblem(Problem):
 
     def torch_loss(self, w: Any, idx: int) -> Any:
         import torch
-        x = torch.as_tensor(self.X[idx], dtype=w.dtype)
-        margin = self._y[idx] * (x @ w)
+        margin = float(self._y[idx]) * (self.on_device("X", w)[idx] @ w)
         return torch.nn.functional.softplus(-margin) + 0.5 * self.l2 * (w @ w)
 
 
@@ -366,11 +376,11 @@ class SparseLogisticProblem(Problem):
 
     def torch_loss(self, w: Any, idx: int) -> Any:
         import torch
-        cols = torch.as_tensor(self.cols[idx])
-        x = torch.as_tensor(self.vals[idx], dtype=w.dtype)
-        reg = torch.as_tensor(self.reg[self.cols[idx]], dtype=w.dtype)
+        cols = self.on_device("cols", w, floating=False)[idx]
+        x = self.on_device("vals", w)[idx]
+        reg = self.on_device("reg", w)[cols]
         wj = w[cols]
-        margin = self._y[idx] * (x @ wj)
+        margin = float(self._y[idx]) * (x @ wj)
         return torch.nn.functional.softplus(-margin) + 0.5 * self.l2 * (reg @ (wj * wj))
 
 
@@ -515,9 +525,8 @@ class MLPProblem(LocalOptimumProblem):
         c = self._cuts
         W1, b1 = w[c[0]:c[1]].reshape(hidden, d_in), w[c[1]:c[2]]
         W2, b2 = w[c[2]:c[3]].reshape(classes, hidden), w[c[3]:c[4]]
-        x = torch.as_tensor(self.X[idx], dtype=w.dtype)
-        z = W2 @ torch.tanh(W1 @ x + b1) + b2
-        return torch.logsumexp(z, 0) - z[self._y[idx]] + 0.5 * self.l2 * (w @ w)
+        z = W2 @ torch.tanh(W1 @ self.on_device("X", w)[idx] + b1) + b2
+        return torch.logsumexp(z, 0) - z[int(self._y[idx])] + 0.5 * self.l2 * (w @ w)
 
 
 def _make_quadratic(spec: Any) -> Problem:

@@ -1,0 +1,95 @@
+"""Calibrate the simulator on a real run, predict other worker counts, compare with reality.
+
+For each calibration k and each predicted k': a real lock-free run at every k involved
+(`asyngrad real --measure`), `asyngrad calibrate real{k} --pool --cores C`, `asyngrad simulate`
+of the calibrated scenario at k', and `asyngrad compare real{k'} sim` — the fidelity targets
+of the simulation-vs-hardware table in bench/README.md (mean staleness gap, KS distance,
+gradient error rate gap, final suboptimality ratio, throughput).
+
+    python bench/fidelity.py --calibrate 2 --predict 4,8,16 --cores 16
+    python bench/fidelity.py --calibrate 1,2 --predict 2,3 --cores 2 --quantum 1000000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+if sys.path and Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
+    sys.path.pop(0)
+
+from simulator.cli import main as asyngrad
+
+
+def _run(*argv: str) -> None:
+    status = asyngrad(list(argv))
+    if status != 0:
+        raise SystemExit(f"bench/fidelity.py: asyngrad {' '.join(argv)} exited {status}")
+
+
+def _ints(text: str) -> list[int]:
+    return [int(v) for v in text.split(",")]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calibrate", type=_ints, default=[2], help="worker counts to fit")
+    parser.add_argument("--predict", type=_ints, default=[4, 8, 16], help="counts to predict")
+    parser.add_argument("--cores", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--quantum", type=int, default=0, help="time slice (ns), 0: none")
+    parser.add_argument("--updates", type=int, default=20_000)
+    parser.add_argument("--mode", default="lockfree")
+    parser.add_argument("--set", action="append", default=[], help="scenario overrides")
+    parser.add_argument("--keep", default=None, help="keep the run directories here")
+    parser.add_argument("--json", default=None, help="also write the rows here")
+    args = parser.parse_args()
+    work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="fidelity-"))
+    work.mkdir(parents=True, exist_ok=True)
+    overrides = [v for o in [f"run.updates={args.updates}", *args.set] for v in ("--set", o)]
+    print(f"# {time.strftime('%Y-%m-%d')}, {platform.machine()}, {os.cpu_count()} cores, "
+          f"{args.mode}, {args.updates:,} updates, calibrated with --pool --cores {args.cores}"
+          f" --quantum {args.quantum}")
+    for k in sorted(set(args.calibrate) | set(args.predict)):
+        _run("real", "--workers", str(k), "--mode", args.mode, "--dtype", "float64",
+             "--measure", "--out", str(work / f"real{k}"), "--quiet", *overrides)
+    print("| calibrated at | predicted k' | staleness mean real / sim (gap) | KS | error rate "
+          "real / sim | final f − f* ratio sim/real | updates/s real / sim |")
+    print("|---:|---:|---|---:|---|---:|---|")
+    rows = []
+    for k in args.calibrate:
+        calibrated = work / f"cal{k}.toml"
+        _run("calibrate", str(work / f"real{k}"), "--out", str(calibrated), "--pool",
+             "--cores", str(args.cores), "--quantum", str(args.quantum), "--quiet")
+        for target in args.predict:
+            sim, report = work / f"sim{k}_{target}", work / f"cmp{k}_{target}"
+            _run("simulate", str(calibrated), "--set", f"run.threads={target}", "--out",
+                 str(sim), "--quiet")
+            _run("compare", str(work / f"real{target}"), str(sim), "--out", str(report),
+                 "--quiet")
+            r = json.loads((report / "compare.json").read_text())
+            st, ge, th = r["staleness"], r["gradient_error"], r["throughput"]
+            ratio = r["loss"]["final_ratio"]
+            rows.append({"calibrated": k, "predicted": target, **{
+                "staleness_real": st["mean_a"], "staleness_sim": st["mean_b"],
+                "gap": st["relative_mean_gap"], "ks": st["ks_distance"],
+                "error_real": ge["a"]["rate"], "error_sim": ge["b"]["rate"],
+                "final_ratio": ratio, "ups_real": th["updates_per_second_a"],
+                "ups_sim": th["updates_per_second_b"]}})
+            print(f"| {k} | {target} | {st['mean_a']:.3f} / {st['mean_b']:.3f} "
+                  f"({st['relative_mean_gap']:.1%}) | {st['ks_distance']:.3f} | "
+                  f"{ge['a']['rate']:.3f} / {ge['b']['rate']:.3f} | "
+                  f"{'n/a' if ratio is None else format(ratio, '.2f')} | "
+                  f"{th['updates_per_second_a']:,.0f} / {th['updates_per_second_b']:,.0f} |",
+                  flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()

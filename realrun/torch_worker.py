@@ -1,0 +1,218 @@
+"""A real worker whose gradient runs in torch on any device: CUDA, or the CPU.
+
+Two placements of the parameters (``pattern``):
+
+* ``shared``: the parameter tensor lives on the compute device (a CUDA tensor shared by CUDA
+  IPC with worker processes, or by worker threads of one process, each on its own CUDA
+  stream) and every worker updates it in place, block by block, with no coordination:
+  ``w[block].sub_(step[block])`` is one elementwise kernel per block, a non-atomic
+  read-modify-write per element, the Hogwild! update on a GPU.
+* ``host``: the master parameters live in host shared memory (the GPU ASGD pattern of the
+  literature); a worker copies them to its device (the read), computes there, copies its step
+  back (part of the gradient phase) and subtracts it from the host copy in place (the write).
+
+``accumulate = n`` averages n gradients at one read (n samples, a larger effective batch: the
+step is lr times their mean, lr/n per gradient) and pushes once, as the simulator's
+``paramserver`` does. Timestamps are ``time.monotonic_ns()`` taken after synchronising the
+worker's CUDA stream, so each phase's end is when its kernels finished (synchronised
+monotonic time: one clock for every process and thread); the trace schema is the CPU
+backend's. A gradient is autograd of the problem's ``torch_loss`` on the device, with the
+problem's data copied there once.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import tomllib
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from realrun.worker import MESSAGE_BYTES, STATUS_DONE, STATUS_FAILED, Buffers, WorkerSpec
+
+__all__ = ["ThreadWorker", "TorchGradient", "torch_worker_main"]
+
+
+class TorchGradient:
+    """The mean gradient of ``problem``'s torch loss over some samples, by autograd."""
+
+    def __init__(self, problem: Any) -> None:
+        self.problem = problem
+
+    def __call__(self, w: Any, samples: list[int]) -> Any:
+        import torch
+
+        leaf = w.detach().requires_grad_(True)
+        loss = self.problem.torch_loss(leaf, samples[0])
+        for sample in samples[1:]:
+            loss = loss + self.problem.torch_loss(leaf, sample)
+        (grad,) = torch.autograd.grad(loss, leaf)
+        return grad.div_(len(samples)) if len(samples) > 1 else grad
+
+
+def torch_worker_main(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any,
+                      go: Any, device: str, accumulate: int,
+                      stop: threading.Event | None = None) -> None:
+    """Set up, wait for ``go``, run ``spec.quota`` updates on ``device``; record a failure
+    in the shared status and message and raise ``SystemExit(1)``. In a worker process
+    (``stop`` None) SIGINT is ignored (the parent decides how to stop); a worker thread
+    stops early when ``stop`` is set."""
+    import torch
+
+    if stop is None:
+        import signal
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        torch.set_num_threads(1)
+    try:
+        if device.startswith("cuda"):
+            torch.cuda.set_device(torch.device(device))
+            with torch.cuda.stream(torch.cuda.Stream()):
+                _loop(spec, buffers, lock, block_locks, go, device, accumulate, stop)
+        else:
+            _loop(spec, buffers, lock, block_locks, go, device, accumulate, stop)
+        buffers.status[spec.rank] = STATUS_DONE
+    except BaseException as err:  # every failure, SystemExit included, must reach the parent
+        text = "".join(traceback.format_exception_only(type(err), err)).strip()
+        data = text.encode()[:MESSAGE_BYTES]
+        buffers.message[spec.rank, : len(data)] = torch.tensor(list(data), dtype=torch.uint8)
+        buffers.status[spec.rank] = STATUS_FAILED
+        raise SystemExit(1) from None
+
+
+def _ops(bounds: list[int], support: np.ndarray | None, w_device: Any,
+         device: Any) -> list[tuple[int, Any, Any]]:
+    """Per touched block: (block, where in w, where in the local copy): slices for a dense
+    gradient, index tensors on each side's device for a sparse one."""
+    import torch
+
+    from simulator.memory import block_ops
+
+    if support is None:
+        return [(block, index, index) for block, index, _, _ in block_ops(bounds, None)]
+    return [(block, torch.as_tensor(index, device=w_device), torch.as_tensor(index, device=device))
+            for block, index, _, _ in block_ops(bounds, support)]
+
+
+def _loop(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any, go: Any,
+          device: str, accumulate: int, stop: threading.Event | None) -> None:
+    import torch
+
+    from simulator.memory import block_bounds
+    from simulator.problems import make_problem
+    from simulator.scenario import scenario_from_dict
+    from simulator.timing import sample_stream
+
+    scenario = scenario_from_dict(tomllib.loads(spec.scenario_toml))
+    problem = make_problem(scenario.problem)
+    w = buffers.w
+    dev = torch.device(device)
+    local = torch.empty(problem.dim, dtype=w.dtype, device=dev)
+    host = w.device != dev  # the host pattern: the step comes back before the write
+    sync: Callable[[], None] = (torch.cuda.current_stream().synchronize if dev.type == "cuda"
+                                else _nothing)
+    times, copy_end = buffers.times[spec.rank].numpy(), buffers.copy_end[spec.rank].numpy()
+    store_end, samples = buffers.store_end[spec.rank].numpy(), buffers.samples[spec.rank].numpy()
+    progress = buffers.progress.numpy()
+    bounds = block_bounds(problem.dim, scenario.run.blocks)
+    stream = sample_stream(scenario.run.seed, spec.workers, spec.rank, problem.n_samples)
+    grad, lr, clock = TorchGradient(problem), scenario.run.lr, time.monotonic_ns
+    steps = None if buffers.steps is None else buffers.steps[spec.rank]
+    dense = _ops(bounds, None, w.device, dev) if problem.support(0) is None else None
+    local.copy_(w)
+    grad(local, [0])  # warm up: data to the device, kernels loaded, allocator primed
+    sync()
+    if go is not None:
+        buffers.ready[spec.rank] = 1
+        go.wait()
+    for i in range(spec.quota):
+        if stop is not None and stop.is_set():
+            break
+        drawn = [int(stream.take()) for _ in range(accumulate)]
+        ops = dense if dense is not None else _ops(
+            bounds, np.unique(np.concatenate([problem.support(s) for s in drawn])), w.device, dev)
+        if lock is not None:
+            lock.acquire()
+        read_start = clock()
+        for block, at_w, at_local in ops:
+            local[at_local] = w[at_w]
+            sync()
+            copy_end[i, block] = clock()
+        read_end = clock()
+        step = grad(local, drawn).mul_(lr)
+        if host:
+            step = step.to(w.device)
+        sync()
+        grad_end = clock()
+        for block, at_w, _ in ops:  # the step is on w's device now: index it from w's side
+            if block_locks is None:
+                _subtract(w, at_w, step[at_w], dense is not None)
+            else:
+                with block_locks[block]:
+                    _subtract(w, at_w, step[at_w], dense is not None)
+                    sync()
+            sync()
+            store_end[i, block] = clock()
+        write_end = clock()
+        if lock is not None:
+            lock.release()
+        if steps is not None:  # outside the timed phases
+            steps[i].copy_(step)
+        times[i] = (read_start, read_end, grad_end, write_end)
+        samples[i] = drawn
+        progress[spec.rank] = i + 1
+
+
+def _subtract(w: Any, where: Any, values: Any, dense: bool) -> None:
+    """``w[where] -= values`` in place and without atomics: one elementwise read-modify-write
+    for a slice, a gather, subtract and scatter for an index tensor."""
+    if dense:
+        w[where].sub_(values)
+    else:
+        w[where] = w[where] - values
+
+
+def _nothing() -> None:
+    return None
+
+
+class ThreadWorker:
+    """A worker thread behind the interface the runner uses for processes (``start``,
+    ``is_alive``, ``exitcode``, ``terminate``, ``kill``, ``join``, ``pid``). Threads cannot
+    be killed: ``terminate`` asks the loop to stop after its current update."""
+
+    pid = None
+
+    def __init__(self, target: Callable[..., None], args: tuple[Any, ...],
+                 stop: threading.Event) -> None:
+        self.exitcode: int | None = None
+        self._stop = stop
+        self._thread = threading.Thread(target=self._run, args=(target, args), daemon=True)
+
+    def _run(self, target: Callable[..., None], args: tuple[Any, ...]) -> None:
+        try:
+            target(*args)
+            self.exitcode = 0
+        except SystemExit as err:
+            self.exitcode = err.code if isinstance(err.code, int) else 1
+        except BaseException:  # the worker recorded it in the shared status already
+            self.exitcode = 1
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def is_alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def terminate(self) -> None:
+        self._stop.set()
+
+    def kill(self) -> None:
+        self._stop.set()
+
+    def join(self, timeout: float | None = None) -> None:
+        """Wait for the thread (at most 10 s when no timeout is given: a thread stuck in a
+        device call must not hang the parent, which stops anyway)."""
+        self._thread.join(10.0 if timeout is None else timeout)
