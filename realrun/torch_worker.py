@@ -67,9 +67,11 @@ def torch_worker_main(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         torch.set_num_threads(1)
     try:
-        if device.startswith("cuda"):
-            torch.cuda.set_device(torch.device(device))
-            with torch.cuda.stream(torch.cuda.Stream()):
+        target = torch.device(device)
+        if target.type == "cuda":
+            if target.index is not None:
+                torch.cuda.set_device(target)
+            with torch.cuda.stream(torch.cuda.Stream(device=target)):
                 _loop(spec, buffers, lock, block_locks, go, device, accumulate, stop)
         else:
             _loop(spec, buffers, lock, block_locks, go, device, accumulate, stop)
