@@ -242,7 +242,7 @@ def run_real(scenario: Scenario, workers: int, mode: str, dtype: str = "float32"
 def _workers(buffers: Buffers, workers: int, quotas: list[int], toml: str, mode: str,
              blocks: int, device: str | None, launch: str, accumulate: int) -> list[Any]:
     """The worker processes or threads, not started; each carries the common start event
-    as ``.go``. ``device`` None: the numpy worker; else the torch worker on that device."""
+    as ``.go`` and the locks as ``.shared``. ``device`` None: the numpy worker; else the torch worker on that device."""
     import threading
 
     import torch.multiprocessing as mp
@@ -273,7 +273,10 @@ def _workers(buffers: Buffers, workers: int, quotas: list[int], toml: str, mode:
                                                  accumulate)))
             made.append(context.Process(target=target, args=args, daemon=True))
     for worker in made:
-        worker.go = go
+        # Process.start() drops its arguments; the parent must keep the locks and the event
+        # alive until the workers end (a collected semaphore is unlinked before a spawned
+        # child can open it).
+        worker.go, worker.shared = go, (lock, block_locks)
     return made
 
 
