@@ -242,7 +242,8 @@ def run_real(scenario: Scenario, workers: int, mode: str, dtype: str = "float32"
 def _workers(buffers: Buffers, workers: int, quotas: list[int], toml: str, mode: str,
              blocks: int, device: str | None, launch: str, accumulate: int) -> list[Any]:
     """The worker processes or threads, not started; each carries the common start event
-    as ``.go`` and the locks as ``.shared``. ``device`` None: the numpy worker; else the torch worker on that device."""
+    as ``.go`` and the locks as ``.shared``. ``device`` None: the numpy worker; else the
+    torch worker on that device."""
     import threading
 
     import torch.multiprocessing as mp

@@ -481,6 +481,10 @@ def _real(args: argparse.Namespace) -> int:
 
     scenario = load_scenario(args.scenario, args.set)
     check_out(args.out)
+    if args.backend == "ps":
+        return _real_ps(args, scenario)
+    if args.backend != "shm":
+        raise ScenarioError("--backend", args.backend, "must be shm or ps")
     with _progress(scenario.run.updates, args.quiet) as bar:
         run = run_real(scenario, args.workers, args.mode, args.dtype, args.timeout, bar.update,
                        measure_every=args.measure_every or (1 if args.measure else None),
@@ -502,6 +506,29 @@ def _real(args: argparse.Namespace) -> int:
             print(f"  hardware lost: |rebuilt w_T − real w_T| = "
                   f"{run.hardware_loss['rebuilt_vs_real_norm']:.3g} (max element "
                   f"{run.hardware_loss['rebuilt_vs_real_max']:.3g})")
+    return 0
+
+
+def _real_ps(args: argparse.Namespace, scenario: Any) -> int:
+    """``asyngrad real --backend ps``: a parameter server and K trainers on loopback."""
+    from realrun.ps import run_ps, summary_extra
+    from simulator.rundir import write_run
+
+    with _progress(scenario.run.updates, args.quiet) as bar:
+        run = run_ps(scenario, args.workers, args.dtype, args.timeout, bar.update,
+                     measure=args.measure or args.measure_every is not None)
+    summary = write_run(args.out, run.scenario, run.trace, run.problem,
+                        extra=summary_extra(run))
+    if run.failure is not None:
+        print(f"asyngrad: parameter server stopped after {len(run.trace)} pushes "
+              f"({run.failure['reason']}); partial results in {args.out}/", file=sys.stderr)
+        return 1
+    if not args.quiet:
+        _print_summary(summary, Path(args.out), run.seconds)
+        real = summary["real"]
+        print(f"  {real['pushes_per_wall_second']:.4g} pushes per wall second from "
+              f"{run.workers} trainer(s); dropped {summary['discarded']} "
+              f"({real['dropped_fraction']:.1%})")
     return 0
 
 
@@ -653,6 +680,10 @@ def _parser() -> argparse.ArgumentParser:
                       help="exact gradient errors: rebuild the serialized view offline")
     real.add_argument("--measure-every", type=int, default=None, metavar="N",
                       help="measure mode, computing the exact gradient of every N-th update")
+    real.add_argument("--backend", default="shm",
+                      help="shm (default: workers on one shared parameter vector) or ps (a "
+                      "parameter server and K trainers on torch.distributed; its options "
+                      "come from the scenario's [paramserver] section)")
     real.add_argument("--device", default="cpu",
                       help="where gradients run: cpu (default), cuda or cuda:N")
     real.add_argument("--launch", default=None,

@@ -1,0 +1,526 @@
+"""A parameter server on torch.distributed (gloo): one server, K trainers, point to point.
+
+Rank 0 is the server and holds the parameters; ranks 1..K are trainers. A trainer pulls
+(sends ``PULL``, receives the version and the vector), computes ``accumulate`` gradients at
+that vector, and pushes lr times their mean (``PUSH`` with the version it read, its samples
+and its compute time, then the step). The server serves messages in arrival order, from any
+trainer (``irecv`` from any source), and applies each push in full before the next message,
+so pushes are atomic and the serialized view is the server's own vector. The options are the
+simulator's ``paramserver`` ones (``[paramserver]`` of the scenario):
+
+* ``staleness_limit`` S > 0: a push whose staleness (pushes applied since its pull) exceeds S
+  is dropped (trace row ``step`` 0; the summary's ``discarded``);
+* ``accumulate`` n: n gradients per push (lr/n per gradient);
+* ``fraction`` p > 0: synchronous rounds with backup workers: a round applies the mean of
+  the first ceil(p·K) pushes computed on its vector (fewer once trainers have finished),
+  later pushes of that round are dropped, and a trainer that pushed waits for the next round
+  before its pull is answered.
+
+Every timestamp is the server's ``time.monotonic_ns()`` (a pull's arrival and answer, a
+push's arrival and application; the trainer reports only its compute time), so traces from
+several machines need no common clock. The run directory is the usual one.
+
+Faults: every receive has a timeout (``timeout``, default 60 s). A server that hears from no
+trainer for that long (a trainer died, or hangs) stops with a clear message and writes what
+it has; a trainer whose server is gone (a closed connection, or the timeout) exits with one
+line and status 1.
+
+Launch: ``asyngrad real SCENARIO --backend ps --workers K`` starts the server in that
+process and K trainer processes on loopback; on several machines each node runs
+``torchrun --nnodes N --nproc-per-node M --rdzv-endpoint HOST:PORT -m realrun.ps SCENARIO
+--out DIR`` (``MASTER_ADDR``, ``MASTER_PORT``, ``RANK`` and ``WORLD_SIZE`` as torchrun
+sets them; rank 0 serves and writes DIR).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import math
+import os
+import socket
+import sys
+import time
+import tomllib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from simulator.errors import AsyngradError, ScenarioError
+from simulator.problems import Problem, make_problem
+from simulator.scenario import Scenario, scenario_from_dict, scenario_to_toml, with_overrides
+from simulator.trace import COLUMNS, Trace
+from simulator.view import UNMEASURED, Measurement, SerializedView
+
+__all__ = ["PSRun", "run_ps", "serve", "train"]
+
+PULL, PUSH, DONE = 1, 2, 3
+_HEADER = 5  # kind, sender rank, version read, compute ns, samples in the push; then samples
+DEFAULT_ADDR = "127.0.0.1"
+
+
+@dataclass
+class _Push:
+    """One received push, as the server saw it."""
+
+    thread: int
+    seq: int
+    samples: list[int]
+    read_start: int
+    read_end: int
+    arrival: int
+    grad_ns: int
+    version: int
+    step: np.ndarray
+    applied: int = 0  # completion t (0: dropped)
+    write_end: int = 0
+    staleness: int = 0
+    measurement: Measurement = UNMEASURED
+
+
+@dataclass
+class _Server:
+    """The server's state while it runs."""
+
+    problem: Problem
+    scenario: Scenario
+    trainers: int
+    dtype: Any
+    w: np.ndarray
+    view: SerializedView
+    version: int = 0
+    gradients: int = 0
+    pushes: list[_Push] = field(default_factory=list)
+    pulled: dict[int, tuple[int, int, int]] = field(default_factory=dict)  # rank: start, end, v
+    seq: dict[int, int] = field(default_factory=dict)
+    done: set[int] = field(default_factory=set)
+    round_pushes: list[_Push] = field(default_factory=list)
+    waiting: list[tuple[int, int]] = field(default_factory=list)  # deferred pulls: rank, time
+    pushed_round: dict[int, int] = field(default_factory=dict)
+
+
+def _header_size(accumulate: int) -> int:
+    return _HEADER + accumulate
+
+
+def serve(problem: Problem, scenario: Scenario, trainers: int, timeout: float,
+          progress: Callable[[int], object] | None = None, measure: bool = False,
+          dtype: str = "float32") -> tuple[Trace, dict[str, Any] | None]:
+    """Run the server (rank 0 of an initialised gloo group) until every trainer is done or a
+    receive times out; the trace of every push and the failure, if any."""
+    import torch
+    import torch.distributed as dist
+
+    options = scenario.paramserver
+    w0 = problem.initial()
+    every = scenario.metrics.every
+    state = _Server(problem, scenario, trainers, np.dtype(dtype), w0.astype(dtype),
+                    SerializedView(problem, scenario.run.lr, w0, scenario.run.updates, measure,
+                                   every, scenario.metrics.curve_points))
+    header = torch.zeros(_header_size(options.accumulate), dtype=torch.int64)
+    step = torch.zeros(problem.dim, dtype=getattr(torch, dtype))
+    wait = datetime.timedelta(seconds=timeout)
+    origin = time.monotonic_ns()
+    failure = None
+    try:
+        while len(state.done) < trainers:
+            work: Any = dist.irecv(header)
+            try:
+                work.wait(wait)
+            except RuntimeError as err:
+                missing = sorted(set(range(1, trainers + 1)) - state.done)
+                failure = {"worker": None, "reason": f"no message from trainers {missing} "
+                           f"for {timeout:g} s ({_first_line(err)})"}
+                break
+            kind, source, arrived = int(header[0]), int(header[1]), time.monotonic_ns()
+            if kind == PULL:
+                _pull(state, source, arrived)
+            elif kind == PUSH:
+                dist.recv(step, source)
+                n = int(header[4])
+                push = _Push(source - 1, state.seq.get(source, 0),
+                             [int(s) for s in header[_HEADER:_HEADER + n]],
+                             *state.pulled[source][:2], arrived, int(header[3]),
+                             int(header[2]), step.numpy().astype(dtype))
+                state.seq[source] = push.seq + 1
+                state.gradients += n
+                _push(state, push)
+                if progress:
+                    progress(1)
+            elif kind == DONE:
+                state.done.add(source)
+                if options.fraction > 0:
+                    _close_round(state, force=False)
+    except RuntimeError as err:  # a connection closed under a send or receive
+        failure = {"worker": None, "reason": f"server: {_first_line(err)}"}
+    if state.round_pushes:  # a round the finished trainers left open: never applied
+        state.round_pushes.clear()
+    return _trace(state, origin), failure
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return text[0][:200] if text else type(err).__name__
+
+
+def _pull(state: _Server, source: int, arrived: int) -> None:
+    if state.scenario.paramserver.fraction > 0 and state.pushed_round.get(source) == \
+            state.version:
+        state.waiting.append((source, arrived))  # already pushed for this round: wait
+        return
+    _answer(state, source, arrived)
+
+
+def _answer(state: _Server, source: int, arrived: int) -> None:
+    import torch
+    import torch.distributed as dist
+
+    dist.send(torch.tensor([state.version, 0], dtype=torch.int64), source)
+    dist.send(torch.from_numpy(state.w), source)
+    state.pulled[source] = (arrived, time.monotonic_ns(), state.version)
+
+
+def _push(state: _Server, push: _Push) -> None:
+    options = state.scenario.paramserver
+    state.pushes.append(push)
+    if options.fraction > 0:
+        if push.version != state.version:  # computed on a closed round's vector
+            push.write_end, push.staleness = push.arrival, state.version - push.version
+            return
+        state.pushed_round[push.thread + 1] = state.version
+        state.round_pushes.append(push)
+        _close_round(state, force=False)
+        return
+    push.staleness = state.version - push.version
+    if options.staleness_limit and push.staleness > options.staleness_limit:
+        push.write_end = push.arrival
+        return
+    state.w -= push.step
+    _complete(state, [push])
+
+
+def _close_round(state: _Server, force: bool) -> None:
+    """Apply the round's mean step once its quota of pushes arrived, then answer the pulls
+    that waited for the new round."""
+    live = state.trainers - len(state.done)
+    quota = min(math.ceil(state.scenario.paramserver.fraction * state.trainers), max(live, 1))
+    if not state.round_pushes or (len(state.round_pushes) < quota and not force):
+        return
+    group = state.round_pushes
+    state.w -= np.mean([p.step for p in group], axis=0).astype(state.dtype)
+    _complete(state, group)
+    state.round_pushes = []
+    waiting, state.waiting = state.waiting, []
+    for source, arrived in waiting:
+        _answer(state, source, arrived)
+
+
+def _complete(state: _Server, group: list[_Push]) -> None:
+    state.version += 1
+    now = time.monotonic_ns()
+    w = state.w.astype(np.float64)
+    samples = [s for p in group for s in p.samples]
+    m = state.view.complete(state.version, w, samples, now, n=state.gradients)
+    for p in group:
+        p.applied, p.write_end = state.version, now
+        p.staleness = state.version - 1 - p.version
+    group[-1].measurement = m
+
+
+def _trace(state: _Server, origin: int) -> Trace:
+    pushes = sorted(state.pushes, key=lambda p: (p.write_end, p.thread))
+    start = min([p.read_start for p in pushes], default=origin)
+    n = len(pushes)
+
+    def col(values: list[Any], name: str) -> np.ndarray:
+        return np.asarray(values, dtype=COLUMNS[name]).reshape(n)
+
+    rel = {name: [getattr(p, name) - start for p in pushes]
+           for name in ("read_start", "read_end", "arrival", "write_end")}
+    by_start = np.argsort(np.asarray(rel["read_start"], dtype=np.int64), kind="stable")
+    uid = np.empty(n, dtype=np.int64)
+    uid[by_start] = np.arange(n)
+    previous: dict[int, int] = {}
+    idle = []
+    for p, read_start in zip(pushes, rel["read_start"], strict=True):
+        idle.append(max(read_start - previous.get(p.thread, 0), 0))
+        previous[p.thread] = p.write_end - start
+    measured = [p.measurement for p in pushes]
+    arrays = {
+        "uid": uid, "thread": col([p.thread for p in pushes], "thread"),
+        "thread_seq": col([p.seq for p in pushes], "thread_seq"),
+        "sample": col([p.samples[0] for p in pushes], "sample"),
+        "step": col([p.applied for p in pushes], "step"),
+        "read_start": col(rel["read_start"], "read_start"),
+        "read_end": col(rel["read_end"], "read_end"),
+        "grad_start": col(rel["read_end"], "grad_start"),
+        "grad_end": col(rel["arrival"], "grad_end"),
+        "write_start": col(rel["arrival"], "write_start"),
+        "write_end": col(rel["write_end"], "write_end"),
+        "grad_ns": col([p.grad_ns for p in pushes], "grad_ns"),
+        "idle_ns": col(idle, "idle_ns"),
+        "staleness": col([p.staleness for p in pushes], "staleness"),
+        "read_overwrites": np.zeros(n, np.int32), "torn": np.zeros(n, bool),
+        "lost_blocks": np.zeros(n, np.int32), "overwrote": np.zeros(n, np.int32),
+        "delay": np.zeros(n, np.int32), "error_norm": np.zeros(n),
+        "dropped": np.zeros(n, bool), "lr_scale": np.ones(n),
+        **{name: col([getattr(m, name) for m in measured], name)
+           for name in ("measured", "s_norm", "g_norm", "delta_norm", "delta_dot")},
+        "op_offsets": np.arange(n + 1, dtype=np.int64), "op_block": np.zeros(n, np.int32),
+        "op_read_ns": col(rel["read_end"], "read_end") - col(rel["read_start"], "read_start"),
+        "op_write_ns": col(rel["write_end"], "write_end") - col(rel["arrival"], "write_start"),
+        "w0": state.problem.initial().astype(np.float64),
+        "w_final": state.w.astype(np.float64),
+    }
+    state.view.finish(state.version, state.w.astype(np.float64),
+                      max(int(arrays["write_end"].max()) if n else 0, 0), state.gradients)
+    curve = state.view.curve_arrays()
+    curve["curve_time"] = np.maximum(curve["curve_time"] - start, 0)
+    arrays.update(curve)
+    return Trace(arrays, scenario_to_toml(state.scenario), source="real")
+
+
+def train(problem: Problem, scenario: Scenario, rank: int, trainers: int, timeout: float,
+          quota: int, dtype: str = "float32") -> None:
+    """A trainer's loop (rank ≥ 1 of an initialised gloo group): pull, compute, push
+    ``quota`` times, then say done. Raises RuntimeError when the server is gone."""
+    import torch
+    import torch.distributed as dist
+
+    from simulator.timing import sample_stream
+
+    options, lr = scenario.paramserver, scenario.run.lr
+    torch_dtype = getattr(torch, dtype)
+    stream = sample_stream(scenario.run.seed, trainers, rank - 1, problem.n_samples)
+    reply = torch.zeros(2, dtype=torch.int64)
+    w = torch.zeros(problem.dim, dtype=torch_dtype)
+    header = torch.zeros(_header_size(options.accumulate), dtype=torch.int64)
+    wait = datetime.timedelta(seconds=timeout)
+
+    def receive(tensor: Any) -> None:
+        work: Any = dist.irecv(tensor, 0)
+        work.wait(wait)
+
+    for _ in range(quota):
+        header.zero_()
+        header[:2] = torch.tensor([PULL, rank])
+        dist.send(header, 0)
+        receive(reply)
+        receive(w)
+        began = time.monotonic_ns()
+        local = w.numpy().astype(np.float64)
+        drawn = [int(stream.take()) for _ in range(options.accumulate)]
+        g = problem.dense_grad(local, drawn[0])
+        for sample in drawn[1:]:
+            g += problem.dense_grad(local, sample)
+        step = torch.from_numpy(lr * g / len(drawn)).to(torch_dtype)
+        header[:] = torch.tensor([PUSH, rank, int(reply[0]), time.monotonic_ns() - began,
+                                  len(drawn), *drawn], dtype=torch.int64)
+        dist.send(header, 0)
+        dist.send(step, 0)
+    header.zero_()
+    header[:2] = torch.tensor([DONE, rank])
+    dist.send(header, 0)
+
+
+@dataclass(frozen=True)
+class PSRun:
+    """A finished (or stopped) parameter-server run."""
+
+    scenario: Scenario
+    problem: Problem
+    trace: Trace
+    workers: int
+    dtype: str
+    seconds: float
+    failure: dict[str, Any] | None
+    mode: str = "ps"
+    hardware_loss: None = None
+    device: str = "cpu"
+
+
+def _ps_scenario(scenario: Scenario, trainers: int) -> Scenario:
+    """The embedded scenario: the simulator's paramserver protocol at K threads."""
+    return with_overrides(scenario, [f"run.threads={trainers}", "run.protocol=paramserver"])
+
+
+def _group_timeout(timeout: float) -> datetime.timedelta:
+    """The group's own timeout (joining, sends): the receive timeout, but at least 60 s, as
+    spawned trainers take seconds to start."""
+    return datetime.timedelta(seconds=max(timeout, 60.0))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind((DEFAULT_ADDR, 0))
+        return int(s.getsockname()[1])
+
+
+def _quotas(updates: int, trainers: int) -> list[int]:
+    return [updates // trainers + (1 if r < updates % trainers else 0) for r in range(trainers)]
+
+
+def _trainer_main(rank: int, world: int, address: str, port: int, toml: str, dtype: str,
+                  timeout: float, quota: int) -> None:
+    """A spawned local trainer: join the group, train, leave; one line if the server went."""
+    import signal
+
+    import torch
+    import torch.distributed as dist
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    torch.set_num_threads(1)
+    scenario = _ps_scenario(scenario_from_dict(tomllib.loads(toml)), world - 1)
+    problem = make_problem(scenario.problem)
+    dist.init_process_group("gloo", init_method=f"tcp://{address}:{port}", rank=rank,
+                            world_size=world, timeout=_group_timeout(timeout))
+    try:
+        train(problem, scenario, rank, world - 1, timeout, quota, dtype)
+    except RuntimeError as err:
+        print(f"asyngrad ps trainer {rank}: the server is gone ({_first_line(err)}); "
+              "exiting", file=sys.stderr)
+        os._exit(1)
+    dist.destroy_process_group()
+
+
+def run_ps(scenario: Scenario, trainers: int, dtype: str = "float32",
+           timeout: float | None = None, progress: Callable[[int], object] | None = None,
+           measure: bool = False, problem: Problem | None = None,
+           on_start: Callable[[list[int]], object] | None = None) -> PSRun:
+    """A parameter-server run on this machine: this process serves (rank 0) and K spawned
+    trainers train, over gloo on loopback (``MASTER_ADDR`` / ``MASTER_PORT`` if set, else
+    127.0.0.1 and a free port). ``timeout`` is the receive timeout (default 60 s).
+
+    Raises:
+        ScenarioError: trainers < 1, an unknown dtype, timeout <= 0.
+    """
+    import torch.distributed as dist
+    import torch.multiprocessing as mp
+
+    if trainers < 1:
+        raise ScenarioError("--workers", trainers, "must be >= 1")
+    if dtype not in ("float32", "float64"):
+        raise ScenarioError("--dtype", dtype, "must be one of float32, float64")
+    if timeout is not None and not timeout > 0:
+        raise ScenarioError("--timeout", timeout, "must be > 0 seconds")
+    timeout = 60.0 if timeout is None else timeout
+    scenario = _ps_scenario(scenario, trainers)
+    problem = problem if problem is not None else make_problem(scenario.problem)
+    problem.optimum()
+    address = os.environ.get("MASTER_ADDR", DEFAULT_ADDR)
+    port = int(os.environ.get("MASTER_PORT", 0)) or _free_port()
+    toml = scenario_to_toml(scenario)
+    context = mp.get_context("spawn")
+    quotas = _quotas(scenario.run.updates, trainers)
+    processes = [context.Process(target=_trainer_main, daemon=True, args=(
+        rank, trainers + 1, address, port, toml, dtype, timeout, quotas[rank - 1]))
+        for rank in range(1, trainers + 1)]
+    for process in processes:
+        process.start()
+    if on_start:
+        on_start([p.pid for p in processes if p.pid is not None])
+    started = time.monotonic()
+    failure: dict[str, Any] | None = None
+    try:
+        try:
+            dist.init_process_group("gloo", init_method=f"tcp://{address}:{port}", rank=0,
+                                    world_size=trainers + 1,
+                                    timeout=_group_timeout(timeout))
+        except (RuntimeError, ValueError) as err:
+            raise AsyngradError(f"parameter server: cannot open {address}:{port} "
+                                f"({_first_line(err)})") from None
+        trace, failure = serve(problem, scenario, trainers, timeout, progress, measure, dtype)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        for process in processes:
+            process.join(5.0 if failure is None else 0.5)
+            if process.is_alive():
+                process.terminate()
+                process.join(2.0)
+    for rank, process in enumerate(processes, start=1):
+        if failure is None and process.exitcode not in (0, None):
+            failure = {"worker": rank - 1, "reason": f"trainer exited with {process.exitcode}"}
+    return PSRun(scenario, problem, trace, trainers, dtype, time.monotonic() - started,
+                 failure)
+
+
+def summary_extra(run: PSRun) -> dict[str, Any]:
+    """What summary.json adds for a parameter-server run."""
+    pushes = len(run.trace)
+    dropped = int((run.trace["step"] == 0).sum())
+    return {"real": {"backend": "ps", "workers": run.workers, "dtype": run.dtype,
+                     "wall_seconds": run.seconds, "pushes_per_wall_second":
+                     pushes / max(run.seconds, 1e-9), "updates_per_wall_second":
+                     pushes / max(run.seconds, 1e-9), "dropped_fraction":
+                     dropped / pushes if pushes else None, "failure": run.failure,
+                     "paramserver": {k: getattr(run.scenario.paramserver, k)
+                                     for k in ("staleness_limit", "accumulate", "fraction")}}}
+
+
+def _node_main(argv: list[str] | None = None) -> int:
+    """``python -m realrun.ps`` under torchrun: rank 0 serves and writes the run directory,
+    the other ranks train."""
+    import torch.distributed as dist
+
+    from simulator.rundir import check_out, write_run
+    from simulator.scenario import load_scenario
+
+    parser = argparse.ArgumentParser(prog="python -m realrun.ps", description=__doc__
+                                     .splitlines()[0])
+    parser.add_argument("scenario", nargs="?", default=None)
+    parser.add_argument("--out", default="runs/ps")
+    parser.add_argument("--set", action="append", default=[])
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--timeout", type=float, default=60.0)
+    parser.add_argument("--measure", action="store_true")
+    args = parser.parse_args(argv)
+    try:
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    except (KeyError, ValueError):
+        print("python -m realrun.ps: RANK and WORLD_SIZE must be set (start it with torchrun)",
+              file=sys.stderr)
+        return 2
+    try:
+        if world < 2:
+            raise ScenarioError("WORLD_SIZE", world, "must be >= 2 (a server and a trainer)")
+        if args.dtype not in ("float32", "float64"):
+            raise ScenarioError("--dtype", args.dtype, "must be one of float32, float64")
+        scenario = _ps_scenario(load_scenario(args.scenario, args.set), world - 1)
+        problem = make_problem(scenario.problem)
+        if rank == 0:
+            check_out(args.out)
+            problem.optimum()
+    except AsyngradError as err:
+        print(f"python -m realrun.ps: error: {err}", file=sys.stderr)
+        return 2
+    dist.init_process_group("gloo", timeout=_group_timeout(args.timeout))
+    if rank > 0:
+        try:
+            train(problem, scenario, rank, world - 1, args.timeout,
+                  _quotas(scenario.run.updates, world - 1)[rank - 1], args.dtype)
+        except RuntimeError as err:
+            print(f"realrun.ps trainer {rank}: the server is gone ({_first_line(err)})",
+                  file=sys.stderr)
+            return 1
+        dist.destroy_process_group()
+        return 0
+    started = time.monotonic()
+    trace, failure = serve(problem, scenario, world - 1, args.timeout, None, args.measure,
+                           args.dtype)
+    run = PSRun(scenario, problem, trace, world - 1, args.dtype, time.monotonic() - started,
+                failure)
+    write_run(args.out, scenario, trace, problem, extra=summary_extra(run))
+    dist.destroy_process_group()
+    if failure is not None:
+        print(f"realrun.ps: stopped after {len(trace)} pushes ({failure['reason']}); partial "
+              f"results in {args.out}/", file=sys.stderr)
+        return 1
+    print(f"realrun.ps: {len(trace)} pushes from {world - 1} trainers; wrote {args.out}/")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_node_main())

@@ -1,0 +1,158 @@
+"""The parameter server on torch.distributed (gloo) over loopback: real processes, real
+messages, 1–3 trainers on tiny problems."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from realrun.ps import _free_port, run_ps
+from simulator.cli import main
+from simulator.engine import simulate
+from simulator.metrics import summarize
+from simulator.problems import make_problem
+from simulator.timing import sample_stream
+
+from .conftest import scenario
+
+TINY = ("problem.dim=20", "problem.n_samples=200", "run.updates=400", "run.lr=0.05")
+
+
+def test_one_trainer_is_serial_sgd_to_the_bit():
+    """One trainer, float64: the samples and arithmetic of the simulator's serial run."""
+    s = scenario(*TINY)
+    run = run_ps(s, 1, "float64", timeout=60)
+    simulated = simulate(scenario(*TINY, "run.protocol=serial"))
+    assert run.failure is None and len(run.trace) == 400
+    assert np.array_equal(run.trace["sample"], simulated["sample"])
+    assert np.array_equal(run.trace["w_final"], simulated["w_final"])
+    assert run.trace["staleness"].max() == 0
+
+
+def test_accumulated_pushes_are_the_mean_of_their_gradients():
+    s = scenario(*TINY, "run.updates=100", "paramserver.accumulate=3")
+    run = run_ps(s, 1, "float64", timeout=60)
+    p = make_problem(s.problem)
+    stream = sample_stream(s.run.seed, 1, 0, p.n_samples)
+    w = p.initial()
+    for _ in range(100):
+        drawn = [int(stream.take()) for _ in range(3)]
+        w = w - s.run.lr * np.mean([p.dense_grad(w, d) for d in drawn], axis=0)
+    np.testing.assert_allclose(run.trace["w_final"], w, rtol=1e-12, atol=1e-14)
+
+
+def test_two_trainers_converge_with_a_well_formed_measured_trace():
+    s = scenario(*TINY, "run.updates=1000")
+    run = run_ps(s, 2, "float64", timeout=60, measure=True)
+    trace = run.trace
+    assert run.failure is None and len(trace) == 1000
+    assert sorted(trace["step"].tolist()) == list(range(1, 1001))
+    assert np.all(np.diff(trace["write_end"]) >= 0)
+    for a, b in (("read_start", "read_end"), ("read_end", "grad_end"),
+                 ("grad_end", "write_end")):
+        assert np.all(trace[a] <= trace[b])
+    assert set(trace["thread"].tolist()) == {0, 1}
+    summary = summarize(trace, run.problem, run.scenario)
+    assert summary["exact_metrics"]["measured_updates"] == 1000
+    # A push with staleness 0 was computed on the vector it was applied to: no error.
+    fresh = (trace["staleness"] == 0) & trace["measured"]
+    assert np.all(trace["delta_norm"][fresh] <= 1e-9 * trace["g_norm"][fresh] + 1e-15)
+    f_star = run.problem.optimum()[1]
+    assert trace["curve_loss"][-1] - f_star < 0.3 * (trace["curve_loss"][0] - f_star)
+
+
+def test_staleness_limit_drops_exactly_the_stale_pushes():
+    s = scenario(*TINY, "run.updates=900", "paramserver.staleness_limit=1")
+    run = run_ps(s, 3, timeout=60)
+    trace = run.trace
+    dropped = trace["step"] == 0
+    assert run.failure is None and len(trace) == 900
+    assert np.all(trace["staleness"][dropped] > 1)
+    assert np.all(trace["staleness"][~dropped] <= 1)
+    assert summarize(trace, run.problem, run.scenario)["discarded"] == int(dropped.sum())
+
+
+def test_backup_worker_rounds_apply_pushes_computed_on_one_vector():
+    """fraction = 1: every round waits for both trainers and applies their mean; nothing is
+    stale. fraction = 0.5: the first push ends each round, later ones for it are dropped."""
+    full = run_ps(scenario(*TINY, "paramserver.fraction=1"), 2, "float64", timeout=60)
+    trace = full.trace
+    applied = trace["step"] > 0
+    assert full.failure is None and np.all(trace["staleness"][applied] == 0)
+    counts = np.bincount(trace["step"][applied])[1:]
+    assert counts.max() == 2 and (counts == 2).sum() >= len(counts) - 1
+    half = run_ps(scenario(*TINY, "paramserver.fraction=0.5"), 2, "float64", timeout=60)
+    trace = half.trace
+    applied = trace["step"] > 0
+    assert np.bincount(trace["step"][applied])[1:].max() == 1
+    assert np.all(trace["staleness"][~applied] >= 1)
+
+
+def test_a_dead_trainer_does_not_hang_the_server():
+    """Kill a trainer: the server's receive times out, it says which trainer is missing and
+    keeps the pushes it applied."""
+    s = scenario(*TINY, "run.updates=200000")
+    pids, pushes = [], []
+
+    def kill_one_after_50_pushes(n):
+        pushes.append(n)
+        if len(pushes) == 50:
+            os.kill(pids[0], signal.SIGKILL)
+
+    started = time.monotonic()
+    run = run_ps(s, 2, timeout=3, on_start=pids.extend, progress=kill_one_after_50_pushes)
+    assert time.monotonic() - started < 60
+    assert run.failure is not None and "no message from trainers [1" in run.failure["reason"]
+    assert 0 < len(run.trace) < 200000
+
+
+def _node(rank, world, port, out, extra=()):
+    env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world),
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen([sys.executable, "-m", "realrun.ps", "--out", str(out),
+                             "--timeout", "5", "--set", "problem.dim=20", *extra], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_torchrun_nodes_write_the_run_directory(tmp_path):
+    """The several-machine path on one: torchrun starts a server and two trainers."""
+    torchrun = Path(sys.executable).with_name("torchrun")
+    out = tmp_path / "ps"
+    done = subprocess.run([str(torchrun), "--standalone", "--nproc-per-node", "3", "-m",
+                           "realrun.ps", "--out", str(out), "--set", "problem.dim=20",
+                           "--set", "run.updates=300"], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["updates"] == 300 and summary["real"]["backend"] == "ps"
+    assert summary["threads"] == 2
+
+
+def test_a_dead_server_makes_trainers_exit(tmp_path):
+    port = _free_port()
+    world = 3
+    nodes = [_node(rank, world, port, tmp_path / "ps", ["--set", "run.updates=10000000"])
+             for rank in range(world)]
+    time.sleep(4)
+    nodes[0].kill()
+    for node in nodes[1:]:
+        _, err = node.communicate(timeout=30)
+        assert node.returncode == 1
+        assert "the server is gone" in err.strip().splitlines()[-1]
+
+
+def test_cli_real_ps_and_bad_backend(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["real", "--backend", "ps", "--workers", "2", "--out", str(out), "--quiet",
+                 "--set", "run.updates=300"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["protocol"] == "paramserver" and summary["updates"] == 300
+    capsys.readouterr()
+    assert main(["real", "--backend", "mpi", "--out", str(tmp_path / "x"), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--backend = 'mpi'" in err[0]
