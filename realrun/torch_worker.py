@@ -25,13 +25,12 @@ from __future__ import annotations
 import threading
 import time
 import tomllib
-import traceback
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from realrun.worker import MESSAGE_BYTES, STATUS_DONE, STATUS_FAILED, Buffers, WorkerSpec
+from realrun.worker import STATUS_DONE, Buffers, WorkerSpec, record_failure
 
 __all__ = ["ThreadWorker", "TorchGradient", "torch_worker_main"]
 
@@ -77,10 +76,7 @@ def torch_worker_main(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks
             _loop(spec, buffers, lock, block_locks, go, device, accumulate, stop)
         buffers.status[spec.rank] = STATUS_DONE
     except BaseException as err:  # every failure, SystemExit included, must reach the parent
-        text = "".join(traceback.format_exception_only(type(err), err)).strip()
-        data = text.encode()[:MESSAGE_BYTES]
-        buffers.message[spec.rank, : len(data)] = torch.tensor(list(data), dtype=torch.uint8)
-        buffers.status[spec.rank] = STATUS_FAILED
+        record_failure(buffers, spec.rank, err)
         raise SystemExit(1) from None
 
 

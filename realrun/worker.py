@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 __all__ = ["STATUS_DONE", "STATUS_FAILED", "STATUS_RUNNING", "Buffers", "WorkerSpec",
-           "worker_main"]
+           "record_failure", "worker_main"]
 
 STATUS_RUNNING, STATUS_DONE, STATUS_FAILED = 0, 1, 2
 MESSAGE_BYTES = 512
@@ -77,11 +77,18 @@ def worker_main(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any 
         _loop(spec, buffers, lock, block_locks, go)
         buffers.status[spec.rank] = STATUS_DONE
     except BaseException as err:  # every failure, SystemExit included, must reach the parent
-        text = "".join(traceback.format_exception_only(type(err), err)).strip()
-        data = text.encode()[:MESSAGE_BYTES]
-        buffers.message[spec.rank, : len(data)] = torch.tensor(list(data), dtype=torch.uint8)
-        buffers.status[spec.rank] = STATUS_FAILED
+        record_failure(buffers, spec.rank, err)
         raise SystemExit(1) from None
+
+
+def record_failure(buffers: Buffers, rank: int, err: BaseException) -> None:
+    """Put the worker's failure where the parent looks: its status and a one-line reason."""
+    import torch
+
+    text = "".join(traceback.format_exception_only(type(err), err)).strip()
+    data = text.encode()[:MESSAGE_BYTES]
+    buffers.message[rank, : len(data)] = torch.tensor(list(data), dtype=torch.uint8)
+    buffers.status[rank] = STATUS_FAILED
 
 
 def _loop(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any, go: Any) -> None:
