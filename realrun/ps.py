@@ -496,7 +496,12 @@ def _node_main(argv: list[str] | None = None) -> int:
     except AsyngradError as err:
         print(f"python -m realrun.ps: error: {err}", file=sys.stderr)
         return 2
-    dist.init_process_group("gloo", timeout=_group_timeout(args.timeout))
+    try:
+        dist.init_process_group("gloo", timeout=_group_timeout(args.timeout))
+    except (RuntimeError, ValueError) as err:
+        print(f"realrun.ps rank {rank}: cannot join the group ({_first_line(err)})",
+              file=sys.stderr)
+        return 1
     if rank > 0:
         try:
             train(problem, scenario, rank, world - 1, args.timeout,
@@ -507,6 +512,7 @@ def _node_main(argv: list[str] | None = None) -> int:
             return 1
         dist.destroy_process_group()
         return 0
+    print(f"realrun.ps: serving {world - 1} trainers", flush=True)
     started = time.monotonic()
     trace, failure = serve(problem, scenario, world - 1, args.timeout, None, args.measure,
                            args.dtype)

@@ -138,7 +138,9 @@ def test_a_dead_server_makes_trainers_exit(tmp_path):
     world = 3
     nodes = [_node(rank, world, port, tmp_path / "ps", ["--set", "run.updates=10000000"])
              for rank in range(world)]
-    time.sleep(4)
+    # Every rank has joined once the server says it serves; let them train a moment.
+    assert nodes[0].stdout.readline().startswith("realrun.ps: serving 2 trainers")
+    time.sleep(1)
     nodes[0].kill()
     for node in nodes[1:]:
         _, err = node.communicate(timeout=30)
