@@ -48,6 +48,7 @@ from typing import Any
 
 import numpy as np
 
+from realrun.runner import _quotas
 from simulator.errors import AsyngradError, ScenarioError
 from simulator.problems import Problem, make_problem
 from simulator.scenario import Scenario, scenario_from_dict, scenario_to_toml, with_overrides
@@ -152,11 +153,9 @@ def serve(problem: Problem, scenario: Scenario, trainers: int, timeout: float,
             elif kind == DONE:
                 state.done.add(source)
                 if options.fraction > 0:
-                    _close_round(state, force=False)
+                    _close_round(state)
     except RuntimeError as err:  # a connection closed under a send or receive
         failure = {"worker": None, "reason": f"server: {_first_line(err)}"}
-    if state.round_pushes:  # a round the finished trainers left open: never applied
-        state.round_pushes.clear()
     return _trace(state, origin), failure
 
 
@@ -191,7 +190,7 @@ def _push(state: _Server, push: _Push) -> None:
             return
         state.pushed_round[push.thread + 1] = state.version
         state.round_pushes.append(push)
-        _close_round(state, force=False)
+        _close_round(state)
         return
     push.staleness = state.version - push.version
     if options.staleness_limit and push.staleness > options.staleness_limit:
@@ -201,12 +200,12 @@ def _push(state: _Server, push: _Push) -> None:
     _complete(state, [push])
 
 
-def _close_round(state: _Server, force: bool) -> None:
+def _close_round(state: _Server) -> None:
     """Apply the round's mean step once its quota of pushes arrived, then answer the pulls
     that waited for the new round."""
     live = state.trainers - len(state.done)
     quota = min(math.ceil(state.scenario.paramserver.fraction * state.trainers), max(live, 1))
-    if not state.round_pushes or (len(state.round_pushes) < quota and not force):
+    if not state.round_pushes or len(state.round_pushes) < quota:
         return
     group = state.round_pushes
     state.w -= np.mean([p.step for p in group], axis=0).astype(state.dtype)
@@ -336,9 +335,6 @@ class PSRun:
     dtype: str
     seconds: float
     failure: dict[str, Any] | None
-    mode: str = "ps"
-    hardware_loss: None = None
-    device: str = "cpu"
 
 
 def _ps_scenario(scenario: Scenario, trainers: int) -> Scenario:
@@ -356,10 +352,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind((DEFAULT_ADDR, 0))
         return int(s.getsockname()[1])
-
-
-def _quotas(updates: int, trainers: int) -> list[int]:
-    return [updates // trainers + (1 if r < updates % trainers else 0) for r in range(trainers)]
 
 
 def _trainer_main(rank: int, world: int, address: str, port: int, toml: str, dtype: str,
