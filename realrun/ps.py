@@ -20,10 +20,13 @@ Every timestamp is the server's ``time.monotonic_ns()`` (a pull's arrival and an
 push's arrival and application; the trainer reports only its compute time), so traces from
 several machines need no common clock. The run directory is the usual one.
 
-Faults: every receive has a timeout (``timeout``, default 60 s). A server that hears from no
-trainer for that long (a trainer died, or hangs) stops with a clear message and writes what
-it has; a trainer whose server is gone (a closed connection, or the timeout) exits with one
-line and status 1.
+Faults: every receive has a timeout (``timeout``, default 60 s). A local server also looks at
+its trainer processes four times a second: a trainer that died stops the run at once, named,
+with what the server has written. Without process handles (under torchrun) a dead trainer is
+seen when a receive fails: its closed connection, or ``timeout`` seconds of silence (a hung
+trainer stalls receives from any source, as gloo pairs them one sender at a time), or, when
+it died between messages, only once the other trainers have finished. A trainer whose
+server is gone (a closed connection, or the timeout) exits with one line and status 1.
 
 Launch: ``asyngrad real SCENARIO --backend ps --workers K`` starts the server in that
 process and K trainer processes on loopback; on several machines each node runs
@@ -58,6 +61,7 @@ from simulator.view import UNMEASURED, Measurement, SerializedView
 __all__ = ["PSRun", "run_ps", "serve", "train"]
 
 PULL, PUSH, DONE = 1, 2, 3
+_POLL_S = 0.25  # how often a local server looks at its trainer processes
 _HEADER = 5  # kind, sender rank, version read, compute ns, samples in the push; then samples
 DEFAULT_ADDR = "127.0.0.1"
 
@@ -108,9 +112,13 @@ def _header_size(accumulate: int) -> int:
 
 def serve(problem: Problem, scenario: Scenario, trainers: int, timeout: float,
           progress: Callable[[int], object] | None = None, measure: bool = False,
-          dtype: str = "float32") -> tuple[Trace, dict[str, Any] | None]:
-    """Run the server (rank 0 of an initialised gloo group) until every trainer is done or a
-    receive times out; the trace of every push and the failure, if any."""
+          dtype: str = "float32",
+          dead: Callable[[], dict[str, Any] | None] | None = None,
+          ) -> tuple[Trace, dict[str, Any] | None]:
+    """Run the server (rank 0 of an initialised gloo group) until every trainer is done, a
+    receive fails or times out, or ``dead`` (polled every ``_POLL_S`` seconds between
+    messages, and when a receive fails; a local run passes one that looks at its trainer
+    processes) reports a dead trainer; the trace of every push and the failure, if any."""
     import torch
     import torch.distributed as dist
 
@@ -125,21 +133,28 @@ def serve(problem: Problem, scenario: Scenario, trainers: int, timeout: float,
     wait = datetime.timedelta(seconds=timeout)
     origin = time.monotonic_ns()
     failure = None
+    polled = time.monotonic()
+
+    def receive(tensor: Any, source: int | None = None) -> None:
+        work: Any = dist.irecv(tensor, source)
+        work.wait(wait)
+
     try:
         while len(state.done) < trainers:
-            work: Any = dist.irecv(header)
+            if dead is not None and time.monotonic() - polled > _POLL_S:
+                polled = time.monotonic()
+                if (failure := dead()) is not None:
+                    break
             try:
-                work.wait(wait)
+                receive(header)
             except RuntimeError as err:
-                missing = sorted(set(range(1, trainers + 1)) - state.done)
-                failure = {"worker": None, "reason": f"no message from trainers {missing} "
-                           f"for {timeout:g} s ({_first_line(err)})"}
+                failure = _settled(dead) or _receive_failure(state, timeout, err)
                 break
             kind, source, arrived = int(header[0]), int(header[1]), time.monotonic_ns()
             if kind == PULL:
                 _pull(state, source, arrived)
             elif kind == PUSH:
-                dist.recv(step, source)
+                receive(step, source)
                 n = int(header[4])
                 push = _Push(source - 1, state.seq.get(source, 0),
                              [int(s) for s in header[_HEADER:_HEADER + n]],
@@ -157,6 +172,29 @@ def serve(problem: Problem, scenario: Scenario, trainers: int, timeout: float,
     except RuntimeError as err:  # a connection closed under a send or receive
         failure = {"worker": None, "reason": f"server: {_first_line(err)}"}
     return _trace(state, origin), failure
+
+
+def _settled(dead: Callable[[], dict[str, Any] | None] | None,
+             seconds: float = 1.0) -> dict[str, Any] | None:
+    """``dead()``, asked again for up to ``seconds``: a closed connection can be seen before
+    the trainer's exit status is."""
+    if dead is None:
+        return None
+    until = time.monotonic() + seconds
+    while (failure := dead()) is None and time.monotonic() < until:
+        time.sleep(0.02)
+    return failure
+
+
+def _receive_failure(state: _Server, timeout: float, err: RuntimeError) -> dict[str, Any]:
+    """Why the server stopped, from a failed receive: silence for ``timeout`` seconds or a
+    connection that closed under it (gloo does not say whose)."""
+    unfinished = sorted(set(range(1, state.trainers + 1)) - state.done)
+    if "Timed out" in str(err):
+        what = f"no message for {timeout:g} s; trainers {unfinished} had not finished"
+    else:
+        what = f"a connection closed; trainers {unfinished} had not finished"
+    return {"worker": None, "reason": f"{what} ({_first_line(err)})"}
 
 
 def _first_line(err: BaseException) -> str:
@@ -423,8 +461,12 @@ def run_ps(scenario: Scenario, trainers: int, dtype: str = "float32",
         except (RuntimeError, ValueError) as err:
             raise AsyngradError(f"parameter server: cannot open {address}:{port} "
                                 f"({_first_line(err)})") from None
-        trace, failure = serve(problem, scenario, trainers, timeout, progress, measure, dtype)
+        trace, failure = serve(problem, scenario, trainers, timeout, progress, measure, dtype,
+                               dead=lambda: _dead_trainer(processes))
     finally:
+        if failure is not None:  # stop the others before the group goes
+            for process in processes:
+                process.terminate()
         if dist.is_initialized():
             dist.destroy_process_group()
         for process in processes:
@@ -437,6 +479,15 @@ def run_ps(scenario: Scenario, trainers: int, dtype: str = "float32",
             failure = {"worker": rank - 1, "reason": f"trainer exited with {process.exitcode}"}
     return PSRun(scenario, problem, trace, trainers, dtype, time.monotonic() - started,
                  failure)
+
+
+def _dead_trainer(processes: list[Any]) -> dict[str, Any] | None:
+    """The first local trainer process that ended with a non-zero status, as a failure."""
+    for rank, process in enumerate(processes, start=1):
+        code = process.exitcode
+        if code not in (None, 0):
+            return {"worker": rank - 1, "reason": f"trainer {rank} died (exit code {code})"}
+    return None
 
 
 def summary_extra(run: PSRun) -> dict[str, Any]:
