@@ -26,7 +26,8 @@ with what the server has written. Without process handles (under torchrun) a dea
 seen when a receive fails: its closed connection, or ``timeout`` seconds of silence (a hung
 trainer stalls receives from any source, as gloo pairs them one sender at a time), or, when
 it died between messages, only once the other trainers have finished. A trainer whose
-server is gone (a closed connection, or the timeout) exits with one line and status 1.
+server is gone (a closed connection, or ``TRAINER_PATIENCE`` times the timeout) exits with
+one line and status 1.
 
 Launch: ``asyngrad real SCENARIO --backend ps --workers K`` starts the server in that
 process and K trainer processes on loopback; on several machines each node runs
@@ -51,7 +52,7 @@ from typing import Any
 
 import numpy as np
 
-from realrun.runner import _quotas
+from realrun.runner import _quotas, check_constant_lr
 from simulator.errors import AsyngradError, ScenarioError
 from simulator.problems import Problem, make_problem
 from simulator.scenario import Scenario, scenario_from_dict, scenario_to_toml, with_overrides
@@ -62,6 +63,10 @@ __all__ = ["PSRun", "run_ps", "serve", "train"]
 
 PULL, PUSH, DONE = 1, 2, 3
 _POLL_S = 0.25  # how often a local server looks at its trainer processes
+#: Trainers wait this many times the server's receive timeout: when a trainer hangs, the
+#: server (whose receives from any source stall behind it) must be the one that times out
+#: and reports, not a healthy trainer that waited for its answer.
+TRAINER_PATIENCE = 2.0
 _HEADER = 5  # kind, sender rank, version read, compute ns, samples in the push; then samples
 DEFAULT_ADDR = "127.0.0.1"
 
@@ -148,7 +153,11 @@ def serve(problem: Problem, scenario: Scenario, trainers: int, timeout: float,
             try:
                 receive(header)
             except RuntimeError as err:
-                failure = _settled(dead) or _receive_failure(state, timeout, err)
+                # A closed connection: find the trainer that died. A timeout: the silence is
+                # the cause (gloo closes pairs when it times out, so trainers exit after it).
+                timed_out = "Timed out" in str(err)
+                failure = ((None if timed_out else _settled(dead))
+                           or _receive_failure(state, timeout, err, timed_out))
                 break
             kind, source, arrived = int(header[0]), int(header[1]), time.monotonic_ns()
             if kind == PULL:
@@ -186,11 +195,12 @@ def _settled(dead: Callable[[], dict[str, Any] | None] | None,
     return failure
 
 
-def _receive_failure(state: _Server, timeout: float, err: RuntimeError) -> dict[str, Any]:
+def _receive_failure(state: _Server, timeout: float, err: RuntimeError,
+                     timed_out: bool) -> dict[str, Any]:
     """Why the server stopped, from a failed receive: silence for ``timeout`` seconds or a
     connection that closed under it (gloo does not say whose)."""
     unfinished = sorted(set(range(1, state.trainers + 1)) - state.done)
-    if "Timed out" in str(err):
+    if timed_out:
         what = f"no message for {timeout:g} s; trainers {unfinished} had not finished"
     else:
         what = f"a connection closed; trainers {unfinished} had not finished"
@@ -407,7 +417,7 @@ def _trainer_main(rank: int, world: int, address: str, port: int, toml: str, dty
     dist.init_process_group("gloo", init_method=f"tcp://{address}:{port}", rank=rank,
                             world_size=world, timeout=_group_timeout(timeout))
     try:
-        train(problem, scenario, rank, world - 1, timeout, quota, dtype)
+        train(problem, scenario, rank, world - 1, TRAINER_PATIENCE * timeout, quota, dtype)
     except RuntimeError as err:
         print(f"asyngrad ps trainer {rank}: the server is gone ({_first_line(err)}); "
               "exiting", file=sys.stderr)
@@ -436,6 +446,7 @@ def run_ps(scenario: Scenario, trainers: int, dtype: str = "float32",
     if timeout is not None and not timeout > 0:
         raise ScenarioError("--timeout", timeout, "must be > 0 seconds")
     timeout = 60.0 if timeout is None else timeout
+    check_constant_lr(scenario)
     scenario = _ps_scenario(scenario, trainers)
     problem = problem if problem is not None else make_problem(scenario.problem)
     problem.optimum()
@@ -532,6 +543,7 @@ def _node_main(argv: list[str] | None = None) -> int:
         if args.dtype not in ("float32", "float64"):
             raise ScenarioError("--dtype", args.dtype, "must be one of float32, float64")
         scenario = _ps_scenario(load_scenario(args.scenario, args.set), world - 1)
+        check_constant_lr(scenario)
         problem = make_problem(scenario.problem)
         if rank == 0:
             check_out(args.out)
@@ -547,7 +559,7 @@ def _node_main(argv: list[str] | None = None) -> int:
         return 1
     if rank > 0:
         try:
-            train(problem, scenario, rank, world - 1, args.timeout,
+            train(problem, scenario, rank, world - 1, TRAINER_PATIENCE * args.timeout,
                   _quotas(scenario.run.updates, world - 1)[rank - 1], args.dtype)
         except RuntimeError as err:
             print(f"realrun.ps trainer {rank}: the server is gone ({_first_line(err)})",
