@@ -101,6 +101,14 @@ def _host(w: Any) -> np.ndarray:
     return w.detach().to("cpu", torch.float64).numpy()
 
 
+def check_constant_lr(scenario: Scenario) -> None:
+    """Real workers apply a constant learning rate (a schedule needs the global update count,
+    which lock-free workers do not share)."""
+    if scenario.run.lr_schedule != "constant":
+        raise ScenarioError("run.lr_schedule", scenario.run.lr_schedule,
+                            "real runs support only constant")
+
+
 def _check_device(device: str) -> None:
     import torch
 
@@ -189,6 +197,7 @@ def run_real(scenario: Scenario, workers: int, mode: str, dtype: str = "float32"
         raise ScenarioError("--pattern", pattern, f"must be one of {', '.join(PATTERNS)}")
     if accumulate < 1:
         raise ScenarioError("--accumulate", accumulate, "must be >= 1")
+    check_constant_lr(scenario)
     _check_device(device)
     torch_path = device != "cpu" or launch == "threads" or accumulate > 1
     workers = 1 if mode == "serial" else workers

@@ -28,7 +28,7 @@ from simulator.memory import BlockCopy, Op, SharedMemory, block_ops
 from simulator.problems import Problem, make_problem
 from simulator.protocols import make_protocol
 from simulator.protocols.base import GROUPED, MEMBER, SINGLE, Protocol
-from simulator.rules import mean_step
+from simulator.rules import LR_FACTORS, mean_step
 from simulator.scenario import Scenario, scenario_to_toml
 from simulator.timing import DurationSource, SampledSource
 from simulator.trace import COLUMNS, Trace
@@ -97,6 +97,7 @@ class Engine:
         self.protocol = make_protocol(run.protocol, scenario)
         self.threads = self.protocol.threads(run)
         self.lr, self.updates = run.lr, run.updates
+        self._schedule = LR_FACTORS.get(run.lr_schedule)
         self.atomic = run.write_mode == "atomic_add" or self.protocol.atomic
         w0 = self.problem.initial()
         self.mem = SharedMemory(w0, run.blocks, track_coords=self.problem.sparse)
@@ -375,6 +376,10 @@ class Engine:
                 step = u.step = protocol.step(self, u, step, local)
             if u.role == GROUPED:
                 step = u.step = mean_step([m.step for m in u.group])
+            if self._schedule is not None:
+                factor = self._schedule(self.completed + 1)
+                step = u.step = step * factor
+                u.lr_scale *= factor
             if paused:
                 yield from self._pause_point(thread)
                 u.write_start = clock[thread]

@@ -98,6 +98,13 @@ class Problem(ABC):
         """q with ∇f q-Lipschitz, or ``None`` where unknown."""
         return None
 
+    @property
+    def sample_strong_convexity(self) -> float | None:
+        """λ with every per-sample loss f_i λ-strongly convex (an l2 term in each), or
+        ``None`` where some f_i is not (the delayed-SGD bound of Langford et al. 2009, Theorem
+        2, needs it)."""
+        return None
+
     def dense_grad(self, w: np.ndarray, idx: int) -> np.ndarray:
         """∇f_idx(w) as a full vector, whatever the support."""
         values, support = self.grad(w, idx)
@@ -175,6 +182,10 @@ class QuadraticProblem(Problem):
     def strong_convexity(self) -> float:
         s = self._svd[1]
         return self.l2 + (float(s[-1]) ** 2 / self.n_samples if self.dim <= self.n_samples else 0.0)
+
+    @property
+    def sample_strong_convexity(self) -> float:
+        return self.l2
 
     @property
     def smoothness(self) -> float:
@@ -258,6 +269,10 @@ class LogisticProblem(Problem):
 
     @property
     def strong_convexity(self) -> float:
+        return self.l2
+
+    @property
+    def sample_strong_convexity(self) -> float:
         return self.l2
 
     @cached_property

@@ -7,11 +7,20 @@ threads.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
-__all__ = ["dc_compensate", "dc_correction", "mean_step", "round_significand", "staleness_scale"]
+__all__ = ["LR_FACTORS", "dc_compensate", "dc_correction", "mean_step", "round_significand",
+           "staleness_scale"]
+
+#: Learning-rate schedules (``run.lr_schedule``) as the factor on lr of the m-th update
+#: (m >= 1); ``constant`` has none.
+LR_FACTORS: dict[str, Callable[[int], float]] = {
+    "inv_sqrt": lambda m: 1.0 / math.sqrt(m),
+    "inverse": lambda m: 1.0 / m,
+}
 
 
 def staleness_scale(staleness: int) -> float:

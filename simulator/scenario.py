@@ -30,6 +30,7 @@ __all__ = ["ADMMSpec", "DCASGDSpec", "DeathSpec", "DeviceSpec", "InjectSpec", "M
 PROTOCOLS = ("serial", "locked", "lockfree", "roundrobin", "minibatch", "paramserver",
              "staleness_lr", "dcasgd", "admm")
 WRITE_MODES = ("load_store", "atomic_add")
+LR_SCHEDULES = ("constant", "inv_sqrt", "inverse")
 # Real data that a package ships, and the problem each serves.
 REAL_DATA = {"breast_cancer": "logistic", "digits": "mlp"}
 DATA_SOURCES = ("synthetic", *REAL_DATA)
@@ -127,7 +128,12 @@ class DeviceSpec:
 
 @dataclass(frozen=True)
 class RunSpec:
-    """How to train: protocol, threads, total updates T, learning rate, blocks, write mode."""
+    """How to train: protocol, threads, total updates T, learning rate, blocks, write mode.
+
+    ``lr_schedule`` scales the learning rate of the update whose write begins after m − 1
+    updates have completed: ``constant`` (lr), ``inv_sqrt`` (lr/√m, Langford et al. 2009,
+    Theorem 1) or ``inverse`` (lr/m; lr = 1/λ gives their Theorem 2's 1/(λm)).
+    """
 
     protocol: str = "lockfree"
     threads: int = 8
@@ -136,6 +142,7 @@ class RunSpec:
     blocks: int = 1
     write_mode: str = "load_store"
     seed: int = 0
+    lr_schedule: str = "constant"
 
     def __post_init__(self) -> None:
         _check(self.protocol in PROTOCOLS, "protocol", self.protocol,
@@ -147,6 +154,8 @@ class RunSpec:
         _check(self.write_mode in WRITE_MODES, "write_mode", self.write_mode,
                f"must be one of {', '.join(WRITE_MODES)}")
         _check(self.seed >= 0, "seed", self.seed, "must be >= 0")
+        _check(self.lr_schedule in LR_SCHEDULES, "lr_schedule", self.lr_schedule,
+               f"must be one of {', '.join(LR_SCHEDULES)}")
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
-__all__ = ["check_figure", "tausweep_figure"]
+__all__ = ["check_figure", "regret_figure", "tausweep_figure"]
 
 
 def check_figure(result: dict[str, Any]) -> Figure:
@@ -33,13 +33,15 @@ def check_figure(result: dict[str, Any]) -> Figure:
         ax.semilogy(x, v["envelope"], linestyle="--", label="(q/2)·recursion bound")
     ax.axhline(eps, color="black", linewidth=1, label=f"ε = {eps:g}")
     last = result["rounds"][-1]
+    bound, count = (("Hogwild! Prop. 4.1", "k of (4.2)") if result.get("bound") == "hogwild"
+                    else ("Theorem 1", "t of (10)"))
     if last.get("updates") is not None and last["updates"] <= x[-1]:
-        ax.axvline(last["updates"], color="grey", linestyle="-.", label="t of (10)")
+        ax.axvline(last["updates"], color="grey", linestyle="-.", label=count)
     if v["reached_eps_at"] is not None:
         ax.axvline(v["reached_eps_at"], color="#8172B3", linestyle=":", label="mean reaches ε")
     ax.set_xlabel("updates")
     ax.set_ylabel("f(w_t) − f*")
-    ax.set_title(f"Theorem 1 check: {result['scenario']} (γ = {last.get('gamma', 0):.3g})")
+    ax.set_title(f"{bound} check: {result['scenario']} (γ = {last.get('gamma', 0):.3g})")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     return fig
@@ -79,4 +81,42 @@ def tausweep_figure(result: dict[str, Any]) -> Figure:
                  f"(γ = {result['gamma']:.3g}, {result['ran_updates']:,} updates)")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
+    return fig
+
+
+def regret_figure(result: dict[str, Any]) -> Figure:
+    """Delayed SGD (Langford et al. 2009): per theorem, the mean expected regret over seeds
+    against the horizon t, its 95% band and one-sided upper bound, and the theorem's bound
+    evaluated with the L and F of the same runs."""
+    theorems = result.get("theorems", {})
+    fig = Figure(figsize=(5.2 * max(len(theorems), 1), 4.6), layout="constrained")
+    if not theorems:
+        ax = fig.add_subplot()
+        ax.text(0.5, 0.5, result["verdict"], ha="center", va="center", wrap=True,
+                transform=ax.transAxes)
+        ax.set_axis_off()
+        return fig
+    floor = np.finfo(np.float64).tiny
+    for i, (name, e) in enumerate(theorems.items()):
+        ax = fig.add_subplot(1, len(theorems), i + 1)
+        x = np.asarray(e["checkpoints"])[1:]
+        mean, half = np.asarray(e["mean"])[1:], np.asarray(e["half_width"])[1:]
+        ax.fill_between(x, np.maximum(mean - half, floor), mean + half, alpha=0.25,
+                        label="95% confidence band")
+        ax.loglog(x, np.maximum(mean, floor), label=f"mean regret, {result['seeds']} seeds")
+        ax.loglog(x, np.maximum(np.asarray(e["upper"])[1:], floor), ":",
+                  label="one-sided 95% upper bound")
+        ax.loglog(x, np.asarray(e["bound"])[1:], "--", color="#C44E52",
+                  label=f"bound (L = {e['L']:.3g}, F = {e['F']:.3g})")
+        if e.get("corollary") is not None:
+            ax.axhline(e["corollary"], color="grey", linestyle="-.", linewidth=1,
+                       label="4FL√(τT) at T")
+        theorem = ("Theorem 1: η = σ/√(t−τ)" if name == "1_convex"
+                   else "Theorem 2: η = 1/(λ(t−τ))")
+        ax.set_title(f"{theorem}, τ = {result['tau']}", fontsize=10)
+        ax.set_xlabel("t (updates)")
+        ax.set_ylabel("Σ E[f(x_t)] − f*  (expected regret)")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(f"Delayed SGD (Langford et al. 2009): {result['scenario']}", fontsize=11)
     return fig

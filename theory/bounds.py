@@ -1,0 +1,329 @@
+"""Checking the Hogwild! and delayed-SGD bounds on a scenario, the way ``theory.check`` checks
+AsynGrad's Theorem 1: measure the constants, apply the bound, validate it by Monte Carlo.
+
+Hogwild! Proposition 4.1 (``check_hogwild``):
+
+1. c, L from the problem (closed form or Hessian eigenvalues); no claim if f is not strongly
+   convex. Ω, Δ, ρ from the problem's gradient supports (exact, over all samples).
+2. τ (the largest lag, in updates) and M (the largest sample-gradient norm seen, plus
+   ``M_MARGIN``) from pilot runs of the scenario; D_0 = ‖x_0 − x*‖².
+3. γ by (4.1) and k by (4.2); run k updates (at most ``max_updates``) at lr = γ over the seeds
+   and compare the mean of f(x_k) − f* and its one-sided 95% upper bound with ε. τ and M are
+   measured again in these runs; if they exceed what γ assumed, γ is recomputed and the
+   validation repeated (at most ``rounds`` times). A guarantee is claimed only when they stay
+   within the assumed values.
+
+Delayed SGD, Langford et al. 2009 (``check_langford``): the ``roundrobin`` protocol with k
+threads is their algorithm with delay τ = k − 1. Pilot runs at the scenario's lr estimate L
+(the largest sample-gradient norm) and F (from the largest distance to w*: the iterates stay
+in the ball X = B(w*, r), so F² = max ½‖x − x'‖² = 2r²), which set σ = F/(L√(2τ)). The
+validation runs use η_t = σ/√(t − τ) (Theorem 1) and, where every f_i is λ-strongly convex,
+η_t = 1/(λ(t − τ)) (Theorem 2), and record f at every iterate. The update m is computed at
+the iterate w_{m−1−τ} (w_0 for the first k), and since that iterate does not depend on the
+sample drawn for m, E[R_T] = Σ_m E[f(w_{max(m−1−τ, 0)})] − T·f*, the expected regret against
+w* — at most the regret against the best point of X that the theorems bound. Each bound is
+evaluated with the L and F measured in the runs it is compared with (the bound holds for any
+σ and any X that contains the iterates), at every horizon t <= T (the schedules do not depend
+on T). L is the largest gradient norm seen, an estimate of its supremum over X.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import scipy.sparse
+
+from simulator.errors import AsyngradError, ScenarioError
+from simulator.problems import Problem, make_problem
+from simulator.scenario import Scenario, with_overrides
+from simulator.trace import Trace
+from theory.asyngrad import InfeasibleError
+from theory.check import PILOT_SEED, _mean_and_bounds, _runs
+from theory.estimators import curvature, initial_distance
+from theory.hogwild import HogwildConstants, check_theta, lag_factor, step_size, updates
+from theory.langford import (
+    convex_regret,
+    optimal_sigma,
+    simple_convex_regret,
+    strongly_convex_regret,
+)
+
+#: M is assumed this much above the largest gradient norm seen: a sample maximum grows with
+#: the number of samples, so a bound set at it would be exceeded by any longer run.
+M_MARGIN = 0.1
+
+__all__ = ["M_MARGIN", "Sparsity", "check_hogwild", "check_langford", "delay_and_gradient_bound",
+           "expected_regret", "hypergraph"]
+
+
+@dataclass(frozen=True)
+class Sparsity:
+    """Hogwild!'s hypergraph measures of a problem: Ω (largest support), Δ (largest share of
+    samples touching one coordinate), ρ (largest share of samples overlapping one sample)."""
+
+    omega: int
+    delta: float
+    rho: float
+    samples: int
+
+
+def hypergraph(problem: Problem, chunk: int = 1024) -> Sparsity:
+    """Ω, Δ, ρ of the problem's gradient supports, exact over all samples (a dense problem:
+    Ω = d, Δ = ρ = 1). ρ counts, for each sample, the samples that share a coordinate with it,
+    by sparse products of ``chunk`` rows of the incidence matrix at a time."""
+    n, d = problem.n_samples, problem.dim
+    if not problem.sparse:
+        return Sparsity(d, 1.0, 1.0, n)
+    supports = [np.unique(np.asarray(problem.support(i), dtype=np.int64)) for i in range(n)]
+    lengths = np.array([s.size for s in supports])
+    indptr = np.concatenate([[0], np.cumsum(lengths)])
+    incidence = scipy.sparse.csr_matrix(
+        (np.ones(int(indptr[-1]), dtype=np.int32), np.concatenate(supports), indptr),
+        shape=(n, d))
+    degree = np.bincount(incidence.indices, minlength=d)
+    by_column = incidence.T.tocsr()
+    overlaps = 0
+    for start in range(0, n, chunk):
+        shared = incidence[start:start + chunk] @ by_column  # rows × samples, > 0 = overlap
+        overlaps = max(overlaps, int(np.diff(shared.indptr).max()))
+    return Sparsity(int(lengths.max()), float(degree.max()) / n, overlaps / n, n)
+
+
+def delay_and_gradient_bound(traces: Sequence[Trace]) -> tuple[int, float]:
+    """(τ, M): the largest staleness of any update (the lag, in updates, between the read a
+    gradient was computed on and the update that applied it) and the largest gradient norm
+    measured (exact ‖g_t‖ at the serialized iterate and applied ‖s_t‖).
+
+    Raises:
+        AsyngradError: no measured update in ``traces``.
+    """
+    tau = max(int(t["staleness"].max()) if len(t) else 0 for t in traces)
+    norms = [np.concatenate([t["g_norm"][t["measured"]], t["s_norm"][t["measured"]]])
+             for t in traces]
+    values = np.concatenate(norms) if norms else np.empty(0)
+    if values.size == 0:
+        raise AsyngradError("theory: no measured updates to bound the gradient norm (turn "
+                            "metrics.exact on in the pilot runs)")
+    return tau, float(values.max())
+
+
+def _suboptimality(runs: list[Trace], problem: Problem, eps: float,
+                   planned: int) -> dict[str, Any]:
+    checkpoints = runs[0]["curve_t"]
+    subopt = np.array([r["curve_loss"] - problem.optimum()[1] for r in runs])
+    mean, half, upper = _mean_and_bounds(subopt)
+    below = np.flatnonzero(mean <= eps)
+    return {
+        "checkpoints": checkpoints.tolist(), "mean": mean.tolist(), "half_width": half.tolist(),
+        "upper": upper.tolist(), "envelope": None,
+        "final_mean": float(mean[-1]), "final_upper": float(upper[-1]),
+        "reached_eps_at": int(checkpoints[below[0]]) if below.size else None,
+        "tightness": float(checkpoints[below[0]]) / planned if below.size and planned else None,
+    }
+
+
+def check_hogwild(scenario: Scenario, eps: float, seeds: int, theta: float = 0.5,
+                  pilot_seeds: int = 3, max_updates: int = 200_000, rounds: int = 3,
+                  progress: Callable[[int], object] | None = None,
+                  problem: Problem | None = None) -> dict[str, Any]:
+    """Everything ``check.json`` holds for ``--bound hogwild`` (see the module docstring).
+
+    Raises:
+        ScenarioError: ε, ϑ, seeds, pilot seeds, max_updates or rounds out of range.
+    """
+    _counts(seeds, pilot_seeds, max_updates, rounds)
+    check_theta(eps, theta)
+    problem = problem if problem is not None else make_problem(scenario.problem)
+    curv = curvature(problem)
+    sparsity = hypergraph(problem)
+    d0 = initial_distance(problem, problem.initial())
+    result: dict[str, Any] = {
+        "bound": "hogwild", "scenario": scenario.name, "eps": eps, "theta": theta,
+        "seeds": seeds, "problem": problem.describe(), "d0": d0, "guarantee": False,
+        "conditions": {
+            "strong_convexity": {"c": curv.c, "method": curv.method, "holds": curv.convex},
+            "smoothness": {"L": curv.q, "method": curv.method},
+            "sparsity": {"omega": sparsity.omega, "delta": sparsity.delta,
+                         "rho": sparsity.rho, "samples": sparsity.samples},
+        },
+        "rounds": [],
+    }
+    if not curv.convex or curv.c <= 0:
+        result["verdict"] = (f"no guarantee: f is not strongly convex ({curv.method}: "
+                             f"smallest {curv.c:.4g}, largest {curv.q:.4g})")
+        return result
+    pilot = _runs(scenario, problem, ["metrics.exact=true", "metrics.every=1"],
+                  range(PILOT_SEED, PILOT_SEED + pilot_seeds), progress)
+    tau, seen_m = delay_and_gradient_bound(pilot)
+    M = (1 + M_MARGIN) * seen_m
+    source = f"{pilot_seeds} pilot runs at the scenario's lr"
+    for _ in range(rounds):
+        k = HogwildConstants(c=curv.c, L=curv.q, M=M, omega=sparsity.omega,
+                             delta=sparsity.delta, rho=sparsity.rho, tau=tau, d0=d0)
+        entry: dict[str, Any] = {"source": source, "tau": tau, "M": M,
+                                 "lag_factor": lag_factor(k)}
+        result["rounds"].append(entry)
+        result["conditions"]["lag"] = {"tau": tau, "source": source}
+        result["conditions"]["gradient_bound"] = {"M": M, "source": source}
+        gamma = step_size(k, eps, theta)
+        try:
+            planned = updates(k, eps, theta)
+        except InfeasibleError as err:
+            entry.update(gamma=gamma, infeasible=str(err))
+            break
+        ran = max(min(planned, max_updates), 1)
+        entry.update(gamma=gamma, updates=planned, ran_updates=ran)
+        every = max(1, ran * seeds // 20_000)
+        runs = _runs(scenario, problem, [f"run.lr={gamma!r}", f"run.updates={ran}",
+                                         "metrics.exact=true", f"metrics.every={every}",
+                                         "metrics.curve_points=100"], range(seeds), progress)
+        entry["validation"] = result["validation"] = _suboptimality(runs, problem, eps,
+                                                                    planned)
+        seen_tau, seen_m = delay_and_gradient_bound(runs)
+        entry["measured"] = {"tau": seen_tau, "M": seen_m}
+        entry["assumptions_held"] = seen_tau <= tau and seen_m <= M
+        if entry["assumptions_held"]:
+            break
+        tau, M = max(tau, seen_tau), max(M, (1 + M_MARGIN) * seen_m)
+        source = f"the {seeds} validation runs at γ = {gamma:.4g}"
+    last = result["rounds"][-1]
+    result["guarantee"] = bool(last.get("assumptions_held"))
+    result["verdict"] = _hogwild_verdict(result, eps)
+    return result
+
+
+def _counts(seeds: int, pilot_seeds: int, max_updates: int, rounds: int) -> None:
+    for name, value, low in (("--seeds", seeds, 2), ("--pilot-seeds", pilot_seeds, 1),
+                             ("--max-updates", max_updates, 1), ("--rounds", rounds, 1)):
+        if value < low:
+            raise ScenarioError(name, value, f"must be >= {low}")
+
+
+def _hogwild_verdict(result: dict[str, Any], eps: float) -> str:
+    last = result["rounds"][-1]
+    if "infeasible" in last:
+        return f"no validation: {last['infeasible']} (γ (4.1) = {last['gamma']:.4g})"
+    v = result["validation"]
+    if not last["assumptions_held"]:
+        m = last["measured"]
+        return (f"no guarantee: the validation runs saw lag τ = {m['tau']} and M = "
+                f"{m['M']:.4g}, beyond the assumed {last['tau']} and {last['M']:.4g} after "
+                f"{len(result['rounds'])} rounds")
+    if last["ran_updates"] < last["updates"]:
+        return (f"not validated at k: (4.2) asks for {last['updates']:,} updates, the runs "
+                f"stopped at {last['ran_updates']:,} (--max-updates); there the mean "
+                f"suboptimality is {v['final_mean']:.4g} (95% upper bound "
+                f"{v['final_upper']:.4g}) against ε = {eps:g}")
+    holds = v["final_upper"] <= eps
+    return (f"{'holds' if holds else 'VIOLATED'}: after k = {last['updates']:,} updates the "
+            f"mean suboptimality is {v['final_mean']:.4g}, 95% upper bound "
+            f"{v['final_upper']:.4g} {'<=' if holds else '>'} ε = {eps:g}")
+
+
+def expected_regret(trace: Trace, f_star: float, tau: int) -> np.ndarray:
+    """Σ_{m<=t} f(w_{max(m−1−τ, 0)}) − f* for t = 0..T, from a trace whose loss curve holds
+    f at every completion (``metrics.curve_points`` >= ``run.updates``).
+
+    Raises:
+        AsyngradError: the curve misses a completion.
+    """
+    steps, losses = trace["curve_t"], trace["curve_loss"]
+    total = int(steps[-1])
+    if not np.array_equal(steps, np.arange(total + 1)):
+        raise AsyngradError("theory: the loss curve must hold every completion (set "
+                            "metrics.curve_points to run.updates)")
+    read = np.maximum(np.arange(total) - tau, 0)  # update m = index + 1 reads w_{m-1-τ}
+    return np.concatenate([[0.0], np.cumsum(losses[read] - f_star)])
+
+
+def _regret_runs(scenario: Scenario, problem: Problem, lr: float, schedule: str,
+                 seeds: int, tau: int,
+                 progress: Callable[[int], object] | None) -> tuple[np.ndarray, float, float]:
+    """Validation runs: the regret curve of each (rows), and the L and F they show."""
+    updates_ = scenario.run.updates
+    runs = _runs(scenario, problem, [f"run.lr={lr!r}", f"run.lr_schedule={schedule}",
+                                     "metrics.exact=true", "metrics.every=1",
+                                     f"metrics.curve_points={updates_}"], range(seeds),
+                 progress)
+    f_star = problem.optimum()[1]
+    regrets = np.array([expected_regret(r, f_star, tau) for r in runs])
+    _, L = delay_and_gradient_bound(runs)
+    radius = math.sqrt(max(float(r["curve_dist2"].max()) for r in runs))
+    return regrets, L, math.sqrt(2.0) * radius
+
+
+def check_langford(scenario: Scenario, seeds: int, pilot_seeds: int = 3,
+                   progress: Callable[[int], object] | None = None,
+                   problem: Problem | None = None) -> dict[str, Any]:
+    """Everything ``check.json`` holds for ``--bound langford`` (see the module docstring).
+
+    Raises:
+        ScenarioError: seeds < 2 or pilot seeds < 1.
+    """
+    _counts(seeds, pilot_seeds, 1, 1)
+    scenario = with_overrides(scenario, ["run.protocol=roundrobin", "run.lr_schedule=constant"])
+    problem = problem if problem is not None else make_problem(scenario.problem)
+    tau = scenario.run.threads - 1
+    T = scenario.run.updates
+    curv = curvature(problem)
+    lam = problem.sample_strong_convexity
+    result: dict[str, Any] = {
+        "bound": "langford", "scenario": scenario.name, "seeds": seeds, "tau": tau,
+        "updates": T, "problem": problem.describe(), "guarantee": False,
+        "conditions": {"convex": {"holds": curv.convex, "method": curv.method},
+                       "sample_strong_convexity": {"lambda": lam}},
+        "theorems": {},
+    }
+    if not curv.convex:
+        result["verdict"] = (f"no guarantee: f is not convex ({curv.method}: smallest "
+                             f"eigenvalue {curv.c:.4g})")
+        return result
+    pilot = _runs(scenario, problem, ["metrics.exact=true", "metrics.every=1"],
+                  range(PILOT_SEED, PILOT_SEED + pilot_seeds), progress)
+    _, L0 = delay_and_gradient_bound(pilot)
+    r0 = math.sqrt(max(float(t["curve_dist2"].max()) for t in pilot))
+    sigma = optimal_sigma(L0, math.sqrt(2.0) * r0, tau)
+    result["pilot"] = {"L": L0, "F": math.sqrt(2.0) * r0, "sigma": sigma}
+    plans = [("1_convex", sigma, "inv_sqrt")]
+    if lam is not None and lam > 0:
+        plans.append(("2_strongly_convex", 1.0 / lam, "inverse"))
+    for name, lr, schedule in plans:
+        regrets, L, F = _regret_runs(scenario, problem, lr, schedule, seeds, tau, progress)
+        horizon = np.arange(T + 1, dtype=np.float64)
+        if name == "1_convex":
+            bound = np.array([convex_regret(L, F, tau, max(t, 1.0), sigma) for t in horizon])
+        else:
+            assert lam is not None
+            bound = np.array([strongly_convex_regret(L, F, tau, max(t, 1.0), lam)
+                              for t in horizon])
+        mean, half, upper = _mean_and_bounds(regrets)
+        entry: dict[str, Any] = {
+            "lr": lr, "schedule": schedule, "L": L, "F": F,
+            "checkpoints": horizon.astype(int).tolist(), "mean": mean.tolist(),
+            "half_width": half.tolist(), "upper": upper.tolist(), "bound": bound.tolist(),
+            "final_mean": float(mean[-1]), "final_upper": float(upper[-1]),
+            "final_bound": float(bound[-1]),
+            "holds": bool(np.all(upper[1:] <= bound[1:])),
+            "slack": float(bound[-1] / mean[-1]) if mean[-1] > 0 else None,
+        }
+        if name == "1_convex" and tau >= 1 and tau ** 2 <= T:
+            entry["corollary"] = simple_convex_regret(L, F, tau, T)
+        result["theorems"][name] = entry
+    result["guarantee"] = all(e["holds"] for e in result["theorems"].values())
+    result["verdict"] = _langford_verdict(result)
+    return result
+
+
+def _langford_verdict(result: dict[str, Any]) -> str:
+    parts = []
+    for name, e in result["theorems"].items():
+        label = "Theorem 1 (σ/√(t−τ))" if name == "1_convex" else "Theorem 2 (1/(λ(t−τ)))"
+        state = "holds" if e["holds"] else "VIOLATED"
+        slack = f", {e['slack']:.3g}× the mean" if e["slack"] else ""
+        parts.append(f"{label} {state}: mean regret {e['final_mean']:.4g} (95% upper bound "
+                     f"{e['final_upper']:.4g}) against the bound {e['final_bound']:.4g}{slack}")
+    return "; ".join(parts)

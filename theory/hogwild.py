@@ -1,0 +1,115 @@
+"""Proposition 4.1 of Hogwild! (F. Niu, B. Recht, C. Ré, S. J. Wright, "HOGWILD!: A Lock-Free
+Approach to Parallelizing Stochastic Gradient Descent", NIPS 2011; arXiv:1106.5730) as pure
+functions.
+
+Setting: f(x) = Σ_{e∈E} f_e(x_e), each term depending on the coordinates of one hyperedge e.
+Processors repeatedly pick e uniformly, read x_e, and update each coordinate v ∈ e by
+−γ·[G_e(x)]_v without locks, where G_e = |E|·∇f_e is an unbiased estimate of ∇f. In this
+toolkit's terms a sample i is a hyperedge, its gradient support is e, and G_e = ∇f_i of the
+mean loss f = (1/n) Σ_i f_i. The sparsity of the hypergraph is measured by
+
+* Ω = max_e |e| (the largest support),
+* Δ = max_v |{e : v ∈ e}| / |E| (the largest share of samples touching one coordinate),
+* ρ = max_e |{ê : ê ∩ e ≠ ∅}| / |E| (the largest share of samples overlapping one sample);
+
+a dense problem has Ω = d and Δ = ρ = 1.
+
+Assumptions: f is c-strongly convex; ∇f is L-Lipschitz; ‖G_e(x)‖₂ ≤ M almost surely; the lag
+between the read a gradient was computed on and the update that applies it (in component
+updates) is at most τ. With ε > 0, ϑ ∈ (0, 1) and D_0 = ‖x_0 − x*‖²,
+
+(4.1) γ = ϑεc / (2LM²Ω(1 + 6ρτ + 4τ²ΩΔ^{1/2})),
+(4.2) k ≥ 2LM²Ω(1 + 6τρ + 6τ²ΩΔ^{1/2}) log(LD_0/ε) / (c²ϑε)
+
+updates give E[f(x_k) − f*] ≤ ε. The two equations differ in the τ² coefficient (4 in (4.1),
+6 in (4.2)) as printed in the paper; both are implemented as printed. The factor
+1 + 6ρτ + 4τ²ΩΔ^{1/2} is the price of the lag: with τ = 0 the proposition is serial SGD, and
+near-linear speedup needs ρτ and τ²ΩΔ^{1/2} small, which only sparse problems give.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from theory.asyngrad import InfeasibleError, _require
+
+__all__ = ["HogwildConstants", "check_theta", "lag_factor", "step_size", "updates"]
+
+
+@dataclass(frozen=True)
+class HogwildConstants:
+    """Proposition 4.1's constants: c, L, M, Ω, Δ, ρ, τ and D_0 = ‖x_0 − x*‖².
+
+    Raises:
+        ScenarioError: a constant that is NaN, infinite or out of range (c, L, M > 0; L >= c;
+            Ω >= 1; 0 < Δ <= ρ <= 1, as every edge through the busiest coordinate overlaps all
+            others through it; τ, D_0 >= 0).
+    """
+
+    c: float
+    L: float
+    M: float
+    omega: float
+    delta: float
+    rho: float
+    tau: float
+    d0: float
+
+    def __post_init__(self) -> None:
+        for name in ("c", "L", "M", "omega", "delta", "rho", "tau", "d0"):
+            value = getattr(self, name)
+            _require(isinstance(value, int | float) and math.isfinite(value), name, value,
+                     "must be a finite number")
+        _require(self.c > 0, "c", self.c, "must be > 0 (strong convexity)")
+        _require(self.c <= self.L, "L", self.L, f"must be >= c ({self.c})")
+        _require(self.M > 0, "M", self.M, "must be > 0 (gradient bound)")
+        _require(self.omega >= 1, "omega", self.omega, "must be >= 1 (largest support)")
+        _require(0 < self.delta <= 1, "delta", self.delta, "must be in (0, 1]")
+        _require(self.delta <= self.rho <= 1, "rho", self.rho,
+                 f"must be in [delta ({self.delta}), 1]")
+        _require(self.tau >= 0, "tau", self.tau, "must be >= 0 (lag)")
+        _require(self.d0 >= 0, "d0", self.d0, "must be >= 0")
+
+
+def check_theta(eps: float, theta: float) -> None:
+    """Raise ScenarioError unless ε > 0 and 0 < ϑ < 1 (both finite)."""
+    _require(math.isfinite(eps) and eps > 0, "eps", eps, "must be a finite number > 0")
+    _require(math.isfinite(theta) and 0 < theta < 1, "theta", theta, "must be in (0, 1)")
+
+
+def lag_factor(k: HogwildConstants, tau_squared_coefficient: float = 4.0) -> float:
+    """1 + 6ρτ + a·τ²ΩΔ^{1/2} (a = 4 in (4.1), 6 in (4.2)): how many times smaller the step
+    (and larger the update count) is than for serial SGD (τ = 0)."""
+    return (1 + 6 * k.rho * k.tau
+            + tau_squared_coefficient * k.tau ** 2 * k.omega * math.sqrt(k.delta))
+
+
+def step_size(k: HogwildConstants, eps: float, theta: float = 0.5) -> float:
+    """Equation (4.1): γ = ϑεc / (2LM²Ω(1 + 6ρτ + 4τ²ΩΔ^{1/2})).
+
+    Raises:
+        ScenarioError: ε <= 0 or ϑ outside (0, 1).
+    """
+    check_theta(eps, theta)
+    return theta * eps * k.c / (2 * k.L * k.M ** 2 * k.omega * lag_factor(k, 4.0))
+
+
+def updates(k: HogwildConstants, eps: float, theta: float = 0.5) -> int:
+    """Equation (4.2): k = ⌈2LM²Ω(1 + 6τρ + 6τ²ΩΔ^{1/2}) log(LD_0/ε) / (c²ϑε)⌉, and 0 when
+    L·D_0 <= ε (the start already satisfies the bound, as f(x_0) − f* <= (L/2)D_0).
+
+    Raises:
+        ScenarioError: ε <= 0 or ϑ outside (0, 1).
+        InfeasibleError: the count does not fit in a 64-bit integer.
+    """
+    check_theta(eps, theta)
+    ratio = k.L * k.d0 / eps
+    if ratio <= 1:
+        return 0
+    count = (2 * k.L * k.M ** 2 * k.omega * lag_factor(k, 6.0) * math.log(ratio)
+             / (k.c ** 2 * theta * eps))
+    if not count < 2 ** 63:
+        raise InfeasibleError(f"Proposition 4.1 asks for {count:.3g} updates, more than any "
+                              "run can make")
+    return math.ceil(count)
