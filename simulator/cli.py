@@ -54,6 +54,11 @@ def _print_summary(summary: dict[str, Any], out: Path, seconds: float) -> None:
     print(f"  final suboptimality {summary['loss']['final_suboptimality']:.4g}, "
           f"{clock} {summary['time']['span_ns'] / 1e6:.3f} ms "
           f"({summary['time']['updates_per_second']:.4g} updates/s)")
+    task = summary.get("task", {})
+    if task.get("accuracy") is not None:
+        held = task["held_out_accuracy"]
+        print(f"  accuracy {task['accuracy']:.3f}"
+              + ("" if held is None else f", held out {held:.3f}"))
     print(f"  wrote {out}/ in {seconds:.2f} s")
 
 

@@ -128,4 +128,6 @@ def summarize(trace: Trace, problem: Problem, scenario: Any) -> dict[str, Any]:
         "loss": {"initial": float(trace["curve_loss"][0]), "final": final,
                  "optimum": f_star, "final_suboptimality": final - f_star,
                  "final_distance": float(np.linalg.norm(trace["w_final"] - w_star))},
+        "task": {"accuracy": problem.accuracy(trace["w_final"]),
+                 "held_out_accuracy": problem.held_out_accuracy(trace["w_final"])},
     }

@@ -23,10 +23,12 @@ import scipy.sparse.linalg
 
 from simulator.errors import ScenarioError
 
-__all__ = ["PROBLEMS", "LogisticProblem", "MLPProblem", "Problem", "QuadraticProblem",
-           "SparseLogisticProblem", "make_problem"]
+__all__ = ["HELD_OUT", "PROBLEMS", "LogisticProblem", "MLPProblem", "Problem",
+           "QuadraticProblem", "SparseLogisticProblem", "holdout_split", "make_problem"]
 
 Gradient = tuple[np.ndarray, np.ndarray | None]
+
+HELD_OUT = 0x4E1D  # the held-out samples' random stream, apart from the training ones
 
 
 class Problem(ABC):
@@ -240,32 +242,43 @@ class LogisticProblem(Problem):
 
     name = "logistic"
 
-    def __init__(self, X: np.ndarray, y: np.ndarray, l2: float) -> None:
+    def __init__(self, X: np.ndarray, y: np.ndarray, l2: float,
+                 held: tuple[np.ndarray, np.ndarray] | None = None) -> None:
         super().__init__(X.shape[1], X.shape[0])
-        self.X, self.y, self.l2 = X, y, l2
+        self.X, self.y, self.l2, self.held = X, y, l2, held
         self._y = y.tolist()
 
     def accuracy(self, w: np.ndarray) -> float | None:
-        return float(np.mean(np.where(self.X @ w >= 0, 1.0, -1.0) == self.y))
+        return _sign_accuracy(self.X, self.y, w)
+
+    def held_out_accuracy(self, w: np.ndarray) -> float | None:
+        return None if self.held is None else _sign_accuracy(*self.held, w)
 
     @classmethod
     def synthetic(cls, dim: int, n_samples: int, l2: float, seed: int) -> LogisticProblem:
-        """Gaussian features; labels drawn from a logistic model with margin scale 3."""
+        """Gaussian features; labels drawn from a logistic model with margin scale 3; a
+        held-out set of n/4 samples from the same model (its own stream)."""
         rng = np.random.default_rng(seed)
         X = rng.standard_normal((n_samples, dim))
         w_true = rng.standard_normal(dim) * (3.0 / math.sqrt(dim))
         p = 1.0 / (1.0 + np.exp(-(X @ w_true)))
         y = np.where(rng.random(n_samples) < p, 1.0, -1.0)
-        return cls(X, y, l2)
+        held = np.random.default_rng([seed, HELD_OUT])
+        Xh = held.standard_normal((max(1, n_samples // 4), dim))
+        yh = np.where(held.random(len(Xh)) < 1.0 / (1.0 + np.exp(-(Xh @ w_true))), 1.0, -1.0)
+        return cls(X, y, l2, (Xh, yh))
 
     @classmethod
-    def breast_cancer(cls, l2: float) -> LogisticProblem:
-        """The breast-cancer data shipped with scikit-learn, standardised."""
+    def breast_cancer(cls, l2: float, holdout: float = 0.0, seed: int = 0) -> LogisticProblem:
+        """The breast-cancer data shipped with scikit-learn, standardised; ``holdout`` of it
+        kept out of training (a seeded split)."""
         from sklearn.datasets import load_breast_cancer
         data = load_breast_cancer()
         X = np.asarray(data.data, dtype=np.float64)
         X = (X - X.mean(axis=0)) / X.std(axis=0)
-        return cls(X, np.where(data.target == 1, 1.0, -1.0), l2)
+        y = np.where(data.target == 1, 1.0, -1.0)
+        train, held = holdout_split(len(X), holdout, seed)
+        return cls(X[train], y[train], l2, (X[held], y[held]) if held.size else None)
 
     @property
     def strong_convexity(self) -> float:
@@ -310,6 +323,22 @@ class LogisticProblem(Problem):
         return torch.nn.functional.softplus(-margin) + 0.5 * self.l2 * (w @ w)
 
 
+def _sign_accuracy(X: Any, y: np.ndarray, w: np.ndarray) -> float:
+    return float(np.mean(np.where(X @ w >= 0, 1.0, -1.0) == y))
+
+
+def holdout_split(n: int, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(training, held-out) row indices, both sorted: ``round(fraction·n)`` rows held out by a
+    permutation from the held-out stream of ``seed`` (none for fraction 0)."""
+    count = round(fraction * n)
+    if count == 0:
+        return np.arange(n), np.empty(0, dtype=np.int64)
+    chosen = np.random.default_rng([seed, HELD_OUT]).permutation(n)[:count]
+    mask = np.zeros(n, dtype=bool)
+    mask[chosen] = True
+    return np.flatnonzero(~mask), np.flatnonzero(mask)
+
+
 def _expit(z: np.ndarray) -> np.ndarray:
     return 0.5 * (1.0 + np.tanh(0.5 * z))
 
@@ -341,6 +370,15 @@ class SparseLogisticProblem(Problem):
         w_true = rng.standard_normal(dim) * (3.0 / math.sqrt(self.nnz))
         p = 1.0 / (1.0 + np.exp(-(self.X @ w_true)))
         self.y = np.where(rng.random(n_samples) < p, 1.0, -1.0)
+        held = np.random.default_rng([seed, HELD_OUT])
+        m = max(1, n_samples // 4)
+        held_cols = np.sort([held.choice(dim, self.nnz, replace=False) for _ in range(m)],
+                            axis=1)
+        Xh = scipy.sparse.csr_matrix(
+            (held.standard_normal(m * self.nnz), held_cols.ravel(),
+             np.arange(0, m * self.nnz + 1, self.nnz)), shape=(m, dim))
+        yh = np.where(held.random(m) < 1.0 / (1.0 + np.exp(-(Xh @ w_true))), 1.0, -1.0)
+        self.held = (Xh, yh)
         self._y = self.y.tolist()
         counts = np.bincount(cols.ravel(), minlength=dim)
         self.reg = np.where(counts > 0, n_samples / np.maximum(counts, 1), 0.0)
@@ -379,7 +417,10 @@ class SparseLogisticProblem(Problem):
         return float(np.logaddexp(0.0, -margins).mean() + 0.5 * self.l2 * float(w @ w))
 
     def accuracy(self, w: np.ndarray) -> float | None:
-        return float(np.mean(np.where(self.X @ w >= 0, 1.0, -1.0) == self.y))
+        return _sign_accuracy(self.X, self.y, w)
+
+    def held_out_accuracy(self, w: np.ndarray) -> float | None:
+        return _sign_accuracy(*self.held, w)
 
     def full_grad(self, w: np.ndarray) -> np.ndarray:
         coef = -self.y * _expit(-self.y * (self.X @ w))
@@ -441,9 +482,10 @@ class MLPProblem(LocalOptimumProblem):
     name = "mlp"
 
     def __init__(self, X: np.ndarray, y: np.ndarray, classes: int, hidden: int, l2: float,
-                 seed: int) -> None:
+                 seed: int, held: tuple[np.ndarray, np.ndarray] | None = None) -> None:
         n, d_in = X.shape
         self.X, self.y, self.l2, self.seed = X, y.astype(np.int64), l2, seed
+        self.held = held
         self.shape = (d_in, hidden, classes)
         self._cuts = np.cumsum([0, hidden * d_in, hidden, classes * hidden, classes]).tolist()
         super().__init__(self._cuts[-1], n)
@@ -457,15 +499,21 @@ class MLPProblem(LocalOptimumProblem):
         teacher_in = rng.standard_normal((16, dim)) / math.sqrt(dim)
         teacher_out = rng.standard_normal((classes, 16))
         y = np.argmax(np.tanh(X @ teacher_in.T) @ teacher_out.T, axis=1)
-        return cls(X, y, classes, hidden, l2, seed)
+        Xh = np.random.default_rng([seed, HELD_OUT]).standard_normal(
+            (max(1, n_samples // 4), dim))
+        yh = np.argmax(np.tanh(Xh @ teacher_in.T) @ teacher_out.T, axis=1)
+        return cls(X, y, classes, hidden, l2, seed, (Xh, yh))
 
     @classmethod
-    def digits(cls, hidden: int, l2: float, seed: int) -> MLPProblem:
+    def digits(cls, hidden: int, l2: float, seed: int, holdout: float = 0.0) -> MLPProblem:
         from sklearn.datasets import load_digits
         data = load_digits()
         X = np.asarray(data.data, dtype=np.float64)
         X = (X - X.mean(axis=0)) / np.maximum(X.std(axis=0), 1e-12)
-        return cls(X, np.asarray(data.target), 10, hidden, l2, seed)
+        y = np.asarray(data.target)
+        train, held = holdout_split(len(X), holdout, seed)
+        return cls(X[train], y[train], 10, hidden, l2, seed,
+                   (X[held], y[held]) if held.size else None)
 
     def _unpack(self, w: np.ndarray) -> tuple[np.ndarray, ...]:
         d_in, hidden, classes = self.shape
@@ -512,6 +560,13 @@ class MLPProblem(LocalOptimumProblem):
     def accuracy(self, w: np.ndarray) -> float | None:
         return float(np.mean(self._batch(w)[1].argmax(axis=1) == self.y))
 
+    def held_out_accuracy(self, w: np.ndarray) -> float | None:
+        if self.held is None:
+            return None
+        W1, b1, W2, b2 = self._unpack(w)
+        X, y = self.held
+        return float(np.mean((np.tanh(X @ W1.T + b1) @ W2.T + b2).argmax(axis=1) == y))
+
     def full_loss(self, w: np.ndarray) -> float:
         _, z = self._batch(w)
         top = z.max(axis=1)
@@ -550,7 +605,7 @@ def _make_quadratic(spec: Any) -> Problem:
 
 def _make_logistic(spec: Any) -> Problem:
     if spec.data == "breast_cancer":
-        return LogisticProblem.breast_cancer(spec.l2)
+        return LogisticProblem.breast_cancer(spec.l2, spec.holdout, spec.seed)
     return LogisticProblem.synthetic(spec.dim, spec.n_samples, spec.l2, spec.seed)
 
 
@@ -560,7 +615,7 @@ def _make_sparse_logistic(spec: Any) -> Problem:
 
 def _make_mlp(spec: Any) -> Problem:
     if spec.data == "digits":
-        return MLPProblem.digits(spec.hidden, spec.l2, spec.seed)
+        return MLPProblem.digits(spec.hidden, spec.l2, spec.seed, spec.holdout)
     return MLPProblem.synthetic(spec.dim, spec.n_samples, spec.classes, spec.hidden, spec.l2,
                                 spec.seed)
 

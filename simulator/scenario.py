@@ -49,7 +49,9 @@ class ProblemSpec:
     hidden·(dim + 1) + classes·(hidden + 1)); ``density`` serves ``sparse_logistic``;
     ``hidden`` and ``classes`` serve ``mlp``. For ``lstm_tagger`` and ``dense_crf``, ``dim`` is
     the vocabulary, ``hidden`` the embedding (and LSTM) size, ``classes`` the tags and
-    ``length`` the tokens per sequence (a sample)."""
+    ``length`` the tokens per sequence (a sample). Synthetic problems draw a held-out set of
+    n/4 samples from the same model; ``holdout`` keeps that fraction of a real data set
+    (``breast_cancer``, ``digits``) out of training, a seeded split."""
 
     name: str = "logistic"
     data: str = "synthetic"
@@ -61,6 +63,7 @@ class ProblemSpec:
     classes: int = 4
     length: int = 8
     seed: int = 0
+    holdout: float = 0.0
 
     def __post_init__(self) -> None:
         _check(self.data in DATA_SOURCES, "data", self.data,
@@ -75,6 +78,10 @@ class ProblemSpec:
         _check(self.classes >= 2, "classes", self.classes, "must be >= 2 (mlp classes)")
         _check(self.length >= 1, "length", self.length, "must be >= 1 (lstm_tagger tokens)")
         _check(self.seed >= 0, "seed", self.seed, "must be >= 0")
+        _check(math.isfinite(self.holdout) and 0 <= self.holdout < 1, "holdout", self.holdout,
+               "must be in [0, 1)")
+        _check(self.holdout == 0 or self.data != "synthetic", "holdout", self.holdout,
+               "splits a real data set; synthetic problems draw their own held-out samples")
 
 
 @dataclass(frozen=True)

@@ -4,8 +4,8 @@ Rows: synchronous (``locked``) and asynchronous lock-free (``lockfree``) trainin
 threads; columns: a sparse model (``sparse_logistic``, the Hogwild regime) and two dense ones
 (``logistic``, and ``lstm_tagger``, the paper's model, with per-token accuracy). Each cell:
 gradient error rate, median relative error ‖δ‖/‖g‖, mean staleness, the speedup in simulated
-time over a serial run of the same T updates, and the final training accuracy and
-suboptimality (the serial run's are given alongside).
+time over a serial run of the same T updates, and the final training and held-out accuracy
+and suboptimality (the serial run's are given alongside).
 """
 
 from __future__ import annotations

@@ -15,11 +15,10 @@ from typing import Self
 
 import numpy as np
 
-from simulator.problems import Gradient, LocalOptimumProblem
+from simulator.problems import HELD_OUT, Gradient, LocalOptimumProblem
 
 __all__ = ["HELD_OUT", "TaggingProblem", "hmm_sequences"]
 
-HELD_OUT = 0x4E1D  # the held-out sequences' stream, apart from the training ones
 
 
 def hmm_sequences(vocab: int, n_samples: int, length: int, classes: int,

@@ -251,3 +251,55 @@ def test_lock_free_taggers_reach_the_serial_accuracy(name):
     assert accuracy["serial"] > 0.6 and held["serial"] > 0.6
     assert abs(accuracy["lockfree"] - accuracy["serial"]) < 0.05
     assert abs(held["lockfree"] - held["serial"]) < 0.08  # 37 held-out sequences
+
+
+def test_synthetic_held_out_sets_come_from_the_training_model_without_changing_it():
+    """The held-out samples use their own stream: the training data are what they were, the
+    held-out ones differ, and the classifier at w* does about as well on them (sklearn's
+    fit on the training data agrees)."""
+    from sklearn.linear_model import LogisticRegression
+
+    from simulator.problems import MLPProblem
+
+    p = LogisticProblem.synthetic(20, 400, 0.01, seed=5)
+    rng = np.random.default_rng(5)
+    assert np.array_equal(p.X, rng.standard_normal((400, 20)))
+    Xh, yh = p.held
+    assert Xh.shape == (100, 20) and not np.isin(Xh[0], p.X).any()
+    w_star = p.optimum()[0]
+    assert abs(p.held_out_accuracy(w_star) - p.accuracy(w_star)) < 0.12
+    sk = LogisticRegression(C=1 / (0.01 * 400), fit_intercept=False, tol=1e-10).fit(p.X, p.y)
+    assert p.held_out_accuracy(w_star) == pytest.approx(sk.score(Xh, yh), abs=0.02)
+    sparse = SparseLogisticProblem(200, 400, 0.01, 0.05, seed=3)
+    assert sparse.held[0].shape == (100, 200) and 0.5 < sparse.held_out_accuracy(
+        sparse.optimum()[0]) <= 1
+    mlp = MLPProblem.synthetic(6, 200, 3, 5, 0.01, seed=2)
+    assert mlp.held[0].shape == (50, 6) and mlp.held_out_accuracy(mlp.initial()) is not None
+    assert QuadraticProblem(5, 50, 0.01, seed=1).held_out_accuracy(np.zeros(5)) is None
+
+
+def test_real_data_holdout_is_a_seeded_disjoint_split():
+    from simulator.problems import MLPProblem, holdout_split
+
+    train, held = holdout_split(569, 0.2, seed=0)
+    assert (train.size, held.size) == (455, 114) and not np.intersect1d(train, held).size
+    assert np.array_equal(held, holdout_split(569, 0.2, seed=0)[1])
+    assert not np.array_equal(held, holdout_split(569, 0.2, seed=1)[1])
+    p = LogisticProblem.breast_cancer(0.01, holdout=0.2, seed=0)
+    assert (p.n_samples, p.held[0].shape) == (455, (114, 30))
+    assert p.held_out_accuracy(p.optimum()[0]) > 0.9
+    assert LogisticProblem.breast_cancer(0.01).held is None
+    digits = MLPProblem.digits(8, 0.01, seed=0, holdout=0.25)
+    assert digits.n_samples + digits.held[0].shape[0] == 1797
+
+
+def test_holdout_is_refused_for_synthetic_data():
+    from simulator.errors import ScenarioError
+    from simulator.scenario import load_scenario
+
+    with pytest.raises(ScenarioError, match="holdout"):
+        load_scenario(None, ["problem.holdout=0.2"])
+    with pytest.raises(ScenarioError, match="holdout"):
+        load_scenario(None, ["problem.data=breast_cancer", "problem.holdout=1.0"])
+    assert load_scenario(None, ["problem.data=breast_cancer",
+                                "problem.holdout=0.2"]).problem.holdout == 0.2
