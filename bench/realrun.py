@@ -113,33 +113,52 @@ CONFIGS = [("serial", 1), ("locked", 2), ("lockfree", 1), ("lockfree", 2), ("pla
 
 
 def instrumentation_ns(blocks: int, updates: int = 200_000) -> float:
-    """ns per update of exactly what the worker adds to record an update: 2 + 2B
-    ``monotonic_ns`` calls and the writes into its preallocated shared buffers (the same numpy
-    views of shared tensors), timed in isolation."""
-    times = torch.zeros(updates, 4, dtype=torch.int64).share_memory_().numpy()
-    copy_end = torch.zeros(updates, blocks, dtype=torch.int64).share_memory_().numpy()
-    store_end = torch.zeros(updates, blocks, dtype=torch.int64).share_memory_().numpy()
-    samples = torch.zeros(updates, dtype=torch.int64).share_memory_().numpy()
+    """ns per update of exactly what the numpy worker adds to record an update, timed in
+    isolation: 4 ``monotonic_ns`` calls (2 + 2B with B > 1 blocks) and the stores into its
+    preallocated shared buffers through the same flat memoryviews, less the block loops the
+    worker runs anyway."""
+    from realrun.worker import _flat
+
+    def shared(*shape: int) -> memoryview:
+        return _flat(torch.zeros(*shape, dtype=torch.int64).share_memory_())
+
+    times, samples = shared(updates, 4), shared(updates)
+    copy_end, store_end, progress = shared(updates, blocks), shared(updates, blocks), shared(1)
     clock = time.monotonic_ns
     started = time.perf_counter_ns()
     for i in range(updates):
-        read_start = clock()
-        for b in range(blocks):
-            copy_end[i, b] = clock()
-        read_end = clock()
-        grad_end = clock()
-        for b in range(blocks):
-            store_end[i, b] = clock()
-        times[i] = (read_start, read_end, grad_end, clock())
+        if blocks == 1:
+            read_start = clock()
+            read_end = clock()
+            grad_end = clock()
+            write_end = clock()
+        else:
+            row = i * blocks
+            read_start = clock()
+            for b in range(blocks):
+                copy_end[row + b] = clock()
+            read_end = clock()
+            grad_end = clock()
+            for b in range(blocks):
+                store_end[row + b] = clock()
+            write_end = clock()
+        j = 4 * i
+        times[j], times[j + 1], times[j + 2], times[j + 3] = (read_start, read_end, grad_end,
+                                                              write_end)
         samples[i] = i
+        progress[0] = i + 1
     loop = time.perf_counter_ns() - started
     started = time.perf_counter_ns()
-    for _ in range(updates):
-        for _b in range(blocks):
+    for i in range(updates):
+        if blocks == 1:
             pass
-        for _b in range(blocks):
-            pass
-    empty = time.perf_counter_ns() - started  # the block loops the worker runs anyway
+        else:
+            row = i * blocks
+            for _b in range(blocks):
+                pass
+            for _b in range(blocks):
+                pass
+    empty = time.perf_counter_ns() - started  # the loop and branches the worker runs anyway
     return (loop - empty) / updates
 
 

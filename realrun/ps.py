@@ -53,6 +53,7 @@ from typing import Any
 import numpy as np
 
 from realrun.runner import _quotas, check_constant_lr
+from realrun.worker import one_thread_each
 from simulator.errors import AsyngradError, ScenarioError
 from simulator.problems import Problem, make_problem
 from simulator.scenario import Scenario, scenario_from_dict, scenario_to_toml, with_overrides
@@ -407,13 +408,12 @@ def _trainer_main(rank: int, world: int, address: str, port: int, toml: str, dty
     """A spawned local trainer: join the group, train, leave; one line if the server went."""
     import signal
 
-    import torch
     import torch.distributed as dist
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    torch.set_num_threads(1)
     scenario = _ps_scenario(scenario_from_dict(tomllib.loads(toml)), world - 1)
     problem = make_problem(scenario.problem)
+    one_thread_each()
     dist.init_process_group("gloo", init_method=f"tcp://{address}:{port}", rank=rank,
                             world_size=world, timeout=_group_timeout(timeout))
     try:

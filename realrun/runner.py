@@ -332,9 +332,13 @@ def _trace(buffers: Buffers, workers: int, scenario: Scenario, problem: Problem,
     records = []
     for rank in range(workers):
         n = int(buffers.progress[rank])
-        records.append(WorkerRecord(buffers.times[rank, :n].numpy().copy(),
-                                    buffers.copy_end[rank, :n].numpy().copy(),
-                                    buffers.store_end[rank, :n].numpy().copy(),
+        times = buffers.times[rank, :n].numpy().copy()
+        copy_end = buffers.copy_end[rank, :n].numpy().copy()
+        store_end = buffers.store_end[rank, :n].numpy().copy()
+        if copy_end.shape[1] == 1:  # the numpy worker leaves one block's stamps to these
+            np.copyto(copy_end[:, 0], times[:, 1], where=copy_end[:, 0] < 0)
+            np.copyto(store_end[:, 0], times[:, 3], where=store_end[:, 0] < 0)
+        records.append(WorkerRecord(times, copy_end, store_end,
                                     buffers.samples[rank, :n].numpy().copy()))
     w_final = _host(buffers.w)
     done = sum(len(r.samples) for r in records)

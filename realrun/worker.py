@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 __all__ = ["STATUS_DONE", "STATUS_FAILED", "STATUS_RUNNING", "Buffers", "WorkerSpec",
-           "record_failure", "worker_main"]
+           "one_thread_each", "record_failure", "worker_main"]
 
 STATUS_RUNNING, STATUS_DONE, STATUS_FAILED = 0, 1, 2
 MESSAGE_BYTES = 512
@@ -70,15 +70,28 @@ def worker_main(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any 
     to stop (it terminates the workers and keeps what they completed)."""
     import signal
 
-    import torch
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    torch.set_num_threads(1)
     try:
         _loop(spec, buffers, lock, block_locks, go)
         buffers.status[spec.rank] = STATUS_DONE
     except BaseException as err:  # every failure, SystemExit included, must reach the parent
         record_failure(buffers, spec.rank, err)
         raise SystemExit(1) from None
+
+
+def _flat(tensor: Any) -> memoryview:
+    """A flat int64 memoryview of a contiguous shared tensor (writes land in the tensor)."""
+    return memoryview(tensor.numpy()).cast("B").cast("q")
+
+
+def one_thread_each() -> None:
+    """One compute thread per worker: torch's intra-op pool and every BLAS/OpenMP pool numpy
+    and scipy loaded (k workers on k cores must not start k² threads that spin)."""
+    import torch
+    from threadpoolctl import threadpool_limits
+
+    torch.set_num_threads(1)
+    threadpool_limits(limits=1)
 
 
 def record_failure(buffers: Buffers, rank: int, err: BaseException) -> None:
@@ -99,11 +112,15 @@ def _loop(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any, go: A
 
     scenario = scenario_from_dict(tomllib.loads(spec.scenario_toml))
     problem = make_problem(scenario.problem)
+    one_thread_each()  # after the problem: the pools its libraries loaded are limited too
     w = buffers.w.numpy()
-    times, copy_end = buffers.times[spec.rank].numpy(), buffers.copy_end[spec.rank].numpy()
-    store_end, samples = buffers.store_end[spec.rank].numpy(), buffers.samples[spec.rank].numpy()
-    progress = buffers.progress.numpy()
+    # Records go through flat int64 memoryviews of the shared buffers: an item store costs
+    # a third of a numpy scalar store, and nothing is allocated.
+    times, samples = _flat(buffers.times[spec.rank]), _flat(buffers.samples[spec.rank])
+    copy_end, store_end = _flat(buffers.copy_end[spec.rank]), _flat(buffers.store_end[spec.rank])
+    progress, rank = _flat(buffers.progress), spec.rank
     bounds = block_bounds(problem.dim, scenario.run.blocks)
+    blocks = len(bounds) - 1
     stream = sample_stream(scenario.run.seed, spec.workers, spec.rank, problem.n_samples)
     local = np.zeros(problem.dim)
     lr, clock = scenario.run.lr, time.monotonic_ns
@@ -118,26 +135,44 @@ def _loop(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any, go: A
         ops = dense if dense is not None else block_ops(bounds, problem.support(sample))
         if lock is not None:
             lock.acquire()
-        read_start = clock()
-        for block, index, _, _ in ops:
+        if blocks == 1:  # one block: its copy and store end with the read and the write
+            block, index, values, _ = ops[0]
+            read_start = clock()
             local[index] = w[index]
-            copy_end[i, block] = clock()
-        read_end = clock()
-        step, support = problem.grad(local, sample)
-        step *= lr
-        grad_end = clock()
-        for block, index, values, _ in ops:
+            read_end = clock()
+            step, support = problem.grad(local, sample)
+            step *= lr
+            grad_end = clock()
             if block_locks is None:
                 w[index] -= step[values]
             else:
-                with block_locks[block]:
+                with block_locks[0]:
                     w[index] -= step[values]
-            store_end[i, block] = clock()
-        write_end = clock()
+            write_end = clock()
+        else:
+            row = i * blocks
+            read_start = clock()
+            for block, index, _, _ in ops:
+                local[index] = w[index]
+                copy_end[row + block] = clock()
+            read_end = clock()
+            step, support = problem.grad(local, sample)
+            step *= lr
+            grad_end = clock()
+            for block, index, values, _ in ops:
+                if block_locks is None:
+                    w[index] -= step[values]
+                else:
+                    with block_locks[block]:
+                        w[index] -= step[values]
+                store_end[row + block] = clock()
+            write_end = clock()
         if lock is not None:
             lock.release()
         if steps is not None:  # outside the timed phases
             steps[i, slice(None) if support is None else support] = step
-        times[i] = (read_start, read_end, grad_end, write_end)
+        j = 4 * i
+        times[j], times[j + 1], times[j + 2], times[j + 3] = (read_start, read_end, grad_end,
+                                                              write_end)
         samples[i] = sample
-        progress[spec.rank] = i + 1
+        progress[rank] = i + 1
