@@ -43,7 +43,7 @@ from simulator.problems import make_problem
 from simulator.scenario import DeviceSpec, Scenario, TimingSpec, scenario_from_dict
 from simulator.trace import Trace
 
-__all__ = ["Fit", "calibrate", "fit_durations", "operation_samples"]
+__all__ = ["Fit", "calibrate", "calibrate_counts", "fit_durations", "operation_samples"]
 
 _KS_LEVEL = 0.01
 _MIN_FOR_TEST = 50
@@ -94,7 +94,7 @@ def fit_durations(values: np.ndarray) -> Fit:
         duration = Duration("lognormal", math.exp(mu + sigma**2 / 2),
                             math.sqrt(math.expm1(sigma**2)))
     else:
-        duration = Duration("gamma", shape * scale, 1 / math.sqrt(shape))
+        duration = Duration("gamma", float(shape * scale), float(1 / math.sqrt(shape)))
     return Fit(duration, int(x.size), candidates)
 
 
@@ -188,18 +188,8 @@ def calibrate(run_dir: str | Path, pool: bool = False, cores: int = 0,
     Raises:
         AsyngradError: not a run directory, an unreadable trace, or fewer than 2 updates.
     """
-    import tomllib
-
     path = Path(run_dir)
-    if not (path / "trace.npz").is_file():
-        raise AsyngradError(f"calibrate: {path}: not a run directory (no trace.npz)")
-    try:
-        trace = Trace.load(path / "trace.npz")
-    except TraceError as err:
-        raise AsyngradError(f"calibrate: {err}") from None
-    if len(trace) < 2:
-        raise AsyngradError(f"calibrate: {path}: the trace has {len(trace)} updates")
-    scenario = scenario_from_dict(tomllib.loads(trace.scenario_toml))
+    trace, scenario = _load(path)
     together = running_together(trace)
     samples = operation_samples(trace, scenario, together)
     if pool:
@@ -222,6 +212,92 @@ def calibrate(run_dir: str | Path, pool: bool = False, cores: int = 0,
                         "contention": contention(trace, together)}
 
 
+def _load(path: Path) -> tuple[Trace, Scenario]:
+    import tomllib
+
+    if not (path / "trace.npz").is_file():
+        raise AsyngradError(f"calibrate: {path}: not a run directory (no trace.npz)")
+    try:
+        trace = Trace.load(path / "trace.npz")
+    except TraceError as err:
+        raise AsyngradError(f"calibrate: {err}") from None
+    if len(trace) < 2:
+        raise AsyngradError(f"calibrate: {path}: the trace has {len(trace)} updates")
+    return trace, scenario_from_dict(tomllib.loads(trace.scenario_toml))
+
+
+def _scaled(duration: Duration, factor: float) -> Duration:
+    """``duration`` with every draw divided by ``factor``."""
+    factor = float(factor)
+    if duration.dist == "empirical":
+        return replace(duration, values=tuple(float(v) / factor for v in duration.values),
+                       mean=float(duration.mean) / factor)
+    return replace(duration, mean=float(duration.mean) / factor,
+                   low=float(duration.low) / factor, high=float(duration.high) / factor)
+
+
+def calibrate_counts(run_dirs: list[str | Path], cores: int = 0,
+                     quantum: int = 0) -> tuple[Scenario, dict[str, Any]]:
+    """One pooled timing fitted from runs of one problem at two or more worker counts, with
+    the contention between them as a slowdown per other worker.
+
+    For each of read, gradient, write (whole-vector durations) and the local work between
+    updates (idle), the mean duration of every run (the updates made while all its workers
+    ran) is fitted by least squares as b·(1 + x·(k − 1)) over the worker counts k: x (at
+    least 0) is the scenario's ``*_per_thread`` and the distribution is the one fitted on
+    the fewest-worker run with its draws divided by 1 + x·(k_min − 1), i.e. one worker
+    alone. Everything lands on one device with ``cores`` cores (0: one per thread) and
+    time slices of ``quantum`` ns.
+
+    Raises:
+        AsyngradError: fewer than two runs, a repeated worker count, runs of different
+            problems or block counts, or a run directory that cannot be read.
+    """
+    if len(run_dirs) < 2:
+        raise AsyngradError("calibrate: contention needs runs at two or more worker counts")
+    loaded = [(Path(d), *_load(Path(d))) for d in run_dirs]
+    loaded.sort(key=lambda item: item[2].run.threads)
+    counts = [scenario.run.threads for _, _, scenario in loaded]
+    if len(set(counts)) != len(counts):
+        raise AsyngradError(f"calibrate: the runs' worker counts {counts} repeat; give one "
+                            "run per worker count")
+    base_path, _, base = loaded[0]
+    for path, _, scenario in loaded[1:]:
+        if scenario.problem != base.problem or scenario.run.blocks != base.run.blocks:
+            raise AsyngradError(f"calibrate: {path} trains another problem or block count "
+                                f"than {base_path}")
+    pooled = []
+    for _, trace, scenario in loaded:
+        per_worker = operation_samples(trace, scenario, running_together(trace))
+        pooled.append({op: np.concatenate([ops[op] for ops in per_worker.values()])
+                       for op in ("read", "grad", "write", "idle")})
+    k = np.asarray(counts, dtype=np.float64) - 1
+    contention: dict[str, Any] = {}
+    timing: dict[str, Any] = {}
+    fits: dict[str, str] = {}
+    for op in ("read", "grad", "write", "idle"):
+        means = np.array([float(p[op].mean()) if p[op].size else 0.0 for p in pooled])
+        slope, intercept = np.polyfit(k, means, 1)
+        per_thread = max(float(slope / intercept), 0.0) if intercept > 0 else 0.0
+        fit = fit_durations(pooled[0][op])
+        timing[op] = _scaled(fit.duration, 1 + per_thread * k[0])
+        timing[f"{op}_per_thread"] = per_thread
+        fits[op] = fit.describe()
+        contention[op] = {"per_thread": per_thread, "alone_ns": float(intercept),
+                          "means_ns": {str(c): float(m) for c, m in zip(counts, means,
+                                                                          strict=True)}}
+    device = DeviceSpec(name="allworkers", cores=cores, quantum=quantum,
+                        timing=TimingSpec(**timing))
+    calibrated = replace(base, name=f"{base.name}-calibrated", devices=(device,),
+                         inject=replace(base.inject, stragglers=()))
+    return calibrated, {"source": loaded[0][1].source, "run": ", ".join(str(d) for d in
+                                                                       run_dirs),
+                        "fits": {f"all workers at k = {counts[0]}": fits},
+                        "rows_fitted": sum(int(running_together(t).size) for _, t, _ in loaded),
+                        "rows": sum(len(t) for _, t, _ in loaded), "worker_counts": counts,
+                        "contention": contention}
+
+
 MARKER = "# asyngrad-lab calibrated scenario"
 
 
@@ -236,6 +312,11 @@ def calibrated_toml(scenario: Scenario, report: dict[str, Any]) -> str:
         for op, text in fits.items():
             lines.append(f"#   {worker} {op}: {text}")
     for phase, fit in report["contention"].items():
+        if fit is not None and "per_thread" in fit:
+            means = ", ".join(f"k = {k}: {m:.4g} ns" for k, m in fit["means_ns"].items())
+            lines.append(f"#   contention, {phase}: ×(1 + {fit['per_thread']:.4g}·(k − 1)), "
+                         f"alone {fit['alone_ns']:.4g} ns (means {means})")
+            continue
         lines.append(f"#   contention, {phase}: " + (
             "no variation in concurrency" if fit is None else
             f"{fit['ns_per_concurrent']:.4g} ns per other worker in the same phase "

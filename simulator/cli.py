@@ -457,7 +457,7 @@ def _compare(args: argparse.Namespace) -> int:
 
 
 def _calibrate(args: argparse.Namespace) -> int:
-    from simulator.calibrate import MARKER, calibrate, calibrated_toml
+    from simulator.calibrate import MARKER, calibrate, calibrate_counts, calibrated_toml
 
     out = Path(args.out)
     if out.is_dir() or (out.exists() and not out.read_text().startswith(MARKER)):
@@ -467,7 +467,10 @@ def _calibrate(args: argparse.Namespace) -> int:
         raise ScenarioError("--cores", args.cores, "must be >= 0 (0: one per thread)")
     if args.quantum < 0:
         raise ScenarioError("--quantum", args.quantum, "must be >= 0 ns")
-    scenario, report = calibrate(args.run_dir, args.pool, args.cores, args.quantum)
+    if len(args.run_dir) > 1:
+        scenario, report = calibrate_counts(args.run_dir, args.cores, args.quantum)
+    else:
+        scenario, report = calibrate(args.run_dir[0], args.pool, args.cores, args.quantum)
     text = calibrated_toml(scenario, report)
     staging = out.parent / f".{out.name}.partial-{os.getpid()}"
     try:
@@ -815,8 +818,10 @@ def _parser() -> argparse.ArgumentParser:
 
     cal = command("calibrate", "fit the simulator's timing model to a recorded (real) run",
                   _calibrate, scenario=False, out="scenario file to write (TOML)")
-    cal.add_argument("run_dir", metavar="RUN",
-                     help="a run directory (from asyngrad real, simulate or replay)")
+    cal.add_argument("run_dir", metavar="RUN", nargs="+",
+                     help="a run directory (from asyngrad real, simulate or replay); several "
+                          "runs of one problem at different worker counts also fit the "
+                          "contention between workers (a slowdown per other worker; pooled)")
     cal.add_argument("--pool", action="store_true",
                      help="one timing for all workers on one device (to predict other k)")
     cal.add_argument("--cores", type=int, default=0,

@@ -91,12 +91,35 @@ class TimingSpec:
     no shared memory and holds a core).
 
     A block's read or write takes a draw times the fraction of coordinates it moves.
+
+    Contention that grows with the number of workers (shared caches, the memory bus): with
+    k the workers that run at once (``run.threads``, or the device's cores when fewer), every
+    read draw is scaled by 1 + ``read_per_thread``·(k − 1), and likewise gradient, write and
+    idle draws: the draws describe one worker alone.
+    ``asyngrad calibrate`` fits these from runs at two or more worker counts.
     """
 
     read: Duration = Duration("lognormal", 2000.0, 0.3)
     grad: Duration = Duration("lognormal", 6000.0, 0.3)
     write: Duration = Duration("lognormal", 2000.0, 0.3)
     idle: Duration = Duration("constant", 0.0)
+    read_per_thread: float = 0.0
+    grad_per_thread: float = 0.0
+    write_per_thread: float = 0.0
+    idle_per_thread: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("read_per_thread", "grad_per_thread", "write_per_thread",
+                     "idle_per_thread"):
+            value = getattr(self, name)
+            _check(math.isfinite(value) and value >= 0, name, value,
+                   "must be >= 0 (slowdown per other worker)")
+
+    def slowdown(self, threads: int) -> tuple[float, float, float, float]:
+        """The read, gradient, write and idle scale factors at ``threads`` workers."""
+        others = max(threads - 1, 0)
+        return (1 + self.read_per_thread * others, 1 + self.grad_per_thread * others,
+                1 + self.write_per_thread * others, 1 + self.idle_per_thread * others)
 
 
 @dataclass(frozen=True)
@@ -452,8 +475,10 @@ def scenario_to_dict(scenario: Scenario) -> dict[str, Any]:
 def _toml_value(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
-    if isinstance(value, int | float):
-        return repr(value)
+    if isinstance(value, int):
+        return repr(int(value))
+    if isinstance(value, float):  # plain repr: a numpy scalar's is not TOML
+        return repr(float(value))
     if isinstance(value, str):
         return json.dumps(value)
     if isinstance(value, list):

@@ -104,6 +104,7 @@ class SampledSource:
         self._chunk = min(_CHUNK, max(16, scenario.run.updates // threads + 1))
         self._dense_scale: list[np.ndarray] = []
         self._speed: list[float] = []
+        self._slowdown: list[tuple[float, float, float, float]] = []
         self._streams: list[tuple[_Stream, _Stream, _Stream, _Stream]] = []
         self._idle: list[_Stream | None] = []
         self._idle_scale: list[float] = []
@@ -116,6 +117,9 @@ class SampledSource:
             spec = scenario.devices[device]
             speed = spec.speed / slow[thread]
             self._speed.append(speed)
+            # Contention grows with the workers that run at once: all of them, or as many
+            # as the device has cores.
+            self._slowdown.append(timing.slowdown(min(threads, spec.cores or threads)))
             self._dense_scale.append(np.asarray(dense, dtype=np.float64) / speed)
             per_coord = 8.0 / spec.bandwidth if network and spec.bandwidth else 0.0
             self._link.append((spec.latency if network else 0, per_coord))
@@ -128,7 +132,7 @@ class SampledSource:
             idle = timing.idle
             zero = idle.dist == "constant" and idle.mean == 0
             self._idle.append(None if zero else _Stream(partial(idle.sample, gens[4])))
-            self._idle_scale.append(1.0 / speed)
+            self._idle_scale.append(self._slowdown[-1][3] / speed)
             self._chunks.append([])
             self._pos.append(0)
 
@@ -143,9 +147,10 @@ class SampledSource:
         scale, blocks = self._dense_scale[thread], len(self.dense)
         n = self._chunk
         link = self._link_ns(thread, self.dense)
-        reads = (_ns(read.draw(n * blocks).reshape(n, blocks), scale) + link).tolist()
-        grads = _ns(grad.draw(n), self.grad_work / self._speed[thread]).tolist()
-        writes = (_ns(write.draw(n * blocks).reshape(n, blocks), scale) + link).tolist()
+        fr, fg, fw, _ = self._slowdown[thread]
+        reads = (_ns(read.draw(n * blocks).reshape(n, blocks), scale * fr) + link).tolist()
+        grads = _ns(grad.draw(n), self.grad_work * fg / self._speed[thread]).tolist()
+        writes = (_ns(write.draw(n * blocks).reshape(n, blocks), scale * fw) + link).tolist()
         self._chunks[thread] = list(zip(reads, grads, writes, strict=True))
         self._pos[thread] = 0
 
@@ -158,12 +163,13 @@ class SampledSource:
             return self._chunks[thread][self._pos[thread] - 1]
         _, read, grad, write = self._streams[thread]
         speed = self._speed[thread]
+        fr, fg, fw, _ = self._slowdown[thread]
         link = self._link_ns(thread, fractions).tolist()
-        return ([int(read.take() * f / speed + 0.5) + c for f, c in zip(fractions, link,
-                                                                        strict=True)],
-                int(grad.take() * self.grad_work / speed + 0.5),
-                [int(write.take() * f / speed + 0.5) + c for f, c in zip(fractions, link,
-                                                                         strict=True)])
+        return ([int(read.take() * f * fr / speed + 0.5) + c for f, c in zip(fractions, link,
+                                                                             strict=True)],
+                int(grad.take() * self.grad_work * fg / speed + 0.5),
+                [int(write.take() * f * fw / speed + 0.5) + c for f, c in zip(fractions, link,
+                                                                              strict=True)])
 
     def idle(self, thread: int) -> int:
         stream = self._idle[thread]

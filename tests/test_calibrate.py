@@ -5,9 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from simulator.calibrate import calibrate, fit_durations
+from simulator.calibrate import calibrate, calibrate_counts, fit_durations
 from simulator.cli import main
 from simulator.compare import compare_runs
+from simulator.errors import AsyngradError
 from simulator.scenario import load_scenario
 
 
@@ -108,3 +109,78 @@ def test_idle_time_between_updates_is_simulated_and_recovered(tmp_path):
                  "--set", "run.threads=2"]) == 0
     gap = compare_runs(plain, busy)["staleness"]
     assert gap["mean_b"] < 0.8 * gap["mean_a"]
+
+
+CONTENTION = {"read": 0.2, "grad": 0.05, "write": 0.3, "idle": 0.1}
+
+
+def _at(tmp_path, threads, *overrides):
+    out = tmp_path / f"k{threads}"
+    assert main(["simulate", "--out", str(out), "--quiet", "--set", "run.updates=3000",
+                 "--set", f"run.threads={threads}", "--set", "timing.idle={dist='gamma', "
+                 "mean=1500, cv=0.4}",
+                 *(arg for o in overrides for arg in ("--set", o))]) == 0
+    return out
+
+
+def test_contention_per_worker_is_recovered_from_three_worker_counts(tmp_path):
+    """Runs at k = 1, 2, 4 with known slowdowns per other worker: calibrate fits each within
+    10% and the one-worker distributions within 10% of their means."""
+    slow = [f"timing.{op}_per_thread={x}" for op, x in CONTENTION.items()]
+    runs = [_at(tmp_path, k, *slow) for k in (1, 2, 4)]
+    scenario, report = calibrate_counts(runs[::-1], cores=4)
+    assert report["worker_counts"] == [1, 2, 4]
+    (device,) = scenario.devices
+    assert device.cores == 4 and device.timing is not None
+    for op, x in CONTENTION.items():
+        assert getattr(device.timing, f"{op}_per_thread") == pytest.approx(x, rel=0.1)
+    for op, mean in (("read", 2000), ("grad", 6000), ("write", 2000), ("idle", 1500)):
+        assert getattr(device.timing, op).mean == pytest.approx(mean, rel=0.1)
+
+
+def test_slowdown_scales_draws_by_the_workers_running_at_once():
+    """grad_per_thread x at k threads scales gradients by 1 + x(k − 1); with fewer cores
+    than threads only the cores' worth of workers contend."""
+    from simulator.engine import simulate
+
+    base = simulate(load_scenario(None, ["run.threads=3", "run.updates=3000"]))
+    slow = simulate(load_scenario(None, ["run.threads=3", "run.updates=3000",
+                                         "timing.grad_per_thread=0.5"]))
+    capped = simulate(load_scenario(None, ["run.threads=3", "run.updates=3000",
+                                           "timing.grad_per_thread=0.5",
+                                           "devices=[{cores=2}]"]))
+    ratio = slow["grad_ns"].mean() / base["grad_ns"].mean()
+    assert ratio == pytest.approx(2.0, rel=0.02)
+    assert capped["grad_ns"].mean() / base["grad_ns"].mean() == pytest.approx(1.5, rel=0.02)
+    same = simulate(load_scenario(None, ["run.threads=3", "run.updates=3000",
+                                         "timing.grad_per_thread=0.0"]))
+    assert np.array_equal(same["write_end"], base["write_end"])
+
+
+def test_contention_needs_distinct_worker_counts_of_one_problem(tmp_path, capsys):
+    one, two = _at(tmp_path, 1), _at(tmp_path, 2)
+    other = tmp_path / "other"
+    assert main(["simulate", "--out", str(other), "--quiet", "--set", "run.updates=500",
+                 "--set", "problem.dim=20"]) == 0
+    for runs, needle in (([one], "two or more worker counts"), ([one, one], "repeat"),
+                         ([one, other], "another problem")):
+        with pytest.raises(AsyngradError, match=needle):
+            calibrate_counts(runs)
+    out = tmp_path / "cal.toml"
+    assert main(["calibrate", str(one), str(two), "--cores", "2", "--out", str(out)]) == 0
+    text = out.read_text()
+    assert "contention, write: ×(1 + " in text and "write_per_thread = " in text
+    assert main(["simulate", str(out), "--set", "run.threads=3", "--out",
+                 str(tmp_path / "predicted"), "--quiet"]) == 0
+    assert main(["calibrate", str(one), str(one), "--out", str(tmp_path / "x.toml")]) == 2
+    assert "repeat" in capsys.readouterr().err
+
+
+def test_a_gamma_fit_is_written_as_valid_toml(tmp_path):
+    """Calibrated files are read back: a gamma winner's parameters are plain numbers."""
+    run = _source(tmp_path, "timing.grad={dist='gamma', mean=6000, cv=0.5}")
+    out = tmp_path / "cal.toml"
+    assert main(["calibrate", str(run), "--out", str(out), "--quiet"]) == 0
+    assert "np.float64" not in out.read_text()
+    assert 'grad = { dist = "gamma"' in out.read_text()
+    assert main(["simulate", str(out), "--out", str(tmp_path / "again"), "--quiet"]) == 0
