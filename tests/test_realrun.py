@@ -19,6 +19,9 @@ from simulator.timing import sample_stream
 from .conftest import scenario
 
 TINY = ("problem.dim=20", "problem.n_samples=200", "run.updates=3000")
+# Far more work than any of the fault tests waits for (about 25 µs per update, 500,000 per
+# worker: over ten seconds), so the run is still going when it is stopped.
+LONG = ("problem.dim=5000", "problem.n_samples=200", "run.updates=1000000")
 
 
 def _shm() -> set[str]:
@@ -79,8 +82,7 @@ def test_a_killed_worker_stops_the_run_cleanly():
         threading.Timer(4.0, os.kill, (started[1], signal.SIGKILL)).start()
 
     began = time.monotonic()
-    run = run_real(scenario("problem.dim=20", "problem.n_samples=200",
-                            "run.updates=1000000"), 2, "lockfree", on_start=kill_soon)
+    run = run_real(scenario(*LONG), 2, "lockfree", on_start=kill_soon)
     assert time.monotonic() - began < 4.0 + 1.0 + 3.0  # kill, detection (< 1 s), shutdown
     assert run.failure == {"worker": 1, "reason": "killed by signal 9"}
     assert 0 < len(run.trace) < 1_000_000
@@ -92,8 +94,7 @@ def test_a_killed_worker_stops_the_run_cleanly():
 
 def test_timeout_keeps_partial_results():
     """--timeout stops the run and says so; what completed is kept."""
-    run = run_real(scenario("problem.dim=20", "problem.n_samples=200",
-                            "run.updates=1000000"), 2, "lockfree", timeout=5.0)
+    run = run_real(scenario(*LONG), 2, "lockfree", timeout=3.0)
     assert run.failure is not None and "timeout" in run.failure["reason"]
     assert len(run.trace) > 0
 
@@ -167,8 +168,7 @@ def test_ctrl_c_stops_cleanly_and_keeps_partial_results(tmp_path):
     out = tmp_path / "real"
     process = subprocess.Popen(
         [sys.executable, "-m", "simulator.cli", "real", "--out", str(out), "--workers", "2",
-         "--set", "problem.dim=20", "--set", "problem.n_samples=200",
-         "--set", "run.updates=1000000"],
+         *[x for o in LONG for x in ("--set", o)]],
         start_new_session=True, stderr=subprocess.PIPE, text=True)
     time.sleep(6)
     children = Path(f"/proc/{process.pid}/task/{process.pid}/children").read_text().split()

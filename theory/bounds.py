@@ -42,7 +42,7 @@ from simulator.problems import Problem, make_problem
 from simulator.scenario import Scenario, with_overrides
 from simulator.trace import Trace
 from theory.asyngrad import InfeasibleError
-from theory.check import PILOT_SEED, _mean_and_bounds, _runs
+from theory.check import _mean_and_bounds, _runs, pilot_runs
 from theory.estimators import curvature, initial_distance
 from theory.hogwild import HogwildConstants, check_theta, lag_factor, step_size, updates
 from theory.langford import (
@@ -156,8 +156,7 @@ def check_hogwild(scenario: Scenario, eps: float, seeds: int, theta: float = 0.5
         result["verdict"] = (f"no guarantee: f is not strongly convex ({curv.method}: "
                              f"smallest {curv.c:.4g}, largest {curv.q:.4g})")
         return result
-    pilot = _runs(scenario, problem, ["metrics.exact=true", "metrics.every=1"],
-                  range(PILOT_SEED, PILOT_SEED + pilot_seeds), progress)
+    pilot = pilot_runs(scenario, problem, pilot_seeds, progress)
     tau, seen_m = delay_and_gradient_bound(pilot)
     M = (1 + M_MARGIN) * seen_m
     source = f"{pilot_seeds} pilot runs at the scenario's lr"
@@ -282,8 +281,7 @@ def check_langford(scenario: Scenario, seeds: int, pilot_seeds: int = 3,
         result["verdict"] = (f"no guarantee: f is not convex ({curv.method}: smallest "
                              f"eigenvalue {curv.c:.4g})")
         return result
-    pilot = _runs(scenario, problem, ["metrics.exact=true", "metrics.every=1"],
-                  range(PILOT_SEED, PILOT_SEED + pilot_seeds), progress)
+    pilot = pilot_runs(scenario, problem, pilot_seeds, progress)
     _, L0 = delay_and_gradient_bound(pilot)
     r0 = math.sqrt(max(float(t["curve_dist2"].max()) for t in pilot))
     sigma = optimal_sigma(L0, math.sqrt(2.0) * r0, tau)

@@ -39,7 +39,7 @@ from theory.asyngrad import (
 )
 from theory.estimators import Estimate, curvature, initial_distance, serialized_constants
 
-__all__ = ["PILOT_SEED", "check_theorem"]
+__all__ = ["PILOT_SEED", "check_theorem", "pilot_runs"]
 
 PILOT_SEED = 1_000_000  # pilot runs use seeds from here, so they never reuse a validation seed
 
@@ -54,6 +54,14 @@ def _runs(scenario: Scenario, problem: Problem, overrides: list[str], seeds: ran
         if progress:
             progress(1)
     return traces
+
+
+def pilot_runs(scenario: Scenario, problem: Problem, count: int,
+               progress: Callable[[int], object] | None) -> list[Trace]:
+    """``count`` runs of the scenario as it is, every update measured, on seeds from
+    ``PILOT_SEED``: what the run-dependent constants are estimated from."""
+    return _runs(scenario, problem, ["metrics.exact=true", "metrics.every=1"],
+                 range(PILOT_SEED, PILOT_SEED + count), progress)
 
 
 def _mean_and_bounds(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -130,8 +138,7 @@ def check_theorem(scenario: Scenario, eps: float, seeds: int, beta: float = 1.0,
         result["verdict"] = (f"no guarantee: condition (4) fails, f is not strongly convex "
                              f"({curv.method}: smallest {curv.c:.4g}, largest {curv.q:.4g})")
         return result
-    pilot = _runs(scenario, problem, ["metrics.exact=true", "metrics.every=1"],
-                  range(PILOT_SEED, PILOT_SEED + pilot_seeds), progress)
+    pilot = pilot_runs(scenario, problem, pilot_seeds, progress)
     kappa2, tau = serialized_constants(pilot)
     source = f"{pilot_seeds} pilot runs at the scenario's lr"
     for _ in range(rounds):
