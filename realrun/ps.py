@@ -20,14 +20,16 @@ Every timestamp is the server's ``time.monotonic_ns()`` (a pull's arrival and an
 push's arrival and application; the trainer reports only its compute time), so traces from
 several machines need no common clock. The run directory is the usual one.
 
-Faults: every receive has a timeout (``timeout``, default 60 s). A local server also looks at
-its trainer processes four times a second: a trainer that died stops the run at once, named,
-with what the server has written. Without process handles (under torchrun) a dead trainer is
-seen when a receive fails: its closed connection, or ``timeout`` seconds of silence (a hung
-trainer stalls receives from any source, as gloo pairs them one sender at a time), or, when
-it died between messages, only once the other trainers have finished. A trainer whose
-server is gone (a closed connection, or ``TRAINER_PATIENCE`` times the timeout) exits with
-one line and status 1.
+Faults: every receive and every answer has a timeout (``timeout``, default 60 s), and a
+trainer that has sent nothing for that long while the others were served stops the run,
+named. A local server also looks at its trainer processes four times a second: a trainer
+that died stops the run at once, named, with what the server has written. Without process
+handles (under torchrun) a dead trainer is seen when a receive fails (its closed
+connection), or by its silence: ``timeout`` seconds without a message from it (a hung
+trainer can also stall receives from any source, as gloo pairs them one sender at a time).
+A trainer whose server is gone (a closed connection, or ``TRAINER_PATIENCE`` times the
+timeout) exits with one line and status ``SERVER_GONE`` (3) when spawned locally, 1 under
+torchrun.
 
 Launch: ``asyngrad real SCENARIO --backend ps --workers K`` starts the server in that
 process and K trainer processes on loopback; on several machines each node runs
@@ -68,6 +70,7 @@ _POLL_S = 0.25  # how often a local server looks at its trainer processes
 #: server (whose receives from any source stall behind it) must be the one that times out
 #: and reports, not a healthy trainer that waited for its answer.
 TRAINER_PATIENCE = 2.0
+SERVER_GONE = 3  # a local trainer's exit status when it lost the server
 _HEADER = 5  # kind, sender rank, version read, compute ns, samples in the push; then samples
 DEFAULT_ADDR = "127.0.0.1"
 
@@ -101,6 +104,7 @@ class _Server:
     dtype: Any
     w: np.ndarray
     view: SerializedView
+    wait: datetime.timedelta = datetime.timedelta(seconds=60)  # every send and receive
     version: int = 0
     gradients: int = 0
     pushes: list[_Push] = field(default_factory=list)
@@ -133,13 +137,15 @@ def serve(problem: Problem, scenario: Scenario, trainers: int, timeout: float,
     every = scenario.metrics.every
     state = _Server(problem, scenario, trainers, np.dtype(dtype), w0.astype(dtype),
                     SerializedView(problem, scenario.run.lr, w0, scenario.run.updates, measure,
-                                   every, scenario.metrics.curve_points))
+                                   every, scenario.metrics.curve_points),
+                    datetime.timedelta(seconds=timeout))
     header = torch.zeros(_header_size(options.accumulate), dtype=torch.int64)
     step = torch.zeros(problem.dim, dtype=getattr(torch, dtype))
     wait = datetime.timedelta(seconds=timeout)
     origin = time.monotonic_ns()
     failure = None
     polled = time.monotonic()
+    heard = dict.fromkeys(range(1, trainers + 1), polled)  # rank: when it last sent anything
 
     def receive(tensor: Any, source: int | None = None) -> None:
         work: Any = dist.irecv(tensor, source)
@@ -147,9 +153,11 @@ def serve(problem: Problem, scenario: Scenario, trainers: int, timeout: float,
 
     try:
         while len(state.done) < trainers:
-            if dead is not None and time.monotonic() - polled > _POLL_S:
+            if time.monotonic() - polled > _POLL_S:
                 polled = time.monotonic()
-                if (failure := dead()) is not None:
+                failure = (dead() if dead is not None else None) or _silent(
+                    state, heard, polled, timeout)
+                if failure is not None:
                     break
             try:
                 receive(header)
@@ -161,10 +169,14 @@ def serve(problem: Problem, scenario: Scenario, trainers: int, timeout: float,
                            or _receive_failure(state, timeout, err, timed_out))
                 break
             kind, source, arrived = int(header[0]), int(header[1]), time.monotonic_ns()
+            heard[source] = time.monotonic()
             if kind == PULL:
                 _pull(state, source, arrived)
             elif kind == PUSH:
-                receive(step, source)
+                try:
+                    receive(step, source)
+                except RuntimeError as err:
+                    raise _PeerFailed(source, err, "sent no step after its push") from None
                 n = int(header[4])
                 push = _Push(source - 1, state.seq.get(source, 0),
                              [int(s) for s in header[_HEADER:_HEADER + n]],
@@ -179,9 +191,25 @@ def serve(problem: Problem, scenario: Scenario, trainers: int, timeout: float,
                 state.done.add(source)
                 if options.fraction > 0:
                     _close_round(state)
-    except RuntimeError as err:  # a connection closed under a send or receive
+    except _PeerFailed as err:  # one trainer stopped in the middle of an exchange
+        failure = (None if "Timed out" in str(err.cause) else _settled(dead)) or {
+            "worker": err.rank - 1, "reason": f"trainer {err.rank} {err.what} for "
+            f"{timeout:g} s ({_first_line(err.cause)})"}
+    except RuntimeError as err:  # a connection closed under a receive
         failure = {"worker": None, "reason": f"server: {_first_line(err)}"}
     return _trace(state, origin), failure
+
+
+def _silent(state: _Server, heard: dict[int, float], now: float,
+            timeout: float) -> dict[str, Any] | None:
+    """A trainer that has sent nothing for ``timeout`` seconds while others were served (it
+    hangs between messages; one waiting for its round's answer is not counted)."""
+    waiting = {source for source, _ in state.waiting}
+    for rank, last in heard.items():
+        if rank not in state.done and rank not in waiting and now - last > timeout:
+            return {"worker": rank - 1, "reason": f"trainer {rank} sent nothing for "
+                    f"{timeout:g} s while the others were served"}
+    return None
 
 
 def _settled(dead: Callable[[], dict[str, Any] | None] | None,
@@ -221,12 +249,28 @@ def _pull(state: _Server, source: int, arrived: int) -> None:
     _answer(state, source, arrived)
 
 
+class _PeerFailed(Exception):
+    """An exchange with trainer ``rank`` failed or timed out half way (it hangs, or it is
+    gone): ``what`` it did not do."""
+
+    def __init__(self, rank: int, cause: RuntimeError, what: str) -> None:
+        super().__init__(rank, cause, what)
+        self.rank, self.cause, self.what = rank, cause, what
+
+
 def _answer(state: _Server, source: int, arrived: int) -> None:
+    """Send the version and the vector to a trainer that pulled; a send waits at most the
+    receive timeout (gloo's sends wait for the receiver, so a hung trainer blocks them)."""
     import torch
     import torch.distributed as dist
 
-    dist.send(torch.tensor([state.version, 0], dtype=torch.int64), source)
-    dist.send(torch.from_numpy(state.w), source)
+    try:
+        for tensor in (torch.tensor([state.version, 0], dtype=torch.int64),
+                       torch.from_numpy(state.w)):
+            work: Any = dist.isend(tensor, source)
+            work.wait(state.wait)
+    except RuntimeError as err:
+        raise _PeerFailed(source, err, "took no parameters") from None
     state.pulled[source] = (arrived, time.monotonic_ns(), state.version)
 
 
@@ -421,7 +465,7 @@ def _trainer_main(rank: int, world: int, address: str, port: int, toml: str, dty
     except RuntimeError as err:
         print(f"asyngrad ps trainer {rank}: the server is gone ({_first_line(err)}); "
               "exiting", file=sys.stderr)
-        os._exit(1)
+        os._exit(SERVER_GONE)
     dist.destroy_process_group()
 
 
@@ -493,10 +537,11 @@ def run_ps(scenario: Scenario, trainers: int, dtype: str = "float32",
 
 
 def _dead_trainer(processes: list[Any]) -> dict[str, Any] | None:
-    """The first local trainer process that ended with a non-zero status, as a failure."""
+    """The first local trainer process that ended with a non-zero status, as a failure (one
+    that left because it lost the server is a consequence, not a cause)."""
     for rank, process in enumerate(processes, start=1):
         code = process.exitcode
-        if code not in (None, 0):
+        if code not in (None, 0, SERVER_GONE):
             return {"worker": rank - 1, "reason": f"trainer {rank} died (exit code {code})"}
     return None
 
