@@ -125,23 +125,20 @@ def instrumentation_ns(blocks: int, updates: int = 200_000) -> float:
     times, samples = shared(updates, 4), shared(updates)
     copy_end, store_end, progress = shared(updates, blocks), shared(updates, blocks), shared(1)
     clock = time.monotonic_ns
+    stamp = blocks > 1
     started = time.perf_counter_ns()
     for i in range(updates):
-        if blocks == 1:
-            read_start = clock()
-            read_end = clock()
-            grad_end = clock()
-            write_end = clock()
-        else:
-            row = i * blocks
-            read_start = clock()
-            for b in range(blocks):
+        row = i * blocks
+        read_start = clock()
+        for b in range(blocks):
+            if stamp:
                 copy_end[row + b] = clock()
-            read_end = clock()
-            grad_end = clock()
-            for b in range(blocks):
+        read_end = clock()
+        grad_end = clock()
+        for b in range(blocks):
+            if stamp:
                 store_end[row + b] = clock()
-            write_end = clock()
+        write_end = clock()
         j = 4 * i
         times[j], times[j + 1], times[j + 2], times[j + 3] = (read_start, read_end, grad_end,
                                                               write_end)
@@ -150,15 +147,12 @@ def instrumentation_ns(blocks: int, updates: int = 200_000) -> float:
     loop = time.perf_counter_ns() - started
     started = time.perf_counter_ns()
     for i in range(updates):
-        if blocks == 1:
+        row = i * blocks
+        for _b in range(blocks):
             pass
-        else:
-            row = i * blocks
-            for _b in range(blocks):
-                pass
-            for _b in range(blocks):
-                pass
-    empty = time.perf_counter_ns() - started  # the loop and branches the worker runs anyway
+        for _b in range(blocks):
+            pass
+    empty = time.perf_counter_ns() - started  # the loops the worker runs anyway
     return (loop - empty) / updates
 
 

@@ -54,7 +54,7 @@ from typing import Any
 
 import numpy as np
 
-from realrun.runner import _quotas, check_constant_lr
+from realrun.runner import DTYPES, _one_of, _quotas, check_constant_lr
 from realrun.worker import one_thread_each
 from simulator.errors import AsyngradError, ScenarioError
 from simulator.problems import Problem, make_problem
@@ -104,7 +104,7 @@ class _Server:
     dtype: Any
     w: np.ndarray
     view: SerializedView
-    wait: datetime.timedelta = datetime.timedelta(seconds=60)  # every send and receive
+    wait: datetime.timedelta  # the timeout of every send and receive
     version: int = 0
     gradients: int = 0
     pushes: list[_Push] = field(default_factory=list)
@@ -141,20 +141,18 @@ def serve(problem: Problem, scenario: Scenario, trainers: int, timeout: float,
                     datetime.timedelta(seconds=timeout))
     header = torch.zeros(_header_size(options.accumulate), dtype=torch.int64)
     step = torch.zeros(problem.dim, dtype=getattr(torch, dtype))
-    wait = datetime.timedelta(seconds=timeout)
-    origin = time.monotonic_ns()
+    origin = polled = time.monotonic_ns()
     failure = None
-    polled = time.monotonic()
-    heard = dict.fromkeys(range(1, trainers + 1), polled)  # rank: when it last sent anything
+    heard = dict.fromkeys(range(1, trainers + 1), origin)  # rank: when it last sent anything
 
     def receive(tensor: Any, source: int | None = None) -> None:
         work: Any = dist.irecv(tensor, source)
-        work.wait(wait)
+        work.wait(state.wait)
 
     try:
         while len(state.done) < trainers:
-            if time.monotonic() - polled > _POLL_S:
-                polled = time.monotonic()
+            if time.monotonic_ns() - polled > _POLL_S * 1e9:
+                polled = time.monotonic_ns()
                 failure = (dead() if dead is not None else None) or _silent(
                     state, heard, polled, timeout)
                 if failure is not None:
@@ -164,12 +162,12 @@ def serve(problem: Problem, scenario: Scenario, trainers: int, timeout: float,
             except RuntimeError as err:
                 # A closed connection: find the trainer that died. A timeout: the silence is
                 # the cause (gloo closes pairs when it times out, so trainers exit after it).
-                timed_out = "Timed out" in str(err)
+                timed_out = _timed_out(err)
                 failure = ((None if timed_out else _settled(dead))
                            or _receive_failure(state, timeout, err, timed_out))
                 break
             kind, source, arrived = int(header[0]), int(header[1]), time.monotonic_ns()
-            heard[source] = time.monotonic()
+            heard[source] = arrived
             if kind == PULL:
                 _pull(state, source, arrived)
             elif kind == PUSH:
@@ -192,7 +190,7 @@ def serve(problem: Problem, scenario: Scenario, trainers: int, timeout: float,
                 if options.fraction > 0:
                     _close_round(state)
     except _PeerFailed as err:  # one trainer stopped in the middle of an exchange
-        failure = (None if "Timed out" in str(err.cause) else _settled(dead)) or {
+        failure = (None if _timed_out(err.cause) else _settled(dead)) or {
             "worker": err.rank - 1, "reason": f"trainer {err.rank} {err.what} for "
             f"{timeout:g} s ({_first_line(err.cause)})"}
     except RuntimeError as err:  # a connection closed under a receive
@@ -200,16 +198,22 @@ def serve(problem: Problem, scenario: Scenario, trainers: int, timeout: float,
     return _trace(state, origin), failure
 
 
-def _silent(state: _Server, heard: dict[int, float], now: float,
+def _silent(state: _Server, heard: dict[int, int], now: int,
             timeout: float) -> dict[str, Any] | None:
-    """A trainer that has sent nothing for ``timeout`` seconds while others were served (it
-    hangs between messages; one waiting for its round's answer is not counted)."""
+    """A trainer that has sent nothing for ``timeout`` seconds (``heard`` and ``now`` in
+    monotonic ns) while others were served (it hangs between messages; one waiting for its
+    round's answer is not counted)."""
     waiting = {source for source, _ in state.waiting}
     for rank, last in heard.items():
-        if rank not in state.done and rank not in waiting and now - last > timeout:
+        if rank not in state.done and rank not in waiting and now - last > timeout * 1e9:
             return {"worker": rank - 1, "reason": f"trainer {rank} sent nothing for "
                     f"{timeout:g} s while the others were served"}
     return None
+
+
+def _timed_out(err: RuntimeError) -> bool:
+    """A gloo timeout, as opposed to a closed connection."""
+    return "Timed out" in str(err)
 
 
 def _settled(dead: Callable[[], dict[str, Any] | None] | None,
@@ -485,8 +489,7 @@ def run_ps(scenario: Scenario, trainers: int, dtype: str = "float32",
 
     if trainers < 1:
         raise ScenarioError("--workers", trainers, "must be >= 1")
-    if dtype not in ("float32", "float64"):
-        raise ScenarioError("--dtype", dtype, "must be one of float32, float64")
+    _one_of("--dtype", dtype, DTYPES)
     if timeout is not None and not timeout > 0:
         raise ScenarioError("--timeout", timeout, "must be > 0 seconds")
     timeout = 60.0 if timeout is None else timeout
@@ -585,8 +588,7 @@ def _node_main(argv: list[str] | None = None) -> int:
     try:
         if world < 2:
             raise ScenarioError("WORLD_SIZE", world, "must be >= 2 (a server and a trainer)")
-        if args.dtype not in ("float32", "float64"):
-            raise ScenarioError("--dtype", args.dtype, "must be one of float32, float64")
+        _one_of("--dtype", args.dtype, DTYPES)
         scenario = _ps_scenario(load_scenario(args.scenario, args.set), world - 1)
         check_constant_lr(scenario)
         problem = make_problem(scenario.problem)

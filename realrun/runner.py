@@ -101,6 +101,11 @@ def _host(w: Any) -> np.ndarray:
     return w.detach().to("cpu", torch.float64).numpy()
 
 
+def _one_of(name: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ScenarioError(name, value, f"must be one of {', '.join(allowed)}")
+
+
 def check_constant_lr(scenario: Scenario) -> None:
     """Real workers apply a constant learning rate (a schedule needs the global update count,
     which lock-free workers do not share)."""
@@ -179,10 +184,8 @@ def run_real(scenario: Scenario, workers: int, mode: str, dtype: str = "float32"
     """
     import torch
 
-    if mode not in MODES:
-        raise ScenarioError("--mode", mode, f"must be one of {', '.join(MODES)}")
-    if dtype not in DTYPES:
-        raise ScenarioError("--dtype", dtype, f"must be one of {', '.join(DTYPES)}")
+    _one_of("--mode", mode, MODES)
+    _one_of("--dtype", dtype, DTYPES)
     if workers < 1:
         raise ScenarioError("--workers", workers, "must be >= 1")
     if timeout is not None and not timeout > 0:
@@ -191,10 +194,8 @@ def run_real(scenario: Scenario, workers: int, mode: str, dtype: str = "float32"
         raise ScenarioError("--measure-every", measure_every, "must be >= 1")
     if launch is None:
         launch = "processes" if device == "cpu" else CUDA_LAUNCH
-    if launch not in LAUNCHES:
-        raise ScenarioError("--launch", launch, f"must be one of {', '.join(LAUNCHES)}")
-    if pattern not in PATTERNS:
-        raise ScenarioError("--pattern", pattern, f"must be one of {', '.join(PATTERNS)}")
+    _one_of("--launch", launch, LAUNCHES)
+    _one_of("--pattern", pattern, PATTERNS)
     if accumulate < 1:
         raise ScenarioError("--accumulate", accumulate, "must be >= 1")
     check_constant_lr(scenario)

@@ -121,6 +121,7 @@ def _loop(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any, go: A
     progress, rank = _flat(buffers.progress), spec.rank
     bounds = block_bounds(problem.dim, scenario.run.blocks)
     blocks = len(bounds) - 1
+    stamp = blocks > 1  # one block's copy and store end with the read and the write
     stream = sample_stream(scenario.run.seed, spec.workers, spec.rank, problem.n_samples)
     local = np.zeros(problem.dim)
     lr, clock = scenario.run.lr, time.monotonic_ns
@@ -135,38 +136,25 @@ def _loop(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any, go: A
         ops = dense if dense is not None else block_ops(bounds, problem.support(sample))
         if lock is not None:
             lock.acquire()
-        if blocks == 1:  # one block: its copy and store end with the read and the write
-            block, index, values, _ = ops[0]
-            read_start = clock()
+        row = i * blocks
+        read_start = clock()
+        for block, index, _, _ in ops:
             local[index] = w[index]
-            read_end = clock()
-            step, support = problem.grad(local, sample)
-            step *= lr
-            grad_end = clock()
+            if stamp:
+                copy_end[row + block] = clock()
+        read_end = clock()
+        step, support = problem.grad(local, sample)
+        step *= lr
+        grad_end = clock()
+        for block, index, values, _ in ops:
             if block_locks is None:
                 w[index] -= step[values]
             else:
-                with block_locks[0]:
+                with block_locks[block]:
                     w[index] -= step[values]
-            write_end = clock()
-        else:
-            row = i * blocks
-            read_start = clock()
-            for block, index, _, _ in ops:
-                local[index] = w[index]
-                copy_end[row + block] = clock()
-            read_end = clock()
-            step, support = problem.grad(local, sample)
-            step *= lr
-            grad_end = clock()
-            for block, index, values, _ in ops:
-                if block_locks is None:
-                    w[index] -= step[values]
-                else:
-                    with block_locks[block]:
-                        w[index] -= step[values]
+            if stamp:
                 store_end[row + block] = clock()
-            write_end = clock()
+        write_end = clock()
         if lock is not None:
             lock.release()
         if steps is not None:  # outside the timed phases

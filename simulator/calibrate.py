@@ -134,6 +134,12 @@ def operation_samples(trace: Trace, scenario: Scenario,
     return out
 
 
+def _pooled(samples: dict[int, dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """Every worker's samples of each operation together."""
+    return {op: np.concatenate([ops[op] for ops in samples.values()])
+            for op in ("read", "grad", "write", "idle")}
+
+
 def _overlaps(starts: np.ndarray, ends: np.ndarray, owners: np.ndarray) -> np.ndarray:
     """For each interval, how many intervals of other owners overlap its midpoint."""
     mid = (starts + ends) / 2
@@ -193,8 +199,7 @@ def calibrate(run_dir: str | Path, pool: bool = False, cores: int = 0,
     together = running_together(trace)
     samples = operation_samples(trace, scenario, together)
     if pool:
-        samples = {-1: {op: np.concatenate([ops[op] for ops in samples.values()])
-                        for op in ("read", "grad", "write", "idle")}}
+        samples = {-1: _pooled(samples)}
     devices, report = [], {}
     for worker, ops in samples.items():
         fits = {op: fit_durations(values) for op, values in ops.items()}
@@ -266,11 +271,11 @@ def calibrate_counts(run_dirs: list[str | Path], cores: int = 0,
         if scenario.problem != base.problem or scenario.run.blocks != base.run.blocks:
             raise AsyngradError(f"calibrate: {path} trains another problem or block count "
                                 f"than {base_path}")
-    pooled = []
+    pooled, fitted_rows = [], 0
     for _, trace, scenario in loaded:
-        per_worker = operation_samples(trace, scenario, running_together(trace))
-        pooled.append({op: np.concatenate([ops[op] for ops in per_worker.values()])
-                       for op in ("read", "grad", "write", "idle")})
+        together = running_together(trace)
+        fitted_rows += int(together.size)
+        pooled.append(_pooled(operation_samples(trace, scenario, together)))
     k = np.asarray(counts, dtype=np.float64) - 1
     contention: dict[str, Any] = {}
     timing: dict[str, Any] = {}
@@ -293,7 +298,7 @@ def calibrate_counts(run_dirs: list[str | Path], cores: int = 0,
     return calibrated, {"source": loaded[0][1].source, "run": ", ".join(str(d) for d in
                                                                        run_dirs),
                         "fits": {f"all workers at k = {counts[0]}": fits},
-                        "rows_fitted": sum(int(running_together(t).size) for _, t, _ in loaded),
+                        "rows_fitted": fitted_rows,
                         "rows": sum(len(t) for _, t, _ in loaded), "worker_counts": counts,
                         "contention": contention}
 

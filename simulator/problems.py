@@ -262,11 +262,10 @@ class LogisticProblem(Problem):
         rng = np.random.default_rng(seed)
         X = rng.standard_normal((n_samples, dim))
         w_true = rng.standard_normal(dim) * (3.0 / math.sqrt(dim))
-        p = 1.0 / (1.0 + np.exp(-(X @ w_true)))
-        y = np.where(rng.random(n_samples) < p, 1.0, -1.0)
+        y = _logistic_labels(rng, X @ w_true)
         held = np.random.default_rng([seed, HELD_OUT])
         Xh = held.standard_normal((max(1, n_samples // 4), dim))
-        yh = np.where(held.random(len(Xh)) < 1.0 / (1.0 + np.exp(-(Xh @ w_true))), 1.0, -1.0)
+        yh = _logistic_labels(held, Xh @ w_true)
         return cls(X, y, l2, (Xh, yh))
 
     @classmethod
@@ -324,6 +323,12 @@ class LogisticProblem(Problem):
         return torch.nn.functional.softplus(-margin) + 0.5 * self.l2 * (w @ w)
 
 
+def _logistic_labels(rng: np.random.Generator, margins: np.ndarray) -> np.ndarray:
+    """±1 labels drawn from a logistic model: P(y = 1) = 1/(1 + exp(−margin))."""
+    p = 1.0 / (1.0 + np.exp(-margins))
+    return np.where(rng.random(len(margins)) < p, 1.0, -1.0)
+
+
 def _sign_accuracy(X: Any, y: np.ndarray, w: np.ndarray) -> float:
     return float(np.mean(np.where(X @ w >= 0, 1.0, -1.0) == y))
 
@@ -369,8 +374,7 @@ class SparseLogisticProblem(Problem):
             (vals.ravel(), cols.ravel(), np.arange(0, n_samples * self.nnz + 1, self.nnz)),
             shape=(n_samples, dim))
         w_true = rng.standard_normal(dim) * (3.0 / math.sqrt(self.nnz))
-        p = 1.0 / (1.0 + np.exp(-(self.X @ w_true)))
-        self.y = np.where(rng.random(n_samples) < p, 1.0, -1.0)
+        self.y = _logistic_labels(rng, self.X @ w_true)
         held = np.random.default_rng([seed, HELD_OUT])
         m = max(1, n_samples // 4)
         held_cols = np.sort([held.choice(dim, self.nnz, replace=False) for _ in range(m)],
@@ -378,7 +382,7 @@ class SparseLogisticProblem(Problem):
         Xh = scipy.sparse.csr_matrix(
             (held.standard_normal(m * self.nnz), held_cols.ravel(),
              np.arange(0, m * self.nnz + 1, self.nnz)), shape=(m, dim))
-        yh = np.where(held.random(m) < 1.0 / (1.0 + np.exp(-(Xh @ w_true))), 1.0, -1.0)
+        yh = _logistic_labels(held, Xh @ w_true)
         self.held = (Xh, yh)
         self._y = self.y.tolist()
         counts = np.bincount(cols.ravel(), minlength=dim)
@@ -562,9 +566,11 @@ class MLPProblem(LocalOptimumProblem):
             _axpy(w, g, a=self.l2)
         return g, None
 
-    def _batch(self, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _batch(self, w: np.ndarray, X: np.ndarray | None = None,
+               ) -> tuple[np.ndarray, np.ndarray]:
+        """Hidden activations and logits of every row of ``X`` (default: the training data)."""
         W1, b1, W2, b2 = self._unpack(w)
-        h = np.tanh(self.X @ W1.T + b1)
+        h = np.tanh((self.X if X is None else X) @ W1.T + b1)
         return h, h @ W2.T + b2
 
     def accuracy(self, w: np.ndarray) -> float | None:
@@ -573,9 +579,8 @@ class MLPProblem(LocalOptimumProblem):
     def held_out_accuracy(self, w: np.ndarray) -> float | None:
         if self.held is None:
             return None
-        W1, b1, W2, b2 = self._unpack(w)
         X, y = self.held
-        return float(np.mean((np.tanh(X @ W1.T + b1) @ W2.T + b2).argmax(axis=1) == y))
+        return float(np.mean(self._batch(w, X)[1].argmax(axis=1) == y))
 
     def full_loss(self, w: np.ndarray) -> float:
         _, z = self._batch(w)

@@ -196,9 +196,9 @@ def test_a_trainer_silent_while_others_are_served_is_named():
     from realrun.ps import _silent
 
     state = SimpleNamespace(done={3}, waiting=[(2, 0)])
-    heard = {1: 0.0, 2: 0.0, 3: 0.0}
-    assert _silent(state, heard, 4.9, 5.0) is None
-    assert _silent(state, heard, 5.1, 5.0) == {
+    heard = {1: 0, 2: 0, 3: 0}
+    assert _silent(state, heard, 4_900_000_000, 5.0) is None
+    assert _silent(state, heard, 5_100_000_000, 5.0) == {
         "worker": 0, "reason": "trainer 1 sent nothing for 5 s while the others were served"}
-    heard[1] = 5.0
-    assert _silent(state, heard, 5.1, 5.0) is None
+    heard[1] = 5_000_000_000
+    assert _silent(state, heard, 5_100_000_000, 5.0) is None

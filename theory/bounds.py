@@ -37,12 +37,19 @@ from typing import Any
 import numpy as np
 import scipy.sparse
 
-from simulator.errors import AsyngradError, ScenarioError
+from simulator.errors import AsyngradError
 from simulator.problems import Problem, make_problem
 from simulator.scenario import Scenario, with_overrides
 from simulator.trace import Trace
 from theory.asyngrad import InfeasibleError
-from theory.check import _mean_and_bounds, _runs, pilot_runs
+from theory.check import (
+    _mean_and_bounds,
+    _runs,
+    check_counts,
+    pilot_runs,
+    suboptimality,
+    validation_runs,
+)
 from theory.estimators import curvature, initial_distance
 from theory.hogwild import HogwildConstants, check_theta, lag_factor, step_size, updates
 from theory.langford import (
@@ -111,21 +118,6 @@ def delay_and_gradient_bound(traces: Sequence[Trace]) -> tuple[int, float]:
     return tau, float(values.max())
 
 
-def _suboptimality(runs: list[Trace], problem: Problem, eps: float,
-                   planned: int) -> dict[str, Any]:
-    checkpoints = runs[0]["curve_t"]
-    subopt = np.array([r["curve_loss"] - problem.optimum()[1] for r in runs])
-    mean, half, upper = _mean_and_bounds(subopt)
-    below = np.flatnonzero(mean <= eps)
-    return {
-        "checkpoints": checkpoints.tolist(), "mean": mean.tolist(), "half_width": half.tolist(),
-        "upper": upper.tolist(), "envelope": None,
-        "final_mean": float(mean[-1]), "final_upper": float(upper[-1]),
-        "reached_eps_at": int(checkpoints[below[0]]) if below.size else None,
-        "tightness": float(checkpoints[below[0]]) / planned if below.size and planned else None,
-    }
-
-
 def check_hogwild(scenario: Scenario, eps: float, seeds: int, theta: float = 0.5,
                   pilot_seeds: int = 3, max_updates: int = 200_000, rounds: int = 3,
                   progress: Callable[[int], object] | None = None,
@@ -135,7 +127,7 @@ def check_hogwild(scenario: Scenario, eps: float, seeds: int, theta: float = 0.5
     Raises:
         ScenarioError: ε, ϑ, seeds, pilot seeds, max_updates or rounds out of range.
     """
-    _counts(seeds, pilot_seeds, max_updates, rounds)
+    check_counts(seeds, pilot_seeds, max_updates, rounds)
     check_theta(eps, theta)
     problem = problem if problem is not None else make_problem(scenario.problem)
     curv = curvature(problem)
@@ -176,12 +168,8 @@ def check_hogwild(scenario: Scenario, eps: float, seeds: int, theta: float = 0.5
             break
         ran = max(min(planned, max_updates), 1)
         entry.update(gamma=gamma, updates=planned, ran_updates=ran)
-        every = max(1, ran * seeds // 20_000)
-        runs = _runs(scenario, problem, [f"run.lr={gamma!r}", f"run.updates={ran}",
-                                         "metrics.exact=true", f"metrics.every={every}",
-                                         "metrics.curve_points=100"], range(seeds), progress)
-        entry["validation"] = result["validation"] = _suboptimality(runs, problem, eps,
-                                                                    planned)
+        runs = validation_runs(scenario, problem, gamma, ran, seeds, progress)
+        entry["validation"] = result["validation"] = suboptimality(runs, problem, eps, planned)
         seen_tau, seen_m = delay_and_gradient_bound(runs)
         entry["measured"] = {"tau": seen_tau, "M": seen_m}
         entry["assumptions_held"] = seen_tau <= tau and seen_m <= M
@@ -193,13 +181,6 @@ def check_hogwild(scenario: Scenario, eps: float, seeds: int, theta: float = 0.5
     result["guarantee"] = bool(last.get("assumptions_held"))
     result["verdict"] = _hogwild_verdict(result, eps)
     return result
-
-
-def _counts(seeds: int, pilot_seeds: int, max_updates: int, rounds: int) -> None:
-    for name, value, low in (("--seeds", seeds, 2), ("--pilot-seeds", pilot_seeds, 1),
-                             ("--max-updates", max_updates, 1), ("--rounds", rounds, 1)):
-        if value < low:
-            raise ScenarioError(name, value, f"must be >= {low}")
 
 
 def _hogwild_verdict(result: dict[str, Any], eps: float) -> str:
@@ -251,8 +232,13 @@ def _regret_runs(scenario: Scenario, problem: Problem, lr: float, schedule: str,
     f_star = problem.optimum()[1]
     regrets = np.array([expected_regret(r, f_star, tau) for r in runs])
     _, L = delay_and_gradient_bound(runs)
-    radius = math.sqrt(max(float(r["curve_dist2"].max()) for r in runs))
-    return regrets, L, math.sqrt(2.0) * radius
+    return regrets, L, _domain_size(runs)
+
+
+def _domain_size(traces: Sequence[Trace]) -> float:
+    """F of the ball X = B(w*, r) holding every iterate of ``traces`` (r the largest distance
+    to w* on their loss curves): max ½‖x − x'‖² over X is 2r², so F = √2·r."""
+    return math.sqrt(2.0) * math.sqrt(max(float(t["curve_dist2"].max()) for t in traces))
 
 
 def check_langford(scenario: Scenario, seeds: int, pilot_seeds: int = 3,
@@ -263,7 +249,7 @@ def check_langford(scenario: Scenario, seeds: int, pilot_seeds: int = 3,
     Raises:
         ScenarioError: seeds < 2 or pilot seeds < 1.
     """
-    _counts(seeds, pilot_seeds, 1, 1)
+    check_counts(seeds, pilot_seeds, 1, 1)
     scenario = with_overrides(scenario, ["run.protocol=roundrobin", "run.lr_schedule=constant"])
     problem = problem if problem is not None else make_problem(scenario.problem)
     tau = scenario.run.threads - 1
@@ -283,21 +269,20 @@ def check_langford(scenario: Scenario, seeds: int, pilot_seeds: int = 3,
         return result
     pilot = pilot_runs(scenario, problem, pilot_seeds, progress)
     _, L0 = delay_and_gradient_bound(pilot)
-    r0 = math.sqrt(max(float(t["curve_dist2"].max()) for t in pilot))
-    sigma = optimal_sigma(L0, math.sqrt(2.0) * r0, tau)
-    result["pilot"] = {"L": L0, "F": math.sqrt(2.0) * r0, "sigma": sigma}
-    plans = [("1_convex", sigma, "inv_sqrt")]
+    F0 = _domain_size(pilot)
+    sigma = optimal_sigma(L0, F0, tau)
+    result["pilot"] = {"L": L0, "F": F0, "sigma": sigma}
+    # Each theorem: its name, lr, schedule, and its bound at horizon t for the runs' L and F.
+    plans: list[tuple[str, float, str, Callable[[float, float, float], float]]] = [
+        ("1_convex", sigma, "inv_sqrt", lambda L, F, t: convex_regret(L, F, tau, t, sigma))]
     if lam is not None and lam > 0:
-        plans.append(("2_strongly_convex", 1.0 / lam, "inverse"))
-    for name, lr, schedule in plans:
+        strong = lam
+        plans.append(("2_strongly_convex", 1.0 / strong, "inverse",
+                      lambda L, F, t: strongly_convex_regret(L, F, tau, t, strong)))
+    horizon = np.arange(T + 1, dtype=np.float64)
+    for name, lr, schedule, regret_bound in plans:
         regrets, L, F = _regret_runs(scenario, problem, lr, schedule, seeds, tau, progress)
-        horizon = np.arange(T + 1, dtype=np.float64)
-        if name == "1_convex":
-            bound = np.array([convex_regret(L, F, tau, max(t, 1.0), sigma) for t in horizon])
-        else:
-            assert lam is not None
-            bound = np.array([strongly_convex_regret(L, F, tau, max(t, 1.0), lam)
-                              for t in horizon])
+        bound = np.array([regret_bound(L, F, max(t, 1.0)) for t in horizon])
         mean, half, upper = _mean_and_bounds(regrets)
         entry: dict[str, Any] = {
             "lr": lr, "schedule": schedule, "L": L, "F": F,

@@ -39,7 +39,8 @@ from theory.asyngrad import (
 )
 from theory.estimators import Estimate, curvature, initial_distance, serialized_constants
 
-__all__ = ["PILOT_SEED", "check_theorem", "pilot_runs"]
+__all__ = ["PILOT_SEED", "check_counts", "check_theorem", "pilot_runs", "suboptimality",
+           "validation_runs"]
 
 PILOT_SEED = 1_000_000  # pilot runs use seeds from here, so they never reuse a validation seed
 
@@ -75,32 +76,59 @@ def _mean_and_bounds(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.nda
             mean + float(scipy.stats.t.ppf(0.95, n - 1)) * spread)
 
 
+def validation_runs(scenario: Scenario, problem: Problem, lr: float, ran: int, seeds: int,
+                    progress: Callable[[int], object] | None) -> list[Trace]:
+    """``seeds`` runs at ``lr`` for ``ran`` updates (seeds 0..), measured at most 20,000
+    times in all, each with a 100-point loss curve."""
+    every = max(1, ran * seeds // 20_000)
+    return _runs(scenario, problem, [f"run.lr={lr!r}", f"run.updates={max(ran, 1)}",
+                                     "metrics.exact=true", f"metrics.every={every}",
+                                     "metrics.curve_points=100"], range(seeds), progress)
+
+
+def suboptimality(runs: list[Trace], problem: Problem, eps: float,
+                  planned: int) -> dict[str, Any]:
+    """Mean f(w_t) − f* over the runs at their checkpoints, its 95% band and one-sided upper
+    bound, and when the mean first fell to ``eps`` (also as a share of ``planned``)."""
+    checkpoints = runs[0]["curve_t"]
+    f_star = problem.optimum()[1]
+    mean, half, upper = _mean_and_bounds(np.array([r["curve_loss"] - f_star for r in runs]))
+    below = np.flatnonzero(mean <= eps)
+    return {
+        "checkpoints": checkpoints.tolist(), "mean": mean.tolist(), "half_width": half.tolist(),
+        "upper": upper.tolist(), "envelope": None,
+        "final_mean": float(mean[-1]), "final_upper": float(upper[-1]),
+        "reached_eps_at": int(checkpoints[below[0]]) if below.size else None,
+        "tightness": float(checkpoints[below[0]]) / planned if below.size and planned else None,
+    }
+
+
+def check_counts(seeds: int, pilot_seeds: int, max_updates: int, rounds: int) -> None:
+    """Raise ScenarioError unless seeds >= 2 and the others >= 1."""
+    for name, value, low in (("--seeds", seeds, 2), ("--pilot-seeds", pilot_seeds, 1),
+                             ("--max-updates", max_updates, 1), ("--rounds", rounds, 1)):
+        if value < low:
+            raise ScenarioError(name, value, f"must be >= {low}")
+
+
 def _validate(scenario: Scenario, problem: Problem, k: Constants, gamma: float, t: int,
               ran: int, seeds: int, eps: float,
               progress: Callable[[int], object] | None) -> tuple[dict[str, Any], list[Trace]]:
-    """Monte Carlo over ``seeds`` runs at lr = γ for ``ran`` updates."""
-    every = max(1, ran * seeds // 20_000)
-    runs = _runs(scenario, problem, [f"run.lr={gamma!r}", f"run.updates={max(ran, 1)}",
-                                     "metrics.exact=true", f"metrics.every={every}",
-                                     "metrics.curve_points=100"], range(seeds), progress)
+    """Monte Carlo over ``seeds`` runs at lr = γ for ``ran`` updates, with the (q/2)·bound
+    envelope of the recursion and whether the mean a_t stayed under its bound."""
+    runs = validation_runs(scenario, problem, gamma, ran, seeds, progress)
+    result = suboptimality(runs, problem, eps, t)
     checkpoints = runs[0]["curve_t"]
-    f_star = problem.optimum()[1]
-    subopt = np.array([r["curve_loss"] - f_star for r in runs])
     mean_dist2 = np.array([r["curve_dist2"] for r in runs]).mean(axis=0)
-    mean, half, upper = _mean_and_bounds(subopt)
-    below = np.flatnonzero(mean <= eps)
     bound = (recursion_bound(k, gamma, int(checkpoints[-1]))[checkpoints]
              if k.c * gamma < 1 else None)
-    return {
-        "checkpoints": checkpoints.tolist(), "mean": mean.tolist(), "half_width": half.tolist(),
-        "upper": upper.tolist(), "mean_dist2": mean_dist2.tolist(),
+    result.update({
+        "mean_dist2": mean_dist2.tolist(),
         "envelope": None if bound is None else (k.q / 2 * bound).tolist(),
-        "final_mean": float(mean[-1]), "final_upper": float(upper[-1]),
-        "reached_eps_at": int(checkpoints[below[0]]) if below.size else None,
-        "tightness": float(checkpoints[below[0]]) / t if below.size and t else None,
         "a_t_within_bound": (None if bound is None
                              else bool(np.all(mean_dist2 <= bound * (1 + 1e-9)))),
-    }, runs
+    })
+    return result, runs
 
 
 def check_theorem(scenario: Scenario, eps: float, seeds: int, beta: float = 1.0,
@@ -117,10 +145,7 @@ def check_theorem(scenario: Scenario, eps: float, seeds: int, beta: float = 1.0,
     Raises:
         ScenarioError: ε, β, seeds, pilot seeds, max_updates or rounds out of range.
     """
-    for name, value, low in (("--seeds", seeds, 2), ("--pilot-seeds", pilot_seeds, 1),
-                             ("--max-updates", max_updates, 1), ("--rounds", rounds, 1)):
-        if value < low:
-            raise ScenarioError(name, value, f"must be >= {low}")
+    check_counts(seeds, pilot_seeds, max_updates, rounds)
     check_accuracy(eps, beta)
     problem = problem if problem is not None else make_problem(scenario.problem)
     curv = curvature(problem)
