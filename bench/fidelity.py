@@ -9,7 +9,7 @@ of the simulation-vs-hardware table in bench/README.md (mean staleness gap, KS d
 gradient error rate gap, final suboptimality ratio, throughput).
 
     python bench/fidelity.py --calibrate 2 --predict 4,8,16 --cores 16
-    python bench/fidelity.py --calibrate 1,2 --predict 2,3 --cores 2 --quantum 1000000
+    python bench/fidelity.py --calibrate 1,2 --predict 2,3 --cores 2 --quantum auto
 """
 
 from __future__ import annotations
@@ -44,7 +44,9 @@ def main() -> None:
     parser.add_argument("--calibrate", type=_ints, default=[2], help="worker counts to fit")
     parser.add_argument("--predict", type=_ints, default=[4, 8, 16], help="counts to predict")
     parser.add_argument("--cores", type=int, default=os.cpu_count() or 1)
-    parser.add_argument("--quantum", type=int, default=0, help="time slice (ns), 0: none")
+    parser.add_argument("--quantum", default="0",
+                        help="time slice (ns; 0: none; auto: measure this machine's)")
+    parser.add_argument("--slicing", default="per_core", help="per_core or global")
     parser.add_argument("--updates", type=int, default=20_000)
     parser.add_argument("--mode", default="lockfree")
     parser.add_argument("--set", action="append", default=[], help="scenario overrides")
@@ -56,7 +58,7 @@ def main() -> None:
     overrides = [v for o in [f"run.updates={args.updates}", *args.set] for v in ("--set", o)]
     print(f"# {time.strftime('%Y-%m-%d')}, {platform.machine()}, {os.cpu_count()} cores, "
           f"{args.mode}, {args.updates:,} updates, calibrated with --pool --cores {args.cores}"
-          f" --quantum {args.quantum}")
+          f" --quantum {args.quantum} --slicing {args.slicing}")
     for k in sorted(set(args.calibrate) | set(args.predict)):
         _run("real", "--workers", str(k), "--mode", args.mode, "--dtype", "float64",
              "--measure", "--out", str(work / f"real{k}"), "--quiet", *overrides)
@@ -73,7 +75,7 @@ def main() -> None:
     for k, sources in plans:
         calibrated = work / f"cal{k}.toml"
         _run("calibrate", *sources, "--out", str(calibrated), "--cores", str(args.cores),
-             "--quantum", str(args.quantum), "--quiet")
+             "--quantum", args.quantum, "--slicing", args.slicing, "--quiet")
         for target in args.predict:
             sim, report = work / f"sim{k}_{target}", work / f"cmp{k}_{target}"
             _run("simulate", str(calibrated), "--set", f"run.threads={target}", "--out",

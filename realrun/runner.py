@@ -203,9 +203,10 @@ def run_real(scenario: Scenario, workers: int, mode: str, dtype: str = "float32"
     torch_path = device != "cpu" or launch == "threads" or accumulate > 1
     workers = 1 if mode == "serial" else workers
     # The embedded scenario states the closest simulator semantics: a per-block lock makes each
-    # block's read-modify-write atomic (atomic_add); the whole-update lock is `locked`.
+    # block's read-modify-write atomic (atomic_add); the whole-update lock is `locked`; each
+    # worker makes a fixed share of the updates (split = even).
     protocol = {"blocklock": "lockfree"}.get(mode, mode)
-    overrides = [f"run.threads={workers}", f"run.protocol={protocol}"]
+    overrides = [f"run.threads={workers}", f"run.protocol={protocol}", "run.split=even"]
     if mode == "blocklock":
         overrides.append("run.write_mode=atomic_add")
     scenario = with_overrides(scenario, overrides)

@@ -40,7 +40,12 @@ from simulator.distributions import Duration
 from simulator.errors import AsyngradError, TraceError
 from simulator.memory import block_bounds
 from simulator.problems import make_problem
-from simulator.scenario import DeviceSpec, Scenario, TimingSpec, scenario_from_dict
+from simulator.scenario import (
+    DeviceSpec,
+    Scenario,
+    TimingSpec,
+    scenario_from_dict,
+)
 from simulator.trace import Trace
 
 __all__ = ["Fit", "calibrate", "calibrate_counts", "fit_durations", "operation_samples"]
@@ -183,13 +188,14 @@ def contention(trace: Trace, rows: np.ndarray) -> dict[str, Any]:
 
 
 def calibrate(run_dir: str | Path, pool: bool = False, cores: int = 0,
-              quantum: int = 0) -> tuple[Scenario, dict[str, Any]]:
+              quantum: int = 0, slicing: str = "per_core") -> tuple[Scenario, dict[str, Any]]:
     """The calibrated scenario of a run directory and the fit report.
 
     ``pool`` fits one timing to all workers together and puts every thread on one device
     with ``cores`` cores (0: one per thread): the form to predict other worker counts on the
     same machine, where threads beyond the cores time-share them (per action, or in time
-    slices of ``quantum`` ns as an OS scheduler does).
+    slices of ``quantum`` ns as an OS scheduler does, rotating per core or over all cores
+    as ``slicing`` says).
 
     Raises:
         AsyngradError: not a run directory, an unreadable trace, or fewer than 2 updates.
@@ -208,7 +214,7 @@ def calibrate(run_dir: str | Path, pool: bool = False, cores: int = 0,
         timing = TimingSpec(read=fits["read"].duration, grad=fits["grad"].duration,
                             write=fits["write"].duration, idle=fits["idle"].duration)
         devices.append(DeviceSpec(name=name.replace(" ", ""), cores=cores, quantum=quantum,
-                                  timing=timing))
+                                  slicing=slicing, timing=timing))
     # The recorded durations already contain stragglers and network links: drop them.
     calibrated = replace(scenario, name=f"{scenario.name}-calibrated", devices=tuple(devices),
                          inject=replace(scenario.inject, stragglers=()))
@@ -241,8 +247,8 @@ def _scaled(duration: Duration, factor: float) -> Duration:
                    low=float(duration.low) / factor, high=float(duration.high) / factor)
 
 
-def calibrate_counts(run_dirs: list[str | Path], cores: int = 0,
-                     quantum: int = 0) -> tuple[Scenario, dict[str, Any]]:
+def calibrate_counts(run_dirs: list[str | Path], cores: int = 0, quantum: int = 0,
+                     slicing: str = "per_core") -> tuple[Scenario, dict[str, Any]]:
     """One pooled timing fitted from runs of one problem at two or more worker counts, with
     the contention between them as a slowdown per other worker.
 
@@ -252,7 +258,7 @@ def calibrate_counts(run_dirs: list[str | Path], cores: int = 0,
     least 0) is the scenario's ``*_per_thread`` and the distribution is the one fitted on
     the fewest-worker run with its draws divided by 1 + x·(k_min − 1), i.e. one worker
     alone. Everything lands on one device with ``cores`` cores (0: one per thread) and
-    time slices of ``quantum`` ns.
+    time slices of ``quantum`` ns (``slicing`` as in :func:`calibrate`).
 
     Raises:
         AsyngradError: fewer than two runs, a repeated worker count, runs of different
@@ -291,7 +297,7 @@ def calibrate_counts(run_dirs: list[str | Path], cores: int = 0,
         contention[op] = {"per_thread": per_thread, "alone_ns": float(intercept),
                           "means_ns": {str(c): float(m) for c, m in zip(counts, means,
                                                                           strict=True)}}
-    device = DeviceSpec(name="allworkers", cores=cores, quantum=quantum,
+    device = DeviceSpec(name="allworkers", cores=cores, quantum=quantum, slicing=slicing,
                         timing=TimingSpec(**timing))
     calibrated = replace(base, name=f"{base.name}-calibrated", devices=(device,),
                          inject=replace(base.inject, stragglers=()))
@@ -316,6 +322,8 @@ def calibrated_toml(scenario: Scenario, report: dict[str, Any]) -> str:
     for worker, fits in report["fits"].items():
         for op, text in fits.items():
             lines.append(f"#   {worker} {op}: {text}")
+    if "time_slice" in report:
+        lines.append(f"#   time slice: {report['time_slice']}")
     for phase, fit in report["contention"].items():
         if fit is not None and "per_thread" in fit:
             means = ", ".join(f"k = {k}: {m:.4g} ns" for k, m in fit["means_ns"].items())

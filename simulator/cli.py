@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from simulator.errors import AsyngradError, ScenarioError
+from simulator.scenario import SLICINGS
 
 __all__ = ["main"]
 
@@ -456,6 +457,23 @@ def _compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _quantum(text: str) -> tuple[int, str]:
+    """``--quantum``: ns, or ``auto`` to measure this machine's time slice (and say how)."""
+    if text == "auto":
+        from realrun.timeslice import measure_time_slice
+
+        quantum, seen = measure_time_slice()
+        return quantum, (f"{quantum / 1e6:.3g} ms, measured on this machine ({seen} turns "
+                         "of two processes pinned to one core)")
+    try:
+        quantum = int(text)
+    except ValueError:
+        raise ScenarioError("--quantum", text, "must be ns (an integer) or auto") from None
+    if quantum < 0:
+        raise ScenarioError("--quantum", quantum, "must be >= 0 ns")
+    return quantum, ""
+
+
 def _calibrate(args: argparse.Namespace) -> int:
     from simulator.calibrate import MARKER, calibrate, calibrate_counts, calibrated_toml
 
@@ -465,12 +483,14 @@ def _calibrate(args: argparse.Namespace) -> int:
                             "choose a new file name")
     if args.cores < 0:
         raise ScenarioError("--cores", args.cores, "must be >= 0 (0: one per thread)")
-    if args.quantum < 0:
-        raise ScenarioError("--quantum", args.quantum, "must be >= 0 ns")
+    quantum, measured = _quantum(args.quantum)
     if len(args.run_dir) > 1:
-        scenario, report = calibrate_counts(args.run_dir, args.cores, args.quantum)
+        scenario, report = calibrate_counts(args.run_dir, args.cores, quantum, args.slicing)
     else:
-        scenario, report = calibrate(args.run_dir[0], args.pool, args.cores, args.quantum)
+        scenario, report = calibrate(args.run_dir[0], args.pool, args.cores, quantum,
+                                     args.slicing)
+    if measured:
+        report["time_slice"] = measured
     text = calibrated_toml(scenario, report)
     staging = out.parent / f".{out.name}.partial-{os.getpid()}"
     try:
@@ -827,9 +847,14 @@ def _parser() -> argparse.ArgumentParser:
     cal.add_argument("--cores", type=int, default=0,
                      help="with --pool: the machine's cores, shared by the threads (0: one "
                           "per thread)")
-    cal.add_argument("--quantum", type=int, default=0, metavar="NS",
+    cal.add_argument("--quantum", default="0", metavar="NS",
                      help="with --cores: threads beyond the cores run in OS-like time slices "
-                          "of NS ns (0: they take turns per action)")
+                          "of NS ns (0: they take turns per action; auto: measure this "
+                          "machine's slice)")
+    cal.add_argument("--slicing", choices=SLICINGS, default="per_core",
+                     help="time slices per core (each thread stays on one core, as Linux "
+                          "keeps processes; default) or global (all threads rotate over all "
+                          "cores)")
 
     cmp = command("compare", "fidelity report of run B against run A (simulated or real)",
                   _compare, scenario=False, out="directory for compare.json and compare.png "

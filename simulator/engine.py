@@ -15,6 +15,7 @@ samples come from a ``DurationSource``: seeded draws, or a recorded trace (repla
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Callable, Generator
 from typing import Any
@@ -97,6 +98,10 @@ class Engine:
         self.protocol = make_protocol(run.protocol, scenario)
         self.threads = self.protocol.threads(run)
         self.lr, self.updates = run.lr, run.updates
+        # Updates each thread may start: all of T (shared), or its even share.
+        self._quota = ([run.updates // self.threads + (thread < run.updates % self.threads)
+                        for thread in range(self.threads)] if run.split == "even"
+                       else [run.updates] * self.threads)
         self._schedule = LR_FACTORS.get(run.lr_schedule)
         self.atomic = run.write_mode == "atomic_add" or self.protocol.atomic
         w0 = self.problem.initial()
@@ -126,6 +131,7 @@ class Engine:
             if pause.thread < self.threads:
                 self._pauses[pause.thread].append((pause.start, pause.end))
         self._slices = self._time_slices()
+        self._finished = [math.inf] * self.threads  # when each thread's loop ended
         self._blocked = [bool(p) or s is not None
                          for p, s in zip(self._pauses, self._slices, strict=True)]
         self._free = [lookahead and core is None and bus is None and not blocked
@@ -168,19 +174,29 @@ class Engine:
         devices = [scenario.device_of(t) for t in range(self.threads)]
         return [pools[d] for d in devices], [buses[d] for d in devices]
 
-    def _time_slices(self) -> list[tuple[int, int, int, int] | None]:
-        """Per thread on a time-sliced device: (its index there, threads there, cores,
-        quantum); None elsewhere."""
+    def _time_slices(self) -> list[tuple[list[int], int, int] | None]:
+        """Per thread on a time-sliced device: (the threads it rotates with, itself included;
+        the cores they share; quantum); None elsewhere and for a thread alone on its core.
+
+        ``global`` slicing rotates all the device's threads over its cores; ``per_core``
+        puts its j-th thread on core j mod cores, where it rotates with the core's others."""
         scenario = self.scenario
         on: dict[int, list[int]] = {}
         for thread in range(self.threads):
             on.setdefault(scenario.device_of(thread), []).append(thread)
-        slices: list[tuple[int, int, int, int] | None] = [None] * self.threads
+        slices: list[tuple[list[int], int, int] | None] = [None] * self.threads
         for device, threads in on.items():
             spec = scenario.devices[device]
-            if spec.quantum and 0 < spec.cores < len(threads):
-                for index, thread in enumerate(threads):
-                    slices[thread] = (index, len(threads), spec.cores, spec.quantum)
+            if not spec.quantum or not 0 < spec.cores < len(threads):
+                continue
+            if spec.slicing == "global":
+                rotations = [(threads, spec.cores)]
+            else:
+                rotations = [(threads[core::spec.cores], 1) for core in range(spec.cores)]
+            for rotation, cores in rotations:
+                if len(rotation) > cores:
+                    for thread in rotation:
+                        slices[thread] = (rotation, cores, spec.quantum)
         return slices
 
     # -- the clock ---------------------------------------------------------------------------
@@ -222,9 +238,14 @@ class Engine:
                     self.clock[thread], moved = end, True
             sliced = self._slices[thread]
             if sliced is not None:
-                index, threads, cores, quantum = sliced
-                slot = self.clock[thread] // quantum
-                # Slot s runs the device's threads (s·cores + j) mod threads, j < cores.
+                rotation, cores, quantum = sliced
+                now = self.clock[thread]
+                # Threads that finished their updates leave the rotation (a thread that
+                # ran ahead of simpy's clock finished at its own clock, not before).
+                live = [t for t in rotation if self._finished[t] > now]
+                index, threads = live.index(thread), len(live)
+                slot = now // quantum
+                # Slot s runs the rotation's threads (s·cores + j) mod threads, j < cores.
                 wait = 0
                 while (index - (slot + wait) * cores) % threads >= cores:
                     wait += 1
@@ -282,15 +303,18 @@ class Engine:
         except simpy.Interrupt:  # an injected death: abandon the update in flight
             self.active.pop(thread, None)
             self.dead.append(thread)
+        self._finished[thread] = max(self.clock[thread], int(self.env.now))
 
     def _loop(self, thread: int) -> Generator[Any, Any, None]:
         """The update loop of one thread (read and write inline: this is the hot path)."""
         local = self._local[thread]
         mem, protocol, clock, seq = self.mem, self.protocol, self.clock, 0
         gated, injector, paused = protocol.gated, self.injector, self._blocked[thread]
+        quota = self._quota[thread]
         delays = injector is not None and injector.max_delay > 0
         retires = type(protocol).active is not Protocol.active
-        while (self.started < self.updates and self.source.remaining(thread) != 0
+        while (self.started < self.updates and seq < quota
+               and self.source.remaining(thread) != 0
                and (not retires or protocol.active(self, thread))):
             u = self._begin(thread, seq)
             seq += 1

@@ -31,6 +31,10 @@ PROTOCOLS = ("serial", "locked", "lockfree", "roundrobin", "minibatch", "paramse
              "staleness_lr", "dcasgd", "admm")
 WRITE_MODES = ("load_store", "atomic_add")
 LR_SCHEDULES = ("constant", "inv_sqrt", "inverse")
+SPLITS = ("shared", "even")
+# Protocols without rounds or turns: their threads may stop at a fixed quota each.
+EVEN_SPLIT_PROTOCOLS = ("serial", "locked", "lockfree", "staleness_lr", "dcasgd")
+SLICINGS = ("global", "per_core")
 # Real data that a package ships, and the problem each serves.
 REAL_DATA = {"breast_cancer": "logistic", "digits": "mlp"}
 DATA_SOURCES = ("synthetic", *REAL_DATA)
@@ -128,9 +132,12 @@ class DeviceSpec:
     ``bus`` > 0 caps concurrent block transfers; ``timing`` overrides the scenario's.
 
     When threads outnumber ``cores``, they take turns per action (FIFO), or, with
-    ``quantum`` > 0, in time slices as an OS scheduler runs processes: in each slice of
-    ``quantum`` ns, ``cores`` of the device's threads run (round robin) and the others start
-    no action.
+    ``quantum`` > 0, in time slices as an OS scheduler runs processes. ``slicing`` says how:
+    ``global`` — in each slice of ``quantum`` ns, ``cores`` of the device's threads run (round
+    robin over all of them); ``per_core`` — the device's j-th thread stays on core j mod
+    ``cores`` and each core runs its own threads in turn, one slice each (as Linux keeps a
+    process on its CPU's run queue: with 3 processes on 2 cores one runs alone, two alternate).
+    A thread outside its slice starts no action.
 
     ``latency`` (ns per message) and ``bandwidth`` (bytes per ns, i.e. GB/s) describe the
     device's network link to a server; only protocols that communicate over a network
@@ -143,6 +150,7 @@ class DeviceSpec:
     latency: int = 0
     bandwidth: float = 0.0
     quantum: int = 0
+    slicing: str = "global"
     timing: TimingSpec | None = None
 
     def __post_init__(self) -> None:
@@ -154,6 +162,8 @@ class DeviceSpec:
                self.bandwidth, "must be >= 0 (bytes per ns; 0: unlimited)")
         _check(self.quantum >= 0, "quantum", self.quantum,
                "must be >= 0 (ns; 0: threads take turns per action)")
+        _check(self.slicing in SLICINGS, "slicing", self.slicing,
+               f"must be one of {', '.join(SLICINGS)}")
 
 
 @dataclass(frozen=True)
@@ -163,6 +173,10 @@ class RunSpec:
     ``lr_schedule`` scales the learning rate of the update whose write begins after m − 1
     updates have completed: ``constant`` (lr), ``inv_sqrt`` (lr/√m, Langford et al. 2009,
     Theorem 1) or ``inverse`` (lr/m; lr = 1/λ gives their Theorem 2's 1/(λm)).
+
+    ``split`` says who makes the T updates: ``shared`` — any thread starts the next one until
+    T have started (fast threads make more); ``even`` — thread i makes T // k updates, one
+    more for i < T mod k, as the real backend's workers do (a slow thread then finishes last).
     """
 
     protocol: str = "lockfree"
@@ -173,6 +187,7 @@ class RunSpec:
     write_mode: str = "load_store"
     seed: int = 0
     lr_schedule: str = "constant"
+    split: str = "shared"
 
     def __post_init__(self) -> None:
         _check(self.protocol in PROTOCOLS, "protocol", self.protocol,
@@ -186,6 +201,10 @@ class RunSpec:
         _check(self.seed >= 0, "seed", self.seed, "must be >= 0")
         _check(self.lr_schedule in LR_SCHEDULES, "lr_schedule", self.lr_schedule,
                f"must be one of {', '.join(LR_SCHEDULES)}")
+        _check(self.split in SPLITS, "split", self.split, f"must be one of {', '.join(SPLITS)}")
+        _check(self.split == "shared" or self.protocol in EVEN_SPLIT_PROTOCOLS, "split",
+               self.split, f"needs a protocol without rounds or turns "
+               f"({', '.join(EVEN_SPLIT_PROTOCOLS)}), not {self.protocol}")
 
 
 @dataclass(frozen=True)

@@ -79,7 +79,9 @@ def test_bad_input_is_one_line_and_nothing_is_overwritten(tmp_path, capsys):
     for args, needle in ((["calibrate", str(tmp_path / "nope"), "--out", str(tmp_path / "x")],
                           "not a run directory"),
                          (["calibrate", str(run), "--out", str(keep)],
-                          "is not a calibrated scenario")):
+                          "is not a calibrated scenario"),
+                         (["calibrate", str(run), "--out", str(tmp_path / "x"), "--quantum",
+                           "4ms"], "--quantum = '4ms'")):
         assert main(args) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and needle in err[0]
@@ -89,8 +91,10 @@ def test_bad_input_is_one_line_and_nothing_is_overwritten(tmp_path, capsys):
 
 def test_pooled_calibration_shares_cores_between_threads(tmp_path):
     run = _source(tmp_path)
-    scenario, report = calibrate(run, pool=True, cores=2)
+    scenario, report = calibrate(run, pool=True, cores=2, quantum=4_000_000)
     assert len(scenario.devices) == 1 and scenario.devices[0].cores == 2
+    # Threads beyond the cores stay on their core in OS-like time slices.
+    assert (scenario.devices[0].quantum, scenario.devices[0].slicing) == (4_000_000, "per_core")
     assert list(report["fits"]) == ["all workers"]
     assert scenario.devices[0].timing.grad.mean == pytest.approx(6000, rel=0.1)
 

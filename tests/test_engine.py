@@ -210,3 +210,72 @@ def test_time_slices_run_only_cores_threads_at_a_time():
     per_action = simulate(scenario(*CONSTANT, "run.threads=3", "run.updates=300",
                                    "devices.0.cores=2"))
     assert not np.array_equal(per_action["write_end"], trace["write_end"])
+
+
+def _slot_threads(trace, column, quantum):
+    """Per slot of ``quantum`` ns: the set of threads that started a ``column`` phase in it."""
+    slots: dict[int, set[int]] = {}
+    for slot, thread in zip((trace[column] // quantum).tolist(), trace["thread"].tolist(),
+                            strict=True):
+        slots.setdefault(slot, set()).add(thread)
+    return slots
+
+
+def test_per_core_slices_keep_each_thread_on_its_core():
+    """k = 3 on 2 cores, per-core slicing: thread 1 has core 1 to itself and runs in every
+    slot; threads 0 and 2 share core 0 and take alternate slots (0 even, 2 odd)."""
+    s = scenario(*CONSTANT, "run.threads=3", "run.updates=600", "devices.0.cores=2",
+                 "devices.0.quantum=100000", "devices.0.slicing=per_core", "run.split=even")
+    trace = simulate(s)
+    assert np.bincount(trace["thread"]).tolist() == [200, 200, 200]
+    shared = trace["thread"] != 1
+    for column in ("read_start", "grad_start", "write_start"):
+        slot = trace[column][shared] // 100_000
+        assert (slot % 2 == trace["thread"][shared] // 2).all(), column
+    # Thread 1 alone finishes first, about twice as fast as the two that alternate.
+    end = [int(trace["write_end"][trace["thread"] == t].max()) for t in range(3)]
+    assert end[1] < 0.6 * min(end[0], end[2])
+    assert np.array_equal(simulate(s)["write_end"], trace["write_end"])  # deterministic
+
+
+def test_a_thread_that_stops_leaves_its_cores_rotation():
+    """Thread 0 dies at 1 ms: from then on thread 2, which shared core 0 with it, runs in
+    every slot instead of every other one."""
+    base = (*CONSTANT, "run.threads=3", "run.updates=900", "devices.0.cores=2",
+            "devices.0.quantum=100000", "devices.0.slicing=per_core")
+    trace = simulate(scenario(*base, "inject.deaths=[{thread = 0, at = 1000000}]"))
+    late = (trace["thread"] == 2) & (trace["read_start"] > 1_200_000)
+    slots = np.unique(trace["read_start"][late] // 100_000)
+    assert late.sum() > 20 and (slots % 2 == 0).any() and (slots % 2 == 1).any()
+    early = (trace["thread"] == 2) & (trace["read_start"] < 900_000)
+    assert (trace["read_start"][early] // 100_000 % 2 == 1).all()
+
+
+def test_global_slices_rotate_all_threads_over_all_cores():
+    s = scenario(*CONSTANT, "run.threads=3", "run.updates=300", "devices.0.cores=2",
+                 "devices.0.quantum=100000", "devices.0.slicing=global")
+    slots = _slot_threads(simulate(s), "read_start", 100_000)
+    assert all(threads <= {(2 * slot) % 3, (2 * slot + 1) % 3}
+               for slot, threads in slots.items())
+
+
+def test_even_split_gives_each_thread_its_share_and_shared_lets_fast_threads_take_more():
+    straggler = "inject.stragglers=[{thread = 0, factor = 3.0}]"
+    even = simulate(scenario(*CONSTANT, "run.threads=3", "run.updates=301", straggler,
+                             "run.split=even"))
+    assert np.bincount(even["thread"]).tolist() == [101, 100, 100]
+    shared = simulate(scenario(*CONSTANT, "run.threads=3", "run.updates=301", straggler))
+    counts = np.bincount(shared["thread"])
+    assert counts.sum() == 301 and counts[0] < 0.5 * counts[1]
+
+
+@pytest.mark.parametrize(("override", "field"), [
+    ("run.split=half", "split"), ("devices.0.slicing=random", "slicing")])
+def test_bad_split_or_slicing_names_the_field(override, field):
+    with pytest.raises(ScenarioError, match=field):
+        scenario(override)
+
+
+def test_even_split_is_refused_for_protocols_with_rounds_or_turns():
+    with pytest.raises(ScenarioError, match="split.*roundrobin"):
+        scenario("run.protocol=roundrobin", "run.split=even")

@@ -6,14 +6,17 @@ import subprocess
 import sys
 import threading
 import time
+import tomllib
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from realrun.runner import run_real
+from realrun.timeslice import measure_time_slice
 from simulator.engine import simulate
 from simulator.replay import replay
+from simulator.scenario import scenario_from_dict
 from simulator.timing import sample_stream
 
 from .conftest import scenario
@@ -51,6 +54,9 @@ def test_lock_free_workers_converge_and_merge_cleanly():
                  ("grad_end", "write_end")):
         assert np.all(trace[a] <= trace[b])
     assert np.all(np.diff(trace["write_end"]) >= 0)
+    # Each worker makes a fixed share, and the run's scenario says so for the simulator.
+    assert np.bincount(trace["thread"]).tolist() == [3000, 3000]
+    assert scenario_from_dict(tomllib.loads(trace.scenario_toml)).run.split == "even"
     for rank in (0, 1):
         rows = np.flatnonzero(trace["thread"] == rank)
         mine = trace["sample"][rows[np.argsort(trace["thread_seq"][rows])]]
@@ -185,3 +191,12 @@ def test_ctrl_c_stops_cleanly_and_keeps_partial_results(tmp_path):
     while any(Path(f"/proc/{pid}").exists() for pid in children) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert [pid for pid in children if Path(f"/proc/{pid}").exists()] == []
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs CPU affinity")
+def test_the_time_slice_of_this_machine_is_measured():
+    """Two processes pinned to one core take turns: each turn is one time slice (Linux:
+    milliseconds), far longer than an interrupt and far shorter than a second."""
+    quantum, turns = measure_time_slice(0.3)
+    assert turns >= 4
+    assert 100_000 < quantum < 100_000_000
