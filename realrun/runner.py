@@ -58,7 +58,7 @@ class RealRun:
     dtype: str
     seconds: float
     failure: dict[str, Any] | None
-    hardware_loss: dict[str, float] | None = None
+    hardware_loss: dict[str, Any] | None = None
     measure_every: int | None = None
     device: str = "cpu"
     launch: str = "processes"
@@ -71,10 +71,12 @@ def _quotas(updates: int, workers: int) -> list[int]:
 
 
 def _allocate(dim: int, blocks: int, workers: int, quota: int, dtype: str, measure: bool,
-              w_device: str, accumulate: int, torch_path: bool) -> Buffers:
+              w_device: str, accumulate: int, torch_path: bool, dense: bool) -> Buffers:
     """Shared buffers; ``w`` on ``w_device``. The numpy worker's steps are float64 (numpy
     computes ``w -= step`` in float64 and rounds once), the torch worker's are in the run's
-    dtype (the very tensor it subtracted)."""
+    dtype (the very tensor it subtracted). In measure mode the numpy worker on a dense
+    problem also keeps its read copies (float64), from which the rebuild follows the real
+    vector's losses."""
     import torch
 
     def shared(*shape: int, fill: int = 0, kind: Any = torch.int64) -> Any:
@@ -91,6 +93,8 @@ def _allocate(dim: int, blocks: int, workers: int, quota: int, dtype: str, measu
         progress=shared(workers), status=shared(workers),
         message=shared(workers, MESSAGE_BYTES, kind=torch.uint8),
         steps=shared(workers, quota, dim, kind=step_dtype) if measure else None,
+        reads=(shared(workers, quota, dim, kind=torch.float64)
+               if measure and dense and not torch_path else None),
         ready=shared(workers))
 
 
@@ -218,7 +222,7 @@ def run_real(scenario: Scenario, workers: int, mode: str, dtype: str = "float32"
     quotas = _quotas(scenario.run.updates, workers)
     buffers = _allocate(problem.dim, scenario.run.blocks, workers, max(quotas), dtype,
                         measure_every is not None, device if pattern == "shared" else "cpu",
-                        accumulate, torch_path)
+                        accumulate, torch_path, problem.support(0) is None)
     buffers.w.copy_(torch.as_tensor(problem.initial()))
     toml = scenario_to_toml(scenario)
     processes = _workers(buffers, workers, quotas, toml, mode, scenario.run.blocks,
@@ -330,7 +334,7 @@ def _watch(buffers: Buffers, processes: list[Any], total: int, timeout: float | 
 
 def _trace(buffers: Buffers, workers: int, scenario: Scenario, problem: Problem,
            w_star: np.ndarray, snapshots: list[tuple[int, int, np.ndarray]], toml: str,
-           dtype: str, measure_every: int | None) -> tuple[Trace, dict[str, float] | None]:
+           dtype: str, measure_every: int | None) -> tuple[Trace, dict[str, Any] | None]:
     records = []
     for rank in range(workers):
         n = int(buffers.progress[rank])
@@ -349,7 +353,8 @@ def _trace(buffers: Buffers, workers: int, scenario: Scenario, problem: Problem,
              for t, stamp, w in points]
     measure = None if measure_every is None else Measure(
         problem, scenario.run.lr, block_bounds(problem.dim, scenario.run.blocks), dtype,
-        measure_every, [buffers.steps[r].numpy() for r in range(workers)])
+        measure_every, [buffers.steps[r].numpy() for r in range(workers)],
+        None if buffers.reads is None else [buffers.reads[r].numpy() for r in range(workers)])
     return merge(records, problem.initial(), w_final, curve, toml, measure)
 
 

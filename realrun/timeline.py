@@ -17,6 +17,7 @@ the real final vector. Timestamps are made relative to the earliest read start.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -83,11 +84,12 @@ class Measure:
     dtype: str
     every: int
     steps: list[np.ndarray]
+    reads: list[np.ndarray] | None = None  # the read copies, where the workers keep them
 
 
 def merge(records: list[WorkerRecord], w0: np.ndarray, w_final: np.ndarray,
           curve: list[tuple[int, int, float, float]], scenario_toml: str,
-          measure: Measure | None = None) -> tuple[Trace, dict[str, float] | None]:
+          measure: Measure | None = None) -> tuple[Trace, dict[str, Any] | None]:
     """A trace (source ``real``) from the workers' records, and in measure mode what the
     hardware lost. ``curve`` (completions, time, f(w), ‖w − w*‖²) is the parent's sampled
     curve; measure mode replaces it with the exact rebuilt one.
@@ -146,7 +148,7 @@ def merge(records: list[WorkerRecord], w0: np.ndarray, w_final: np.ndarray,
         built = rebuild(measure.problem, measure.lr, measure.bounds, measure.dtype,
                         measure.every, store_end[order], measure.steps,
                         arrays["thread"], arrays["thread_seq"], groups[order],
-                        arrays["write_end"])
+                        arrays["write_end"], measure.reads, rel[order])
         for name, values in zip(("measured", "s_norm", "g_norm", "delta_norm", "delta_dot"),
                                 zip(*built.measurements, strict=True), strict=True):
             arrays[name] = np.asarray(values, dtype=COLUMNS[name])
@@ -155,7 +157,9 @@ def merge(records: list[WorkerRecord], w0: np.ndarray, w_final: np.ndarray,
         moved = float(np.linalg.norm(np.asarray(w_final, dtype=np.float64) - w0))
         loss = {"rebuilt_vs_real_norm": float(np.linalg.norm(gap)),
                 "rebuilt_vs_real_max": float(np.abs(gap).max()) if gap.size else 0.0,
-                "relative_to_distance_moved": float(np.linalg.norm(gap)) / max(moved, 1e-300)}
+                "relative_to_distance_moved": float(np.linalg.norm(gap)) / max(moved, 1e-300),
+                "view": "real memory" if measure.reads is not None else "lossless rebuild",
+                "quiet_reads": built.quiet_reads}
     t, time, f, dist2 = (np.asarray(c) for c in zip(*curve, strict=True))
     arrays.update(w0=np.asarray(w0, dtype=np.float64), w_final=np.asarray(w_final, np.float64),
                   curve_t=t.astype(np.int64), curve_time=np.maximum(time - origin, 0)

@@ -46,7 +46,8 @@ class Buffers:
     (−1: block not touched); ``samples[r, i]``; ``progress[r]`` = updates done;
     ``status[r]`` and ``message[r]`` = how the worker ended; ``ready[r]`` = set up and
     waiting for the common start; in measure mode
-    ``steps[r, i]`` = the step lr·g update i subtracted (dense, zeros off its support).
+    ``steps[r, i]`` = the step lr·g update i subtracted (dense, zeros off its support) and,
+    for dense problems, ``reads[r, i]`` = the copy of w its gradient was computed at.
     """
 
     w: Any
@@ -58,6 +59,7 @@ class Buffers:
     status: Any
     message: Any
     steps: Any = None  # measure mode: (workers, quota, d) float64, lr·g as subtracted
+    reads: Any = None  # measure mode, dense problems: (workers, quota, d) the read copies
     ready: Any = None  # ready[r] = 1 once worker r is set up and waits for the start
 
 
@@ -126,6 +128,7 @@ def _loop(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any, go: A
     local = np.zeros(problem.dim)
     lr, clock = scenario.run.lr, time.monotonic_ns
     steps = None if buffers.steps is None else buffers.steps[spec.rank].numpy()
+    reads = None if buffers.reads is None else buffers.reads[spec.rank].numpy()
     dense = block_ops(bounds, None) if problem.support(0) is None else None
     problem.grad(local, 0)  # warm up (first-call costs stay out of the timed loop)
     if go is not None:  # start together: process start-up takes tens of milliseconds each
@@ -159,6 +162,8 @@ def _loop(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any, go: A
             lock.release()
         if steps is not None:  # outside the timed phases
             steps[i, slice(None) if support is None else support] = step
+            if reads is not None:
+                reads[i] = local
         j = 4 * i
         times[j], times[j + 1], times[j + 2], times[j + 3] = (read_start, read_end, grad_end,
                                                               write_end)

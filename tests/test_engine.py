@@ -277,5 +277,5 @@ def test_bad_split_or_slicing_names_the_field(override, field):
 
 
 def test_even_split_is_refused_for_protocols_with_rounds_or_turns():
-    with pytest.raises(ScenarioError, match="split.*roundrobin"):
+    with pytest.raises(ScenarioError, match=r"split.*roundrobin"):
         scenario("run.protocol=roundrobin", "run.split=even")

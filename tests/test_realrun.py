@@ -122,7 +122,11 @@ def test_cli_real_run_and_its_replay(tmp_path):
     real, sim = (np.lexsort((t["thread_seq"], t["thread"])) for t in (recorded, again))
     for column in ("sample", "read_start", "read_end", "grad_end", "write_end"):
         assert np.array_equal(recorded[column][real], again[column][sim]), column
-    assert (recorded["staleness"][real] != again["staleness"][sim]).mean() <= 0.002
+    # Staleness counts completions before a read, so it can differ only where two writes end
+    # at the same clock reading (the merge orders them by worker, the simulator by event).
+    differs = recorded["staleness"][real] != again["staleness"][sim]
+    ends, counts = np.unique(recorded["write_end"], return_counts=True)
+    assert np.isin(recorded["write_end"][real][differs], ends[counts > 1]).all()
     bad = subprocess.run([*args[:4], "--out", str(tmp_path / "bad"), "--workers", "0"],
                          capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "--workers = 0" in bad.stderr
@@ -136,8 +140,13 @@ def test_measure_mode_rebuild_is_exact_on_a_serial_run(dtype):
     s = scenario(*TINY, "run.blocks=3")
     real = run_real(s, 1, "serial", dtype=dtype, measure_every=1)
     assert real.failure is None and real.trace["measured"].all()
-    assert real.hardware_loss == {"rebuilt_vs_real_norm": 0.0, "rebuilt_vs_real_max": 0.0,
-                                  "relative_to_distance_moved": 0.0}
+    assert real.hardware_loss is not None
+    assert {key: real.hardware_loss[key] for key in ("rebuilt_vs_real_norm",
+            "rebuilt_vs_real_max", "relative_to_distance_moved")} == dict.fromkeys(
+        ("rebuilt_vs_real_norm", "rebuilt_vs_real_max", "relative_to_distance_moved"), 0.0)
+    # One worker: no write ever overlaps a read, so every read shows the real vector.
+    assert real.hardware_loss["view"] == "real memory"
+    assert real.hardware_loss["quiet_reads"] == 3000
     if dtype == "float64":
         simulated = simulate(scenario(*TINY, "run.blocks=3", "run.protocol=serial"))
         for name in ("s_norm", "g_norm", "delta_norm", "delta_dot", "curve_loss",
