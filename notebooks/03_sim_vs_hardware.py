@@ -71,7 +71,9 @@ display(Image(filename=str(out / "compare-replay" / "compare.png")))
 
 # %%
 calibrated = out / "calibrated.toml"
-run("calibrate", str(measured), "--out", str(calibrated), "--pool", "--cores", str(CORES))
+# Threads beyond the cores run in per-core time slices of this machine's measured OS slice.
+run("calibrate", str(measured), "--out", str(calibrated), "--pool", "--cores", str(CORES),
+    "--quantum", "auto")
 print("\n".join(line for line in calibrated.read_text().splitlines()
                 if line.startswith("#   ")))
 
