@@ -148,11 +148,18 @@ def compare_figure(a: str | Path, b: str | Path) -> Figure:
     grid = fig.add_gridspec(3, 2, height_ratios=[1, 1, 1.1])
     colours = ("#4C72B0", "#DD8452")
     ax = fig.add_subplot(grid[0, 0])
-    top = int(max(ra.trace["staleness"].max(initial=0), rb.trace["staleness"].max(initial=0)))
-    bins = (np.arange(top + 2) - 0.5).tolist()
+    # One bar per staleness value up to the 99th percentile, the rarer tail in one last bar
+    # (a descheduled worker's few updates can be hundreds stale: bars to there are invisible).
+    both = np.concatenate([ra.trace["staleness"], rb.trace["staleness"]])
+    top = int(both.max(initial=0))
+    cap = min(top, max(int(np.percentile(both, 99)) if both.size else 0, 3))
+    bins = (np.arange(cap + (3 if top > cap else 2)) - 0.5).tolist()
     for run, colour in zip((ra, rb), colours, strict=True):
-        ax.hist(run.trace["staleness"], bins=bins, density=True, alpha=0.5, color=colour,
-                label=run.label)
+        ax.hist(np.minimum(run.trace["staleness"], cap + 1), bins=bins, density=True,
+                alpha=0.5, color=colour, label=run.label)
+    if top > cap:
+        ticks = list(range(0, cap + 1, max(1, (cap + 1) // 8)))
+        ax.set_xticks([*ticks, cap + 1], [*map(str, ticks), f"{cap + 1}–{top}"])
     ax.set_xlabel("staleness (completions between read and write)")
     ax.set_ylabel("fraction of updates")
     ax.set_title("Staleness")
