@@ -149,9 +149,11 @@ def merge(records: list[WorkerRecord], w0: np.ndarray, w_final: np.ndarray,
                         measure.every, store_end[order], measure.steps,
                         arrays["thread"], arrays["thread_seq"], groups[order],
                         arrays["write_end"], measure.reads, rel[order])
-        for name, values in zip(("measured", "s_norm", "g_norm", "delta_norm", "delta_dot"),
-                                zip(*built.measurements, strict=True), strict=True):
-            arrays[name] = np.asarray(values, dtype=COLUMNS[name])
+        if built.measurements:  # a run stopped before its first update has none
+            for name, values in zip(("measured", "s_norm", "g_norm", "delta_norm",
+                                     "delta_dot"), zip(*built.measurements, strict=True),
+                                    strict=True):
+                arrays[name] = np.asarray(values, dtype=COLUMNS[name])
         curve = [(t, time + origin, f, d) for t, time, f, d, _ in built.curve]
         gap = built.w_final - np.asarray(w_final, dtype=np.float64)
         moved = float(np.linalg.norm(np.asarray(w_final, dtype=np.float64) - w0))

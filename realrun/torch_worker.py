@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from realrun.worker import STATUS_DONE, Buffers, WorkerSpec, record_failure
+from realrun.worker import STATUS_DONE, Buffers, WorkerSpec, record_failure, touch_records
 
 __all__ = ["ThreadWorker", "TorchGradient", "torch_worker_main"]
 
@@ -122,6 +122,7 @@ def _loop(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any, go: A
     local.copy_(w)
     grad(local, [0])  # warm up: data to the device, kernels loaded, allocator primed
     sync()
+    touch_records(buffers, spec.rank)
     if go is not None:
         buffers.ready[spec.rank] = 1
         go.wait()

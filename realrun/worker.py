@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 __all__ = ["STATUS_DONE", "STATUS_FAILED", "STATUS_RUNNING", "Buffers", "WorkerSpec",
-           "one_thread_each", "record_failure", "worker_main"]
+           "one_thread_each", "record_failure", "touch_records", "worker_main"]
 
 STATUS_RUNNING, STATUS_DONE, STATUS_FAILED = 0, 1, 2
 MESSAGE_BYTES = 512
@@ -96,6 +96,19 @@ def one_thread_each() -> None:
     threadpool_limits(limits=1)
 
 
+def touch_records(buffers: Buffers, rank: int) -> None:
+    """Write every page of worker ``rank``'s records once, before the start: a shared page is
+    mapped into a process on its first touch, and measure mode's rows (2 × d float64 per
+    update) would otherwise take their page faults inside the loop — at d = 10,000 they made
+    the time between updates 5× longer (78 µs against 16 µs) and moved both workers' phases
+    together."""
+    for tensor in (buffers.times, buffers.copy_end, buffers.store_end, buffers.samples,
+                   buffers.steps, buffers.reads):
+        if tensor is not None:
+            rows = tensor[rank].numpy()
+            rows += 0  # rewrites each value as it is (−1 markers stay −1)
+
+
 def record_failure(buffers: Buffers, rank: int, err: BaseException) -> None:
     """Put the worker's failure where the parent looks: its status and a one-line reason."""
     import torch
@@ -131,6 +144,7 @@ def _loop(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any, go: A
     reads = None if buffers.reads is None else buffers.reads[spec.rank].numpy()
     dense = block_ops(bounds, None) if problem.support(0) is None else None
     problem.grad(local, 0)  # warm up (first-call costs stay out of the timed loop)
+    touch_records(buffers, spec.rank)
     if go is not None:  # start together: process start-up takes tens of milliseconds each
         buffers.ready[spec.rank] = 1
         go.wait()

@@ -98,6 +98,37 @@ def test_a_killed_worker_stops_the_run_cleanly():
     assert _shm() <= before
 
 
+def test_a_worker_killed_before_its_first_update_in_measure_mode():
+    """Measure mode with nothing to rebuild: the failure is reported with an empty trace."""
+    run = run_real(scenario(*TINY), 2, "lockfree", dtype="float64", measure_every=1,
+                   on_start=lambda pids: os.kill(pids[0], signal.SIGKILL))
+    assert run.failure == {"worker": 0, "reason": "killed by signal 9"}
+    assert len(run.trace) == 0 and run.hardware_loss["rebuilt_vs_real_norm"] == 0.0
+
+
+def test_touching_the_records_before_the_start_changes_no_value():
+    """Workers write every page of their rows before the start (page faults stay out of the
+    loop); the rows keep their values, −1 markers included, and other workers' rows are
+    not touched."""
+    import torch
+
+    from realrun.worker import Buffers, touch_records
+
+    def rows(fill: float, dtype) -> torch.Tensor:
+        return torch.full((2, 5, 3), fill, dtype=dtype)
+
+    buffers = Buffers(w=torch.zeros(3), times=rows(7, torch.int64),
+                      copy_end=rows(-1, torch.int64), store_end=rows(-1, torch.int64),
+                      samples=rows(4, torch.int64), progress=torch.zeros(2, dtype=torch.int64),
+                      status=torch.zeros(2), message=torch.zeros(2, 8),
+                      steps=rows(0.25, torch.float64), reads=rows(-0.5, torch.float64))
+    before = {name: getattr(buffers, name).clone() for name in
+              ("times", "copy_end", "store_end", "samples", "steps", "reads")}
+    touch_records(buffers, 1)
+    for name, old in before.items():
+        assert torch.equal(getattr(buffers, name), old), name
+
+
 def test_timeout_keeps_partial_results():
     """--timeout stops the run and says so; what completed is kept."""
     run = run_real(scenario(*LONG), 2, "lockfree", timeout=3.0)
