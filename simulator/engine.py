@@ -15,9 +15,10 @@ samples come from a ``DurationSource``: seeded draws, or a recorded trace (repla
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import deque
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Sequence
 from typing import Any
 
 import numpy as np
@@ -25,7 +26,7 @@ import simpy
 
 from simulator.errors import ScenarioError
 from simulator.inject import Injector
-from simulator.memory import BlockCopy, Op, SharedMemory, block_ops
+from simulator.memory import BlockCopy, Grain, Op, SharedMemory, block_ops, grain_ops
 from simulator.problems import Problem, make_problem
 from simulator.protocols import make_protocol
 from simulator.protocols.base import GROUPED, MEMBER, SINGLE, Protocol
@@ -107,6 +108,10 @@ class Engine:
         w0 = self.problem.initial()
         self.mem = SharedMemory(w0, run.blocks, track_coords=self.problem.sparse)
         self._dense_ops, self._dense_fractions = self._block_ops(None)
+        # load_store writes swept grain by grain (run.store_grain): the pieces of a dense
+        # update, cut once.
+        self._grain = 0 if self.atomic else run.store_grain
+        self._dense_grains = grain_ops(self._dense_ops, self._grain) if self._grain else None
         self._dense_blocks = [op[0] for op in self._dense_ops]
         self._sparse = self.problem.sparse and not self.protocol.dense
         self._dense_grad = self.problem.sparse and self.protocol.dense
@@ -414,24 +419,29 @@ class Engine:
                     yield wait
                     clock[thread] = int(self.env.now)
                 n = 0
+            writes: Sequence[Grain] = ops
+            write_ns = u.write_ns
+            if self._grain and n:
+                writes, write_ns = self._grains(u)
+                n = len(writes)
             i = 0
             while i < n:
-                run = self._uninterrupted(thread, u.write_ns, i) if n > 1 else i
+                run = self._uninterrupted(thread, write_ns, i) if n > 1 else i
                 if run > i:
-                    mem.write_run(ops[i:run], step, u.uid, self.atomic)
+                    mem.write_run(writes[i:run], step, u.uid, self.atomic)
                     i = run
                     continue
-                block, index, vsel, coords = ops[i]
+                block, index, vsel, touched = writes[i]
                 loaded_at, loaded = mem.count[block], None if self.atomic else mem.load(index)
-                wait = self._advance(thread, u.write_ns[i], True)
+                wait = self._advance(thread, write_ns[i], True)
                 if wait is not None:
                     yield wait
                     clock[thread] = int(self.env.now)
                 i += 1
                 if loaded is None:
-                    mem.add(block, index, coords, -step[vsel], u.uid)
+                    mem.add(block, index, touched, -step[vsel], u.uid)
                     continue
-                lost = mem.store(block, index, coords, loaded, step[vsel], u.uid, loaded_at)
+                lost = mem.store(block, index, touched, loaded, step[vsel], u.uid, loaded_at)
                 for victim in lost:
                     self.lost[victim] += 1
                 u.overwrote += len(lost)
@@ -446,6 +456,19 @@ class Engine:
         if gated:
             yield from self._catch_up(thread)
             protocol.finish(self, thread)
+
+    def _grains(self, u: Update) -> tuple[list[Grain], list[int]]:
+        """``u``'s writes as grains of ``run.store_grain`` coordinates, each taking its share
+        of its block's write duration (integer ns that add up to the block's)."""
+        pieces, parents = (self._dense_grains if u.ops is self._dense_ops and
+                           self._dense_grains is not None else grain_ops(u.ops, self._grain))
+        durations: list[int] = []
+        for n, block_ns in enumerate(u.write_ns):
+            first = bisect.bisect_left(parents, n)
+            count = bisect.bisect_right(parents, n) - first
+            ends = [block_ns * (c + 1) // count for c in range(count)]
+            durations.extend(end - start for start, end in zip([0, *ends], ends, strict=False))
+        return pieces, durations
 
     def _begin(self, thread: int, seq: int) -> Update:
         sample = self.source.next_sample(thread)

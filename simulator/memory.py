@@ -4,7 +4,9 @@ Every store gets a global sequence number and is remembered per block with the u
 made it and the coordinates it touched (``None``: the whole block). From that history the
 memory answers, exactly and at coordinate granularity:
 
-* which earlier stores a read-modify-write overwrote (lost updates under ``load_store``);
+* which earlier stores a read-modify-write overwrote (lost updates under ``load_store``; a
+  store covers a whole block, or one grain of it — a ``range`` of coordinates — when writes
+  are swept grain by grain, ``run.store_grain``);
 * whether a block read saw stores that landed after the update's read began (read-overwrite);
 * whether a multi-block read mixes versions that never coexisted (a torn read).
 
@@ -14,19 +16,23 @@ History is trimmed below the oldest version an in-flight update still needs.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
-__all__ = ["BlockCopy", "Op", "SharedMemory", "block_bounds", "block_ops"]
+__all__ = ["BlockCopy", "Grain", "Op", "SharedMemory", "block_bounds", "block_ops", "grain_ops"]
 
 Index = slice | np.ndarray
 
 
-# One remembered store: (global sequence number, update id, coordinates or None for the whole
-# block). Plain tuples: one is made per block store, on the hot path.
-_Store = tuple[int, int, np.ndarray | None]
+# Coordinates a store or copy touched: None (the whole block), a sorted index array (sparse
+# supports), or a range (one grain of a dense block).
+Coords = np.ndarray | range | None
+
+# One remembered store: (global sequence number, update id, coordinates). Plain tuples: one is
+# made per block store, on the hot path.
+_Store = tuple[int, int, Coords]
 
 
 # What a thread's copy of one block saw: (block, coordinates or None, the block's version when
@@ -44,6 +50,30 @@ def block_bounds(dim: int, blocks: int) -> list[int]:
 # coordinates (None: the whole block, for dense gradients).
 Op = tuple[int, Any, slice, np.ndarray | None]
 
+# One read-modify-write of a swept write (``grain_ops``): an op, or a grain of one.
+Grain = tuple[int, Any, slice, Coords]
+
+
+def grain_ops(ops: list[Op], grain: int) -> tuple[list[Grain], list[int]]:
+    """``ops`` cut into read-modify-writes of at most ``grain`` coordinates each, in order,
+    and the block op each piece came from. Dense blocks give contiguous grains (coordinates
+    as a ``range``), sparse ones consecutive groups of their support."""
+    pieces: list[Grain] = []
+    parents: list[int] = []
+    for n, (block, index, vsel, coords) in enumerate(ops):
+        if coords is None:
+            for lo in range(index.start, index.stop, grain):
+                hi = min(lo + grain, index.stop)
+                pieces.append((block, slice(lo, hi), slice(lo, hi), range(lo, hi)))
+                parents.append(n)
+        else:
+            for lo in range(0, coords.size, grain):
+                part = coords[lo: lo + grain]
+                pieces.append((block, part, slice(vsel.start + lo, vsel.start + lo + part.size),
+                               part))
+                parents.append(n)
+    return pieces, parents
+
 
 def block_ops(bounds: list[int], support: np.ndarray | None) -> list[Op]:
     """The blocks an update moves: all of them for a dense gradient (``support`` None), else
@@ -56,9 +86,15 @@ def block_ops(bounds: list[int], support: np.ndarray | None) -> list[Op]:
             for b, (p0, p1) in enumerate(itertools.pairwise(cuts)) if p1 > p0]
 
 
-def _overlaps(a: np.ndarray | None, b: np.ndarray | None) -> bool:
+def _overlaps(a: Coords, b: Coords) -> bool:
     if a is None or b is None:
         return True
+    if isinstance(a, range) and isinstance(b, range):
+        return a.start < b.stop and b.start < a.stop
+    if isinstance(a, range):
+        a = np.arange(a.start, a.stop)
+    if isinstance(b, range):
+        b = np.arange(b.start, b.stop)
     return bool(np.intersect1d(a, b, assume_unique=True).size)
 
 
@@ -90,7 +126,7 @@ class SharedMemory:
         base = self._base[block]
         return self._history[block][start - base: None if stop is None else stop - base]
 
-    def stores_since(self, block: int, version: int, coords: np.ndarray | None) -> list[int]:
+    def stores_since(self, block: int, version: int, coords: Coords) -> list[int]:
         """Updates whose stores to ``coords`` of ``block`` landed after ``version``."""
         window = self._window(block, version)
         if coords is None:
@@ -114,11 +150,11 @@ class SharedMemory:
         out[span] = self.w[span]
         return [(op[0], None, self.count[op[0]], self._block_newest[op[0]]) for op in ops]
 
-    def write_run(self, ops: list[Any], step: np.ndarray, uid: int, atomic: bool) -> None:
+    def write_run(self, ops: Sequence[Any], step: np.ndarray, uid: int, atomic: bool) -> None:
         """Write consecutive blocks that nothing can interleave with: no store in between, so
         no update is lost, and dense blocks update their contiguous span in one operation
         (elementwise the same arithmetic as block by block)."""
-        if ops[0][3] is not None:
+        if ops[0][3] is not None and not isinstance(ops[0][3], range):
             for block, index, vsel, coords in ops:
                 if atomic:
                     self.add(block, index, coords, -step[vsel], uid)
@@ -126,7 +162,7 @@ class SharedMemory:
                     self.store(block, index, coords, self.load(index), step[vsel], uid,
                                self.count[block])
             return
-        span = slice(ops[0][1].start, ops[-1][1].stop)
+        span = slice(ops[0][1].start, ops[-1][1].stop)  # dense blocks, or grains of them
         if atomic:
             self.w[span] += -step[span]
         else:
@@ -165,7 +201,7 @@ class SharedMemory:
         """The current values (the load of a read-modify-write)."""
         return self.w[index].copy()
 
-    def store(self, block: int, index: Index, coords: np.ndarray | None, loaded: np.ndarray,
+    def store(self, block: int, index: Index, coords: Coords, loaded: np.ndarray,
               step: np.ndarray, uid: int, loaded_at: int) -> list[int]:
         """Store ``loaded − step``, ending a read-modify-write whose load saw version
         ``loaded_at``. Returns the updates whose stores in between are overwritten (lost)."""
@@ -180,7 +216,7 @@ class SharedMemory:
         self._record(block, index, coords, uid)
         return lost
 
-    def add(self, block: int, index: Index, coords: np.ndarray | None, delta: np.ndarray,
+    def add(self, block: int, index: Index, coords: Coords, delta: np.ndarray,
             uid: int) -> None:
         """Atomically add ``delta``: no store is ever lost."""
         self.w[index] += delta
@@ -188,7 +224,7 @@ class SharedMemory:
             self._rounded(index)
         self._record(block, index, coords, uid)
 
-    def _record(self, block: int, index: Index, coords: np.ndarray | None, uid: int) -> None:
+    def _record(self, block: int, index: Index, coords: Coords, uid: int) -> None:
         self.seq += 1
         self.count[block] += 1
         self._history[block].append((self.seq, uid, coords))

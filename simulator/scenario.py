@@ -177,6 +177,13 @@ class RunSpec:
     ``split`` says who makes the T updates: ``shared`` — any thread starts the next one until
     T have started (fast threads make more); ``even`` — thread i makes T // k updates, one
     more for i < T mod k, as the real backend's workers do (a slow thread then finishes last).
+
+    ``store_grain`` (``load_store`` writes): 0 — a block's write is one read-modify-write,
+    loaded at its start and stored at its end, so a store landing in between loses the whole
+    block's step; g > 0 — the write sweeps the block g coordinates at a time, each grain
+    loaded and stored within its share of the write duration, so overlapping writes lose the
+    grains they race on, as in-place ``w -= step`` on hardware loses elements (8 float64 are
+    one 64-byte cache line).
     """
 
     protocol: str = "lockfree"
@@ -188,6 +195,7 @@ class RunSpec:
     seed: int = 0
     lr_schedule: str = "constant"
     split: str = "shared"
+    store_grain: int = 0
 
     def __post_init__(self) -> None:
         _check(self.protocol in PROTOCOLS, "protocol", self.protocol,
@@ -199,6 +207,8 @@ class RunSpec:
         _check(self.write_mode in WRITE_MODES, "write_mode", self.write_mode,
                f"must be one of {', '.join(WRITE_MODES)}")
         _check(self.seed >= 0, "seed", self.seed, "must be >= 0")
+        _check(self.store_grain >= 0, "store_grain", self.store_grain,
+               "must be >= 0 (coordinates per read-modify-write; 0: the whole block)")
         _check(self.lr_schedule in LR_SCHEDULES, "lr_schedule", self.lr_schedule,
                f"must be one of {', '.join(LR_SCHEDULES)}")
         _check(self.split in SPLITS, "split", self.split, f"must be one of {', '.join(SPLITS)}")

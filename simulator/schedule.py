@@ -163,6 +163,9 @@ def run_schedule(scenario: Scenario, scheduler: Scheduler | Callable[[int], Sche
     if run.protocol not in ("lockfree", "serial"):
         raise ScenarioError("run.protocol", run.protocol,
                             "controlled schedules support lockfree and serial")
+    if run.store_grain:
+        raise ScenarioError("run.store_grain", run.store_grain,
+                            "controlled schedules write whole blocks: use run.blocks instead")
     problem = problem if problem is not None else make_problem(scenario.problem)
     threads = 1 if run.protocol == "serial" else run.threads
     if callable(scheduler) and not isinstance(scheduler, Scheduler):

@@ -55,6 +55,37 @@ def test_lockstep_threads_lose_the_first_write():
     assert np.allclose(trace["s_norm"], [np.linalg.norm(s1), np.linalg.norm(s2)], rtol=1e-12)
 
 
+def test_grains_of_one_block_lose_what_two_blocks_lose():
+    """``store_grain = 2`` on one 4-d block sweeps the write in two read-modify-writes
+    (load 1200 / store 1300, load 1300 / store 1400), exactly the writes of two 2-d blocks:
+    the same rows, the same lost stores, the same final vector and gradient errors."""
+    blocks = simulate(_hand_case("run.updates=2"))
+    grains = simulate(_hand_case("run.updates=2", "run.blocks=1", "run.store_grain=2"))
+    assert _rows(grains) == _rows(blocks)
+    for name in ("w_final", "delta_norm", "s_norm"):
+        assert np.array_equal(grains[name], blocks[name]), name
+
+
+def test_a_grain_as_large_as_the_block_is_the_whole_block_write():
+    """One grain per block is the block's own read-modify-write: every array of the trace is
+    bit-identical to ``store_grain = 0``, on dense and on sparse supports; finer grains lose
+    stores as grains, with lost and overwritten counts balanced, reproducibly."""
+    for extra in (("run.blocks=4",),
+                  ("problem.name=sparse_logistic", "problem.density=0.5", "run.blocks=4")):
+        base = scenario("run.updates=800", "run.threads=6", *extra)
+        whole = simulate(base)
+        coarse = simulate(scenario("run.updates=800", "run.threads=6", *extra,
+                                   f"run.store_grain={base.problem.dim}"))
+        for name, array in whole.arrays.items():
+            assert np.array_equal(coarse[name], array, equal_nan=array.dtype.kind == "f"), name
+        fine = scenario("run.updates=800", "run.threads=6", *extra, "run.store_grain=3")
+        first, again = simulate(fine), simulate(fine)
+        assert first["lost_blocks"].sum() > 0
+        assert first["lost_blocks"].sum() == first["overwrote"].sum()
+        for name, array in first.arrays.items():
+            assert np.array_equal(again[name], array, equal_nan=array.dtype.kind == "f"), name
+
+
 def test_fast_thread_tears_a_slow_read():
     """A 4× faster thread completes two updates while a slow thread reads: a torn read.
 
@@ -274,6 +305,16 @@ def test_even_split_gives_each_thread_its_share_and_shared_lets_fast_threads_tak
 def test_bad_split_or_slicing_names_the_field(override, field):
     with pytest.raises(ScenarioError, match=field):
         scenario(override)
+
+
+def test_bad_store_grain_names_the_field_and_explore_refuses_grains():
+    with pytest.raises(ScenarioError, match="store_grain"):
+        scenario("run.store_grain=-1")
+    from simulator.schedule import Scheduler, run_schedule
+
+    with pytest.raises(ScenarioError, match=r"run\.store_grain"):
+        run_schedule(scenario("run.updates=4", "run.threads=2", "run.store_grain=2"),
+                     Scheduler("random", 2))
 
 
 def test_even_split_is_refused_for_protocols_with_rounds_or_turns():
