@@ -15,7 +15,6 @@ samples come from a ``DurationSource``: seeded draws, or a recorded trace (repla
 
 from __future__ import annotations
 
-import bisect
 import math
 from collections import deque
 from collections.abc import Callable, Generator, Sequence
@@ -460,12 +459,10 @@ class Engine:
     def _grains(self, u: Update) -> tuple[list[Grain], list[int]]:
         """``u``'s writes as grains of ``run.store_grain`` coordinates, each taking its share
         of its block's write duration (integer ns that add up to the block's)."""
-        pieces, parents = (self._dense_grains if u.ops is self._dense_ops and
-                           self._dense_grains is not None else grain_ops(u.ops, self._grain))
+        pieces, counts = (self._dense_grains if u.ops is self._dense_ops and self._dense_grains
+                          else grain_ops(u.ops, self._grain))
         durations: list[int] = []
-        for n, block_ns in enumerate(u.write_ns):
-            first = bisect.bisect_left(parents, n)
-            count = bisect.bisect_right(parents, n) - first
+        for block_ns, count in zip(u.write_ns, counts, strict=True):
             ends = [block_ns * (c + 1) // count for c in range(count)]
             durations.extend(end - start for start, end in zip([0, *ends], ends, strict=False))
         return pieces, durations

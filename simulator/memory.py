@@ -56,23 +56,23 @@ Grain = tuple[int, Any, slice, Coords]
 
 def grain_ops(ops: list[Op], grain: int) -> tuple[list[Grain], list[int]]:
     """``ops`` cut into read-modify-writes of at most ``grain`` coordinates each, in order,
-    and the block op each piece came from. Dense blocks give contiguous grains (coordinates
-    as a ``range``), sparse ones consecutive groups of their support."""
+    and how many pieces each op gave. Dense blocks give contiguous grains (coordinates as a
+    ``range``), sparse ones consecutive groups of their support."""
     pieces: list[Grain] = []
-    parents: list[int] = []
-    for n, (block, index, vsel, coords) in enumerate(ops):
+    counts: list[int] = []
+    for block, index, vsel, coords in ops:
+        before = len(pieces)
         if coords is None:
             for lo in range(index.start, index.stop, grain):
                 hi = min(lo + grain, index.stop)
                 pieces.append((block, slice(lo, hi), slice(lo, hi), range(lo, hi)))
-                parents.append(n)
         else:
             for lo in range(0, coords.size, grain):
                 part = coords[lo: lo + grain]
                 pieces.append((block, part, slice(vsel.start + lo, vsel.start + lo + part.size),
                                part))
-                parents.append(n)
-    return pieces, parents
+        counts.append(len(pieces) - before)
+    return pieces, counts
 
 
 def block_ops(bounds: list[int], support: np.ndarray | None) -> list[Op]:
