@@ -448,6 +448,14 @@ def _compare(args: argparse.Namespace) -> int:
         print(f"  lost blocks per update {ow['a']['lost_blocks_per_update']:.3g} vs "
               f"{ow['b']['lost_blocks_per_update']:.3g}, torn reads "
               f"{ow['a']['torn_read_fraction']:.3g} vs {ow['b']['torn_read_fraction']:.3g}")
+        ia, ib = report["interference"]["a"], report["interference"]["b"]
+        print(f"  writes overlapping a write {num(ia['write_overlap_rate'], '.3f')} vs "
+              f"{num(ib['write_overlap_rate'], '.3f')}, reads under a write "
+              f"{num(ia['read_under_write_rate'], '.3f')} vs "
+              f"{num(ib['read_under_write_rate'], '.3f')}; error rate at staleness 0 "
+              f"{num(ia['error_rate_fresh'], '.3f')} vs {num(ib['error_rate_fresh'], '.3f')}, "
+              f"above 0 {num(ia['error_rate_stale'], '.3f')} vs "
+              f"{num(ib['error_rate_stale'], '.3f')}")
         print(f"  updates/s {report['throughput']['updates_per_second_a']:.4g} vs "
               f"{report['throughput']['updates_per_second_b']:.4g}")
         print(f"  final suboptimality {num(lo['final_a'])} vs {num(lo['final_b'])} (ratio "

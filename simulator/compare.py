@@ -21,7 +21,7 @@ import scipy.stats
 from matplotlib.figure import Figure
 
 from simulator.errors import AsyngradError, TraceError
-from simulator.metrics import error_mask, relative_error
+from simulator.metrics import error_mask, interference, relative_error
 from simulator.plots import draw_timeline
 from simulator.trace import Trace
 
@@ -134,6 +134,7 @@ def compare_runs(a: str | Path, b: str | Path) -> dict[str, Any]:
                       "ks_distance": ks},
         "gradient_error": {"a": ea, "b": eb, "rate_gap": rate_gap},
         "overwrites": {"a": overwrites(ta), "b": overwrites(tb)},
+        "interference": {"a": interference(ta), "b": interference(tb)},
         "throughput": {"updates_per_second_a": ups_a, "updates_per_second_b": ups_b,
                        "ratio": ups_b / ups_a if ups_a else None},
         "loss": _loss_agreement(ra.curve, rb.curve),

@@ -13,7 +13,8 @@ import numpy as np
 from simulator.problems import Problem
 from simulator.trace import EXTRA, Trace
 
-__all__ = ["ERROR_THRESHOLD", "curve_rows", "error_mask", "relative_error", "summarize"]
+__all__ = ["ERROR_THRESHOLD", "curve_rows", "error_mask", "interference", "overlaps",
+           "relative_error", "summarize"]
 
 # An update has a gradient error when ‖δ‖ > ERROR_THRESHOLD · max(‖g‖, 1e-12).
 ERROR_THRESHOLD = 1e-9
@@ -33,6 +34,39 @@ def error_mask(trace: Trace) -> np.ndarray:
     """For each measured update, whether it carries a gradient error."""
     measured = trace["measured"]
     return trace["delta_norm"][measured] > ERROR_THRESHOLD * _floor(trace["g_norm"][measured])
+
+
+def overlaps(start: np.ndarray, end: np.ndarray, other_start: np.ndarray,
+             other_end: np.ndarray) -> np.ndarray:
+    """For each window [start, end], how many of the other windows overlap it in time (a
+    window that ends exactly when another starts does not overlap it). Windows shared by
+    both sets (a write compared with all writes) count themselves: subtract 1 there."""
+    starts, ends = np.sort(other_start), np.sort(other_end)
+    return (np.searchsorted(starts, end, side="left")
+            - np.searchsorted(ends, start, side="right"))
+
+
+def interference(trace: Trace) -> dict[str, float | None]:
+    """How updates met each other in time, from the recorded windows alone (simulated and
+    real traces alike): the share of writes that overlapped another write (where stores can
+    be lost), the share of reads a write overlapped (where a read can see a half-written
+    vector), and the gradient error rate split by staleness — among updates no other
+    completion came between (``fresh``: their errors are lost stores and torn reads, not
+    staleness) and among the others (``stale``)."""
+    writes = trace["write_end"] > trace["write_start"]  # rows that stored something
+    ws, we = trace["write_start"][writes], trace["write_end"][writes]
+    rs, re = trace["read_start"], trace["read_end"]
+    measured, stale = trace["measured"], trace["staleness"] > 0
+    errors = np.zeros(len(trace), dtype=bool)
+    errors[measured] = error_mask(trace)
+
+    def share(mask: np.ndarray) -> float | None:
+        return float(mask.mean()) if mask.size else None
+
+    return {"write_overlap_rate": share(overlaps(ws, we, ws, we) > 1),
+            "read_under_write_rate": share(overlaps(rs, re, ws, we)[re > rs] > 0),
+            "error_rate_fresh": share(errors[measured & ~stale]),
+            "error_rate_stale": share(errors[measured & stale])}
 
 
 def _number(value: float) -> float | None:

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from simulator.cli import main
-from simulator.compare import compare_runs
+from simulator.compare import compare_runs, load_run
 from simulator.errors import AsyngradError
+from simulator.metrics import error_mask, overlaps
 
 
 @pytest.fixture(scope="module")
@@ -45,6 +47,7 @@ def test_cli_writes_report_and_figure(runs, tmp_path, capsys):
     assert main(["compare", str(runs / "a"), str(runs / "c"), "--out", str(out)]) == 0
     text = capsys.readouterr().out
     assert "KS distance" in text and "final suboptimality" in text
+    assert "writes overlapping a write" in text and "error rate at staleness 0" in text
     report = json.loads((out / "compare.json").read_text())
     assert report["a"]["updates"] == 600
     assert (out / "compare.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -63,3 +66,43 @@ def test_bad_or_mismatched_runs_are_one_line(runs, tmp_path, capsys, case):
         assert "different problems" in err[0] and "dim: 100 vs 20" in err[0]
     with pytest.raises(AsyngradError):
         compare_runs(runs / "a", b)
+
+
+def test_overlap_counts_match_a_pairwise_count():
+    rng = np.random.default_rng(3)
+    start = rng.integers(0, 1000, 300)
+    end = start + rng.integers(0, 40, 300)  # zero-length windows included
+    other_start = rng.integers(0, 1000, 200)
+    other_end = other_start + rng.integers(1, 40, 200)
+    pairwise = ((other_start[None, :] < end[:, None])
+                & (other_end[None, :] > start[:, None])).sum(axis=1)
+    assert overlaps(start, end, other_start, other_end).tolist() == pairwise.tolist()
+
+
+def test_interference_is_what_the_windows_and_errors_say(runs):
+    for name in ("a", "c"):
+        trace = load_run(runs / name).trace
+        ws, we = trace["write_start"], trace["write_end"]
+        rs, re = trace["read_start"], trace["read_end"]
+        other_write = (ws[:, None] < we[None, :]) & (we[:, None] > ws[None, :])
+        np.fill_diagonal(other_write, False)
+        under = ((ws[None, :] < re[:, None]) & (we[None, :] > rs[:, None])).any(axis=1)
+        errors, stale = error_mask(trace), trace["staleness"] > 0
+        got = compare_runs(runs / name, runs / name)["interference"]["a"]
+        assert got["write_overlap_rate"] == pytest.approx(other_write.any(axis=1).mean())
+        assert got["read_under_write_rate"] == pytest.approx(under.mean())
+        assert got["error_rate_fresh"] == pytest.approx(errors[~stale].mean())
+        assert got["error_rate_stale"] == pytest.approx(errors[stale].mean())
+        # Simulated block writes lose whole steps and B = 1 cannot tear a read, so an update
+        # no completion came between carries no error; with 8 threads many writes overlap.
+        assert got["error_rate_fresh"] == 0.0 and got["error_rate_stale"] > 0.5
+    assert compare_runs(runs / "a", runs / "c")["interference"]["a"]["write_overlap_rate"] > (
+        compare_runs(runs / "c", runs / "a")["interference"]["a"]["write_overlap_rate"])
+
+
+def test_a_serial_run_shows_no_interference(tmp_path):
+    assert main(["simulate", "--out", str(tmp_path / "s"), "--quiet", "--set",
+                 "run.updates=200", "--set", "run.protocol=serial"]) == 0
+    got = compare_runs(tmp_path / "s", tmp_path / "s")["interference"]["a"]
+    assert got == {"write_overlap_rate": 0.0, "read_under_write_rate": 0.0,
+                   "error_rate_fresh": 0.0, "error_rate_stale": None}
