@@ -115,14 +115,15 @@ CONFIGS = [("serial", 1), ("locked", 2), ("lockfree", 1), ("lockfree", 2), ("pla
 def instrumentation_ns(blocks: int, updates: int = 200_000) -> float:
     """ns per update of exactly what the numpy worker adds to record an update, timed in
     isolation: 4 ``monotonic_ns`` calls (2 + 2B with B > 1 blocks) and the stores into its
-    preallocated shared buffers through the same flat memoryviews, less the block loops the
-    worker runs anyway."""
-    from realrun.worker import _flat
+    preallocated shared buffers through the same views (the four stamps in one packed store),
+    less the block loops the worker runs anyway."""
+    from realrun.worker import STAMPS, _flat, _row_bytes
 
     def shared(*shape: int) -> memoryview:
         return _flat(torch.zeros(*shape, dtype=torch.int64).share_memory_())
 
-    times, samples = shared(updates, 4), shared(updates)
+    times = _row_bytes(torch.zeros(updates, 4, dtype=torch.int64).share_memory_())
+    samples, put_stamps = shared(updates), STAMPS.pack_into
     copy_end, store_end, progress = shared(updates, blocks), shared(updates, blocks), shared(1)
     clock = time.monotonic_ns
     stamp = blocks > 1
@@ -139,9 +140,7 @@ def instrumentation_ns(blocks: int, updates: int = 200_000) -> float:
             if stamp:
                 store_end[row + b] = clock()
         write_end = clock()
-        j = 4 * i
-        times[j], times[j + 1], times[j + 2], times[j + 3] = (read_start, read_end, grad_end,
-                                                              write_end)
+        put_stamps(times, STAMPS.size * i, read_start, read_end, grad_end, write_end)
         samples[i] = i
         progress[0] = i + 1
     loop = time.perf_counter_ns() - started

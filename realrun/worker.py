@@ -12,6 +12,7 @@ buffers: no locks, no I/O, no allocation of records inside the loop.
 
 from __future__ import annotations
 
+import struct
 import time
 import tomllib
 import traceback
@@ -86,6 +87,14 @@ def _flat(tensor: Any) -> memoryview:
     return memoryview(tensor.numpy()).cast("B").cast("q")
 
 
+STAMPS = struct.Struct("@4q")  # one row of ``times``: native int64, as the tensor holds them
+
+
+def _row_bytes(tensor: Any) -> memoryview:
+    """The bytes of a contiguous shared int64 tensor, for :data:`STAMPS` rows."""
+    return memoryview(tensor.numpy()).cast("B")
+
+
 def one_thread_each() -> None:
     """One compute thread per worker: torch's intra-op pool and every BLAS/OpenMP pool numpy
     and scipy loaded (k workers on k cores must not start k² threads that spin)."""
@@ -130,8 +139,10 @@ def _loop(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any, go: A
     one_thread_each()  # after the problem: the pools its libraries loaded are limited too
     w = buffers.w.numpy()
     # Records go through flat int64 memoryviews of the shared buffers: an item store costs
-    # a third of a numpy scalar store, and nothing is allocated.
-    times, samples = _flat(buffers.times[spec.rank]), _flat(buffers.samples[spec.rank])
+    # a third of a numpy scalar store, and nothing is allocated. An update's four stamps go
+    # in with one packed store into the bytes of its row (0.1 µs less than four items).
+    times, samples = _row_bytes(buffers.times[spec.rank]), _flat(buffers.samples[spec.rank])
+    put_stamps = STAMPS.pack_into
     copy_end, store_end = _flat(buffers.copy_end[spec.rank]), _flat(buffers.store_end[spec.rank])
     progress, rank = _flat(buffers.progress), spec.rank
     bounds = block_bounds(problem.dim, scenario.run.blocks)
@@ -178,8 +189,6 @@ def _loop(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any, go: A
             steps[i, slice(None) if support is None else support] = step
             if reads is not None:
                 reads[i] = local
-        j = 4 * i
-        times[j], times[j + 1], times[j + 2], times[j + 3] = (read_start, read_end, grad_end,
-                                                              write_end)
+        put_stamps(times, STAMPS.size * i, read_start, read_end, grad_end, write_end)
         samples[i] = sample
         progress[rank] = i + 1
