@@ -6,7 +6,8 @@ run at every k involved (`asyngrad real --measure`), `asyngrad calibrate real{k}
 --cores C`, `asyngrad simulate` of the calibrated scenario at k', and `asyngrad compare
 real{k'} sim` — the fidelity targets
 of the simulation-vs-hardware table in bench/README.md (mean staleness gap, KS distance,
-gradient error rate gap, final suboptimality ratio, throughput).
+gradient error rate gap, final suboptimality ratio, throughput), and how the updates met in
+time (the share of writes that overlapped another write, the error rate at staleness 0).
 
     python bench/fidelity.py --calibrate 2 --predict 4,8,16 --cores 16
     python bench/fidelity.py --calibrate 1,2 --predict 2,3 --cores 2 --quantum auto
@@ -33,6 +34,10 @@ def _run(*argv: str) -> None:
     status = asyngrad(list(argv))
     if status != 0:
         raise SystemExit(f"bench/fidelity.py: asyngrad {' '.join(argv)} exited {status}")
+
+
+def _share(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3f}"
 
 
 def _ints(text: str) -> list[int]:
@@ -63,8 +68,9 @@ def main() -> None:
         _run("real", "--workers", str(k), "--mode", args.mode, "--dtype", "float64",
              "--measure", "--out", str(work / f"real{k}"), "--quiet", *overrides)
     print("| calibrated at | predicted k' | staleness mean real / sim (gap) | KS | error rate "
-          "real / sim | final f − f* ratio sim/real | updates/s real / sim |")
-    print("|---:|---:|---|---:|---|---:|---|")
+          "real / sim | final f − f* ratio sim/real | updates/s real / sim | writes overlapping "
+          "a write real / sim | error rate at staleness 0 real / sim |")
+    print("|---:|---:|---|---:|---|---:|---|---|---|")
     rows = []
     # Each calibration count alone (--pool), and all of them together, which also fits the
     # contention between workers as a slowdown per other worker.
@@ -85,17 +91,24 @@ def main() -> None:
             r = json.loads((report / "compare.json").read_text())
             st, ge, th = r["staleness"], r["gradient_error"], r["throughput"]
             ratio = r["loss"]["final_ratio"]
+            ia, ib = r["interference"]["a"], r["interference"]["b"]
             rows.append({"calibrated": k, "predicted": target, **{
                 "staleness_real": st["mean_a"], "staleness_sim": st["mean_b"],
                 "gap": st["relative_mean_gap"], "ks": st["ks_distance"],
                 "error_real": ge["a"]["rate"], "error_sim": ge["b"]["rate"],
                 "final_ratio": ratio, "ups_real": th["updates_per_second_a"],
-                "ups_sim": th["updates_per_second_b"]}})
+                "ups_sim": th["updates_per_second_b"],
+                "write_overlap_real": ia["write_overlap_rate"],
+                "write_overlap_sim": ib["write_overlap_rate"],
+                "fresh_error_real": ia["error_rate_fresh"],
+                "fresh_error_sim": ib["error_rate_fresh"]}})
             print(f"| {k} | {target} | {st['mean_a']:.3f} / {st['mean_b']:.3f} "
                   f"({st['relative_mean_gap']:.1%}) | {st['ks_distance']:.3f} | "
                   f"{ge['a']['rate']:.3f} / {ge['b']['rate']:.3f} | "
                   f"{'n/a' if ratio is None else format(ratio, '.2f')} | "
-                  f"{th['updates_per_second_a']:,.0f} / {th['updates_per_second_b']:,.0f} |",
+                  f"{th['updates_per_second_a']:,.0f} / {th['updates_per_second_b']:,.0f} | "
+                  f"{_share(ia['write_overlap_rate'])} / {_share(ib['write_overlap_rate'])} | "
+                  f"{_share(ia['error_rate_fresh'])} / {_share(ib['error_rate_fresh'])} |",
                   flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
