@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from simulator.metrics import overlaps
 from simulator.problems import Problem
 from simulator.view import Measurement, SerializedView
 
@@ -46,12 +47,10 @@ class Rebuild:
 
 def quiet_reads(read_start: np.ndarray, read_end: np.ndarray, write_start: np.ndarray,
                 write_end: np.ndarray) -> np.ndarray:
-    """Rows whose read window no write window (of any row) overlaps, in read-start order."""
-    starts, ends = np.sort(write_start), np.sort(write_end)
-    # Writes overlapping [rs, re]: those starting by re, less those that ended before rs.
-    overlapping = (np.searchsorted(starts, read_end, side="right")
-                   - np.searchsorted(ends, read_start, side="left"))
-    quiet = np.flatnonzero(overlapping == 0)
+    """Rows whose read window no write window (of any row) overlaps, not even at an end
+    point, in read-start order."""
+    quiet = np.flatnonzero(overlaps(read_start, read_end, write_start, write_end,
+                                    touching=True) == 0)
     return quiet[np.argsort(read_start[quiet], kind="stable")]
 
 

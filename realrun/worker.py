@@ -82,17 +82,18 @@ def worker_main(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any 
         raise SystemExit(1) from None
 
 
-def _flat(tensor: Any) -> memoryview:
-    """A flat int64 memoryview of a contiguous shared tensor (writes land in the tensor)."""
-    return memoryview(tensor.numpy()).cast("B").cast("q")
-
-
 STAMPS = struct.Struct("@4q")  # one row of ``times``: native int64, as the tensor holds them
 
 
 def _row_bytes(tensor: Any) -> memoryview:
-    """The bytes of a contiguous shared int64 tensor, for :data:`STAMPS` rows."""
+    """The bytes of a contiguous shared tensor (writes land in the tensor), for
+    :data:`STAMPS` rows."""
     return memoryview(tensor.numpy()).cast("B")
+
+
+def _flat(tensor: Any) -> memoryview:
+    """A flat int64 memoryview of a contiguous shared int64 tensor."""
+    return _row_bytes(tensor).cast("q")
 
 
 def one_thread_each() -> None:

@@ -40,12 +40,7 @@ from simulator.distributions import Duration
 from simulator.errors import AsyngradError, TraceError
 from simulator.memory import block_bounds
 from simulator.problems import make_problem
-from simulator.scenario import (
-    DeviceSpec,
-    Scenario,
-    TimingSpec,
-    scenario_from_dict,
-)
+from simulator.scenario import DeviceSpec, Scenario, TimingSpec, scenario_from_dict
 from simulator.trace import Trace
 
 __all__ = ["Fit", "calibrate", "calibrate_counts", "fit_durations", "operation_samples"]

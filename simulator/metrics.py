@@ -37,13 +37,14 @@ def error_mask(trace: Trace) -> np.ndarray:
 
 
 def overlaps(start: np.ndarray, end: np.ndarray, other_start: np.ndarray,
-             other_end: np.ndarray) -> np.ndarray:
+             other_end: np.ndarray, touching: bool = False) -> np.ndarray:
     """For each window [start, end], how many of the other windows overlap it in time (a
-    window that ends exactly when another starts does not overlap it). Windows shared by
-    both sets (a write compared with all writes) count themselves: subtract 1 there."""
+    window that ends exactly when another starts overlaps it only with ``touching``).
+    Windows shared by both sets (a write compared with all writes) count themselves:
+    subtract 1 there."""
     starts, ends = np.sort(other_start), np.sort(other_end)
-    return (np.searchsorted(starts, end, side="left")
-            - np.searchsorted(ends, start, side="right"))
+    return (np.searchsorted(starts, end, side="right" if touching else "left")
+            - np.searchsorted(ends, start, side="left" if touching else "right"))
 
 
 def interference(trace: Trace) -> dict[str, float | None]:
