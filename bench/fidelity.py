@@ -55,7 +55,11 @@ def main() -> None:
     parser.add_argument("--updates", type=int, default=20_000)
     parser.add_argument("--mode", default="lockfree")
     parser.add_argument("--set", action="append", default=[], help="scenario overrides")
+    parser.add_argument("--convoys", default="auto", help="calibrate --convoys (auto, on, off)")
     parser.add_argument("--keep", default=None, help="keep the run directories here")
+    parser.add_argument("--reuse", action="store_true",
+                        help="with --keep: reuse real runs already there (compare calibrations "
+                             "on the same real runs)")
     parser.add_argument("--json", default=None, help="also write the rows here")
     args = parser.parse_args()
     work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="fidelity-"))
@@ -63,8 +67,10 @@ def main() -> None:
     overrides = [v for o in [f"run.updates={args.updates}", *args.set] for v in ("--set", o)]
     print(f"# {time.strftime('%Y-%m-%d')}, {platform.machine()}, {os.cpu_count()} cores, "
           f"{args.mode}, {args.updates:,} updates, calibrated with --pool --cores {args.cores}"
-          f" --quantum {args.quantum} --slicing {args.slicing}")
+          f" --quantum {args.quantum} --slicing {args.slicing} --convoys {args.convoys}")
     for k in sorted(set(args.calibrate) | set(args.predict)):
+        if args.reuse and (work / f"real{k}" / "trace.npz").is_file():
+            continue
         _run("real", "--workers", str(k), "--mode", args.mode, "--dtype", "float64",
              "--measure", "--out", str(work / f"real{k}"), "--quiet", *overrides)
     print("| calibrated at | predicted k' | staleness mean real / sim (gap) | KS | error rate "
@@ -81,7 +87,8 @@ def main() -> None:
     for k, sources in plans:
         calibrated = work / f"cal{k}.toml"
         _run("calibrate", *sources, "--out", str(calibrated), "--cores", str(args.cores),
-             "--quantum", args.quantum, "--slicing", args.slicing, "--quiet")
+             "--quantum", args.quantum, "--slicing", args.slicing, "--convoys", args.convoys,
+             "--quiet")
         for target in args.predict:
             sim, report = work / f"sim{k}_{target}", work / f"cmp{k}_{target}"
             _run("simulate", str(calibrated), "--set", f"run.threads={target}", "--out",

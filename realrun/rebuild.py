@@ -27,11 +27,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from simulator.metrics import overlaps
+from simulator.metrics import overlaps, write_pairs
 from simulator.problems import Problem
 from simulator.view import Measurement, SerializedView
 
-__all__ = ["Rebuild", "quiet_reads", "rebuild"]
+__all__ = ["Rebuild", "convoy_losses", "quiet_reads", "rebuild"]
 
 
 @dataclass(frozen=True)
@@ -52,6 +52,68 @@ def quiet_reads(read_start: np.ndarray, read_end: np.ndarray, write_start: np.nd
     quiet = np.flatnonzero(overlaps(read_start, read_end, write_start, write_end,
                                     touching=True) == 0)
     return quiet[np.argsort(read_start[quiet], kind="stable")]
+
+
+def convoy_losses(times: np.ndarray, thread: np.ndarray, seq: np.ndarray, uid: np.ndarray,
+                  steps: list[np.ndarray], reads: list[np.ndarray], dtype: str) -> np.ndarray:
+    """Which coordinates two real writes that met lost, from the read copies (one block).
+
+    For each pair of writes that met and no third (:func:`simulator.metrics.write_pairs`)
+    with a read before them that nothing could change (it began after every earlier write
+    ended and ended before the pair began) and one after them (began after both ended,
+    ended before the next write began), the vector after is compared coordinate by
+    coordinate with what the two subtractions give in the run's dtype: both applied,
+    only the joiner's (the leader's store was lost) or only the leader's. A pair where any
+    coordinate matches none of them (something else changed the vector) is left out, and
+    so is a coordinate where the outcomes coincide. Returns rows of
+    ``simulator.trace.CONVOY_PAIR_COLUMNS``, flat. ``times[i]`` = (read start, read end,
+    write start, write end) of row i."""
+    rs, re, ws, we = times.T
+    leaders, joiners = write_pairs(ws, we, thread)
+    rows: list[tuple[float, float, float, float, float]] = []
+    if not leaders.size:
+        return np.zeros(0)
+    # Reads that lie in the quiet gap before a write start / after a write end.
+    write_order = np.argsort(ws, kind="stable")
+    starts = ws[write_order]
+    ended_before = np.maximum.accumulate(we[write_order])
+    by_start = np.argsort(rs, kind="stable")
+    kind = np.dtype(dtype).type
+    for a, b in zip(leaders.tolist(), joiners.tolist(), strict=True):
+        first = int(np.searchsorted(starts, ws[a], side="left"))
+        previous_end = ended_before[first - 1] if first else np.iinfo(np.int64).min
+        following = starts[first + 2] if first + 2 < starts.size else np.iinfo(np.int64).max
+        end = max(we[a], we[b])
+        pre = _read_within(rs, re, by_start, previous_end, ws[a])
+        post = _read_within(rs, re, by_start, end, following)
+        if pre is None or post is None:
+            continue
+        w0 = reads[int(thread[pre])][int(seq[pre])].astype(kind)
+        w1 = reads[int(thread[post])][int(seq[post])].astype(kind)
+        sa = steps[int(thread[a])][int(seq[a])].astype(kind)
+        sb = steps[int(thread[b])][int(seq[b])].astype(kind)
+        both = ((w0 - sa) - sb, (w0 - sb) - sa)
+        only_a, only_b = w0 - sa, w0 - sb
+        either = (w1 == both[0]) | (w1 == both[1])
+        if not np.all(either | (w1 == only_a) | (w1 == only_b)):
+            continue
+        clear = ~either & (only_a != only_b)
+        rows.append((float(uid[a]), float(uid[b]), float(ws[b] - ws[a]),
+                     float(np.mean(clear & (w1 == only_b))),
+                     float(np.mean(clear & (w1 == only_a)))))
+    return np.asarray(rows, dtype=np.float64).ravel()
+
+
+def _read_within(rs: np.ndarray, re: np.ndarray, by_start: np.ndarray, low: int,
+                 high: int) -> int | None:
+    """A row whose read began after ``low`` and ended by ``high`` (the earliest such)."""
+    first = int(np.searchsorted(rs[by_start], low, side="right"))
+    for row in by_start[first:].tolist():
+        if rs[row] >= high:
+            return None
+        if re[row] <= high:
+            return int(row)
+    return None
 
 
 def rebuild(problem: Problem, lr: float, bounds: list[int], dtype: str, every: int,

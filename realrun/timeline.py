@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from realrun.rebuild import rebuild
+from realrun.rebuild import convoy_losses, rebuild
 from simulator.problems import Problem
 from simulator.trace import COLUMNS, Trace
 
@@ -154,6 +154,10 @@ def merge(records: list[WorkerRecord], w0: np.ndarray, w_final: np.ndarray,
                                      "delta_dot"), zip(*built.measurements, strict=True),
                                     strict=True):
                 arrays[name] = np.asarray(values, dtype=COLUMNS[name])
+        if measure.reads is not None and len(measure.bounds) == 2:  # one block
+            arrays["extra_convoy_pairs"] = convoy_losses(
+                rel[order], arrays["thread"], arrays["thread_seq"], arrays["uid"],
+                measure.steps, measure.reads, measure.dtype)
         curve = [(t, time + origin, f, d) for t, time, f, d, _ in built.curve]
         gap = built.w_final - np.asarray(w_final, dtype=np.float64)
         moved = float(np.linalg.norm(np.asarray(w_final, dtype=np.float64) - w0))

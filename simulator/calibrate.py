@@ -23,7 +23,15 @@ What is fitted:
   workers reading or writing at the same time (least squares), and the gradient's slope
   against the number of other workers computing. The calibrated scenario keeps one core per
   worker and no bus: the fitted distributions already contain the contention of the recorded
-  run at its worker count.
+  run at its worker count;
+* write convoys (one block per update): when writes that met end together (the median gap
+  between their ends under half the median gap between their starts, over at least
+  30 pairs of writes that met and no third), the joiner's duration is fitted by least
+  squares as ``convoy_join``·W + ``convoy_rest``·max(W − lag, 0), W the mean duration of
+  writes that met no other (and the write distribution is fitted on those alone, so the
+  convoys are not counted twice); the lost shares are the lost coordinates of the pairs a
+  measure-mode run classified (``extra_convoy_pairs``) over their shared part
+  max(1 − lag/W, 0).
 """
 
 from __future__ import annotations
@@ -39,15 +47,20 @@ import scipy.stats
 from simulator.distributions import Duration
 from simulator.errors import AsyngradError, TraceError
 from simulator.memory import block_bounds
+from simulator.metrics import overlaps, write_pairs
 from simulator.problems import make_problem
 from simulator.scenario import DeviceSpec, Scenario, TimingSpec, scenario_from_dict
-from simulator.trace import Trace
+from simulator.trace import Trace, convoy_pairs
 
-__all__ = ["Fit", "calibrate", "calibrate_counts", "fit_durations", "operation_samples"]
+__all__ = ["CONVOYS", "Fit", "alone_writes", "calibrate", "calibrate_counts", "fit_convoys",
+           "fit_durations", "operation_samples"]
 
 _KS_LEVEL = 0.01
 _MIN_FOR_TEST = 50
 _QUANTILES = 512
+_MIN_PAIRS = 30
+_TOGETHER = 0.5  # convoys: median end gap below this share of the median start gap
+CONVOYS = ("auto", "on", "off")
 
 
 @dataclass(frozen=True)
@@ -182,15 +195,86 @@ def contention(trace: Trace, rows: np.ndarray) -> dict[str, Any]:
     return result
 
 
+def alone_writes(trace: Trace, rows: np.ndarray) -> np.ndarray:
+    """The ``rows`` whose write no other write overlapped."""
+    ws, we = trace["write_start"][rows], trace["write_end"][rows]
+    return rows[overlaps(ws, we, ws, we) <= 1]
+
+
+def fit_convoys(runs: list[tuple[Trace, np.ndarray]], mode: str = "auto") -> dict[str, Any]:
+    """Write convoys from the rows of one or more traces (the module docstring): the
+    ``timing.convoy_*`` values in ``"fields"`` when convoys are found (or forced with
+    ``mode = "on"``), and what was measured."""
+    lags, durations, shares, gaps = [], [], [], []
+    lost = np.zeros(2)
+    shared_total, classified = 0.0, 0
+    for trace, rows in runs:
+        if len(trace) and int(np.diff(trace["op_offsets"]).max()) > 1:
+            return {"pairs": 0, "fields": None, "why": "writes of more than one block"}
+        alone = alone_writes(trace, rows)
+        if not alone.size:
+            continue
+        mean = float(np.mean(trace["write_end"][alone] - trace["write_start"][alone]))
+        ws, we = trace["write_start"][rows], trace["write_end"][rows]
+        lead, join = write_pairs(ws, we, trace["thread"][rows])
+        lags.append((ws[join] - ws[lead]).astype(np.float64))
+        gaps.append(np.abs(we[join] - we[lead]).astype(np.float64))
+        durations.append((we[join] - ws[join]).astype(np.float64))
+        shares.append(np.full(lead.size, mean))
+        pairs = convoy_pairs(trace)
+        if pairs is not None and pairs.size:
+            shared = np.clip(1 - pairs[:, 2] / mean, 0, 1)
+            shared_total += float(shared.sum())
+            lost += pairs[:, 3:5].sum(axis=0)
+            classified += len(pairs)
+    lag, gap = np.concatenate(lags or [np.zeros(0)]), np.concatenate(gaps or [np.zeros(0)])
+    report: dict[str, Any] = {"pairs": int(lag.size), "fields": None}
+    if lag.size < _MIN_PAIRS or mode == "off":
+        report["why"] = ("--convoys off" if mode == "off" else
+                         f"{lag.size} pairs of writes that met (fewer than {_MIN_PAIRS})")
+        return report
+    together = float(np.median(gap) / max(np.median(lag), 1e-9))
+    report["end_gap_over_start_gap"] = together
+    if together >= _TOGETHER and mode == "auto":
+        report["why"] = "writes that met ended apart (no convoys)"
+        return report
+    alone_mean = np.concatenate(shares)
+    design = np.column_stack([alone_mean, np.maximum(alone_mean - lag, 0)])
+    solution = np.linalg.lstsq(design, np.concatenate(durations), rcond=None)[0]
+    joined, rest = max(float(solution[0]), 1e-3), max(float(solution[1]), 0.0)
+    leader, joiner = ((lost / shared_total).tolist() if shared_total > 0 else [0.0, 0.0])
+    total = leader + joiner
+    if total > 1:
+        leader, joiner = leader / total, joiner / total
+    report.update(fields={"convoy_join": joined, "convoy_rest": rest,
+                          "convoy_lost_leader": leader, "convoy_lost_joiner": joiner},
+                  classified=classified, alone_write_ns=float(alone_mean.mean()))
+    return report
+
+
+def _with_convoys(timing: TimingSpec, report: dict[str, Any]) -> TimingSpec:
+    return replace(timing, **report["fields"]) if report.get("fields") else timing
+
+
+def _convoy_report(report: dict[str, Any], cores: int, quantum: int) -> dict[str, Any]:
+    """Convoys cannot be simulated on a core pool without time slices: say so, drop them."""
+    if report.get("fields") and cores and not quantum:
+        report = {**report, "fields": None,
+                  "why": "convoys found, not used: they need --quantum with --cores"}
+    return report
+
+
 def calibrate(run_dir: str | Path, pool: bool = False, cores: int = 0,
-              quantum: int = 0, slicing: str = "per_core") -> tuple[Scenario, dict[str, Any]]:
+              quantum: int = 0, slicing: str = "per_core",
+              convoys: str = "auto") -> tuple[Scenario, dict[str, Any]]:
     """The calibrated scenario of a run directory and the fit report.
 
     ``pool`` fits one timing to all workers together and puts every thread on one device
     with ``cores`` cores (0: one per thread): the form to predict other worker counts on the
     same machine, where threads beyond the cores time-share them (per action, or in time
     slices of ``quantum`` ns as an OS scheduler does, rotating per core or over all cores
-    as ``slicing`` says).
+    as ``slicing`` says). ``convoys``: fit write convoys when found (``auto``), whenever
+    there are pairs to fit (``on``), or never (``off``).
 
     Raises:
         AsyngradError: not a run directory, an unreadable trace, or fewer than 2 updates.
@@ -199,6 +283,11 @@ def calibrate(run_dir: str | Path, pool: bool = False, cores: int = 0,
     trace, scenario = _load(path)
     together = running_together(trace)
     samples = operation_samples(trace, scenario, together)
+    convoy = _convoy_report(fit_convoys([(trace, together)], convoys), cores, quantum)
+    if convoy["fields"]:  # the write alone: convoys stretch it again
+        alone = operation_samples(trace, scenario, alone_writes(trace, together))
+        for worker, ops in samples.items():
+            ops["write"] = alone[worker]["write"]
     if pool:
         samples = {-1: _pooled(samples)}
     devices, report = [], {}
@@ -206,8 +295,10 @@ def calibrate(run_dir: str | Path, pool: bool = False, cores: int = 0,
         fits = {op: fit_durations(values) for op, values in ops.items()}
         name = "all workers" if worker < 0 else f"worker {worker}"
         report[name] = {op: fit.describe() for op, fit in fits.items()}
-        timing = TimingSpec(read=fits["read"].duration, grad=fits["grad"].duration,
-                            write=fits["write"].duration, idle=fits["idle"].duration)
+        timing = _with_convoys(TimingSpec(read=fits["read"].duration,
+                                          grad=fits["grad"].duration,
+                                          write=fits["write"].duration,
+                                          idle=fits["idle"].duration), convoy)
         devices.append(DeviceSpec(name=name.replace(" ", ""), cores=cores, quantum=quantum,
                                   slicing=slicing, timing=timing))
     # The recorded durations already contain stragglers and network links: drop them.
@@ -215,7 +306,7 @@ def calibrate(run_dir: str | Path, pool: bool = False, cores: int = 0,
                          inject=replace(scenario.inject, stragglers=()))
     return calibrated, {"source": trace.source, "run": str(path), "fits": report,
                         "rows_fitted": int(together.size), "rows": len(trace),
-                        "contention": contention(trace, together)}
+                        "contention": contention(trace, together), "convoys": convoy}
 
 
 def _load(path: Path) -> tuple[Trace, Scenario]:
@@ -243,7 +334,8 @@ def _scaled(duration: Duration, factor: float) -> Duration:
 
 
 def calibrate_counts(run_dirs: list[str | Path], cores: int = 0, quantum: int = 0,
-                     slicing: str = "per_core") -> tuple[Scenario, dict[str, Any]]:
+                     slicing: str = "per_core",
+                     convoys: str = "auto") -> tuple[Scenario, dict[str, Any]]:
     """One pooled timing fitted from runs of one problem at two or more worker counts, with
     the contention between them as a slowdown per other worker.
 
@@ -253,7 +345,9 @@ def calibrate_counts(run_dirs: list[str | Path], cores: int = 0, quantum: int = 
     least 0) is the scenario's ``*_per_thread`` and the distribution is the one fitted on
     the fewest-worker run with its draws divided by 1 + x·(k_min − 1), i.e. one worker
     alone. Everything lands on one device with ``cores`` cores (0: one per thread) and
-    time slices of ``quantum`` ns (``slicing`` as in :func:`calibrate`).
+    time slices of ``quantum`` ns (``slicing`` as in :func:`calibrate`). Write convoys are
+    fitted from the runs' pairs together; with convoys, the write means are those of
+    writes that met no other.
 
     Raises:
         AsyngradError: fewer than two runs, a repeated worker count, runs of different
@@ -272,11 +366,19 @@ def calibrate_counts(run_dirs: list[str | Path], cores: int = 0, quantum: int = 
         if scenario.problem != base.problem or scenario.run.blocks != base.run.blocks:
             raise AsyngradError(f"calibrate: {path} trains another problem or block count "
                                 f"than {base_path}")
-    pooled, fitted_rows = [], 0
-    for _, trace, scenario in loaded:
-        together = running_together(trace)
-        fitted_rows += int(together.size)
-        pooled.append(_pooled(operation_samples(trace, scenario, together)))
+    pooled, fitted_rows, spans = [], 0, []
+    for _, trace, _ in loaded:
+        spans.append(running_together(trace))
+        fitted_rows += int(spans[-1].size)
+    convoy = _convoy_report(fit_convoys([(trace, rows) for (_, trace, _), rows
+                                         in zip(loaded, spans, strict=True)], convoys),
+                            cores, quantum)
+    for (_, trace, scenario), together in zip(loaded, spans, strict=True):
+        samples = _pooled(operation_samples(trace, scenario, together))
+        if convoy["fields"]:
+            samples["write"] = _pooled(operation_samples(
+                trace, scenario, alone_writes(trace, together)))["write"]
+        pooled.append(samples)
     k = np.asarray(counts, dtype=np.float64) - 1
     contention: dict[str, Any] = {}
     timing: dict[str, Any] = {}
@@ -293,7 +395,7 @@ def calibrate_counts(run_dirs: list[str | Path], cores: int = 0, quantum: int = 
                           "means_ns": {str(c): float(m) for c, m in zip(counts, means,
                                                                           strict=True)}}
     device = DeviceSpec(name="allworkers", cores=cores, quantum=quantum, slicing=slicing,
-                        timing=TimingSpec(**timing))
+                        timing=_with_convoys(TimingSpec(**timing), convoy))
     calibrated = replace(base, name=f"{base.name}-calibrated", devices=(device,),
                          inject=replace(base.inject, stragglers=()))
     return calibrated, {"source": loaded[0][1].source, "run": ", ".join(str(d) for d in
@@ -301,7 +403,7 @@ def calibrate_counts(run_dirs: list[str | Path], cores: int = 0, quantum: int = 
                         "fits": {f"all workers at k = {counts[0]}": fits},
                         "rows_fitted": fitted_rows,
                         "rows": sum(len(t) for _, t, _ in loaded), "worker_counts": counts,
-                        "contention": contention}
+                        "contention": contention, "convoys": convoy}
 
 
 MARKER = "# asyngrad-lab calibrated scenario"
@@ -329,5 +431,20 @@ def calibrated_toml(scenario: Scenario, report: dict[str, Any]) -> str:
             "no variation in concurrency" if fit is None else
             f"{fit['ns_per_concurrent']:.4g} ns per other worker in the same phase "
             f"(base {fit['base_ns']:.4g} ns, mean {fit['mean_concurrent']:.3g} others)"))
+    lines.append(f"#   write convoys: {_describe_convoys(report['convoys'])}")
     body = scenario_to_toml(scenario).split("\n", 1)[1]  # its own header line replaced
     return "\n".join(lines) + "\n" + body
+
+
+def _describe_convoys(report: dict[str, Any]) -> str:
+    fields = report.get("fields")
+    if not fields:
+        return f"none fitted ({report.get('why', '')})"
+    measured = (f"lost coordinates from {report['classified']} classified pairs"
+                if report.get("classified") else "no classified pairs: nothing lost")
+    return (f"{report['pairs']} pairs of writes that met ended together (end gap "
+            f"{report['end_gap_over_start_gap']:.3g} × start gap); joiner ends after "
+            f"{fields['convoy_join']:.3g} × its write + {fields['convoy_rest']:.3g} × the "
+            f"leader's rest (alone {report['alone_write_ns']:.4g} ns); lost shares leader "
+            f"{fields['convoy_lost_leader']:.3g}, joiner {fields['convoy_lost_joiner']:.3g} "
+            f"({measured})")

@@ -493,10 +493,11 @@ def _calibrate(args: argparse.Namespace) -> int:
         raise ScenarioError("--cores", args.cores, "must be >= 0 (0: one per thread)")
     quantum, measured = _quantum(args.quantum)
     if len(args.run_dir) > 1:
-        scenario, report = calibrate_counts(args.run_dir, args.cores, quantum, args.slicing)
+        scenario, report = calibrate_counts(args.run_dir, args.cores, quantum, args.slicing,
+                                            args.convoys)
     else:
         scenario, report = calibrate(args.run_dir[0], args.pool, args.cores, quantum,
-                                     args.slicing)
+                                     args.slicing, args.convoys)
     if measured:
         report["time_slice"] = measured
     text = calibrated_toml(scenario, report)
@@ -863,6 +864,10 @@ def _parser() -> argparse.ArgumentParser:
                      help="time slices per core (each thread stays on one core, as Linux "
                           "keeps processes; default) or global (all threads rotate over all "
                           "cores)")
+    cal.add_argument("--convoys", choices=("auto", "on", "off"), default="auto",
+                     help="write convoys (overlapping writes that end together): fit them "
+                          "when the run shows them (auto, default), whenever writes met (on), "
+                          "or never (off)")
 
     cmp = command("compare", "fidelity report of run B against run A (simulated or real)",
                   _compare, scenario=False, out="directory for compare.json and compare.png "

@@ -4,8 +4,10 @@ Time is integer nanoseconds on a simpy clock. Each thread loops (DESIGN §3): dr
 READ the blocks the sample needs, each copied when its read ends (so a read can be torn);
 compute the GRADIENT at the local copy; WRITE block by block. ``load_store`` loads a block,
 waits, and stores ``loaded − lr·g`` (overwriting any store that landed in between);
-``atomic_add`` adds ``−lr·g`` atomically. The engine owns the loop and the clock; a protocol
-(``simulator.protocols``) owns only what differs, such as holding a lock around the update.
+``atomic_add`` adds ``−lr·g`` atomically; with write convoys (``timing.convoy_*``) writes
+of one block that meet end together and lose some coordinates' stores. The engine owns the
+loop and the clock; a protocol (``simulator.protocols``) owns only what differs, such as
+holding a lock around the update.
 
 Every action's duration goes through :meth:`Engine._advance`, the one place where time
 passes: cores and the memory bus are simpy resources acquired there, so the order of atomic
@@ -39,16 +41,31 @@ __all__ = ["Engine", "Update", "simulate"]
 
 _TRIM_EVERY = 2048
 _PROGRESS_EVERY = 256
+_CONVOY_TAG = 0xC0
+
+
+class _Convoy:
+    """The writes of one block in flight together (``timing.convoy_*``). The front of the
+    sweep moves linearly from ``front`` at ``start`` to the block's end at ``end``."""
+
+    __slots__ = ("end", "first", "front", "leader", "lost", "members", "pair", "start")
+
+    def __init__(self, leader: Update, start: int, end: int) -> None:
+        self.leader, self.first, self.start, self.end = leader, start, start, end
+        self.front = 0.0
+        self.members = 1
+        self.lost: dict[int, np.ndarray] = {}  # uid → coordinates of the block it loses
+        self.pair: tuple[int, int, int, float, float] | None = None
 
 
 class Update:
     """One update in flight: its sample, the blocks it moves and what happened to it."""
 
-    __slots__ = ("delay", "discard", "dropped", "error_norm", "grad_end", "grad_ns",
-                 "grad_start", "group", "idle_ns", "lr_scale", "ops", "overwrote", "read",
-                 "read_end", "read_ns", "read_overwrites", "read_start", "role", "sample", "seq",
-                 "start_completed", "start_versions", "step", "thread", "torn", "uid",
-                 "write_end", "write_ns", "write_start")
+    __slots__ = ("delay", "discard", "drawn_write_ns", "dropped", "error_norm", "grad_end",
+                 "grad_ns", "grad_start", "group", "idle_ns", "lr_scale", "ops", "overwrote",
+                 "read", "read_end", "read_ns", "read_overwrites", "read_start", "role",
+                 "sample", "seq", "start_completed", "start_versions", "step", "thread", "torn",
+                 "uid", "write_end", "write_ns", "write_start")
 
     read_ns: list[int]
     grad_ns: int
@@ -77,6 +94,7 @@ class Update:
         self.delay = 0          # injected staleness τ
         self.error_norm = 0.0   # injected ‖e‖
         self.lr_scale = 1.0     # the update rule's learning-rate factor
+        self.drawn_write_ns: list[int] | None = None  # in a convoy run: before convoys
 
 
 class Engine:
@@ -155,6 +173,11 @@ class Engine:
         self._op_read_ns: list[int] = []
         self._op_write_ns: list[int] = []
         self.progress: Callable[[int], object] | None = None
+        self._convoys = self._convoy_setup()
+        self._inflight: list[_Convoy | None] = [None] * run.blocks
+        self._paired: list[_Convoy] = []
+        self._op_write_drawn: list[int] = []
+        self._convoy_rng = np.random.default_rng([run.seed, _CONVOY_TAG])
         self.protocol.setup(self)
 
     # -- setup -------------------------------------------------------------------------------
@@ -202,6 +225,37 @@ class Engine:
                     for thread in rotation:
                         slices[thread] = (rotation, cores, spec.quantum)
         return slices
+
+    def _convoy_setup(self) -> bool:
+        """Whether writes form convoys (``timing.convoy_*``), after checking that the run's
+        writes can: dense ``load_store`` writes of whole blocks, threads on their own cores
+        or in time slices (no core pool or bus to wait for inside a write)."""
+        scenario = self.scenario
+        timings = {scenario.timing_of(scenario.device_of(t)) for t in range(self.threads)}
+        asked = [t for t in timings if t.convoys]
+        if not asked or self.protocol.atomic:
+            return False
+        value = asked[0].convoy_join
+        fields = ("convoy_join", "convoy_rest", "convoy_lost_leader", "convoy_lost_joiner")
+        if len({tuple(getattr(t, f) for f in fields) for t in timings}) > 1:
+            raise ScenarioError("timing.convoy_join", value,
+                                "the convoy_* values must be the same on every device")
+        run = scenario.run
+        if run.write_mode != "load_store":
+            raise ScenarioError("timing.convoy_join", value,
+                                "write convoys need run.write_mode = load_store")
+        if run.store_grain:
+            raise ScenarioError("timing.convoy_join", value,
+                                "write convoys sweep whole blocks: set run.store_grain = 0")
+        if self._sparse:
+            raise ScenarioError("timing.convoy_join", value,
+                                "write convoys need dense writes (this problem's are sparse)")
+        if any(c is not None or b is not None for c, b in zip(self._cores, self._bus,
+                                                               strict=True)):
+            raise ScenarioError("timing.convoy_join", value,
+                                "write convoys need no bus and a core per thread or "
+                                "time slices (devices.quantum)")
+        return True
 
     # -- the clock ---------------------------------------------------------------------------
     # Each thread keeps its own clock, which may run ahead of simpy's: an action that ends
@@ -418,6 +472,25 @@ class Engine:
                     yield wait
                     clock[thread] = int(self.env.now)
                 n = 0
+            if self._convoys and n:
+                drawn = u.drawn_write_ns = u.write_ns
+                u.write_ns = []
+                for i in range(n):
+                    block, index, vsel, _ = ops[i]
+                    if paused:
+                        self._skip_pauses(thread)
+                    begun = clock[thread]
+                    convoy, duration = self._join(thread, u, block, index, drawn[i])
+                    wait = self._advance(thread, duration, True)
+                    if wait is not None:
+                        yield wait
+                        clock[thread] = int(self.env.now)
+                    while convoy.end > clock[thread]:  # a later write joined: end with it
+                        yield self.env.timeout(convoy.end - clock[thread])
+                        clock[thread] = int(self.env.now)
+                    self._sweep(convoy, u, block, index, step[vsel])
+                    u.write_ns.append(clock[thread] - begun)
+                n = 0
             writes: Sequence[Grain] = ops
             write_ns = u.write_ns
             if self._grain and n:
@@ -456,6 +529,51 @@ class Engine:
             yield from self._catch_up(thread)
             protocol.finish(self, thread)
 
+    def _join(self, thread: int, u: Update, block: int, index: slice,
+              drawn: int) -> tuple[_Convoy, int]:
+        """``u`` starts writing ``block`` now: alone (a new convoy) or joining the writes in
+        flight, whose end it moves; returns the convoy and the write's duration."""
+        now = self.clock[thread]
+        convoy = self._inflight[block]
+        if convoy is None or convoy.end <= now:
+            convoy = self._inflight[block] = _Convoy(u, now, now + drawn)
+            return convoy, drawn
+        timing = self.scenario.timing_of(self.scenario.device_of(thread))
+        front = convoy.front + (1 - convoy.front) * (now - convoy.start) / (convoy.end
+                                                                             - convoy.start)
+        end = max(convoy.end, now + round(timing.convoy_join * drawn
+                                          + timing.convoy_rest * (convoy.end - now)))
+        size = index.stop - index.start
+        shared = size - min(size, math.ceil(front * size))
+        draws = self._convoy_rng.random(shared)
+        leader_loses = draws < timing.convoy_lost_leader
+        joiner_loses = ~leader_loses & (draws < timing.convoy_lost_leader
+                                        + timing.convoy_lost_joiner)
+        for victim, winner, loses in ((convoy.leader, u, leader_loses),
+                                      (u, convoy.leader, joiner_loses)):
+            count = int(loses.sum())
+            if count:
+                mask = convoy.lost.setdefault(victim.uid, np.zeros(size, dtype=bool))
+                mask[size - shared:] |= loses
+                self.lost[victim.uid] += 1
+                winner.overwrote += 1
+        if convoy.members == 1:
+            convoy.pair = (convoy.leader.uid, u.uid, now - convoy.first,
+                           int(leader_loses.sum()) / size, int(joiner_loses.sum()) / size)
+            self._paired.append(convoy)
+        else:
+            convoy.pair = None  # three or more: not a pair
+        convoy.start, convoy.front, convoy.end = now, front, end
+        convoy.members += 1
+        return convoy, end - now
+
+    def _sweep(self, convoy: _Convoy, u: Update, block: int, index: slice,
+               step: np.ndarray) -> None:
+        """``u``'s write of ``block`` lands, less the coordinates its convoy lost."""
+        lost = convoy.lost.pop(u.uid, None)
+        self.mem.add(block, index, None, -step if lost is None else np.where(lost, 0.0, -step),
+                     u.uid)
+
     def _grains(self, u: Update) -> tuple[list[Grain], list[int]]:
         """``u``'s writes as grains of ``run.store_grain`` coordinates, each taking its share
         of its block's write duration (integer ns that add up to the block's)."""
@@ -493,6 +611,9 @@ class Engine:
                                else [op[0] for op in u.ops])
         self._op_read_ns.extend(u.read_ns)
         self._op_write_ns.extend(u.write_ns)
+        if self._convoys:
+            self._op_write_drawn.extend(u.write_ns if u.drawn_write_ns is None
+                                        else u.drawn_write_ns)
         if self.active.get(u.thread) is u:
             del self.active[u.thread]
         n = len(self._rows)
@@ -587,6 +708,10 @@ class Engine:
         arrays.update(self.view.curve_arrays())
         extras = {"dead_threads": np.asarray(sorted(self.dead), dtype=np.int64),
                   **self.protocol.report()}
+        if self._convoys:  # the drawn write durations (replay redraws nothing) and the pairs
+            extras["write_drawn_ns"] = np.asarray(self._op_write_drawn, dtype=np.int64)
+            extras["convoy_pairs"] = np.asarray(
+                [c.pair for c in self._paired if c.pair is not None], dtype=np.float64).ravel()
         arrays.update({f"extra_{name}": values for name, values in extras.items()})
         return Trace(arrays, scenario_to_toml(self.scenario))
 

@@ -14,7 +14,7 @@ from simulator.problems import Problem
 from simulator.trace import EXTRA, Trace
 
 __all__ = ["ERROR_THRESHOLD", "curve_rows", "error_mask", "interference", "overlaps",
-           "relative_error", "summarize"]
+           "relative_error", "summarize", "write_pairs"]
 
 # An update has a gradient error when ‖δ‖ > ERROR_THRESHOLD · max(‖g‖, 1e-12).
 ERROR_THRESHOLD = 1e-9
@@ -45,6 +45,24 @@ def overlaps(start: np.ndarray, end: np.ndarray, other_start: np.ndarray,
     starts, ends = np.sort(other_start), np.sort(other_end)
     return (np.searchsorted(starts, end, side="right" if touching else "left")
             - np.searchsorted(ends, start, side="left" if touching else "right"))
+
+
+def write_pairs(start: np.ndarray, end: np.ndarray,
+                owner: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Writes that met in pairs: (leader, joiner) indices of two windows of different owners
+    where the joiner started inside the leader's window and no third window overlaps either
+    (windows that only touch do not meet)."""
+    order = np.argsort(start, kind="stable")
+    s, e, o = start[order], end[order], owner[order]
+    if s.size < 2:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    before = np.maximum.accumulate(np.concatenate([[np.iinfo(np.int64).min], e[:-1]]))
+    after = np.concatenate([s[2:], [np.iinfo(np.int64).max, np.iinfo(np.int64).max]])
+    lead = np.arange(s.size - 1)
+    join = lead + 1
+    met = ((s[join] < e[lead]) & (o[join] != o[lead]) & (before[lead] <= s[lead])
+           & (after[lead] >= np.maximum(e[lead], e[join])))
+    return order[lead[met]], order[join[met]]
 
 
 def interference(trace: Trace) -> dict[str, float | None]:

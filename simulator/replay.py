@@ -27,7 +27,8 @@ FIXED_BY_TRACE = ("protocol", "threads", "blocks", "updates")
 FIXED_SECTIONS = {"paramserver": ("staleness_limit", "accumulate", "warm_start", "fraction",
                                   "rebalance", "rebalance_after"),
                   "admm": ("local_steps",),
-                  "inject": ("stragglers", "pauses", "deaths")}
+                  "inject": ("stragglers", "pauses", "deaths"),
+                  "timing": ("convoy_join", "convoy_rest")}
 
 
 def load_trace(path: str | Path) -> Trace:
@@ -44,6 +45,9 @@ def replay_source(trace: Trace) -> ReplaySource:
     per_thread: list[list[tuple[int, list[int], int, list[int], int]]] = [
         [] for _ in range(threads)]
     reads, writes = trace["op_read_ns"], trace["op_write_ns"]
+    # A run with write convoys recorded the drawn write durations too: the convoys
+    # stretch them again exactly as they did.
+    writes = trace.arrays.get("extra_write_drawn_ns", writes)
     for row in order.tolist():
         ops = trace.ops_of(row)
         per_thread[int(trace["thread"][row])].append(

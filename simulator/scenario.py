@@ -101,6 +101,17 @@ class TimingSpec:
     read draw is scaled by 1 + ``read_per_thread``·(k − 1), and likewise gradient, write and
     idle draws: the draws describe one worker alone.
     ``asyngrad calibrate`` fits these from runs at two or more worker counts.
+
+    Write convoys (``convoy_join`` > 0; ``load_store`` writes of whole blocks): a write that
+    starts while other writes of the same block are in flight joins them, and all of them end
+    together, ``convoy_join`` × its own drawn duration plus ``convoy_rest`` × the time the
+    in-flight writes had left after it starts (never earlier than they would have). The
+    convoy's front sweeps the block from the leader's position at the join to its end; in
+    that shared part each coordinate's store is lost with probability ``convoy_lost_leader``
+    for the convoy's first write and ``convoy_lost_joiner`` for the one joining (never both),
+    as two in-place sweeps ``w -= step`` that meet on hardware end in lockstep and lose
+    element stores. ``asyngrad calibrate`` fits all four from a real run when its
+    overlapping writes end together.
     """
 
     read: Duration = Duration("lognormal", 2000.0, 0.3)
@@ -111,6 +122,10 @@ class TimingSpec:
     grad_per_thread: float = 0.0
     write_per_thread: float = 0.0
     idle_per_thread: float = 0.0
+    convoy_join: float = 0.0
+    convoy_rest: float = 0.0
+    convoy_lost_leader: float = 0.0
+    convoy_lost_joiner: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("read_per_thread", "grad_per_thread", "write_per_thread",
@@ -118,6 +133,22 @@ class TimingSpec:
             value = getattr(self, name)
             _check(math.isfinite(value) and value >= 0, name, value,
                    "must be >= 0 (slowdown per other worker)")
+        for name in ("convoy_join", "convoy_rest"):
+            value = getattr(self, name)
+            _check(math.isfinite(value) and value >= 0, name, value,
+                   "must be >= 0 (multiple of a write duration; convoy_join 0: no convoys)")
+        for name in ("convoy_lost_leader", "convoy_lost_joiner"):
+            value = getattr(self, name)
+            _check(math.isfinite(value) and 0 <= value <= 1, name, value,
+                   "must be in [0, 1] (share of the shared coordinates lost)")
+        _check(self.convoy_lost_leader + self.convoy_lost_joiner <= 1, "convoy_lost_joiner",
+               self.convoy_lost_joiner,
+               f"plus convoy_lost_leader ({self.convoy_lost_leader}) must be <= 1")
+
+    @property
+    def convoys(self) -> bool:
+        """Whether concurrent writes of one block form convoys."""
+        return self.convoy_join > 0
 
     def slowdown(self, threads: int) -> tuple[float, float, float, float]:
         """The read, gradient, write and idle scale factors at ``threads`` workers."""

@@ -22,7 +22,7 @@ import numpy as np
 
 from simulator.errors import TraceError
 
-__all__ = ["COLUMNS", "SCHEMA", "Trace"]
+__all__ = ["COLUMNS", "CONVOY_PAIR_COLUMNS", "SCHEMA", "Trace", "convoy_pairs"]
 
 SCHEMA = 2
 
@@ -56,6 +56,10 @@ OTHER: dict[str, type] = {"op_offsets": np.int64, "w0": np.float64, "w_final": n
                           "curve_t": np.int64, "curve_time": np.int64, "curve_loss": np.float64,
                           "curve_dist2": np.float64, "curve_n": np.int64}
 EXTRA = "extra_"  # protocol- and run-specific 1-d arrays (dead threads, residuals, ...)
+# Two writes of one block that met in time and no third (write convoys): one row per pair,
+# stored flat. Lost shares are of the block's coordinates; simulated with timing.convoy_*,
+# classified coordinate by coordinate in real measure-mode runs.
+CONVOY_PAIR_COLUMNS = ("leader_uid", "joiner_uid", "lag_ns", "leader_lost", "joiner_lost")
 
 
 @dataclass
@@ -142,3 +146,9 @@ class Trace:
             raise TraceError(f"trace: {path}: schema is not {SCHEMA}")
         scenario, source = str(arrays.pop("scenario")), str(arrays.pop("source"))
         return cls(arrays, scenario, source)
+
+
+def convoy_pairs(trace: Trace) -> np.ndarray | None:
+    """The trace's write pairs as rows of :data:`CONVOY_PAIR_COLUMNS` (None: not recorded)."""
+    flat = trace.arrays.get(f"{EXTRA}convoy_pairs")
+    return None if flat is None else flat.reshape(-1, len(CONVOY_PAIR_COLUMNS))

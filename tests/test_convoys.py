@@ -1,0 +1,208 @@
+"""Write convoys (``timing.convoy_*``): simulated timing and lost coordinates worked by hand,
+their calibration from a trace, and the real backend's coordinate-by-coordinate
+classification of what two writes that met lost."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from realrun.rebuild import convoy_losses
+from simulator.calibrate import calibrate
+from simulator.cli import main
+from simulator.engine import simulate
+from simulator.errors import ScenarioError
+from simulator.metrics import write_pairs
+from simulator.problems import make_problem
+from simulator.replay import replay
+from simulator.trace import convoy_pairs
+
+from .conftest import CONSTANT, scenario
+
+CONVOY = ("timing.convoy_join=1.5", "timing.convoy_rest=2.0")
+
+
+def _two_writers(*extra):
+    """Thread 0 writes [7000, 11000) alone; thread 1 (slower gradient) starts at 8000."""
+    return scenario(*CONSTANT, "run.threads=2", "run.updates=2", "problem.dim=40",
+                    "timing.read.mean=1000", "timing.write.mean=4000",
+                    "devices=[{name='a', timing={read={dist='constant', mean=1000}, "
+                    "grad={dist='constant', mean=6000}, write={dist='constant', mean=4000}, "
+                    "convoy_join=1.5, convoy_rest=2.0" + "".join(f", {e}" for e in extra)
+                    + "}}, {name='b', timing={read={dist='constant', mean=1000}, "
+                    "grad={dist='constant', mean=7000}, write={dist='constant', mean=4000}, "
+                    "convoy_join=1.5, convoy_rest=2.0" + "".join(f", {e}" for e in extra)
+                    + "}}]")
+
+
+def test_a_write_that_joins_another_ends_with_it():
+    """The joiner starts 1000 ns into the leader's 4000: both end at 8000 + 1.5·4000 +
+    2.0·(11000 − 8000) = 20000, and the trace records the stretched durations."""
+    trace = simulate(_two_writers())
+    rows = {int(t): i for i, t in enumerate(trace["thread"])}
+    assert [int(trace["write_start"][rows[t]]) for t in (0, 1)] == [7000, 8000]
+    assert [int(trace["write_end"][rows[t]]) for t in (0, 1)] == [20000, 20000]
+    assert sorted(trace["op_write_ns"].tolist()) == [12000, 13000]
+    assert trace["extra_write_drawn_ns"].tolist() == [4000, 4000]
+    assert convoy_pairs(trace).tolist() == [[0, 1, 1000, 0, 0]]
+    # Nothing lost: both steps computed at w0 land whole.
+    problem = make_problem(_two_writers().problem)
+    w0 = problem.initial()
+    steps = [0.02 * problem.grad(w0, int(trace["sample"][rows[t]]))[0] for t in (0, 1)]
+    assert np.allclose(trace["w_final"], w0 - steps[0] - steps[1], rtol=0, atol=1e-15)
+    assert trace["lost_blocks"].tolist() == [0, 0]
+
+
+@pytest.mark.parametrize(("leader", "joiner"), [(1.0, 0.0), (0.0, 1.0)])
+def test_the_shared_part_loses_the_stores_it_is_told_to(leader, joiner):
+    """The leader had swept a quarter of the block when the joiner came: in the other three
+    quarters every coordinate loses the leader's store (or the joiner's)."""
+    trace = simulate(_two_writers(f"convoy_lost_leader={leader}",
+                                  f"convoy_lost_joiner={joiner}"))
+    rows = {int(t): i for i, t in enumerate(trace["thread"])}
+    problem = make_problem(_two_writers().problem)
+    w0 = problem.initial()
+    lead, join = (0.02 * problem.grad(w0, int(trace["sample"][rows[t]]))[0] for t in (0, 1))
+    shared = np.arange(40) >= 10
+    expected = w0 - np.where(shared & (leader == 1), 0, lead) - np.where(shared & (joiner == 1),
+                                                                          0, join)
+    assert np.array_equal(trace["w_final"], expected)
+    assert convoy_pairs(trace)[0, 3:].tolist() == [0.75 * leader, 0.75 * joiner]
+    victim, winner = (rows[0], rows[1]) if leader else (rows[1], rows[0])
+    assert trace["lost_blocks"][victim] == 1 and trace["overwrote"][winner] == 1
+
+
+def _random_convoys(*extra):
+    return scenario("run.threads=3", "run.updates=600", "problem.dim=2000",
+                    "timing.write.mean=4000", "timing.grad.mean=8000", *CONVOY,
+                    "timing.convoy_lost_leader=0.3", "timing.convoy_lost_joiner=0.2", *extra)
+
+
+def test_lost_shares_match_the_scenario_over_the_shared_part():
+    """Over many random pairs the lost share of each write is its probability times the
+    shared part (1 − the leader's swept share at the join)."""
+    trace = simulate(_random_convoys("run.threads=2", "timing.write.dist=constant",
+                                     "run.updates=2000"))
+    pairs = convoy_pairs(trace)
+    assert len(pairs) > 100
+    shared = np.clip(1 - pairs[:, 2] / 4000, 0, 1)
+    assert pairs[:, 3].sum() / shared.sum() == pytest.approx(0.3, rel=0.03)
+    assert pairs[:, 4].sum() / shared.sum() == pytest.approx(0.2, rel=0.03)
+
+
+def test_convoys_are_deterministic_and_replay_bit_for_bit():
+    sc = _random_convoys()
+    first, second = simulate(sc), simulate(sc)
+    slow = simulate(sc, lookahead=False)
+    _, _, replayed = replay(first)
+    for other in (second, slow, replayed):
+        for name, values in first.arrays.items():
+            assert np.array_equal(values, other.arrays[name]), name
+    # Convoys happened, with three writers at times, and they lost stores.
+    assert (first["write_end"] - first["write_start"]).max() > 4000 * 3
+    assert first["lost_blocks"].sum() > 0
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ("run.write_mode=atomic_add", "load_store"),
+    ("run.store_grain=8", "store_grain"),
+    ("devices=[{name='cpu', bus=1}]", "no bus"),
+    ("problem.name=sparse_logistic", "dense writes"),
+])
+def test_writes_that_cannot_form_convoys_are_refused(override, message):
+    with pytest.raises(ScenarioError, match=message) as err:
+        simulate(_random_convoys(override))
+    assert "timing.convoy_join" in str(err.value)
+
+
+def test_lost_shares_above_one_are_refused(capsys):
+    assert main(["simulate", "--out", "/nonexistent/x", "--set", "timing.convoy_join=1",
+                 "--set", "timing.convoy_lost_leader=0.7", "--set",
+                 "timing.convoy_lost_joiner=0.5"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "timing.convoy_lost_joiner" in err[0] and "0.5" in err[0]
+
+
+def _convoy_run(tmp_path, name, *overrides):
+    out = tmp_path / name
+    assert main(["simulate", "--out", str(out), "--quiet", "--set", "run.threads=2",
+                 "--set", "run.updates=4000", "--set", "problem.dim=1000",
+                 "--set", "timing.write={dist='lognormal', mean=4000, cv=0.1}",
+                 "--set", "timing.grad={dist='lognormal', mean=9000, cv=0.3}",
+                 "--set", "metrics.exact=false",
+                 *(arg for o in overrides for arg in ("--set", o))]) == 0
+    return out
+
+
+def test_calibration_recovers_convoys_from_a_simulated_trace(tmp_path):
+    """Known convoy values within 10% (timing) and 5% (lost shares); the write distribution
+    is fitted on writes that met no other, so it is the drawn one, not the stretched."""
+    run = _convoy_run(tmp_path, "convoys", "timing.convoy_join=1.5",
+                      "timing.convoy_rest=2.5", "timing.convoy_lost_leader=0.08",
+                      "timing.convoy_lost_joiner=0.04")
+    calibrated, report = calibrate(run, pool=True)
+    timing = calibrated.devices[0].timing
+    assert report["convoys"]["pairs"] >= 200
+    assert timing.convoy_join == pytest.approx(1.5, rel=0.1)
+    assert timing.convoy_rest == pytest.approx(2.5, rel=0.1)
+    assert timing.convoy_lost_leader == pytest.approx(0.08, rel=0.05)
+    assert timing.convoy_lost_joiner == pytest.approx(0.04, rel=0.05)
+    assert timing.write.mean == pytest.approx(4000, rel=0.05)
+    off, report_off = calibrate(run, pool=True, convoys="off")
+    assert not off.devices[0].timing.convoys and report_off["convoys"]["fields"] is None
+
+
+def test_writes_that_end_apart_are_not_convoys(tmp_path):
+    _, report = calibrate(_convoy_run(tmp_path, "plain"), pool=True)
+    assert report["convoys"]["pairs"] >= 30
+    assert report["convoys"]["fields"] is None
+    assert report["convoys"]["end_gap_over_start_gap"] > 0.5
+
+
+def test_convoys_need_time_slices_when_cores_are_shared(tmp_path):
+    run = _convoy_run(tmp_path, "convoys", "timing.convoy_join=1.5", "timing.convoy_rest=2.5")
+    calibrated, report = calibrate(run, pool=True, cores=1)
+    assert not calibrated.devices[0].timing.convoys
+    assert "quantum" in report["convoys"]["why"]
+    sliced, _ = calibrate(run, pool=True, cores=1, quantum=4_000_000)
+    assert sliced.devices[0].timing.convoys
+    simulate(sliced)  # runs: threads beyond the core take turns in time slices
+
+
+def test_write_pairs_are_two_writes_that_met_and_no_third():
+    start = np.array([0, 5, 20, 22, 23, 40, 50, 60])
+    end = np.array([10, 12, 30, 26, 24, 45, 55, 70])
+    owner = np.array([0, 1, 0, 1, 2, 0, 0, 1])
+    lead, join = write_pairs(start, end, owner)
+    # (0, 1) met alone; 2, 3, 4 met as three; 5 and 6 belong to one owner; 7 is alone.
+    assert lead.tolist() == [0] and join.tolist() == [1]
+
+
+def _classified(lost_leader, lost_joiner, extra=None):
+    """Rows: 0 reads, 1 and 2 write together, 3 reads after (times in ns)."""
+    rng = np.random.default_rng(0)
+    d = 64
+    w0 = rng.normal(size=d)
+    sa, sb = rng.normal(size=d) * 0.01, rng.normal(size=d) * 0.01
+    after = (w0 - sa) - sb
+    after[lost_leader] = (w0 - sb)[lost_leader]
+    after[lost_joiner] = (w0 - sa)[lost_joiner]
+    if extra is not None:
+        after[extra] += 1.0
+    times = np.array([[0, 10, 12, 15], [20, 30, 100, 200], [25, 35, 110, 201],
+                      [300, 310, 400, 410]])
+    thread = np.array([0, 0, 1, 1])
+    seq = np.array([0, 1, 0, 1])
+    steps = [np.stack([np.zeros(d), sa]), np.stack([sb, np.zeros(d)])]
+    reads = [np.stack([w0, w0]), np.stack([w0, after])]
+    return convoy_losses(times, thread, seq, np.arange(4), steps, reads, "float64")
+
+
+def test_real_pairs_are_classified_coordinate_by_coordinate():
+    flat = _classified(np.arange(8), np.arange(40, 44))
+    # Row 1's read (after row 0's write) shows the state before, row 3's the state after.
+    assert flat.tolist() == [1, 2, 10, 8 / 64, 4 / 64]
+
+
+def test_a_pair_the_sums_cannot_explain_is_left_out():
+    assert _classified(np.arange(8), np.arange(40, 44), extra=[63]).size == 0
