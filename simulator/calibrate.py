@@ -31,7 +31,8 @@ What is fitted:
   writes that met no other (and the write distribution is fitted on those alone, so the
   convoys are not counted twice); the lost shares are the lost coordinates of the pairs a
   measure-mode run classified (``extra_convoy_pairs``) over their shared part
-  max(1 − lag/W, 0).
+  max(1 − lag/W, 0); without classified pairs convoys are fitted only when asked
+  (``convoys = "on"``), losing nothing.
 """
 
 from __future__ import annotations
@@ -237,6 +238,10 @@ def fit_convoys(runs: list[tuple[Trace, np.ndarray]], mode: str = "auto") -> dic
     report["end_gap_over_start_gap"] = together
     if together >= _TOGETHER and mode == "auto":
         report["why"] = "writes that met ended apart (no convoys)"
+        return report
+    if not classified and mode == "auto":  # without losses, convoys would lose nothing
+        report["why"] = ("writes that met ended together, but no pair's lost coordinates "
+                         "were classified (record the run with asyngrad real --measure)")
         return report
     alone_mean = np.concatenate(shares)
     design = np.column_stack([alone_mean, np.maximum(alone_mean - lag, 0)])
