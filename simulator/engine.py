@@ -477,8 +477,11 @@ class Engine:
                 u.write_ns = []
                 for i in range(n):
                     block, index, vsel, _ = ops[i]
-                    if paused:
+                    if paused:  # a slice that moves the start: let simpy catch up first
+                        before = clock[thread]
                         self._skip_pauses(thread)
+                        if clock[thread] != before:
+                            yield from self._catch_up(thread)
                     begun = clock[thread]
                     convoy, duration = self._join(thread, u, block, index, drawn[i])
                     wait = self._advance(thread, duration, True)
