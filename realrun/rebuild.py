@@ -69,23 +69,16 @@ def convoy_losses(times: np.ndarray, thread: np.ndarray, seq: np.ndarray, uid: n
     ``simulator.trace.CONVOY_PAIR_COLUMNS``, flat. ``times[i]`` = (read start, read end,
     write start, write end) of row i."""
     rs, re, ws, we = times.T
-    leaders, joiners = write_pairs(ws, we, thread)
+    leaders, joiners, quiet_from, quiet_until = write_pairs(ws, we, thread)
     rows: list[tuple[float, float, float, float, float]] = []
-    if not leaders.size:
-        return np.zeros(0)
-    # Reads that lie in the quiet gap before a write start / after a write end.
-    write_order = np.argsort(ws, kind="stable")
-    starts = ws[write_order]
-    ended_before = np.maximum.accumulate(we[write_order])
     by_start = np.argsort(rs, kind="stable")
+    starts = rs[by_start]
     kind = np.dtype(dtype).type
-    for a, b in zip(leaders.tolist(), joiners.tolist(), strict=True):
-        first = int(np.searchsorted(starts, ws[a], side="left"))
-        previous_end = ended_before[first - 1] if first else np.iinfo(np.int64).min
-        following = starts[first + 2] if first + 2 < starts.size else np.iinfo(np.int64).max
-        end = max(we[a], we[b])
-        pre = _read_within(rs, re, by_start, previous_end, ws[a])
-        post = _read_within(rs, re, by_start, end, following)
+    for a, b, previous_end, following in zip(leaders.tolist(), joiners.tolist(),
+                                             quiet_from.tolist(), quiet_until.tolist(),
+                                             strict=True):
+        pre = _read_within(starts, re, by_start, previous_end, ws[a])
+        post = _read_within(starts, re, by_start, max(we[a], we[b]), following)
         if pre is None or post is None:
             continue
         w0 = reads[int(thread[pre])][int(seq[pre])].astype(kind)
@@ -104,12 +97,13 @@ def convoy_losses(times: np.ndarray, thread: np.ndarray, seq: np.ndarray, uid: n
     return np.asarray(rows, dtype=np.float64).ravel()
 
 
-def _read_within(rs: np.ndarray, re: np.ndarray, by_start: np.ndarray, low: int,
+def _read_within(starts: np.ndarray, re: np.ndarray, by_start: np.ndarray, low: int,
                  high: int) -> int | None:
-    """A row whose read began after ``low`` and ended by ``high`` (the earliest such)."""
-    first = int(np.searchsorted(rs[by_start], low, side="right"))
-    for row in by_start[first:].tolist():
-        if rs[row] >= high:
+    """A row whose read began after ``low`` and ended by ``high`` (the earliest such);
+    ``by_start`` orders the rows by read start, ``starts`` are their read starts."""
+    first = int(np.searchsorted(starts, low, side="right"))
+    for position, row in enumerate(by_start[first:].tolist(), start=first):
+        if starts[position] >= high:
             return None
         if re[row] <= high:
             return int(row)

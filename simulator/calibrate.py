@@ -217,7 +217,7 @@ def fit_convoys(runs: list[tuple[Trace, np.ndarray]], mode: str = "auto") -> dic
             continue
         mean = float(np.mean(trace["write_end"][alone] - trace["write_start"][alone]))
         ws, we = trace["write_start"][rows], trace["write_end"][rows]
-        lead, join = write_pairs(ws, we, trace["thread"][rows])
+        lead, join, _, _ = write_pairs(ws, we, trace["thread"][rows])
         lags.append((ws[join] - ws[lead]).astype(np.float64))
         gaps.append(np.abs(we[join] - we[lead]).astype(np.float64))
         durations.append((we[join] - ws[join]).astype(np.float64))

@@ -32,7 +32,7 @@ from simulator.problems import Problem, make_problem
 from simulator.protocols import make_protocol
 from simulator.protocols.base import GROUPED, MEMBER, SINGLE, Protocol
 from simulator.rules import LR_FACTORS, mean_step
-from simulator.scenario import Scenario, scenario_to_toml
+from simulator.scenario import Scenario, TimingSpec, scenario_to_toml
 from simulator.timing import DurationSource, SampledSource
 from simulator.trace import COLUMNS, Trace
 from simulator.view import UNMEASURED, SerializedView
@@ -173,7 +173,7 @@ class Engine:
         self._op_read_ns: list[int] = []
         self._op_write_ns: list[int] = []
         self.progress: Callable[[int], object] | None = None
-        self._convoys = self._convoy_setup()
+        self._convoys = self._convoy_setup()  # the convoy_* timing, or None: no convoys
         self._inflight: list[_Convoy | None] = [None] * run.blocks
         self._paired: list[_Convoy] = []
         self._op_write_drawn: list[int] = []
@@ -226,15 +226,16 @@ class Engine:
                         slices[thread] = (rotation, cores, spec.quantum)
         return slices
 
-    def _convoy_setup(self) -> bool:
-        """Whether writes form convoys (``timing.convoy_*``), after checking that the run's
-        writes can: dense ``load_store`` writes of whole blocks, threads on their own cores
-        or in time slices (no core pool or bus to wait for inside a write)."""
+    def _convoy_setup(self) -> TimingSpec | None:
+        """The timing whose ``convoy_*`` values every thread's writes follow, or None when
+        writes form no convoys, after checking that the run's writes can: dense
+        ``load_store`` writes of whole blocks, threads on their own cores or in time slices
+        (no core pool or bus to wait for inside a write)."""
         scenario = self.scenario
         timings = {scenario.timing_of(scenario.device_of(t)) for t in range(self.threads)}
         asked = [t for t in timings if t.convoys]
         if not asked or self.protocol.atomic:
-            return False
+            return None
         value = asked[0].convoy_join
         fields = ("convoy_join", "convoy_rest", "convoy_lost_leader", "convoy_lost_joiner")
         if len({tuple(getattr(t, f) for f in fields) for t in timings}) > 1:
@@ -255,7 +256,7 @@ class Engine:
             raise ScenarioError("timing.convoy_join", value,
                                 "write convoys need no bus and a core per thread or "
                                 "time slices (devices.quantum)")
-        return True
+        return asked[0]
 
     # -- the clock ---------------------------------------------------------------------------
     # Each thread keeps its own clock, which may run ahead of simpy's: an action that ends
@@ -472,7 +473,7 @@ class Engine:
                     yield wait
                     clock[thread] = int(self.env.now)
                 n = 0
-            if self._convoys and n:
+            if self._convoys is not None and n:
                 drawn = u.drawn_write_ns = u.write_ns
                 u.write_ns = []
                 for i in range(n):
@@ -541,7 +542,8 @@ class Engine:
         if convoy is None or convoy.end <= now:
             convoy = self._inflight[block] = _Convoy(u, now, now + drawn)
             return convoy, drawn
-        timing = self.scenario.timing_of(self.scenario.device_of(thread))
+        timing = self._convoys
+        assert timing is not None
         front = convoy.front + (1 - convoy.front) * (now - convoy.start) / (convoy.end
                                                                              - convoy.start)
         end = max(convoy.end, now + round(timing.convoy_join * drawn
@@ -552,17 +554,18 @@ class Engine:
         leader_loses = draws < timing.convoy_lost_leader
         joiner_loses = ~leader_loses & (draws < timing.convoy_lost_leader
                                         + timing.convoy_lost_joiner)
+        counts = []
         for victim, winner, loses in ((convoy.leader, u, leader_loses),
                                       (u, convoy.leader, joiner_loses)):
-            count = int(loses.sum())
-            if count:
+            counts.append(int(loses.sum()))
+            if counts[-1]:
                 mask = convoy.lost.setdefault(victim.uid, np.zeros(size, dtype=bool))
                 mask[size - shared:] |= loses
                 self.lost[victim.uid] += 1
                 winner.overwrote += 1
         if convoy.members == 1:
-            convoy.pair = (convoy.leader.uid, u.uid, now - convoy.first,
-                           int(leader_loses.sum()) / size, int(joiner_loses.sum()) / size)
+            convoy.pair = (convoy.leader.uid, u.uid, now - convoy.first, counts[0] / size,
+                           counts[1] / size)
             self._paired.append(convoy)
         else:
             convoy.pair = None  # three or more: not a pair
@@ -614,7 +617,7 @@ class Engine:
                                else [op[0] for op in u.ops])
         self._op_read_ns.extend(u.read_ns)
         self._op_write_ns.extend(u.write_ns)
-        if self._convoys:
+        if self._convoys is not None:
             self._op_write_drawn.extend(u.write_ns if u.drawn_write_ns is None
                                         else u.drawn_write_ns)
         if self.active.get(u.thread) is u:
@@ -711,7 +714,7 @@ class Engine:
         arrays.update(self.view.curve_arrays())
         extras = {"dead_threads": np.asarray(sorted(self.dead), dtype=np.int64),
                   **self.protocol.report()}
-        if self._convoys:  # the drawn write durations (replay redraws nothing) and the pairs
+        if self._convoys is not None:  # drawn write durations (for replay) and the pairs
             extras["write_drawn_ns"] = np.asarray(self._op_write_drawn, dtype=np.int64)
             extras["convoy_pairs"] = np.asarray(
                 [c.pair for c in self._paired if c.pair is not None], dtype=np.float64).ravel()

@@ -47,22 +47,25 @@ def overlaps(start: np.ndarray, end: np.ndarray, other_start: np.ndarray,
             - np.searchsorted(ends, start, side="left" if touching else "right"))
 
 
-def write_pairs(start: np.ndarray, end: np.ndarray,
-                owner: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def write_pairs(start: np.ndarray, end: np.ndarray, owner: np.ndarray
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Writes that met in pairs: (leader, joiner) indices of two windows of different owners
     where the joiner started inside the leader's window and no third window overlaps either
-    (windows that only touch do not meet)."""
+    (windows that only touch do not meet), and the quiet gap around each pair: when the
+    last earlier window ended and when the next window starts (int64 extremes: none)."""
     order = np.argsort(start, kind="stable")
     s, e, o = start[order], end[order], owner[order]
+    low, high = np.iinfo(np.int64).min, np.iinfo(np.int64).max
     if s.size < 2:
-        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
-    before = np.maximum.accumulate(np.concatenate([[np.iinfo(np.int64).min], e[:-1]]))
-    after = np.concatenate([s[2:], [np.iinfo(np.int64).max, np.iinfo(np.int64).max]])
+        none = np.zeros(0, dtype=np.int64)
+        return none, none, none, none
+    before = np.maximum.accumulate(np.concatenate([[low], e[:-1]]))
+    after = np.concatenate([s[2:], [high, high]])
     lead = np.arange(s.size - 1)
     join = lead + 1
     met = ((s[join] < e[lead]) & (o[join] != o[lead]) & (before[lead] <= s[lead])
            & (after[lead] >= np.maximum(e[lead], e[join])))
-    return order[lead[met]], order[join[met]]
+    return order[lead[met]], order[join[met]], before[lead[met]], after[lead[met]]
 
 
 def interference(trace: Trace) -> dict[str, float | None]:

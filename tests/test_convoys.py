@@ -189,7 +189,7 @@ def test_write_pairs_are_two_writes_that_met_and_no_third():
     start = np.array([0, 5, 20, 22, 23, 40, 50, 60])
     end = np.array([10, 12, 30, 26, 24, 45, 55, 70])
     owner = np.array([0, 1, 0, 1, 2, 0, 0, 1])
-    lead, join = write_pairs(start, end, owner)
+    lead, join, _, _ = write_pairs(start, end, owner)
     # (0, 1) met alone; 2, 3, 4 met as three; 5 and 6 belong to one owner; 7 is alone.
     assert lead.tolist() == [0] and join.tolist() == [1]
 
