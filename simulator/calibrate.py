@@ -32,7 +32,18 @@ What is fitted:
   convoys are not counted twice); the lost shares are the lost coordinates of the pairs a
   measure-mode run classified (``extra_convoy_pairs``) over their shared part
   max(1 − lag/W, 0); without classified pairs convoys are fitted only when asked
-  (``convoys = "on"``), losing nothing.
+  (``convoys = "on"``), losing nothing;
+* common factors (``timing.*_common``, ``common_ns``; two or more workers): how alike the
+  durations of one phase are on two workers when the phases start Δt apart. Durations become
+  normal scores per worker (from their ranks); for every update and every other worker, the
+  other worker's first phase of the same kind starting in [Δ_lo, Δ_hi) after it forms a pair,
+  in bins of Δt from 0–250 ns to 32–64 µs (at least 30 pairs a bin). Each bin's correlation is
+  estimated from the median absolute difference of the pair's scores, c = 1 −
+  (median/0.6745)²/2 (exact for normal scores of correlation c; robust to the rare long
+  stalls that hit one worker and not the other, which a plain correlation weighs most), and
+  c_p·exp(−Δt/τ) is fitted by least squares weighted by pairs, one τ for all phases and one
+  c_p per phase (in [0, 1]). With convoys, the write's bins use writes that met no other; a
+  phase with fewer than 8 distinct durations (no local work, say) gets c = 0.
 """
 
 from __future__ import annotations
@@ -53,8 +64,8 @@ from simulator.problems import make_problem
 from simulator.scenario import DeviceSpec, Scenario, TimingSpec, scenario_from_dict
 from simulator.trace import Trace, convoy_pairs
 
-__all__ = ["CONVOYS", "Fit", "alone_writes", "calibrate", "calibrate_counts", "fit_convoys",
-           "fit_durations", "operation_samples"]
+__all__ = ["COMMON", "CONVOYS", "Fit", "alone_writes", "calibrate", "calibrate_counts",
+           "common_bins", "fit_common", "fit_convoys", "fit_durations", "operation_samples"]
 
 _KS_LEVEL = 0.01
 _MIN_FOR_TEST = 50
@@ -62,6 +73,15 @@ _QUANTILES = 512
 _MIN_PAIRS = 30
 _TOGETHER = 0.5  # convoys: median end gap below this share of the median start gap
 CONVOYS = ("auto", "on", "off")
+COMMON = ("auto", "on", "off")
+# Common factors: bins of the start offset (ns), pairs a bin needs, the weakest c that
+# "auto" keeps, and the correlation times tried.
+COMMON_BINS = (0, 250, 500, 1_000, 2_000, 4_000, 8_000, 16_000, 32_000, 64_000)
+_MIN_BIN = 30
+_MIN_DISTINCT = 8  # a phase with fewer distinct durations tells nothing (e.g. no idle)
+_MIN_COMMON = 0.05
+_TAUS = np.geomspace(100.0, 1e6, 81)
+_MEDIAN_ABS = 0.6744897501960817  # median of |Z| for a standard normal Z
 
 
 @dataclass(frozen=True)
@@ -257,6 +277,131 @@ def fit_convoys(runs: list[tuple[Trace, np.ndarray]], mode: str = "auto") -> dic
     return report
 
 
+def _phase_windows(trace: Trace) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Each update's start and duration of each phase (ns)."""
+    read_start = trace["read_start"].astype(np.int64)
+    return {"read": (read_start, trace["read_end"] - read_start),
+            "grad": (trace["grad_start"].astype(np.int64), trace["grad_ns"]),
+            "write": (trace["write_start"].astype(np.int64),
+                      trace["write_end"] - trace["write_start"]),
+            "idle": (read_start - trace["idle_ns"], trace["idle_ns"])}
+
+
+def _scores(values: np.ndarray, owners: np.ndarray) -> np.ndarray:
+    """Normal scores of ``values`` within each owner's (from average ranks)."""
+    scores = np.empty(values.size)
+    for owner in np.unique(owners):
+        mine = owners == owner
+        ranks = scipy.stats.rankdata(values[mine])
+        scores[mine] = scipy.stats.norm.ppf((ranks - 0.5) / mine.sum())
+    return scores
+
+
+def common_bins(starts: np.ndarray, durations: np.ndarray, owners: np.ndarray
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per bin of ``COMMON_BINS``: the number of pairs, their median start offset (ns) and
+    the robust correlation of their normal scores (the module docstring)."""
+    scores = _scores(durations.astype(np.float64), owners)
+    workers = np.unique(owners)
+    bins = len(COMMON_BINS) - 1
+    firsts, seconds, offsets, which = [], [], [], []
+    for worker in workers:
+        mine = np.flatnonzero(owners == worker)
+        for other in workers[workers != worker]:
+            theirs = np.flatnonzero(owners == other)
+            order = theirs[np.argsort(starts[theirs], kind="stable")]
+            sorted_starts = starts[order]
+            for b in range(bins):
+                lo, hi = COMMON_BINS[b], COMMON_BINS[b + 1]
+                j = np.searchsorted(sorted_starts, starts[mine] + lo)
+                ok = j < order.size
+                j = np.minimum(j, order.size - 1)
+                offset = sorted_starts[j] - starts[mine]
+                ok &= offset < hi
+                firsts.append(mine[ok])
+                seconds.append(order[j[ok]])
+                offsets.append(offset[ok])
+                which.append(np.full(int(ok.sum()), b))
+    first, second = np.concatenate(firsts), np.concatenate(seconds)
+    offset, where = np.concatenate(offsets), np.concatenate(which)
+    diff = np.abs(scores[first] - scores[second])
+    count, middle, corr = np.zeros(bins, dtype=np.int64), np.zeros(bins), np.zeros(bins)
+    for b in range(bins):
+        inside = where == b
+        count[b] = int(inside.sum())
+        if count[b]:
+            middle[b] = float(np.median(offset[inside]))
+            corr[b] = max(1 - (float(np.median(diff[inside])) / _MEDIAN_ABS) ** 2 / 2, -1.0)
+    return count, middle, corr
+
+
+def fit_common(runs: list[tuple[Trace, np.ndarray, np.ndarray | None]],
+               mode: str = "off") -> dict[str, Any]:
+    """Common factors from the rows of one or more traces with two or more workers (each
+    run: trace, rows, the rows whose writes met no other or None for all rows): the
+    ``timing.*_common`` and ``common_ns`` values in ``"fields"`` when fitted, and the
+    measured bins."""
+    report: dict[str, Any] = {"fields": None}
+    if mode == "off":
+        report["why"] = "--common off"
+        return report
+    measured: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+    for phase in ("read", "grad", "write", "idle"):
+        count, middle = np.zeros(len(COMMON_BINS) - 1), np.zeros(len(COMMON_BINS) - 1)
+        weighted = np.zeros(len(COMMON_BINS) - 1)
+        for trace, rows, alone in runs:
+            use = alone if phase == "write" and alone is not None else rows
+            if np.unique(trace["thread"][use]).size < 2:
+                continue
+            start, duration = _phase_windows(trace)[phase]
+            if np.unique(duration[use]).size < _MIN_DISTINCT:  # ranks would be ties
+                continue
+            n, mid, corr = common_bins(start[use], duration[use], trace["thread"][use])
+            count += n
+            middle += n * mid
+            weighted += n * corr
+        with np.errstate(invalid="ignore", divide="ignore"):
+            measured[phase] = (count, np.where(count > 0, middle / count, 0.0),
+                               np.where(count > 0, weighted / count, 0.0))
+    report["bins"] = {phase: {"pairs": c.astype(int).tolist(), "offset_ns": m.tolist(),
+                              "correlation": r.tolist()}
+                      for phase, (c, m, r) in measured.items()}
+    usable = {phase: (c >= _MIN_BIN) for phase, (c, _, _) in measured.items()}
+    if not any(u.any() for u in usable.values()):
+        report["why"] = ("fewer than two workers ran together" if not any(
+            c.any() for c, _, _ in measured.values()) else
+            f"no offset bin with {_MIN_BIN} pairs of phases")
+        return report
+    best: tuple[float, float, dict[str, float]] | None = None
+    for tau in _TAUS:
+        total, weights = 0.0, {}
+        for phase, (count, middle, corr) in measured.items():
+            keep = usable[phase]
+            if not keep.any():
+                weights[phase] = 0.0
+                continue
+            decay = np.exp(-middle[keep] / tau)
+            n = count[keep]
+            c = float(np.clip(np.sum(n * decay * corr[keep]) / np.sum(n * decay**2), 0, 1))
+            weights[phase] = c
+            total += float(np.sum(n * (corr[keep] - c * decay) ** 2))
+        if best is None or total < best[0]:
+            best = (total, float(tau), weights)
+    assert best is not None
+    _, tau, weights = best
+    report.update(common_ns=tau, weights=weights)
+    if mode == "auto" and max(weights.values()) < _MIN_COMMON:
+        report["why"] = f"concurrent phases alike by less than {_MIN_COMMON} (independent)"
+        return report
+    report["fields"] = {**{f"{phase}_common": weights[phase] for phase in weights},
+                        "common_ns": tau}
+    return report
+
+
+def _with_common(timing: TimingSpec, report: dict[str, Any]) -> TimingSpec:
+    return replace(timing, **report["fields"]) if report.get("fields") else timing
+
+
 def _with_convoys(timing: TimingSpec, report: dict[str, Any]) -> TimingSpec:
     return replace(timing, **report["fields"]) if report.get("fields") else timing
 
@@ -271,7 +416,7 @@ def _convoy_report(report: dict[str, Any], cores: int, quantum: int) -> dict[str
 
 def calibrate(run_dir: str | Path, pool: bool = False, cores: int = 0,
               quantum: int = 0, slicing: str = "per_core",
-              convoys: str = "auto") -> tuple[Scenario, dict[str, Any]]:
+              convoys: str = "auto", common: str = "off") -> tuple[Scenario, dict[str, Any]]:
     """The calibrated scenario of a run directory and the fit report.
 
     ``pool`` fits one timing to all workers together and puts every thread on one device
@@ -279,7 +424,9 @@ def calibrate(run_dir: str | Path, pool: bool = False, cores: int = 0,
     same machine, where threads beyond the cores time-share them (per action, or in time
     slices of ``quantum`` ns as an OS scheduler does, rotating per core or over all cores
     as ``slicing`` says). ``convoys``: fit write convoys when found (``auto``), whenever
-    there are pairs to fit (``on``), or never (``off``).
+    there are pairs to fit (``on``), or never (``off``); ``common``: likewise for common
+    factors (``auto`` keeps them when some phase's c reaches 0.05; off unless asked for:
+    see bench/README.md for what they do to a prediction).
 
     Raises:
         AsyngradError: not a run directory, an unreadable trace, or fewer than 2 updates.
@@ -289,10 +436,12 @@ def calibrate(run_dir: str | Path, pool: bool = False, cores: int = 0,
     together = running_together(trace)
     samples = operation_samples(trace, scenario, together)
     convoy = _convoy_report(fit_convoys([(trace, together)], convoys), cores, quantum)
-    if convoy["fields"]:  # the write alone: convoys stretch it again
-        alone = operation_samples(trace, scenario, alone_writes(trace, together))
+    alone_rows = alone_writes(trace, together) if convoy["fields"] else None
+    if alone_rows is not None:  # the write alone: convoys stretch it again
+        alone = operation_samples(trace, scenario, alone_rows)
         for worker, ops in samples.items():
             ops["write"] = alone[worker]["write"]
+    shared = fit_common([(trace, together, alone_rows)], common)
     if pool:
         samples = {-1: _pooled(samples)}
     devices, report = [], {}
@@ -300,10 +449,11 @@ def calibrate(run_dir: str | Path, pool: bool = False, cores: int = 0,
         fits = {op: fit_durations(values) for op, values in ops.items()}
         name = "all workers" if worker < 0 else f"worker {worker}"
         report[name] = {op: fit.describe() for op, fit in fits.items()}
-        timing = _with_convoys(TimingSpec(read=fits["read"].duration,
-                                          grad=fits["grad"].duration,
-                                          write=fits["write"].duration,
-                                          idle=fits["idle"].duration), convoy)
+        timing = _with_common(_with_convoys(TimingSpec(read=fits["read"].duration,
+                                                       grad=fits["grad"].duration,
+                                                       write=fits["write"].duration,
+                                                       idle=fits["idle"].duration), convoy),
+                              shared)
         devices.append(DeviceSpec(name=name.replace(" ", ""), cores=cores, quantum=quantum,
                                   slicing=slicing, timing=timing))
     # The recorded durations already contain stragglers and network links: drop them.
@@ -311,7 +461,8 @@ def calibrate(run_dir: str | Path, pool: bool = False, cores: int = 0,
                          inject=replace(scenario.inject, stragglers=()))
     return calibrated, {"source": trace.source, "run": str(path), "fits": report,
                         "rows_fitted": int(together.size), "rows": len(trace),
-                        "contention": contention(trace, together), "convoys": convoy}
+                        "contention": contention(trace, together), "convoys": convoy,
+                        "common": shared}
 
 
 def _load(path: Path) -> tuple[Trace, Scenario]:
@@ -339,8 +490,8 @@ def _scaled(duration: Duration, factor: float) -> Duration:
 
 
 def calibrate_counts(run_dirs: list[str | Path], cores: int = 0, quantum: int = 0,
-                     slicing: str = "per_core",
-                     convoys: str = "auto") -> tuple[Scenario, dict[str, Any]]:
+                     slicing: str = "per_core", convoys: str = "auto",
+                     common: str = "off") -> tuple[Scenario, dict[str, Any]]:
     """One pooled timing fitted from runs of one problem at two or more worker counts, with
     the contention between them as a slowdown per other worker.
 
@@ -352,7 +503,8 @@ def calibrate_counts(run_dirs: list[str | Path], cores: int = 0, quantum: int = 
     alone. Everything lands on one device with ``cores`` cores (0: one per thread) and
     time slices of ``quantum`` ns (``slicing`` as in :func:`calibrate`). Write convoys are
     fitted from the runs' pairs together; with convoys, the write means are those of
-    writes that met no other.
+    writes that met no other. Common factors are fitted from the runs' pairs of phases
+    together (runs of one worker have none).
 
     Raises:
         AsyngradError: fewer than two runs, a repeated worker count, runs of different
@@ -378,12 +530,15 @@ def calibrate_counts(run_dirs: list[str | Path], cores: int = 0, quantum: int = 
     convoy = _convoy_report(fit_convoys([(trace, rows) for (_, trace, _), rows
                                          in zip(loaded, spans, strict=True)], convoys),
                             cores, quantum)
+    runs = []
     for (_, trace, scenario), together in zip(loaded, spans, strict=True):
         samples = _pooled(operation_samples(trace, scenario, together))
-        if convoy["fields"]:
-            samples["write"] = _pooled(operation_samples(
-                trace, scenario, alone_writes(trace, together)))["write"]
+        alone_rows = alone_writes(trace, together) if convoy["fields"] else None
+        if alone_rows is not None:
+            samples["write"] = _pooled(operation_samples(trace, scenario, alone_rows))["write"]
         pooled.append(samples)
+        runs.append((trace, together, alone_rows))
+    shared = fit_common(runs, common)
     k = np.asarray(counts, dtype=np.float64) - 1
     contention: dict[str, Any] = {}
     timing: dict[str, Any] = {}
@@ -400,7 +555,8 @@ def calibrate_counts(run_dirs: list[str | Path], cores: int = 0, quantum: int = 
                           "means_ns": {str(c): float(m) for c, m in zip(counts, means,
                                                                           strict=True)}}
     device = DeviceSpec(name="allworkers", cores=cores, quantum=quantum, slicing=slicing,
-                        timing=_with_convoys(TimingSpec(**timing), convoy))
+                        timing=_with_common(_with_convoys(TimingSpec(**timing), convoy),
+                                            shared))
     calibrated = replace(base, name=f"{base.name}-calibrated", devices=(device,),
                          inject=replace(base.inject, stragglers=()))
     return calibrated, {"source": loaded[0][1].source, "run": ", ".join(str(d) for d in
@@ -408,7 +564,7 @@ def calibrate_counts(run_dirs: list[str | Path], cores: int = 0, quantum: int = 
                         "fits": {f"all workers at k = {counts[0]}": fits},
                         "rows_fitted": fitted_rows,
                         "rows": sum(len(t) for _, t, _ in loaded), "worker_counts": counts,
-                        "contention": contention, "convoys": convoy}
+                        "contention": contention, "convoys": convoy, "common": shared}
 
 
 MARKER = "# asyngrad-lab calibrated scenario"
@@ -437,6 +593,7 @@ def calibrated_toml(scenario: Scenario, report: dict[str, Any]) -> str:
             f"{fit['ns_per_concurrent']:.4g} ns per other worker in the same phase "
             f"(base {fit['base_ns']:.4g} ns, mean {fit['mean_concurrent']:.3g} others)"))
     lines.append(f"#   write convoys: {_describe_convoys(report['convoys'])}")
+    lines.append(f"#   common factors: {_describe_common(report['common'])}")
     body = scenario_to_toml(scenario).split("\n", 1)[1]  # its own header line replaced
     return "\n".join(lines) + "\n" + body
 
@@ -453,3 +610,15 @@ def _describe_convoys(report: dict[str, Any]) -> str:
             f"leader's rest (alone {report['alone_write_ns']:.4g} ns); lost shares leader "
             f"{fields['convoy_lost_leader']:.3g}, joiner {fields['convoy_lost_joiner']:.3g} "
             f"({measured})")
+
+
+def _describe_common(report: dict[str, Any]) -> str:
+    fields = report.get("fields")
+    if not fields:
+        return f"none fitted ({report.get('why', '')})"
+    near = ", ".join(f"{phase} {bins['correlation'][0]:.2f} ({bins['pairs'][0]} pairs)"
+                     for phase, bins in report["bins"].items())
+    weights = ", ".join(f"{phase} {fields[phase + '_common']:.3g}"
+                        for phase in ("read", "grad", "write", "idle"))
+    return (f"c·exp(−Δt/τ) with τ = {fields['common_ns']:.4g} ns, c: {weights} (phases "
+            f"starting under 250 ns apart alike by {near})")

@@ -494,10 +494,10 @@ def _calibrate(args: argparse.Namespace) -> int:
     quantum, measured = _quantum(args.quantum)
     if len(args.run_dir) > 1:
         scenario, report = calibrate_counts(args.run_dir, args.cores, quantum, args.slicing,
-                                            args.convoys)
+                                            args.convoys, args.common)
     else:
         scenario, report = calibrate(args.run_dir[0], args.pool, args.cores, quantum,
-                                     args.slicing, args.convoys)
+                                     args.slicing, args.convoys, args.common)
     if measured:
         report["time_slice"] = measured
     text = calibrated_toml(scenario, report)
@@ -868,6 +868,10 @@ def _parser() -> argparse.ArgumentParser:
                      help="write convoys (overlapping writes that end together): fit them "
                           "when the run shows them (auto, default), whenever writes met (on), "
                           "or never (off)")
+    cal.add_argument("--common", choices=("auto", "on", "off"), default="off",
+                     help="common factors (durations of one phase alike on workers that start "
+                          "it together): fit them when some phase's correlation reaches 0.05 "
+                          "(auto), whenever two workers ran (on), or never (off, default)")
 
     cmp = command("compare", "fidelity report of run B against run A (simulated or real)",
                   _compare, scenario=False, out="directory for compare.json and compare.png "

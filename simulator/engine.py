@@ -33,7 +33,7 @@ from simulator.protocols import make_protocol
 from simulator.protocols.base import GROUPED, MEMBER, SINGLE, Protocol
 from simulator.rules import LR_FACTORS, mean_step
 from simulator.scenario import Scenario, TimingSpec, scenario_to_toml
-from simulator.timing import DurationSource, SampledSource
+from simulator.timing import GRAD, IDLE, READ, WRITE, DurationSource, SampledSource
 from simulator.trace import COLUMNS, Trace
 from simulator.view import UNMEASURED, SerializedView
 
@@ -362,6 +362,7 @@ class Engine:
         except simpy.Interrupt:  # an injected death: abandon the update in flight
             self.active.pop(thread, None)
             self.dead.append(thread)
+        self.source.done(thread)
         self._finished[thread] = max(self.clock[thread], int(self.env.now))
 
     def _loop(self, thread: int) -> Generator[Any, Any, None]:
@@ -370,6 +371,8 @@ class Engine:
         mem, protocol, clock, seq = self.mem, self.protocol, self.clock, 0
         gated, injector, paused = protocol.gated, self.injector, self._blocked[thread]
         quota = self._quota[thread]
+        source = self.source
+        coupled = source.coupled(thread)  # durations drawn as each phase starts
         delays = injector is not None and injector.max_delay > 0
         retires = type(protocol).active is not Protocol.active
         while (self.started < self.updates and seq < quota
@@ -377,6 +380,8 @@ class Engine:
                and (not retires or protocol.active(self, thread))):
             u = self._begin(thread, seq)
             seq += 1
+            if coupled:
+                u.idle_ns = source.at(thread, IDLE, clock[thread])[0]
             if u.idle_ns:  # local work before the update (sampling, bookkeeping)
                 wait = self._advance(thread, u.idle_ns, False)
                 if wait is not None:
@@ -391,6 +396,8 @@ class Engine:
                 if paused:
                     yield from self._pause_point(thread)
                 u.read_start, u.start_completed = clock[thread], self.completed
+                if coupled:
+                    u.read_ns = source.at(thread, READ, clock[thread])
                 u.start_versions = [mem.count[op[0]] for op in ops]
                 if delays:  # the gradient will see w as it was τ completions before
                     assert injector is not None
@@ -427,6 +434,8 @@ class Engine:
             if paused:
                 yield from self._pause_point(thread)
             u.grad_start = clock[thread]
+            if coupled:
+                u.grad_ns = source.at(thread, GRAD, clock[thread])[0]
             wait = self._advance(thread, u.grad_ns, False)
             if wait is not None:
                 yield wait
@@ -467,6 +476,8 @@ class Engine:
                 yield from self._pause_point(thread)
                 u.write_start = clock[thread]
             # WRITE: block by block, an atomic add or a load, wait, store.
+            if coupled:
+                u.write_ns = source.at(thread, WRITE, clock[thread])
             if u.dropped:  # lost in transit: its time passes, nothing is stored
                 wait = self._advance(thread, sum(u.write_ns), True)
                 if wait is not None:

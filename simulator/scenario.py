@@ -35,6 +35,7 @@ SPLITS = ("shared", "even")
 # Protocols without rounds or turns: their threads may stop at a fixed quota each.
 EVEN_SPLIT_PROTOCOLS = ("serial", "locked", "lockfree", "staleness_lr", "dcasgd")
 SLICINGS = ("global", "per_core")
+COMMON_FIELDS = ("read_common", "grad_common", "write_common", "idle_common")
 # Real data that a package ships, and the problem each serves.
 REAL_DATA = {"breast_cancer": "logistic", "digits": "mlp"}
 DATA_SOURCES = ("synthetic", *REAL_DATA)
@@ -112,6 +113,16 @@ class TimingSpec:
     as two in-place sweeps ``w -= step`` that meet on hardware end in lockstep and lose
     element stores. ``asyngrad calibrate`` fits all four from a real run when its
     overlapping writes end together.
+
+    Common factors (``*_common`` > 0, with ``common_ns``): durations of one phase that start
+    at nearly the same time on different threads go together, as on a machine whose state
+    (caches, memory traffic, clock) slows every worker at once. A draw of phase p that starts
+    at time t is timing.p's quantile at the normal score √c·z_p(t) + √(1 − c)·ε, with c =
+    ``p_common``, ε the thread's own standard normal draw and z_p a standard Gaussian process
+    shared by every thread, of correlation exp(−|Δt| / ``common_ns``) (an AR(1) on a grid of
+    ``common_ns``/8). Each draw keeps exactly timing.p's distribution; two draws of phase p
+    starting Δt apart correlate c·exp(−|Δt| / ``common_ns``) in normal scores.
+    ``asyngrad calibrate`` fits them from runs with two or more workers.
     """
 
     read: Duration = Duration("lognormal", 2000.0, 0.3)
@@ -126,6 +137,11 @@ class TimingSpec:
     convoy_rest: float = 0.0
     convoy_lost_leader: float = 0.0
     convoy_lost_joiner: float = 0.0
+    read_common: float = 0.0
+    grad_common: float = 0.0
+    write_common: float = 0.0
+    idle_common: float = 0.0
+    common_ns: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("read_per_thread", "grad_per_thread", "write_per_thread",
@@ -144,6 +160,24 @@ class TimingSpec:
         _check(self.convoy_lost_leader + self.convoy_lost_joiner <= 1, "convoy_lost_joiner",
                self.convoy_lost_joiner,
                f"plus convoy_lost_leader ({self.convoy_lost_leader}) must be <= 1")
+        for name in COMMON_FIELDS:
+            value = getattr(self, name)
+            _check(math.isfinite(value) and 0 <= value <= 1, name, value,
+                   "must be in [0, 1] (correlation of draws that start together)")
+        _check(math.isfinite(self.common_ns) and self.common_ns >= 0, "common_ns",
+               self.common_ns, "must be >= 0 (correlation time of the common factors, ns)")
+        _check(self.common_ns >= 8 or not self.coupled, "common_ns", self.common_ns,
+               "must be >= 8 ns when a *_common field is > 0")
+
+    @property
+    def common(self) -> tuple[float, float, float, float]:
+        """The read, gradient, write and idle common-factor weights."""
+        return (self.read_common, self.grad_common, self.write_common, self.idle_common)
+
+    @property
+    def coupled(self) -> bool:
+        """Whether some phase's draws share a common factor between threads."""
+        return any(c > 0 for c in self.common)
 
     @property
     def convoys(self) -> bool:

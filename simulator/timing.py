@@ -1,13 +1,17 @@
 """Where each update's sample and durations come from: seeded draws, or a recorded trace.
 
 ``SampledSource`` gives every thread its own streams, from ``SeedSequence(seed).spawn``: one
-for samples and one per operation (read, gradient, write), so changing a timing distribution
-never changes which samples a thread draws. ``ReplaySource`` hands back, thread by thread and
-update by update, exactly the samples and per-block durations a trace recorded.
+for samples and one per operation (read, gradient, write, idle), so changing a timing
+distribution never changes which samples a thread draws. With common factors
+(``timing.*_common``) a phase's durations are drawn when the phase starts, from the thread's
+own normal draw and a factor every thread shares (:class:`CommonFactor`). ``ReplaySource``
+hands back, thread by thread and update by update, exactly the samples and per-block
+durations a trace recorded.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Protocol
@@ -15,11 +19,60 @@ from typing import Protocol
 import numpy as np
 
 from simulator.errors import TraceError
-from simulator.scenario import Scenario
+from simulator.scenario import Scenario, TimingSpec
 
-__all__ = ["DurationSource", "ReplaySource", "SampledSource", "sample_stream", "thread_seeds"]
+__all__ = ["GRAD", "IDLE", "READ", "WRITE", "CommonFactor", "DurationSource", "ReplaySource",
+           "SampledSource", "sample_stream", "thread_seeds"]
 
 _CHUNK = 1024
+READ, GRAD, WRITE, IDLE = range(4)  # the phases, in the order of TimingSpec.common
+_COMMON_TAG = 0xC1
+_GRID = 8  # grid points of a common factor per correlation time
+_KNOTS = 4096  # grid points drawn at a time
+
+
+class CommonFactor:
+    """A stationary standard Gaussian process z(t) of correlation exp(−|Δt| / ``tau``), on
+    a grid of ``tau``/8 ns (an AR(1); z is constant within a grid cell), seeded by ``seed``
+    and ``key``. The grid is drawn in order of time, chunk by chunk, whatever order the
+    times are asked in, so ``at`` is a function of (seed, key, tau, t) alone. Chunks before
+    ``forget(t)``'s time are dropped (each thread asks at times that never decrease)."""
+
+    def __init__(self, seed: int, key: int, tau: float) -> None:
+        self.step = max(1, int(tau) // _GRID)
+        self.a = math.exp(-self.step / tau)
+        self._innovation = math.sqrt(1.0 - self.a * self.a)
+        self._rng = np.random.default_rng([seed, _COMMON_TAG, key, int(tau)])
+        self._last = float(self._rng.standard_normal())
+        self._chunks: dict[int, list[float]] = {}
+        self._drawn = 0  # chunks drawn so far
+        self._forgotten = 0  # chunks below this were dropped
+
+    def at(self, t: int) -> float:
+        cell = t // self.step
+        chunk, pos = divmod(cell, _KNOTS)
+        while self._drawn <= chunk:
+            self._draw()
+        if chunk < self._forgotten:
+            raise RuntimeError(f"common factor asked at {t} ns, before the time forgotten")
+        return self._chunks[chunk][pos]
+
+    def forget(self, t: int) -> None:
+        """No time before ``t`` will be asked again."""
+        below = t // self.step // _KNOTS
+        while self._forgotten < min(below, self._drawn):
+            self._chunks.pop(self._forgotten, None)
+            self._forgotten += 1
+
+    def _draw(self) -> None:
+        noise = self._rng.standard_normal(_KNOTS) * self._innovation
+        values, z, a = [], self._last, self.a
+        for e in noise.tolist():
+            z = a * z + e
+            values.append(z)
+        self._chunks[self._drawn] = values
+        self._drawn += 1
+        self._last = z
 
 
 def thread_seeds(seed: int, threads: int) -> list[np.random.SeedSequence]:
@@ -54,6 +107,19 @@ class DurationSource(Protocol):
         """The local work before the update whose durations were just drawn (ns)."""
         ...
 
+    def coupled(self, thread: int) -> bool:
+        """Whether ``thread``'s durations are drawn when each phase starts (``at``)."""
+        ...
+
+    def at(self, thread: int, phase: int, t: int) -> list[int]:
+        """The durations (one per block; one for gradient and idle) of ``phase`` of the
+        update just begun, which starts at ``t`` ns (coupled threads only)."""
+        ...
+
+    def done(self, thread: int) -> None:
+        """``thread`` begins no more updates."""
+        ...
+
 
 class _Stream:
     """Values drawn in chunks from one generator; deterministic whatever the consumer does."""
@@ -72,6 +138,10 @@ class _Stream:
 
 def _integers(rng: np.random.Generator, high: int, size: int) -> np.ndarray:
     return rng.integers(0, high, size)
+
+
+def _normals(rng: np.random.Generator, size: int) -> np.ndarray:
+    return rng.standard_normal(size)
 
 
 def _ns(raw: np.ndarray | float, scale: np.ndarray | float) -> np.ndarray:
@@ -110,6 +180,15 @@ class SampledSource:
         self._idle_scale: list[float] = []
         self._chunks: list[list[tuple[list[int], int, list[int]]]] = []
         self._pos: list[int] = []
+        # Common factors: per coupled thread, its timing, each phase's (√c, √(1 − c),
+        # factor) and the normal draws of the update just begun, taken when a phase starts.
+        self._coupling: list[tuple[TimingSpec, list[tuple[float, float, CommonFactor | None]],
+                                   list[_Stream]] | None] = []
+        self._factors: dict[tuple[int, float], CommonFactor] = {}
+        self._pending: list[list[list[float]]] = []
+        self._fractions: list[Sequence[float]] = [()] * threads
+        self._asked = [0] * threads  # the last time each thread asked (for forgetting)
+        self._asks = 0
         for thread in range(threads):
             device = scenario.device_of(thread)
             timing = scenario.timing_of(device)
@@ -135,6 +214,21 @@ class SampledSource:
             self._idle_scale.append(self._slowdown[-1][3] / speed)
             self._chunks.append([])
             self._pos.append(0)
+            self._pending.append([[], [], [], []])
+            self._coupling.append(None)
+            if timing.coupled:
+                phases = []
+                for phase, weight in enumerate(timing.common):
+                    factor = None
+                    if weight > 0:
+                        key = (phase, timing.common_ns)
+                        if key not in self._factors:
+                            self._factors[key] = CommonFactor(scenario.run.seed, phase,
+                                                              timing.common_ns)
+                        factor = self._factors[key]
+                    phases.append((math.sqrt(weight), math.sqrt(1.0 - weight), factor))
+                self._coupling[-1] = (timing, phases,
+                                      [_Stream(partial(_normals, gens[1 + p])) for p in range(4)])
 
     def next_sample(self, thread: int) -> int:
         return int(self._streams[thread][0].take())
@@ -156,6 +250,15 @@ class SampledSource:
 
     def durations(self, thread: int, fractions: Sequence[float]) -> tuple[list[int], int,
                                                                           list[int]]:
+        coupling = self._coupling[thread]
+        if coupling is not None:  # normal draws now, durations when each phase starts
+            normals, blocks = coupling[2], len(fractions)
+            self._fractions[thread] = fractions
+            self._pending[thread] = [[normals[READ].take() for _ in range(blocks)],
+                                     [normals[GRAD].take()],
+                                     [normals[WRITE].take() for _ in range(blocks)],
+                                     [normals[IDLE].take()]]
+            return [0] * blocks, 0, [0] * blocks
         if fractions is self.dense:
             if self._pos[thread] == len(self._chunks[thread]):
                 self._refill(thread)
@@ -173,9 +276,48 @@ class SampledSource:
 
     def idle(self, thread: int) -> int:
         stream = self._idle[thread]
-        if stream is None:
+        if stream is None or self._coupling[thread] is not None:
             return 0
         return int(stream.take() * self._idle_scale[thread] + 0.5)
+
+    def coupled(self, thread: int) -> bool:
+        return self._coupling[thread] is not None
+
+    def at(self, thread: int, phase: int, t: int) -> list[int]:
+        coupling = self._coupling[thread]
+        assert coupling is not None
+        timing, phases, _ = coupling
+        shared, own, factor = phases[phase]
+        z = factor.at(t) if factor is not None else 0.0
+        dist = (timing.read, timing.grad, timing.write, timing.idle)[phase]
+        speed = self._speed[thread]
+        self._forget(thread, t)
+        if phase == GRAD:
+            scale = self.grad_work * self._slowdown[thread][1] / speed
+        elif phase == IDLE:
+            scale = self._idle_scale[thread]
+        else:
+            scale = self._slowdown[thread][0 if phase == READ else 2] / speed
+            fractions = self._fractions[thread]
+            link = self._link_ns(thread, fractions).tolist()
+            return [int(dist.at_score(shared * z + own * e) * f * scale + 0.5) + c
+                    for e, f, c in zip(self._pending[thread][phase], fractions, link,
+                                       strict=True)]
+        return [int(dist.at_score(shared * z + own * self._pending[thread][phase][0]) * scale
+                    + 0.5)]
+
+    def done(self, thread: int) -> None:
+        self._asked[thread] = -1
+
+    def _forget(self, thread: int, t: int) -> None:
+        """Drop common-factor values no thread can ask for again, now and then."""
+        self._asked[thread] = t
+        self._asks += 1
+        if self._asks % _KNOTS == 0:
+            live = [a for a in self._asked if a >= 0]
+            if live:
+                for factor in self._factors.values():
+                    factor.forget(min(live))
 
     def _link_ns(self, thread: int, fractions: Sequence[float]) -> np.ndarray:
         """What one message over the thread's link adds to each block it moves: the latency
@@ -223,3 +365,12 @@ class ReplaySource:
 
     def idle(self, thread: int) -> int:
         return self._idle[thread]
+
+    def coupled(self, thread: int) -> bool:
+        return False
+
+    def at(self, thread: int, phase: int, t: int) -> list[int]:
+        raise TraceError("replay: durations are recorded, never drawn at a phase's start")
+
+    def done(self, thread: int) -> None:
+        pass
