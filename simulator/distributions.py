@@ -11,8 +11,9 @@ mean and cv), so two equal distributions compare equal however they were written
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import lru_cache, partial
 
 import numpy as np
 
@@ -116,20 +117,11 @@ class Duration:
         correlated give correlated durations with this distribution each. Gamma quantiles
         are interpolated in a table over |x| <= 8 (2,048 points per unit; relative error
         below 1e-6 in the body of the distribution)."""
-        if self.dist == "constant":
-            return self.mean
-        if self.dist == "lognormal":
-            sigma2 = math.log1p(self.cv**2)
-            return math.exp(math.log(self.mean) - sigma2 / 2 + math.sqrt(sigma2) * x)
-        if self.dist == "gamma":
-            return self.mean * _gamma_at_score(1.0 / self.cv**2, x)
-        if self.dist == "exponential":
-            return -self.mean * math.log(_upper(x))  # the upper tail keeps x >> 0 exact
-        u = 1.0 - _upper(x)
-        if self.dist == "uniform":
-            return self.low + (self.high - self.low) * u
-        values = _sorted(self.values)
-        return values[min(int(u * len(values)), len(values) - 1)]
+        return self.quantile_of_score()(x)
+
+    def quantile_of_score(self) -> Callable[[float], float]:
+        """``at_score`` as a function with the family's constants worked out once."""
+        return _quantile_of_score(self)
 
     def to_dict(self) -> dict[str, object]:
         """The defining fields only, as written in a scenario file."""
@@ -163,9 +155,44 @@ def _gamma_table(shape: float) -> tuple[float, ...]:
     return tuple((np.where(x < 0, lower, upper) / shape).tolist())
 
 
-def _gamma_at_score(shape: float, x: float) -> float:
-    table = _gamma_table(shape)
+@lru_cache(maxsize=256)
+def _quantile_of_score(duration: Duration) -> Callable[[float], float]:
+    if duration.dist == "constant":
+        return partial(_constant, duration.mean)
+    if duration.dist == "lognormal":
+        sigma2 = math.log1p(duration.cv**2)
+        return partial(_lognormal, math.log(duration.mean) - sigma2 / 2, math.sqrt(sigma2))
+    if duration.dist == "gamma":
+        shape = 1.0 / duration.cv**2
+        return partial(_gamma, duration.mean, _gamma_table(shape))
+    if duration.dist == "exponential":
+        return partial(_exponential, duration.mean)
+    if duration.dist == "uniform":
+        return partial(_uniform, duration.low, duration.high - duration.low)
+    return partial(_empirical, _sorted(duration.values))
+
+
+def _constant(value: float, x: float) -> float:
+    return value
+
+
+def _lognormal(mu: float, sigma: float, x: float) -> float:
+    return math.exp(mu + sigma * x)
+
+
+def _exponential(mean: float, x: float) -> float:
+    return -mean * math.log(_upper(x))  # the upper tail keeps x >> 0 exact
+
+
+def _uniform(low: float, width: float, x: float) -> float:
+    return low + width * (1.0 - _upper(x))
+
+
+def _empirical(values: tuple[float, ...], x: float) -> float:
+    return values[min(int((1.0 - _upper(x)) * len(values)), len(values) - 1)]
+
+
+def _gamma(mean: float, table: tuple[float, ...], x: float) -> float:
     pos = (min(max(x, -_SCORE_LIMIT), _SCORE_LIMIT) + _SCORE_LIMIT) * _SCORE_STEPS
     i = min(int(pos), len(table) - 2)
-    frac = pos - i
-    return table[i] + (table[i + 1] - table[i]) * frac
+    return mean * (table[i] + (table[i + 1] - table[i]) * (pos - i))

@@ -19,7 +19,7 @@ from typing import Protocol
 import numpy as np
 
 from simulator.errors import TraceError
-from simulator.scenario import Scenario, TimingSpec
+from simulator.scenario import Scenario
 
 __all__ = ["GRAD", "IDLE", "READ", "WRITE", "CommonFactor", "DurationSource", "ReplaySource",
            "SampledSource", "sample_stream", "thread_seeds"]
@@ -182,11 +182,13 @@ class SampledSource:
         self._pos: list[int] = []
         # Common factors: per coupled thread, its timing, each phase's (√c, √(1 − c),
         # factor) and the normal draws of the update just begun, taken when a phase starts.
-        self._coupling: list[tuple[TimingSpec, list[tuple[float, float, CommonFactor | None]],
+        self._coupling: list[tuple[list[Callable[[float], float]],
+                                   list[tuple[float, float, CommonFactor | None]],
                                    list[_Stream]] | None] = []
         self._factors: dict[tuple[int, float], CommonFactor] = {}
         self._pending: list[list[list[float]]] = []
         self._fractions: list[Sequence[float]] = [()] * threads
+        self._dense_link: list[list[int]] = []
         self._asked = [0] * threads  # the last time each thread asked (for forgetting)
         self._asks = 0
         for thread in range(threads):
@@ -215,6 +217,7 @@ class SampledSource:
             self._chunks.append([])
             self._pos.append(0)
             self._pending.append([[], [], [], []])
+            self._dense_link.append(self._link_ns(thread, dense).tolist())
             self._coupling.append(None)
             if timing.coupled:
                 phases = []
@@ -227,7 +230,9 @@ class SampledSource:
                                                               timing.common_ns)
                         factor = self._factors[key]
                     phases.append((math.sqrt(weight), math.sqrt(1.0 - weight), factor))
-                self._coupling[-1] = (timing, phases,
+                quantiles = [d.quantile_of_score()
+                             for d in (timing.read, timing.grad, timing.write, timing.idle)]
+                self._coupling[-1] = (quantiles, phases,
                                       [_Stream(partial(_normals, gens[1 + p])) for p in range(4)])
 
     def next_sample(self, thread: int) -> int:
@@ -286,10 +291,10 @@ class SampledSource:
     def at(self, thread: int, phase: int, t: int) -> list[int]:
         coupling = self._coupling[thread]
         assert coupling is not None
-        timing, phases, _ = coupling
+        quantiles, phases, _ = coupling
         shared, own, factor = phases[phase]
         z = factor.at(t) if factor is not None else 0.0
-        dist = (timing.read, timing.grad, timing.write, timing.idle)[phase]
+        quantile = quantiles[phase]
         speed = self._speed[thread]
         self._forget(thread, t)
         if phase == GRAD:
@@ -299,11 +304,12 @@ class SampledSource:
         else:
             scale = self._slowdown[thread][0 if phase == READ else 2] / speed
             fractions = self._fractions[thread]
-            link = self._link_ns(thread, fractions).tolist()
-            return [int(dist.at_score(shared * z + own * e) * f * scale + 0.5) + c
+            link = (self._dense_link[thread] if fractions is self.dense
+                    else self._link_ns(thread, fractions).tolist())
+            return [int(quantile(shared * z + own * e) * f * scale + 0.5) + c
                     for e, f, c in zip(self._pending[thread][phase], fractions, link,
                                        strict=True)]
-        return [int(dist.at_score(shared * z + own * self._pending[thread][phase][0]) * scale
+        return [int(quantile(shared * z + own * self._pending[thread][phase][0]) * scale
                     + 0.5)]
 
     def done(self, thread: int) -> None:
