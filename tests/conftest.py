@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import numpy as np
+
+from simulator.engine import simulate
+from simulator.replay import replay
 from simulator.scenario import Scenario, load_scenario
+from simulator.trace import Trace
 
 
 def scenario(*overrides: str) -> Scenario:
@@ -12,3 +17,15 @@ def scenario(*overrides: str) -> Scenario:
 
 CONSTANT = ("timing.read.dist=constant", "timing.grad.dist=constant",
             "timing.write.dist=constant")
+
+
+def same_every_way(sc: Scenario) -> Trace:
+    """Simulate ``sc`` twice, without lookahead and replayed: all four traces bit for bit the
+    same (the determinism promise). Returns the first."""
+    first, second = simulate(sc), simulate(sc)
+    slow = simulate(sc, lookahead=False)
+    _, _, replayed = replay(first)
+    for other in (second, slow, replayed):
+        for name, values in first.arrays.items():
+            assert np.array_equal(values, other.arrays[name]), name
+    return first

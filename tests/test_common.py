@@ -15,10 +15,9 @@ from simulator.distributions import Duration
 from simulator.engine import simulate
 from simulator.errors import ScenarioError
 from simulator.metrics import interference
-from simulator.replay import replay
 from simulator.timing import CommonFactor
 
-from .conftest import scenario
+from .conftest import same_every_way, scenario
 
 COMMON = ("timing.read_common=0.8", "timing.grad_common=0.6", "timing.write_common=0.4",
           "timing.idle_common=0.7")
@@ -90,12 +89,7 @@ def test_draws_keep_their_distribution_and_go_together_as_told():
 def test_common_factors_are_deterministic_and_replay_bit_for_bit():
     sc = _timed(*COMMON, "timing.common_ns=5000", "run.updates=600", "run.threads=3",
                 "metrics.exact=true")
-    first, second = simulate(sc), simulate(sc)
-    slow = simulate(sc, lookahead=False)
-    _, _, replayed = replay(first)
-    for other in (second, slow, replayed):
-        for name, values in first.arrays.items():
-            assert np.array_equal(values, other.arrays[name]), name
+    first = same_every_way(sc)
     plain = simulate(_timed("run.updates=600", "run.threads=3"))
     assert not np.array_equal(plain["grad_ns"], first["grad_ns"])
 

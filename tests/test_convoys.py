@@ -17,7 +17,7 @@ from simulator.problems import make_problem
 from simulator.replay import replay
 from simulator.trace import convoy_pairs
 
-from .conftest import CONSTANT, scenario
+from .conftest import CONSTANT, same_every_way, scenario
 
 CONVOY = ("timing.convoy_join=1.5", "timing.convoy_rest=2.0")
 
@@ -91,13 +91,7 @@ def test_lost_shares_match_the_scenario_over_the_shared_part():
 
 
 def test_convoys_are_deterministic_and_replay_bit_for_bit():
-    sc = _random_convoys()
-    first, second = simulate(sc), simulate(sc)
-    slow = simulate(sc, lookahead=False)
-    _, _, replayed = replay(first)
-    for other in (second, slow, replayed):
-        for name, values in first.arrays.items():
-            assert np.array_equal(values, other.arrays[name]), name
+    first = same_every_way(_random_convoys())
     # Convoys happened, with three writers at times, and they lost stores.
     assert (first["write_end"] - first["write_start"]).max() > 4000 * 3
     assert first["lost_blocks"].sum() > 0
