@@ -64,7 +64,7 @@ from simulator.problems import make_problem
 from simulator.scenario import DeviceSpec, Scenario, TimingSpec, scenario_from_dict
 from simulator.trace import Trace, convoy_pairs
 
-__all__ = ["COMMON", "CONVOYS", "Fit", "alone_writes", "calibrate", "calibrate_counts",
+__all__ = ["CONVOYS", "Fit", "alone_writes", "calibrate", "calibrate_counts",
            "common_bins", "fit_common", "fit_convoys", "fit_durations", "operation_samples"]
 
 _KS_LEVEL = 0.01
@@ -72,8 +72,7 @@ _MIN_FOR_TEST = 50
 _QUANTILES = 512
 _MIN_PAIRS = 30
 _TOGETHER = 0.5  # convoys: median end gap below this share of the median start gap
-CONVOYS = ("auto", "on", "off")
-COMMON = ("auto", "on", "off")
+CONVOYS = ("auto", "on", "off")  # also the choices of common factors
 # Common factors: bins of the start offset (ns), pairs a bin needs, the weakest c that
 # "auto" keeps, and the correlation times tried.
 COMMON_BINS = (0, 250, 500, 1_000, 2_000, 4_000, 8_000, 16_000, 32_000, 64_000)
@@ -346,14 +345,15 @@ def fit_common(runs: list[tuple[Trace, np.ndarray, np.ndarray | None]],
         report["why"] = "--common off"
         return report
     measured: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+    windows = [_phase_windows(trace) for trace, _, _ in runs]
     for phase in ("read", "grad", "write", "idle"):
         count, middle = np.zeros(len(COMMON_BINS) - 1), np.zeros(len(COMMON_BINS) - 1)
         weighted = np.zeros(len(COMMON_BINS) - 1)
-        for trace, rows, alone in runs:
+        for (trace, rows, alone), window in zip(runs, windows, strict=True):
             use = alone if phase == "write" and alone is not None else rows
             if np.unique(trace["thread"][use]).size < 2:
                 continue
-            start, duration = _phase_windows(trace)[phase]
+            start, duration = window[phase]
             if np.unique(duration[use]).size < _MIN_DISTINCT:  # ranks would be ties
                 continue
             n, mid, corr = common_bins(start[use], duration[use], trace["thread"][use])
@@ -398,12 +398,12 @@ def fit_common(runs: list[tuple[Trace, np.ndarray, np.ndarray | None]],
     return report
 
 
-def _with_common(timing: TimingSpec, report: dict[str, Any]) -> TimingSpec:
-    return replace(timing, **report["fields"]) if report.get("fields") else timing
-
-
-def _with_convoys(timing: TimingSpec, report: dict[str, Any]) -> TimingSpec:
-    return replace(timing, **report["fields"]) if report.get("fields") else timing
+def _with_fitted(timing: TimingSpec, *reports: dict[str, Any]) -> TimingSpec:
+    """``timing`` with the fields each report (convoys, common factors) fitted."""
+    for report in reports:
+        if report.get("fields"):
+            timing = replace(timing, **report["fields"])
+    return timing
 
 
 def _convoy_report(report: dict[str, Any], cores: int, quantum: int) -> dict[str, Any]:
@@ -449,11 +449,9 @@ def calibrate(run_dir: str | Path, pool: bool = False, cores: int = 0,
         fits = {op: fit_durations(values) for op, values in ops.items()}
         name = "all workers" if worker < 0 else f"worker {worker}"
         report[name] = {op: fit.describe() for op, fit in fits.items()}
-        timing = _with_common(_with_convoys(TimingSpec(read=fits["read"].duration,
-                                                       grad=fits["grad"].duration,
-                                                       write=fits["write"].duration,
-                                                       idle=fits["idle"].duration), convoy),
-                              shared)
+        timing = _with_fitted(TimingSpec(read=fits["read"].duration, grad=fits["grad"].duration,
+                                         write=fits["write"].duration,
+                                         idle=fits["idle"].duration), convoy, shared)
         devices.append(DeviceSpec(name=name.replace(" ", ""), cores=cores, quantum=quantum,
                                   slicing=slicing, timing=timing))
     # The recorded durations already contain stragglers and network links: drop them.
@@ -555,8 +553,7 @@ def calibrate_counts(run_dirs: list[str | Path], cores: int = 0, quantum: int = 
                           "means_ns": {str(c): float(m) for c, m in zip(counts, means,
                                                                           strict=True)}}
     device = DeviceSpec(name="allworkers", cores=cores, quantum=quantum, slicing=slicing,
-                        timing=_with_common(_with_convoys(TimingSpec(**timing), convoy),
-                                            shared))
+                        timing=_with_fitted(TimingSpec(**timing), convoy, shared))
     calibrated = replace(base, name=f"{base.name}-calibrated", devices=(device,),
                          inject=replace(base.inject, stragglers=()))
     return calibrated, {"source": loaded[0][1].source, "run": ", ".join(str(d) for d in

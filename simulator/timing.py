@@ -180,10 +180,11 @@ class SampledSource:
         self._idle_scale: list[float] = []
         self._chunks: list[list[tuple[list[int], int, list[int]]]] = []
         self._pos: list[int] = []
-        # Common factors: per coupled thread, its timing, each phase's (√c, √(1 − c),
-        # factor) and the normal draws of the update just begun, taken when a phase starts.
-        self._coupling: list[tuple[list[Callable[[float], float]],
-                                   list[tuple[float, float, CommonFactor | None]],
+        # Common factors: per coupled thread, each phase's (quantile of a normal score,
+        # scale of a draw, √c, √(1 − c), factor) and its normal streams; the normal draws
+        # of the update just begun wait in _pending until their phase starts.
+        self._coupling: list[tuple[list[tuple[Callable[[float], float], float, float, float,
+                                              CommonFactor | None]],
                                    list[_Stream]] | None] = []
         self._factors: dict[tuple[int, float], CommonFactor] = {}
         self._pending: list[list[list[float]]] = []
@@ -220,6 +221,9 @@ class SampledSource:
             self._dense_link.append(self._link_ns(thread, dense).tolist())
             self._coupling.append(None)
             if timing.coupled:
+                fr, fg, fw, _ = self._slowdown[-1]
+                scales = (fr / speed, grad_work * fg / speed, fw / speed, self._idle_scale[-1])
+                dists = (timing.read, timing.grad, timing.write, timing.idle)
                 phases = []
                 for phase, weight in enumerate(timing.common):
                     factor = None
@@ -229,11 +233,10 @@ class SampledSource:
                             self._factors[key] = CommonFactor(scenario.run.seed, phase,
                                                               timing.common_ns)
                         factor = self._factors[key]
-                    phases.append((math.sqrt(weight), math.sqrt(1.0 - weight), factor))
-                quantiles = [d.quantile_of_score()
-                             for d in (timing.read, timing.grad, timing.write, timing.idle)]
-                self._coupling[-1] = (quantiles, phases,
-                                      [_Stream(partial(_normals, gens[1 + p])) for p in range(4)])
+                    phases.append((dists[phase].quantile_of_score(), scales[phase],
+                                   math.sqrt(weight), math.sqrt(1.0 - weight), factor))
+                self._coupling[-1] = (phases, [_Stream(partial(_normals, gens[1 + p]))
+                                               for p in range(4)])
 
     def next_sample(self, thread: int) -> int:
         return int(self._streams[thread][0].take())
@@ -245,7 +248,7 @@ class SampledSource:
         _, read, grad, write = self._streams[thread]
         scale, blocks = self._dense_scale[thread], len(self.dense)
         n = self._chunk
-        link = self._link_ns(thread, self.dense)
+        link = np.asarray(self._dense_link[thread], dtype=np.int64)
         fr, fg, fw, _ = self._slowdown[thread]
         reads = (_ns(read.draw(n * blocks).reshape(n, blocks), scale * fr) + link).tolist()
         grads = _ns(grad.draw(n), self.grad_work * fg / self._speed[thread]).tolist()
@@ -257,7 +260,7 @@ class SampledSource:
                                                                           list[int]]:
         coupling = self._coupling[thread]
         if coupling is not None:  # normal draws now, durations when each phase starts
-            normals, blocks = coupling[2], len(fractions)
+            normals, blocks = coupling[1], len(fractions)
             self._fractions[thread] = fractions
             self._pending[thread] = [[normals[READ].take() for _ in range(blocks)],
                                      [normals[GRAD].take()],
@@ -291,18 +294,10 @@ class SampledSource:
     def at(self, thread: int, phase: int, t: int) -> list[int]:
         coupling = self._coupling[thread]
         assert coupling is not None
-        quantiles, phases, _ = coupling
-        shared, own, factor = phases[phase]
+        quantile, scale, shared, own, factor = coupling[0][phase]
         z = factor.at(t) if factor is not None else 0.0
-        quantile = quantiles[phase]
-        speed = self._speed[thread]
         self._forget(thread, t)
-        if phase == GRAD:
-            scale = self.grad_work * self._slowdown[thread][1] / speed
-        elif phase == IDLE:
-            scale = self._idle_scale[thread]
-        else:
-            scale = self._slowdown[thread][0 if phase == READ else 2] / speed
+        if phase in (READ, WRITE):
             fractions = self._fractions[thread]
             link = (self._dense_link[thread] if fractions is self.dense
                     else self._link_ns(thread, fractions).tolist())
