@@ -56,7 +56,9 @@ def main() -> None:
     parser.add_argument("--mode", default="lockfree")
     parser.add_argument("--set", action="append", default=[], help="scenario overrides")
     parser.add_argument("--convoys", default="auto", help="calibrate --convoys (auto, on, off)")
-    parser.add_argument("--common", default="auto", help="calibrate --common (auto, on, off)")
+    parser.add_argument("--common", default="off", help="calibrate --common (auto, on, off)")
+    parser.add_argument("--interference", default="off",
+                        help="calibrate --interference (auto, on, off)")
     parser.add_argument("--keep", default=None, help="keep the run directories here")
     parser.add_argument("--reuse", action="store_true",
                         help="with --keep: reuse real runs already there (compare calibrations "
@@ -69,7 +71,7 @@ def main() -> None:
     print(f"# {time.strftime('%Y-%m-%d')}, {platform.machine()}, {os.cpu_count()} cores, "
           f"{args.mode}, {args.updates:,} updates, calibrated with --pool --cores {args.cores}"
           f" --quantum {args.quantum} --slicing {args.slicing} --convoys {args.convoys}"
-          f" --common {args.common}")
+          f" --common {args.common} --interference {args.interference}")
     for k in sorted(set(args.calibrate) | set(args.predict)):
         if args.reuse and (work / f"real{k}" / "trace.npz").is_file():
             continue
@@ -90,7 +92,7 @@ def main() -> None:
         calibrated = work / f"cal{k}.toml"
         _run("calibrate", *sources, "--out", str(calibrated), "--cores", str(args.cores),
              "--quantum", args.quantum, "--slicing", args.slicing, "--convoys", args.convoys,
-             "--common", args.common, "--quiet")
+             "--common", args.common, "--interference", args.interference, "--quiet")
         for target in args.predict:
             sim, report = work / f"sim{k}_{target}", work / f"cmp{k}_{target}"
             _run("simulate", str(calibrated), "--set", f"run.threads={target}", "--out",

@@ -43,7 +43,16 @@ What is fitted:
   stalls that hit one worker and not the other, which a plain correlation weighs most), and
   c_p·exp(−Δt/τ) is fitted by least squares weighted by pairs, one τ for all phases and one
   c_p per phase (in [0, 1]). With convoys, the write's bins use writes that met no other; a
-  phase with fewer than 8 distinct durations (no local work, say) gets c = 0.
+  phase with fewer than 8 distinct durations (no local work, say) gets c = 0;
+* interference (``timing.*_under_*``; two or more workers): a phase's draw is its duration
+  with the time spent under another worker's phase q counted 1/(1 + slowdown_q)
+  (:func:`undisturbed`; exact for two workers, the shares add for more). Rows are grouped
+  by what the other workers were doing when the phase began, which its own duration cannot
+  have chosen: all idle, or one in phase q with at least 10% of a typical duration to go
+  (30 rows a group at least). The slowdowns solve "each group's median draw equals the
+  idle group's" (least squares, in [0, 20]); with convoys, writes are fitted on those that
+  met no other and a write is not slowed by another write. The durations' distributions
+  are then fitted on the draws.
 """
 
 from __future__ import annotations
@@ -54,6 +63,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import scipy.optimize
 import scipy.stats
 
 from simulator.distributions import Duration
@@ -64,8 +74,9 @@ from simulator.problems import make_problem
 from simulator.scenario import DeviceSpec, Scenario, TimingSpec, scenario_from_dict
 from simulator.trace import Trace, convoy_pairs
 
-__all__ = ["CONVOYS", "Fit", "alone_writes", "calibrate", "calibrate_counts",
-           "common_bins", "fit_common", "fit_convoys", "fit_durations", "operation_samples"]
+__all__ = ["CONVOYS", "Fit", "alone_writes", "at_start", "calibrate", "calibrate_counts",
+           "common_bins", "fit_common", "fit_convoys", "fit_durations", "fit_interference",
+           "operation_samples", "under_times", "undisturbed"]
 
 _KS_LEVEL = 0.01
 _MIN_FOR_TEST = 50
@@ -81,6 +92,13 @@ _MIN_DISTINCT = 8  # a phase with fewer distinct durations tells nothing (e.g. n
 _MIN_COMMON = 0.05
 _TAUS = np.geomspace(100.0, 1e6, 81)
 _MEDIAN_ABS = 0.6744897501960817  # median of |Z| for a standard normal Z
+# Interference: the other workers' phases that slow one (idle is the reference), the
+# largest slowdown fitted, the weakest "auto" keeps, rounds of the coordinate-wise fit.
+_OTHERS = ("read", "grad", "write")
+_MAX_SLOWDOWN = 20.0
+_MIN_UNDER = 0.1
+_COVER = 0.1  # rows under another's phase: for this share of a typical duration at least
+_FLOOR = 0.05  # the least share of a recorded duration its draw is taken to be
 
 
 @dataclass(frozen=True)
@@ -286,6 +304,189 @@ def _phase_windows(trace: Trace) -> dict[str, tuple[np.ndarray, np.ndarray]]:
             "idle": (read_start - trace["idle_ns"], trace["idle_ns"])}
 
 
+def _covered(starts: np.ndarray, ends: np.ndarray, other_starts: np.ndarray,
+             other_ends: np.ndarray) -> np.ndarray:
+    """How long each [start, end) lies inside the union of the disjoint intervals
+    [other_starts, other_ends), sorted by start (ns)."""
+    lengths = other_ends - other_starts
+    before = np.concatenate([[0.0], np.cumsum(lengths)])  # covered before interval i
+
+    def upto(t: np.ndarray) -> np.ndarray:
+        i = np.searchsorted(other_starts, t, side="right")  # intervals begun by t
+        last = np.maximum(i - 1, 0)
+        inside = np.clip(t - other_starts[last], 0.0, lengths[last])
+        return np.where(i > 0, before[last] + inside, 0.0)
+
+    return upto(ends) - upto(starts)
+
+
+def under_times(trace: Trace, rows: np.ndarray, phase: str) -> tuple[np.ndarray, np.ndarray]:
+    """For ``rows``: the duration of ``phase`` (ns) and how long of it the other workers
+    spent reading, computing and writing (columns of ``_OTHERS``; summed over the others)."""
+    windows = _phase_windows(trace)
+    start, duration = (w.astype(np.float64) for w in windows[phase])
+    owners = trace["thread"]
+    under = np.zeros((rows.size, len(_OTHERS)))
+    for worker in np.unique(owners[rows]).tolist():
+        mine = np.flatnonzero(owners[rows] == worker)
+        begun = start[rows][mine]
+        ended = begun + duration[rows][mine]
+        for other in np.unique(owners).tolist():
+            if other == worker:
+                continue
+            theirs = np.flatnonzero(owners == other)
+            for column, name in enumerate(_OTHERS):
+                q_start, q_length = (w[theirs].astype(np.float64) for w in windows[name])
+                order = np.argsort(q_start, kind="stable")
+                under[mine, column] += _covered(begun, ended, q_start[order],
+                                                (q_start + q_length)[order])
+    return duration[rows], under
+
+
+def at_start(trace: Trace, rows: np.ndarray, phase: str) -> tuple[np.ndarray, np.ndarray]:
+    """For ``rows``: per other worker (columns), the phase it was in when ``phase`` began
+    (an index into ``_OTHERS``; -1: idle or not running) and how much longer it went on."""
+    windows = _phase_windows(trace)
+    start = windows[phase][0].astype(np.float64)
+    owners = trace["thread"]
+    workers = np.unique(owners).tolist()
+    others = np.full((rows.size, max(len(workers) - 1, 1)), -1, dtype=np.int64)
+    remaining = np.zeros(others.shape)
+    for worker in np.unique(owners[rows]).tolist():
+        mine = np.flatnonzero(owners[rows] == worker)
+        begun = start[rows][mine]
+        for column, other in enumerate(w for w in workers if w != worker):
+            theirs = np.flatnonzero(owners == other)
+            for q, name in enumerate(_OTHERS):
+                q_start, q_length = (w[theirs].astype(np.float64) for w in windows[name])
+                order = np.argsort(q_start, kind="stable")
+                q_start, q_end = q_start[order], (q_start + q_length)[order]
+                i = np.maximum(np.searchsorted(q_start, begun, side="right") - 1, 0)
+                inside = (q_start[i] <= begun) & (q_end[i] > begun)
+                others[mine[inside], column] = q
+                remaining[mine[inside], column] = q_end[i][inside] - begun[inside]
+    return others, remaining
+
+
+def undisturbed(duration: np.ndarray, under: np.ndarray, slowdown: np.ndarray) -> np.ndarray:
+    """The drawn durations that processor sharing turns into ``duration``: the time under
+    another worker's phase q counts 1 / (1 + slowdown[q]) (exact with one other worker;
+    with more, their shares add), never less than ``_FLOOR`` of the duration."""
+    work = duration - under @ (slowdown / (1 + slowdown))
+    return np.maximum(work, _FLOOR * duration)
+
+
+def fit_interference(runs: list[tuple[Trace, np.ndarray, np.ndarray | None]],
+                     mode: str = "off") -> dict[str, Any]:
+    """Interference (``timing.*_under_*``) from the rows of one or more traces with two or
+    more workers (each run: trace, rows, the rows whose writes met no other, or None when
+    no convoys were fitted): the fitted fields in ``"fields"``, the per-phase fits, and in
+    ``"deflate"`` (not for the report) each run's rows and their durations with the
+    others idle, per phase (the module docstring)."""
+    report: dict[str, Any] = {"fields": None, "deflate": None}
+    if mode == "off":
+        report["why"] = "--interference off"
+        return report
+    fields: dict[str, float] = {}
+    phases: dict[str, Any] = {}
+    states: dict[str, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {}
+    convoys = bool(runs) and runs[0][2] is not None
+    for phase in ("read", "grad", "write", "idle"):
+        states[phase], starts = [], []
+        for trace, rows, alone in runs:
+            use = alone if phase == "write" and alone is not None else rows
+            if np.unique(trace["thread"]).size > 1 and use.size:
+                states[phase].append((use, *under_times(trace, use, phase)))
+                starts.append(at_start(trace, use, phase))
+        if not states[phase]:
+            continue
+        duration = np.concatenate([d for _, d, _ in states[phase]])
+        under = np.concatenate([u for _, _, u in states[phase]])
+        width = max(o.shape[1] for o, _ in starts)
+        others = np.concatenate([np.pad(o, ((0, 0), (0, width - o.shape[1])),
+                                        constant_values=-1) for o, _ in starts])
+        remaining = np.concatenate([np.pad(r, ((0, 0), (0, width - r.shape[1])))
+                                    for _, r in starts])
+        keep = duration > 0
+        duration, under = duration[keep], under[keep]
+        others, remaining = others[keep], remaining[keep]
+        # Rows grouped by what the others were doing when the phase began (which its own
+        # duration cannot have chosen): all idle, or one in phase q for a while yet.
+        quiet = np.all(others < 0, axis=1)
+        typical = float(np.median(duration)) if duration.size else 0.0
+        slowdown = np.zeros(len(_OTHERS))
+        groups = {}
+        for q, name in enumerate(_OTHERS):
+            if phase == "write" and name == "write" and convoys:
+                continue  # writes that meet are the convoys' (fitted on their own)
+            group = np.any((others == q) & (remaining >= _COVER * typical), axis=1)
+            if group.sum() >= _MIN_PAIRS and quiet.sum() >= _MIN_PAIRS:
+                groups[q] = group
+        if not groups:
+            continue
+        free = list(groups)
+
+        def gaps(x: np.ndarray, free: list[int] = free, groups: dict = groups,
+                 duration: np.ndarray = duration, under: np.ndarray = under,
+                 quiet: np.ndarray = quiet) -> np.ndarray:
+            trial = np.zeros(len(_OTHERS))
+            trial[free] = x
+            work = np.log(undisturbed(duration, under, trial))
+            base = float(np.median(work[quiet]))
+            return np.array([float(np.median(work[groups[q]])) - base for q in free])
+
+        # Each group's median draw equal to the quiet rows' (one equation per slowdown).
+        fit = scipy.optimize.least_squares(gaps, np.full(len(free), 0.5),
+                                           bounds=(0.0, _MAX_SLOWDOWN), diff_step=1e-2)
+        slowdown[free] = fit.x
+        slowed = {_OTHERS[q]: float(slowdown[q]) for q in groups}
+        phases[phase] = {"slowdown": slowed, "rows": int(duration.size),
+                         "rows_other_idle": int(quiet.sum()),
+                         "rows_under": {_OTHERS[q]: int(g.sum()) for q, g in groups.items()}}
+        fields.update({f"{phase}_under_{q}": value for q, value in slowed.items()})
+    report["phases"] = phases
+    if not phases:
+        report["why"] = ("fewer than two workers ran together" if not any(
+            np.unique(t["thread"]).size > 1 for t, _, _ in runs) else
+            f"no phase met another worker's at its start in {_MIN_PAIRS} rows")
+        return report
+    if mode == "auto" and max(fields.values(), default=0.0) < _MIN_UNDER:
+        report["why"] = f"no phase slowed by {_MIN_UNDER:.0%} under another's"
+        return report
+    report["fields"] = fields
+    deflate: list[dict[str, tuple[np.ndarray, np.ndarray]]] = [{} for _ in runs]
+    for phase, per_run in states.items():
+        slowdown = np.array([fields.get(f"{phase}_under_{q}", 0.0) for q in _OTHERS])
+        r = 0
+        for index, (trace, _, _) in enumerate(runs):
+            if np.unique(trace["thread"]).size < 2 or r >= len(per_run):
+                continue
+            use, duration, under = per_run[r]
+            r += 1
+            work = undisturbed(duration, under, slowdown)
+            deflate[index][phase] = (use, work / np.maximum(duration, 1.0))
+    report["deflate"] = deflate
+    return report
+
+
+def _deflated(trace: Trace, factors: dict[str, tuple[np.ndarray, np.ndarray]]) -> Trace:
+    """``trace`` with each phase's recorded durations on the given rows multiplied by their
+    factors (what they would have been with the other workers idle)."""
+    arrays = dict(trace.arrays)
+    ops_per_row = np.diff(trace["op_offsets"])
+    for phase, column in (("read", "op_read_ns"), ("write", "op_write_ns"),
+                          ("grad", "grad_ns"), ("idle", "idle_ns")):
+        if phase not in factors:
+            continue
+        rows, factor = factors[phase]
+        per_row = np.ones(len(trace))
+        per_row[rows] = factor
+        if column.startswith("op_"):
+            per_row = np.repeat(per_row, ops_per_row)
+        arrays[column] = np.rint(trace[column] * per_row).astype(np.int64)
+    return Trace(arrays, trace.scenario_toml, trace.source)
+
+
 def _scores(values: np.ndarray, owners: np.ndarray) -> np.ndarray:
     """Normal scores of ``values`` within each owner's (from average ranks)."""
     scores = np.empty(values.size)
@@ -406,6 +607,11 @@ def _with_fitted(timing: TimingSpec, *reports: dict[str, Any]) -> TimingSpec:
     return timing
 
 
+def _public(report: dict[str, Any]) -> dict[str, Any]:
+    """A fit report without its working arrays."""
+    return {key: value for key, value in report.items() if key != "deflate"}
+
+
 def _convoy_report(report: dict[str, Any], cores: int, quantum: int) -> dict[str, Any]:
     """Convoys cannot be simulated on a core pool without time slices: say so, drop them."""
     if report.get("fields") and cores and not quantum:
@@ -416,7 +622,8 @@ def _convoy_report(report: dict[str, Any], cores: int, quantum: int) -> dict[str
 
 def calibrate(run_dir: str | Path, pool: bool = False, cores: int = 0,
               quantum: int = 0, slicing: str = "per_core",
-              convoys: str = "auto", common: str = "off") -> tuple[Scenario, dict[str, Any]]:
+              convoys: str = "auto", common: str = "off",
+              interference: str = "off") -> tuple[Scenario, dict[str, Any]]:
     """The calibrated scenario of a run directory and the fit report.
 
     ``pool`` fits one timing to all workers together and puts every thread on one device
@@ -426,7 +633,9 @@ def calibrate(run_dir: str | Path, pool: bool = False, cores: int = 0,
     as ``slicing`` says). ``convoys``: fit write convoys when found (``auto``), whenever
     there are pairs to fit (``on``), or never (``off``); ``common``: likewise for common
     factors (``auto`` keeps them when some phase's c reaches 0.05; off unless asked for:
-    see bench/README.md for what they do to a prediction).
+    see bench/README.md for what they do to a prediction); ``interference``: likewise for
+    the slowdowns of one worker's phases under another's (``auto`` keeps them when one
+    reaches 0.1), the durations then fitted as drawn with the others idle.
 
     Raises:
         AsyngradError: not a run directory, an unreadable trace, or fewer than 2 updates.
@@ -434,14 +643,17 @@ def calibrate(run_dir: str | Path, pool: bool = False, cores: int = 0,
     path = Path(run_dir)
     trace, scenario = _load(path)
     together = running_together(trace)
-    samples = operation_samples(trace, scenario, together)
     convoy = _convoy_report(fit_convoys([(trace, together)], convoys), cores, quantum)
     alone_rows = alone_writes(trace, together) if convoy["fields"] else None
+    shared = fit_common([(trace, together, alone_rows)], common)
+    slowed = fit_interference([(trace, together, alone_rows)], interference)
+    if slowed["deflate"]:  # the draws: what the durations were with the others idle
+        trace = _deflated(trace, slowed["deflate"][0])
+    samples = operation_samples(trace, scenario, together)
     if alone_rows is not None:  # the write alone: convoys stretch it again
         alone = operation_samples(trace, scenario, alone_rows)
         for worker, ops in samples.items():
             ops["write"] = alone[worker]["write"]
-    shared = fit_common([(trace, together, alone_rows)], common)
     if pool:
         samples = {-1: _pooled(samples)}
     devices, report = [], {}
@@ -451,7 +663,8 @@ def calibrate(run_dir: str | Path, pool: bool = False, cores: int = 0,
         report[name] = {op: fit.describe() for op, fit in fits.items()}
         timing = _with_fitted(TimingSpec(read=fits["read"].duration, grad=fits["grad"].duration,
                                          write=fits["write"].duration,
-                                         idle=fits["idle"].duration), convoy, shared)
+                                         idle=fits["idle"].duration), convoy, shared,
+                              slowed)
         devices.append(DeviceSpec(name=name.replace(" ", ""), cores=cores, quantum=quantum,
                                   slicing=slicing, timing=timing))
     # The recorded durations already contain stragglers and network links: drop them.
@@ -460,7 +673,7 @@ def calibrate(run_dir: str | Path, pool: bool = False, cores: int = 0,
     return calibrated, {"source": trace.source, "run": str(path), "fits": report,
                         "rows_fitted": int(together.size), "rows": len(trace),
                         "contention": contention(trace, together), "convoys": convoy,
-                        "common": shared}
+                        "common": shared, "interference": _public(slowed)}
 
 
 def _load(path: Path) -> tuple[Trace, Scenario]:
@@ -489,7 +702,8 @@ def _scaled(duration: Duration, factor: float) -> Duration:
 
 def calibrate_counts(run_dirs: list[str | Path], cores: int = 0, quantum: int = 0,
                      slicing: str = "per_core", convoys: str = "auto",
-                     common: str = "off") -> tuple[Scenario, dict[str, Any]]:
+                     common: str = "off", interference: str = "off",
+                     ) -> tuple[Scenario, dict[str, Any]]:
     """One pooled timing fitted from runs of one problem at two or more worker counts, with
     the contention between them as a slowdown per other worker.
 
@@ -502,7 +716,8 @@ def calibrate_counts(run_dirs: list[str | Path], cores: int = 0, quantum: int = 
     time slices of ``quantum`` ns (``slicing`` as in :func:`calibrate`). Write convoys are
     fitted from the runs' pairs together; with convoys, the write means are those of
     writes that met no other. Common factors are fitted from the runs' pairs of phases
-    together (runs of one worker have none).
+    together (runs of one worker have none), and so is interference, whose fitted
+    slowdowns are taken out of every duration before the means are compared.
 
     Raises:
         AsyngradError: fewer than two runs, a repeated worker count, runs of different
@@ -528,15 +743,18 @@ def calibrate_counts(run_dirs: list[str | Path], cores: int = 0, quantum: int = 
     convoy = _convoy_report(fit_convoys([(trace, rows) for (_, trace, _), rows
                                          in zip(loaded, spans, strict=True)], convoys),
                             cores, quantum)
-    runs = []
-    for (_, trace, scenario), together in zip(loaded, spans, strict=True):
+    runs = [(trace, together, alone_writes(trace, together) if convoy["fields"] else None)
+            for (_, trace, _), together in zip(loaded, spans, strict=True)]
+    shared = fit_common(runs, common)
+    slowed = fit_interference(runs, interference)
+    for index, ((_, _, scenario), (trace, together, alone_rows)) in enumerate(
+            zip(loaded, runs, strict=True)):
+        if slowed["deflate"] and slowed["deflate"][index]:
+            trace = _deflated(trace, slowed["deflate"][index])
         samples = _pooled(operation_samples(trace, scenario, together))
-        alone_rows = alone_writes(trace, together) if convoy["fields"] else None
         if alone_rows is not None:
             samples["write"] = _pooled(operation_samples(trace, scenario, alone_rows))["write"]
         pooled.append(samples)
-        runs.append((trace, together, alone_rows))
-    shared = fit_common(runs, common)
     k = np.asarray(counts, dtype=np.float64) - 1
     contention: dict[str, Any] = {}
     timing: dict[str, Any] = {}
@@ -553,7 +771,7 @@ def calibrate_counts(run_dirs: list[str | Path], cores: int = 0, quantum: int = 
                           "means_ns": {str(c): float(m) for c, m in zip(counts, means,
                                                                           strict=True)}}
     device = DeviceSpec(name="allworkers", cores=cores, quantum=quantum, slicing=slicing,
-                        timing=_with_fitted(TimingSpec(**timing), convoy, shared))
+                        timing=_with_fitted(TimingSpec(**timing), convoy, shared, slowed))
     calibrated = replace(base, name=f"{base.name}-calibrated", devices=(device,),
                          inject=replace(base.inject, stragglers=()))
     return calibrated, {"source": loaded[0][1].source, "run": ", ".join(str(d) for d in
@@ -561,7 +779,8 @@ def calibrate_counts(run_dirs: list[str | Path], cores: int = 0, quantum: int = 
                         "fits": {f"all workers at k = {counts[0]}": fits},
                         "rows_fitted": fitted_rows,
                         "rows": sum(len(t) for _, t, _ in loaded), "worker_counts": counts,
-                        "contention": contention, "convoys": convoy, "common": shared}
+                        "contention": contention, "convoys": convoy, "common": shared,
+                        "interference": _public(slowed)}
 
 
 MARKER = "# asyngrad-lab calibrated scenario"
@@ -591,6 +810,7 @@ def calibrated_toml(scenario: Scenario, report: dict[str, Any]) -> str:
             f"(base {fit['base_ns']:.4g} ns, mean {fit['mean_concurrent']:.3g} others)"))
     lines.append(f"#   write convoys: {_describe_convoys(report['convoys'])}")
     lines.append(f"#   common factors: {_describe_common(report['common'])}")
+    lines.append(f"#   interference: {_describe_interference(report['interference'])}")
     body = scenario_to_toml(scenario).split("\n", 1)[1]  # its own header line replaced
     return "\n".join(lines) + "\n" + body
 
@@ -619,3 +839,16 @@ def _describe_common(report: dict[str, Any]) -> str:
                         for phase in ("read", "grad", "write", "idle"))
     return (f"c·exp(−Δt/τ) with τ = {fields['common_ns']:.4g} ns, c: {weights} (phases "
             f"starting under 250 ns apart alike by {near})")
+
+
+def _describe_interference(report: dict[str, Any]) -> str:
+    fields = report.get("fields")
+    if not fields:
+        return f"none fitted ({report.get('why', '')})"
+    parts = []
+    for phase, fit in report["phases"].items():
+        slowed = ", ".join(f"{q} {value:.3g} ({fit['rows_under'][q]} rows)"
+                           for q, value in fit["slowdown"].items())
+        parts.append(f"{phase} under {slowed}")
+    return ("slowdown per other worker in a phase, against "
+            f"the others idle: {'; '.join(parts)}")

@@ -494,10 +494,11 @@ def _calibrate(args: argparse.Namespace) -> int:
     quantum, measured = _quantum(args.quantum)
     if len(args.run_dir) > 1:
         scenario, report = calibrate_counts(args.run_dir, args.cores, quantum, args.slicing,
-                                            args.convoys, args.common)
+                                            args.convoys, args.common, args.interference)
     else:
         scenario, report = calibrate(args.run_dir[0], args.pool, args.cores, quantum,
-                                     args.slicing, args.convoys, args.common)
+                                     args.slicing, args.convoys, args.common,
+                                     args.interference)
     if measured:
         report["time_slice"] = measured
     text = calibrated_toml(scenario, report)
@@ -872,6 +873,10 @@ def _parser() -> argparse.ArgumentParser:
                      help="common factors (durations of one phase alike on workers that start "
                           "it together): fit them when some phase's correlation reaches 0.05 "
                           "(auto), whenever two workers ran (on), or never (off, default)")
+    cal.add_argument("--interference", choices=("auto", "on", "off"), default="off",
+                     help="slowdowns of a worker's phase under another's (a write while the "
+                          "other computes, say): fit them when one reaches 0.1 (auto), "
+                          "whenever two workers ran (on), or never (off, default)")
 
     cmp = command("compare", "fidelity report of run B against run A (simulated or real)",
                   _compare, scenario=False, out="directory for compare.json and compare.png "

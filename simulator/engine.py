@@ -42,13 +42,15 @@ __all__ = ["Engine", "Update", "simulate"]
 _TRIM_EVERY = 2048
 _PROGRESS_EVERY = 256
 _CONVOY_TAG = 0xC0
+Slowdowns = tuple[tuple[float, float, float, float], ...]  # [phase][other's phase]
 
 
 class _Convoy:
     """The writes of one block in flight together (``timing.convoy_*``). The front of the
     sweep moves linearly from ``front`` at ``start`` to the block's end at ``end``."""
 
-    __slots__ = ("end", "first", "front", "leader", "lost", "members", "pair", "start")
+    __slots__ = ("end", "first", "front", "leader", "lost", "members", "pair", "start",
+                 "threads")
 
     def __init__(self, leader: Update, start: int, end: int) -> None:
         self.leader, self.first, self.start, self.end = leader, start, start, end
@@ -56,6 +58,7 @@ class _Convoy:
         self.members = 1
         self.lost: dict[int, np.ndarray] = {}  # uid → coordinates of the block it loses
         self.pair: tuple[int, int, int, float, float] | None = None
+        self.threads: list[int] = []  # with interference: the threads writing in it
 
 
 class Update:
@@ -153,6 +156,16 @@ class Engine:
             if pause.thread < self.threads:
                 self._pauses[pause.thread].append((pause.start, pause.end))
         self._slices = self._time_slices()
+        # Interference (timing.*_under_*): per thread, its slowdowns by [phase][other's
+        # phase] and the other threads of its device; what each thread is doing, from when
+        # to when. A starting phase needs every other thread's state at its start, so the
+        # lookahead (threads running ahead of simpy's clock) is off.
+        self._under, self._peers = self._interference_setup()
+        self._doing: list[tuple[int, int, int]] = [(IDLE, 0, 0)] * self.threads
+        self._plan: list[list[tuple[float, float]]] = [[] for _ in range(self.threads)]
+        self._fixed = [False] * self.threads  # writing in a convoy of two or more
+        self._writing: list[_Convoy | None] = [None] * self.threads  # alone in a convoy
+        lookahead = lookahead and not any(self._under)
         self._finished = [math.inf] * self.threads  # when each thread's loop ended
         self._blocked = [bool(p) or s is not None
                          for p, s in zip(self._pauses, self._slices, strict=True)]
@@ -226,6 +239,97 @@ class Engine:
                         slices[thread] = (rotation, cores, spec.quantum)
         return slices
 
+    def _interference_setup(self) -> tuple[list[Slowdowns | None], list[list[int]]]:
+        """Per thread: its timing's slowdowns by [phase][other's phase] (None: none, or the
+        durations are replayed, which carry them already), and its device's other threads."""
+        scenario, replayed = self.scenario, not isinstance(self.source, SampledSource)
+        devices = [scenario.device_of(t) for t in range(self.threads)]
+        under = [None if replayed else scenario.timing_of(d).interference for d in devices]
+        peers = [[j for j in range(self.threads) if j != t and devices[j] == devices[t]]
+                 for t in range(self.threads)]
+        return under, peers
+
+    def _interfered(self, thread: int, phase: int, durations: list[int]) -> list[int]:
+        """``thread`` starts ``phase``: its actions' ``durations`` stretched, and the ends of
+        the phases the device's other threads are in moved, as processor sharing between
+        them says (``TimingSpec`` docstring): each phase in progress runs at the rate
+        1 / (1 + Σ slowdowns under the others' phases), from its remaining work, until the
+        first ends, and so on. Ends only move later (a new phase only adds slowdowns); a
+        thread whose end moved waits for it (``_overrun``)."""
+        start, work = self.clock[thread], sum(durations)
+        under = self._under[thread]
+        assert under is not None
+        going: dict[int, list[float]] = {}  # thread → [phase, work left]
+        fixed: list[tuple[int, int, int]] = []  # convoy members: they end with the convoy
+        for j in self._peers[thread]:
+            q, begun, end = self._doing[j]
+            if begun <= start < end:
+                if self._fixed[j]:
+                    fixed.append((j, q, end))
+                else:
+                    going[j] = [q, self._left(j, start)]
+        if work > 0:
+            going[thread] = [phase, float(work)]
+        now = float(start)
+        plans: dict[int, list[tuple[float, float]]] = {j: [] for j in going}
+        ends: dict[int, float] = {}
+        while going:
+            running = [(j, int(v[0])) for j, v in going.items()]
+            running += [(j, f) for j, f, end in fixed if end > now]
+            step, rates = math.inf, {}
+            for j, (p, left) in going.items():
+                slowdowns = self._under[j]
+                assert slowdowns is not None
+                row = slowdowns[int(p)]
+                rates[j] = 1.0 / (1.0 + sum(row[o] for i, o in running if i != j))
+                step = min(step, left / rates[j])
+            later = [end - now for _, _, end in fixed if end > now]
+            step = min([step, *later])
+            now += step
+            for j, rate in rates.items():
+                plans[j].append((now - step, rate))
+                going[j][1] -= step * rate
+                if going[j][1] <= 1e-6 * step * rate or going[j][1] <= 1e-9:
+                    ends[j] = now
+                    del going[j]
+        for j, finish in ends.items():
+            q, begun, before = self._doing[j] if j != thread else (phase, start, start)
+            self._doing[j] = (q, begun, max(before, round(finish)))
+            self._plan[j] = plans[j]
+            convoy = self._writing[j]
+            if j != thread and convoy is not None:  # a write alone in its convoy
+                convoy.end = self._doing[j][2]
+                convoy.leader.drawn_write_ns = [convoy.end - convoy.first]
+        if work <= 0:
+            self._doing[thread] = (phase, start, start)
+            return durations
+        total = self._doing[thread][2] - start
+        if total != work:
+            ratio = total / work
+            durations = [int(d * ratio + 0.5) for d in durations]
+            durations[-1] += total - sum(durations)
+        return durations
+
+    def _left(self, thread: int, at: int) -> float:
+        """The work (ns at full rate) left at ``at`` of the phase ``thread`` is in."""
+        plan, end = self._plan[thread], self._doing[thread][2]
+        left = 0.0
+        for k, (begun, rate) in enumerate(plan):
+            until = plan[k + 1][0] if k + 1 < len(plan) else end
+            left += rate * max(0.0, min(until, end) - max(begun, at))
+        return left
+
+    def _overrun(self, thread: int) -> Generator[Any, Any, int]:
+        """Wait until the end of the thread's phase, which others' phases moved later;
+        returns the time added."""
+        extra = 0
+        while self._doing[thread][2] > self.clock[thread]:
+            wait = self._doing[thread][2] - self.clock[thread]
+            yield self.env.timeout(wait)
+            self.clock[thread] = int(self.env.now)
+            extra += wait
+        return extra
+
     def _convoy_setup(self) -> TimingSpec | None:
         """The timing whose ``convoy_*`` values every thread's writes follow, or None when
         writes form no convoys, after checking that the run's writes can: dense
@@ -251,6 +355,10 @@ class Engine:
         if self._sparse:
             raise ScenarioError("timing.convoy_join", value,
                                 "write convoys need dense writes (this problem's are sparse)")
+        if any(self._under) and run.blocks > 1:
+            raise ScenarioError("run.blocks", run.blocks,
+                                "write convoys with interference (timing.*_under_*) need "
+                                "run.blocks = 1")
         if any(c is not None or b is not None for c, b in zip(self._cores, self._bus,
                                                                strict=True)):
             raise ScenarioError("timing.convoy_join", value,
@@ -373,6 +481,7 @@ class Engine:
         quota = self._quota[thread]
         source = self.source
         coupled = source.coupled(thread)  # durations drawn as each phase starts
+        interfered = self._under[thread] is not None  # ... and stretched by the others'
         delays = injector is not None and injector.max_delay > 0
         retires = type(protocol).active is not Protocol.active
         while (self.started < self.updates and seq < quota
@@ -382,11 +491,15 @@ class Engine:
             seq += 1
             if coupled:
                 u.idle_ns = source.at(thread, IDLE, clock[thread])[0]
+            if interfered:
+                u.idle_ns = self._interfered(thread, IDLE, [u.idle_ns])[0]
             if u.idle_ns:  # local work before the update (sampling, bookkeeping)
                 wait = self._advance(thread, u.idle_ns, False)
                 if wait is not None:
                     yield wait
                     clock[thread] = int(self.env.now)
+                if interfered:
+                    u.idle_ns += yield from self._overrun(thread)
             if gated:
                 yield from self._catch_up(thread)
                 yield from self._gate(thread, protocol.before_read(self, u))
@@ -398,6 +511,8 @@ class Engine:
                 u.read_start, u.start_completed = clock[thread], self.completed
                 if coupled:
                     u.read_ns = source.at(thread, READ, clock[thread])
+                if interfered:
+                    u.read_ns = self._interfered(thread, READ, u.read_ns)
                 u.start_versions = [mem.count[op[0]] for op in ops]
                 if delays:  # the gradient will see w as it was τ completions before
                     assert injector is not None
@@ -416,6 +531,10 @@ class Engine:
                     if wait is not None:
                         yield wait
                         clock[thread] = int(self.env.now)
+                    if interfered and i == n - 1:
+                        extra = yield from self._overrun(thread)
+                        if extra:
+                            u.read_ns = [*u.read_ns[:-1], u.read_ns[-1] + extra]
                     copies.append(mem.copy(block, index, coords, local))
                     i += 1
                 u.read_end = clock[thread]
@@ -436,10 +555,14 @@ class Engine:
             u.grad_start = clock[thread]
             if coupled:
                 u.grad_ns = source.at(thread, GRAD, clock[thread])[0]
+            if interfered:
+                u.grad_ns = self._interfered(thread, GRAD, [u.grad_ns])[0]
             wait = self._advance(thread, u.grad_ns, False)
             if wait is not None:
                 yield wait
                 clock[thread] = int(self.env.now)
+            if interfered:
+                u.grad_ns += yield from self._overrun(thread)
             if protocol.computes:
                 step = protocol.compute(self, u, local)
             else:
@@ -478,6 +601,8 @@ class Engine:
             # WRITE: block by block, an atomic add or a load, wait, store.
             if coupled:
                 u.write_ns = source.at(thread, WRITE, clock[thread])
+            if interfered:
+                u.write_ns = self._interfered(thread, WRITE, u.write_ns)
             if u.dropped:  # lost in transit: its time passes, nothing is stored
                 wait = self._advance(thread, sum(u.write_ns), True)
                 if wait is not None:
@@ -496,6 +621,8 @@ class Engine:
                             yield from self._catch_up(thread)
                     begun = clock[thread]
                     convoy, duration = self._join(thread, u, block, index, drawn[i])
+                    if interfered:  # alone, its end follows the others; met, the convoy's
+                        self._convoy_moved(thread, convoy)
                     wait = self._advance(thread, duration, True)
                     if wait is not None:
                         yield wait
@@ -505,6 +632,8 @@ class Engine:
                         clock[thread] = int(self.env.now)
                     self._sweep(convoy, u, block, index, step[vsel])
                     u.write_ns.append(clock[thread] - begun)
+                    if interfered:
+                        self._fixed[thread], self._writing[thread] = False, None
                 n = 0
             writes: Sequence[Grain] = ops
             write_ns = u.write_ns
@@ -525,6 +654,10 @@ class Engine:
                     yield wait
                     clock[thread] = int(self.env.now)
                 i += 1
+                if interfered and i == n:
+                    extra = yield from self._overrun(thread)
+                    if extra:
+                        u.write_ns = [*u.write_ns[:-1], u.write_ns[-1] + extra]
                 if loaded is None:
                     mem.add(block, index, touched, -step[vsel], u.uid)
                     continue
@@ -583,6 +716,19 @@ class Engine:
         convoy.start, convoy.front, convoy.end = now, front, end
         convoy.members += 1
         return convoy, end - now
+
+    def _convoy_moved(self, thread: int, convoy: _Convoy) -> None:
+        """Interference and convoys: a write alone in its convoy is a phase like any other
+        (its end, the convoy's, moves with the others'); once writes meet, their end is the
+        convoy's and the others' phases no longer move it."""
+        convoy.threads.append(thread)
+        if convoy.members == 1:
+            self._writing[thread] = convoy
+            return
+        for member in convoy.threads:
+            self._writing[member], self._fixed[member] = None, True
+            if self._doing[member][0] == WRITE:
+                self._doing[member] = (WRITE, self._doing[member][1], convoy.end)
 
     def _sweep(self, convoy: _Convoy, u: Update, block: int, index: slice,
                step: np.ndarray) -> None:

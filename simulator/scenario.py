@@ -36,6 +36,10 @@ SPLITS = ("shared", "even")
 EVEN_SPLIT_PROTOCOLS = ("serial", "locked", "lockfree", "staleness_lr", "dcasgd")
 SLICINGS = ("global", "per_core")
 COMMON_FIELDS = ("read_common", "grad_common", "write_common", "idle_common")
+PHASES = ("read", "grad", "write", "idle")  # in the order of simulator.timing.READ ... IDLE
+# Interference: the slowdown of phase p per other thread of the device in phase q (an other
+# thread's idle is the reference: it slows nothing).
+INTERFERENCE_FIELDS = tuple(f"{p}_under_{q}" for p in PHASES for q in PHASES[:3])
 # Real data that a package ships, and the problem each serves.
 REAL_DATA = {"breast_cancer": "logistic", "digits": "mlp"}
 DATA_SOURCES = ("synthetic", *REAL_DATA)
@@ -123,6 +127,17 @@ class TimingSpec:
     ``common_ns``/8). Each draw keeps exactly timing.p's distribution; two draws of phase p
     starting Δt apart correlate c·exp(−|Δt| / ``common_ns``) in normal scores.
     ``asyngrad calibrate`` fits them from runs with two or more workers.
+
+    Interference (``p_under_q`` >= 0, p and q among read, grad, write, idle; q not idle):
+    a phase runs slower while other threads of its device are in phases that compete with
+    it, as a write that sweeps the shared vector slows while another core streams its
+    gradient's data. A phase p of drawn duration X that starts at t progresses at the rate
+    1 / (1 + Σ_j ``p_under_q(j)``) over the other threads j in phase q(j), each for as long
+    as the phase j was in at t lasts (afterwards j counts as idle): its duration is X where
+    nothing interferes, up to X·(1 + Σ) where all of it does. Both what the others do and
+    until when are known when the phase starts (the slowdown a starting phase adds to the
+    phases already running is not modelled). The draws describe a phase with every other
+    thread idle. ``asyngrad calibrate`` fits them from runs with two or more workers.
     """
 
     read: Duration = Duration("lognormal", 2000.0, 0.3)
@@ -142,6 +157,18 @@ class TimingSpec:
     write_common: float = 0.0
     idle_common: float = 0.0
     common_ns: float = 0.0
+    read_under_read: float = 0.0
+    read_under_grad: float = 0.0
+    read_under_write: float = 0.0
+    grad_under_read: float = 0.0
+    grad_under_grad: float = 0.0
+    grad_under_write: float = 0.0
+    write_under_read: float = 0.0
+    write_under_grad: float = 0.0
+    write_under_write: float = 0.0
+    idle_under_read: float = 0.0
+    idle_under_grad: float = 0.0
+    idle_under_write: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("read_per_thread", "grad_per_thread", "write_per_thread",
@@ -168,6 +195,10 @@ class TimingSpec:
                self.common_ns, "must be >= 0 (correlation time of the common factors, ns)")
         _check(self.common_ns >= 8 or not self.coupled, "common_ns", self.common_ns,
                "must be >= 8 ns when a *_common field is > 0")
+        for name in INTERFERENCE_FIELDS:
+            value = getattr(self, name)
+            _check(math.isfinite(value) and value >= 0, name, value,
+                   "must be >= 0 (slowdown per other thread in that phase)")
 
     @property
     def common(self) -> tuple[float, float, float, float]:
@@ -178,6 +209,15 @@ class TimingSpec:
     def coupled(self) -> bool:
         """Whether some phase's draws share a common factor between threads."""
         return any(c > 0 for c in self.common)
+
+    @property
+    def interference(self) -> tuple[tuple[float, float, float, float], ...] | None:
+        """Slowdowns by [phase][other thread's phase] (READ, GRAD, WRITE, IDLE; an other
+        thread's idle slows nothing), or None when no phase is slowed by another's."""
+        values = [getattr(self, name) for name in INTERFERENCE_FIELDS]
+        if not any(values):
+            return None
+        return tuple((*values[3 * p: 3 * p + 3], 0.0) for p in range(4))
 
     @property
     def convoys(self) -> bool:

@@ -1,0 +1,133 @@
+"""Interference (``timing.*_under_*``): a phase slows while other threads are in phases that
+compete with it, by processor sharing. Checked against an independent inverse computed from
+the trace's timeline, for determinism and replay, and for calibration recovering the values."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from simulator.calibrate import (
+    calibrate,
+    fit_interference,
+    running_together,
+    under_times,
+    undisturbed,
+)
+from simulator.cli import main
+from simulator.engine import simulate
+from simulator.errors import ScenarioError
+
+from .conftest import same_every_way, scenario
+
+PHASES = ("read=lognormal:2500:0.3", "grad=lognormal:16000:0.3",
+          "write=lognormal:3500:0.3", "idle=lognormal:15000:0.3")
+TIMING = tuple(f"timing.{p.split('=')[0]}={{dist='{p.split('=')[1].split(':')[0]}', "
+               f"mean={p.split(':')[1]}, cv={p.split(':')[2]}}}" for p in PHASES)
+SLOWED = {"read": (0.3, 0.0, 0.5), "grad": (0.0, 0.0, 0.3), "write": (0.0, 1.7, 0.0),
+          "idle": (0.0, 0.2, 0.0)}
+UNDER = tuple(f"timing.{p}_under_{q}={v}" for p, row in SLOWED.items()
+              for q, v in zip(("read", "grad", "write"), row, strict=True) if v)
+
+
+def _two(updates: int, *extra: str):
+    return scenario("run.threads=2", f"run.updates={updates}", "run.split=even",
+                    "metrics.exact=false", *TIMING, *extra)
+
+
+def test_durations_are_processor_sharing_exactly():
+    """Every phase's drawn duration, recovered from the trace alone (time under the other
+    thread's read, gradient, write counts 1/(1 + slowdown)), equals the draw of the same
+    seed without interference, to the nanosecond's rounding."""
+    slowed, plain = simulate(_two(3000, *UNDER)), simulate(_two(3000))
+    # The same update of the same thread in both runs (rows are in start order).
+    order = [np.lexsort((t["thread_seq"], t["thread"])) for t in (slowed, plain)]
+    for phase, column in (("read", "op_read_ns"), ("grad", "grad_ns"),
+                          ("write", "op_write_ns"), ("idle", "idle_ns")):
+        duration, under = under_times(slowed, order[0], phase)
+        drawn = undisturbed(duration, under, np.array(SLOWED[phase]))
+        plain_ns = plain[column][order[1]]
+        assert np.max(np.abs(drawn - plain_ns)) < 1.0, phase
+        assert np.mean(duration > plain_ns + 1) > 0.2, phase  # many were slowed
+
+
+def test_interference_is_deterministic_and_replays():
+    same_every_way(_two(1500, *UNDER, "metrics.exact=true"))
+
+
+def test_interference_with_convoys_is_deterministic_and_replays():
+    same_every_way(_two(1500, *UNDER, "timing.convoy_join=0.9", "timing.convoy_rest=2",
+                        "timing.convoy_lost_leader=0.02", "problem.dim=1000",
+                        "metrics.exact=true"))
+
+
+def test_a_write_slowed_by_the_other_s_gradient_pulls_the_threads_into_phase():
+    """The leader's write slows while the follower computes, so the follower catches up:
+    writes meet more often than with independent durations."""
+    def met(trace):
+        starts, ends = trace["write_start"], trace["write_end"]
+        order = np.argsort(starts)
+        return float(np.mean(starts[order][1:] < ends[order][:-1]))
+
+    assert met(simulate(_two(3000, "timing.write_under_grad=1.7"))) > 2 * met(
+        simulate(_two(3000)))
+
+
+def test_calibration_recovers_the_slowdowns():
+    trace = simulate(_two(20000, *UNDER))
+    report = fit_interference([(trace, running_together(trace), None)], "on")
+    fields = report["fields"]
+    assert fields["write_under_grad"] == pytest.approx(1.7, rel=0.1)
+    assert fields["read_under_write"] == pytest.approx(0.5, abs=0.1)
+    assert fields["read_under_read"] == pytest.approx(0.3, abs=0.1)
+    assert fields["read_under_grad"] < 0.1 and fields["write_under_read"] < 0.1
+    assert max(fields[f"idle_under_{q}"] for q in ("read", "write")) < 0.1
+
+
+def test_calibrate_fits_interference_or_says_why_not(tmp_path):
+    run = tmp_path / "run"
+    assert main(["simulate", "--out", str(run), "--quiet", "--set", "run.threads=2",
+                 *(arg for o in (*TIMING, "run.updates=4000", "metrics.exact=false",
+                                 "timing.write_under_grad=1.7") for arg in ("--set", o))]) == 0
+    calibrated, _ = calibrate(run, pool=True, interference="auto")
+    timing = calibrated.devices[0].timing
+    assert timing.write_under_grad == pytest.approx(1.7, rel=0.15)
+    # The write's draws are fitted as if the other thread were idle: the 3.5 µs drawn.
+    assert timing.write.mean == pytest.approx(3500, rel=0.1)
+    off, report_off = calibrate(run, pool=True)  # off unless asked for
+    assert off.devices[0].timing.interference is None
+    assert report_off["interference"]["why"] == "--interference off"
+    out = tmp_path / "cal.toml"
+    assert main(["calibrate", str(run), "--pool", "--interference", "on", "--out", str(out),
+                 "--quiet"]) == 0
+    assert "#   interference: slowdown per other worker" in out.read_text()
+    alone = tmp_path / "alone"
+    assert main(["simulate", "--out", str(alone), "--quiet", "--set", "run.threads=1",
+                 "--set", "run.updates=500", "--set", "metrics.exact=false"]) == 0
+    _, report_alone = calibrate(alone, interference="on")
+    assert report_alone["interference"]["fields"] is None
+    assert "two workers" in report_alone["interference"]["why"]
+
+
+@pytest.mark.parametrize(("override", "field"), [
+    (("timing.write_under_grad=-1",), "timing.write_under_grad"),
+    (("timing.idle_under_read=nan",), "timing.idle_under_read"),
+])
+def test_bad_interference_is_refused(override, field):
+    with pytest.raises(ScenarioError) as err:
+        scenario(*override)
+    assert field in str(err.value)
+
+
+def test_convoys_with_interference_need_one_block():
+    with pytest.raises(ScenarioError) as err:
+        simulate(_two(100, "timing.write_under_grad=1", "timing.convoy_join=1",
+                      "run.blocks=2", "problem.dim=1000"))
+    assert "run.blocks" in str(err.value)
+
+
+def test_bad_interference_is_one_line_and_exit_2(capsys):
+    assert main(["simulate", "--out", "/nonexistent/x", "--set",
+                 "timing.read_under_write=-0.5"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "timing.read_under_write" in err[0] and "-0.5" in err[0]
