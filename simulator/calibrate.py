@@ -74,9 +74,9 @@ from simulator.problems import make_problem
 from simulator.scenario import DeviceSpec, Scenario, TimingSpec, scenario_from_dict
 from simulator.trace import Trace, convoy_pairs
 
-__all__ = ["CONVOYS", "Fit", "alone_writes", "at_start", "calibrate", "calibrate_counts",
+__all__ = ["CONVOYS", "Fit", "alone_writes", "calibrate", "calibrate_counts",
            "common_bins", "fit_common", "fit_convoys", "fit_durations", "fit_interference",
-           "operation_samples", "under_times", "undisturbed"]
+           "operation_samples", "phase_meetings", "under_times", "undisturbed"]
 
 _KS_LEVEL = 0.01
 _MIN_FOR_TEST = 50
@@ -320,52 +320,46 @@ def _covered(starts: np.ndarray, ends: np.ndarray, other_starts: np.ndarray,
     return upto(ends) - upto(starts)
 
 
-def under_times(trace: Trace, rows: np.ndarray, phase: str) -> tuple[np.ndarray, np.ndarray]:
-    """For ``rows``: the duration of ``phase`` (ns) and how long of it the other workers
-    spent reading, computing and writing (columns of ``_OTHERS``; summed over the others)."""
-    windows = _phase_windows(trace)
+def phase_meetings(trace: Trace, rows: np.ndarray, phase: str,
+                   windows: dict[str, tuple[np.ndarray, np.ndarray]] | None = None,
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """For ``rows``: the duration of ``phase`` (ns); how long of it the other workers spent
+    reading, computing and writing (columns of ``_OTHERS``, summed over the others); and per
+    other worker (columns) the phase it was in when this one began (an index into
+    ``_OTHERS``; -1: idle or not running) and how much longer that went on (ns)."""
+    windows = windows if windows is not None else _phase_windows(trace)
     start, duration = (w.astype(np.float64) for w in windows[phase])
     owners = trace["thread"]
+    workers = np.unique(owners).tolist()
     under = np.zeros((rows.size, len(_OTHERS)))
+    others = np.full((rows.size, max(len(workers) - 1, 1)), -1, dtype=np.int64)
+    remaining = np.zeros(others.shape)
+    intervals = {}  # each worker's intervals of each phase, sorted by start
+    for other in workers:
+        theirs = np.flatnonzero(owners == other)
+        for name in _OTHERS:
+            q_start, q_length = (w[theirs].astype(np.float64) for w in windows[name])
+            order = np.argsort(q_start, kind="stable")
+            intervals[other, name] = (q_start[order], (q_start + q_length)[order])
     for worker in np.unique(owners[rows]).tolist():
         mine = np.flatnonzero(owners[rows] == worker)
         begun = start[rows][mine]
         ended = begun + duration[rows][mine]
-        for other in np.unique(owners).tolist():
-            if other == worker:
-                continue
-            theirs = np.flatnonzero(owners == other)
-            for column, name in enumerate(_OTHERS):
-                q_start, q_length = (w[theirs].astype(np.float64) for w in windows[name])
-                order = np.argsort(q_start, kind="stable")
-                under[mine, column] += _covered(begun, ended, q_start[order],
-                                                (q_start + q_length)[order])
-    return duration[rows], under
-
-
-def at_start(trace: Trace, rows: np.ndarray, phase: str) -> tuple[np.ndarray, np.ndarray]:
-    """For ``rows``: per other worker (columns), the phase it was in when ``phase`` began
-    (an index into ``_OTHERS``; -1: idle or not running) and how much longer it went on."""
-    windows = _phase_windows(trace)
-    start = windows[phase][0].astype(np.float64)
-    owners = trace["thread"]
-    workers = np.unique(owners).tolist()
-    others = np.full((rows.size, max(len(workers) - 1, 1)), -1, dtype=np.int64)
-    remaining = np.zeros(others.shape)
-    for worker in np.unique(owners[rows]).tolist():
-        mine = np.flatnonzero(owners[rows] == worker)
-        begun = start[rows][mine]
         for column, other in enumerate(w for w in workers if w != worker):
-            theirs = np.flatnonzero(owners == other)
             for q, name in enumerate(_OTHERS):
-                q_start, q_length = (w[theirs].astype(np.float64) for w in windows[name])
-                order = np.argsort(q_start, kind="stable")
-                q_start, q_end = q_start[order], (q_start + q_length)[order]
+                q_start, q_end = intervals[other, name]
+                under[mine, q] += _covered(begun, ended, q_start, q_end)
                 i = np.maximum(np.searchsorted(q_start, begun, side="right") - 1, 0)
                 inside = (q_start[i] <= begun) & (q_end[i] > begun)
                 others[mine[inside], column] = q
                 remaining[mine[inside], column] = q_end[i][inside] - begun[inside]
-    return others, remaining
+    return duration[rows], under, others, remaining
+
+
+def under_times(trace: Trace, rows: np.ndarray, phase: str) -> tuple[np.ndarray, np.ndarray]:
+    """For ``rows``: the duration of ``phase`` (ns) and how long of it the other workers
+    spent reading, computing and writing (:func:`phase_meetings`)."""
+    return phase_meetings(trace, rows, phase)[:2]
 
 
 def undisturbed(duration: np.ndarray, under: np.ndarray, slowdown: np.ndarray) -> np.ndarray:
@@ -391,13 +385,16 @@ def fit_interference(runs: list[tuple[Trace, np.ndarray, np.ndarray | None]],
     phases: dict[str, Any] = {}
     states: dict[str, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {}
     convoys = bool(runs) and runs[0][2] is not None
+    windows = {id(trace): _phase_windows(trace) for trace, _, _ in runs}
     for phase in ("read", "grad", "write", "idle"):
         states[phase], starts = [], []
         for trace, rows, alone in runs:
             use = alone if phase == "write" and alone is not None else rows
             if np.unique(trace["thread"]).size > 1 and use.size:
-                states[phase].append((use, *under_times(trace, use, phase)))
-                starts.append(at_start(trace, use, phase))
+                duration, under, others, remaining = phase_meetings(trace, use, phase,
+                                                                    windows[id(trace)])
+                states[phase].append((use, duration, under))
+                starts.append((others, remaining))
         if not states[phase]:
             continue
         duration = np.concatenate([d for _, d, _ in states[phase]])

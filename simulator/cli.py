@@ -865,18 +865,17 @@ def _parser() -> argparse.ArgumentParser:
                      help="time slices per core (each thread stays on one core, as Linux "
                           "keeps processes; default) or global (all threads rotate over all "
                           "cores)")
-    cal.add_argument("--convoys", choices=("auto", "on", "off"), default="auto",
-                     help="write convoys (overlapping writes that end together): fit them "
-                          "when the run shows them (auto, default), whenever writes met (on), "
-                          "or never (off)")
-    cal.add_argument("--common", choices=("auto", "on", "off"), default="off",
-                     help="common factors (durations of one phase alike on workers that start "
-                          "it together): fit them when some phase's correlation reaches 0.05 "
-                          "(auto), whenever two workers ran (on), or never (off, default)")
-    cal.add_argument("--interference", choices=("auto", "on", "off"), default="off",
-                     help="slowdowns of a worker's phase under another's (a write while the "
-                          "other computes, say): fit them when one reaches 0.1 (auto), "
-                          "whenever two workers ran (on), or never (off, default)")
+    for flag, default, what in (
+            ("--convoys", "auto", "write convoys (overlapping writes that end together): fit "
+             "them when the run shows them (auto, default), whenever writes met (on), or "
+             "never (off)"),
+            ("--common", "off", "common factors (durations of one phase alike on workers "
+             "that start it together): fit them when some phase's correlation reaches 0.05 "
+             "(auto), whenever two workers ran (on), or never (off, default)"),
+            ("--interference", "off", "slowdowns of a worker's phase under another's (a "
+             "write while the other computes, say): fit them when one reaches 0.1 (auto), "
+             "whenever two workers ran (on), or never (off, default)")):
+        cal.add_argument(flag, choices=("auto", "on", "off"), default=default, help=what)
 
     cmp = command("compare", "fidelity report of run B against run A (simulated or real)",
                   _compare, scenario=False, out="directory for compare.json and compare.png "

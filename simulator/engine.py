@@ -257,8 +257,6 @@ class Engine:
         first ends, and so on. Ends only move later (a new phase only adds slowdowns); a
         thread whose end moved waits for it (``_overrun``)."""
         start, work = self.clock[thread], sum(durations)
-        under = self._under[thread]
-        assert under is not None
         going: dict[int, list[float]] = {}  # thread → [phase, work left]
         fixed: list[tuple[int, int, int]] = []  # convoy members: they end with the convoy
         for j in self._peers[thread]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
 from simulator.engine import simulate
@@ -13,6 +15,15 @@ from simulator.trace import Trace
 def scenario(*overrides: str) -> Scenario:
     """The default scenario with ``key=value`` overrides applied."""
     return load_scenario(None, list(overrides))
+
+
+def one_worker_run(where: Path) -> Path:
+    """A small simulated run of one thread in ``where`` (nothing between workers to fit)."""
+    from simulator.cli import main
+
+    assert main(["simulate", "--out", str(where), "--quiet", "--set", "run.threads=1",
+                 "--set", "run.updates=500", "--set", "metrics.exact=false"]) == 0
+    return where
 
 
 CONSTANT = ("timing.read.dist=constant", "timing.grad.dist=constant",

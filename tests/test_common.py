@@ -17,7 +17,7 @@ from simulator.errors import ScenarioError
 from simulator.metrics import interference
 from simulator.timing import CommonFactor
 
-from .conftest import same_every_way, scenario
+from .conftest import one_worker_run, same_every_way, scenario
 
 COMMON = ("timing.read_common=0.8", "timing.grad_common=0.6", "timing.write_common=0.4",
           "timing.idle_common=0.7")
@@ -138,10 +138,7 @@ def test_calibrate_fits_common_factors_or_says_why_not(tmp_path):
     assert main(["calibrate", str(run), "--pool", "--common", "auto", "--out", str(out),
                  "--quiet"]) == 0
     assert "#   common factors: c·exp(−Δt/τ)" in out.read_text()
-    alone = tmp_path / "alone"
-    assert main(["simulate", "--out", str(alone), "--quiet", "--set", "run.threads=1",
-                 "--set", "run.updates=500", "--set", "metrics.exact=false"]) == 0
-    _, report_alone = calibrate(alone, common="on")
+    _, report_alone = calibrate(one_worker_run(tmp_path / "alone"), common="on")
     assert report_alone["common"]["fields"] is None
     assert "two workers" in report_alone["common"]["why"]
     assert report["common"]["bins"]["grad"]["pairs"][0] > 0

@@ -18,7 +18,7 @@ from simulator.cli import main
 from simulator.engine import simulate
 from simulator.errors import ScenarioError
 
-from .conftest import same_every_way, scenario
+from .conftest import one_worker_run, same_every_way, scenario
 
 PHASES = ("read=lognormal:2500:0.3", "grad=lognormal:16000:0.3",
           "write=lognormal:3500:0.3", "idle=lognormal:15000:0.3")
@@ -101,10 +101,7 @@ def test_calibrate_fits_interference_or_says_why_not(tmp_path):
     assert main(["calibrate", str(run), "--pool", "--interference", "on", "--out", str(out),
                  "--quiet"]) == 0
     assert "#   interference: slowdown per other worker" in out.read_text()
-    alone = tmp_path / "alone"
-    assert main(["simulate", "--out", str(alone), "--quiet", "--set", "run.threads=1",
-                 "--set", "run.updates=500", "--set", "metrics.exact=false"]) == 0
-    _, report_alone = calibrate(alone, interference="on")
+    _, report_alone = calibrate(one_worker_run(tmp_path / "alone"), interference="on")
     assert report_alone["interference"]["fields"] is None
     assert "two workers" in report_alone["interference"]["why"]
 
