@@ -59,6 +59,8 @@ def main() -> None:
     parser.add_argument("--common", default="off", help="calibrate --common (auto, on, off)")
     parser.add_argument("--interference", default="off",
                         help="calibrate --interference (auto, on, off)")
+    parser.add_argument("--pin", action="store_true",
+                        help="real runs pin worker r to CPU r (asyngrad real --pin)")
     parser.add_argument("--keep", default=None, help="keep the run directories here")
     parser.add_argument("--reuse", action="store_true",
                         help="with --keep: reuse real runs already there (compare calibrations "
@@ -71,12 +73,14 @@ def main() -> None:
     print(f"# {time.strftime('%Y-%m-%d')}, {platform.machine()}, {os.cpu_count()} cores, "
           f"{args.mode}, {args.updates:,} updates, calibrated with --pool --cores {args.cores}"
           f" --quantum {args.quantum} --slicing {args.slicing} --convoys {args.convoys}"
-          f" --common {args.common} --interference {args.interference}")
+          f" --common {args.common} --interference {args.interference}"
+          + (", workers pinned" if args.pin else ""))
     for k in sorted(set(args.calibrate) | set(args.predict)):
         if args.reuse and (work / f"real{k}" / "trace.npz").is_file():
             continue
         _run("real", "--workers", str(k), "--mode", args.mode, "--dtype", "float64",
-             "--measure", "--out", str(work / f"real{k}"), "--quiet", *overrides)
+             "--measure", "--out", str(work / f"real{k}"), "--quiet",
+             *(["--pin"] if args.pin else []), *overrides)
     print("| calibrated at | predicted k' | staleness mean real / sim (gap) | KS | error rate "
           "real / sim | final f − f* ratio sim/real | updates/s real / sim | writes overlapping "
           "a write real / sim | error rate at staleness 0 real / sim |")

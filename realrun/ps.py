@@ -55,7 +55,7 @@ from typing import Any
 import numpy as np
 
 from realrun.runner import DTYPES, _one_of, _quotas, check_constant_lr
-from realrun.worker import one_thread_each
+from realrun.worker import one_thread_each, one_thread_env
 from simulator.errors import AsyngradError, ScenarioError
 from simulator.problems import Problem, make_problem
 from simulator.scenario import Scenario, scenario_from_dict, scenario_to_toml, with_overrides
@@ -505,8 +505,9 @@ def run_ps(scenario: Scenario, trainers: int, dtype: str = "float32",
     processes = [context.Process(target=_trainer_main, daemon=True, args=(
         rank, trainers + 1, address, port, toml, dtype, timeout, quotas[rank - 1]))
         for rank in range(1, trainers + 1)]
-    for process in processes:
-        process.start()
+    with one_thread_env():
+        for process in processes:
+            process.start()
     if on_start:
         on_start([p.pid for p in processes if p.pid is not None])
     started = time.monotonic()

@@ -26,6 +26,8 @@ from realrun.worker import (
     STATUS_FAILED,
     Buffers,
     WorkerSpec,
+    one_thread_env,
+    pinned_cpus,
     worker_main,
 )
 from simulator.errors import ScenarioError
@@ -64,6 +66,7 @@ class RealRun:
     launch: str = "processes"
     pattern: str = "shared"
     accumulate: int = 1
+    cpus: list[int] | None = None  # worker r's CPU when pinned
 
 
 def _quotas(updates: int, workers: int) -> list[int]:
@@ -166,7 +169,7 @@ def run_real(scenario: Scenario, workers: int, mode: str, dtype: str = "float32"
              on_start: Callable[[list[int]], object] | None = None,
              measure_every: int | None = None, problem: Problem | None = None,
              device: str = "cpu", launch: str | None = None, pattern: str = "shared",
-             accumulate: int = 1) -> RealRun:
+             accumulate: int = 1, pin: bool = False) -> RealRun:
     """Train ``scenario``'s problem with real workers; returns the run (failed or not).
 
     ``serial`` runs one worker. ``on_start`` receives the worker pids (monitoring, tests).
@@ -181,7 +184,8 @@ def run_real(scenario: Scenario, workers: int, mode: str, dtype: str = "float32"
     ``measure_every = n`` turns on measure mode: workers also store their steps (one vector per
     update) and the parent rebuilds the serialized view, measuring every n-th completion.
     ``problem`` reuses a prebuilt problem in the parent (its optimum is computed once); workers
-    always build their own from the scenario.
+    always build their own from the scenario. ``pin`` pins worker r to a CPU of its own
+    (``realrun.worker.pinned_cpus``: r mod the CPUs this process may use).
 
     Raises:
         ScenarioError: workers < 1, an unknown mode or dtype, timeout <= 0, measure_every < 1.
@@ -220,20 +224,22 @@ def run_real(scenario: Scenario, workers: int, mode: str, dtype: str = "float32"
                             f"must be <= the problem's dimension ({problem.dim})")
     w_star, _ = problem.optimum()
     quotas = _quotas(scenario.run.updates, workers)
+    cpus = pinned_cpus(workers) if pin else None
     buffers = _allocate(problem.dim, scenario.run.blocks, workers, max(quotas), dtype,
                         measure_every is not None, device if pattern == "shared" else "cpu",
                         accumulate, torch_path, problem.support(0) is None)
     buffers.w.copy_(torch.as_tensor(problem.initial()))
     toml = scenario_to_toml(scenario)
     processes = _workers(buffers, workers, quotas, toml, mode, scenario.run.blocks,
-                         device if torch_path else None, launch, accumulate)
+                         device if torch_path else None, launch, accumulate, cpus)
     go = processes[0].go
     started = time.monotonic()
     snapshots = [(0, time.monotonic_ns(), _host(buffers.w))]
     failure = None
     try:
-        for process in processes:
-            process.start()
+        with one_thread_env():
+            for process in processes:
+                process.start()
         if on_start:
             on_start([p.pid for p in processes if p.pid is not None])
         failure = _start_together(buffers, processes, timeout, started)
@@ -251,14 +257,17 @@ def run_real(scenario: Scenario, workers: int, mode: str, dtype: str = "float32"
     trace, lost = _trace(buffers, workers, scenario, problem, w_star, snapshots, toml, dtype,
                          measure_every)
     return RealRun(scenario, problem, trace, workers, mode, dtype, seconds, failure, lost,
-                   measure_every, device, launch, pattern, accumulate)
+                   measure_every, device, launch, pattern, accumulate, cpus)
 
 
 def _workers(buffers: Buffers, workers: int, quotas: list[int], toml: str, mode: str,
-             blocks: int, device: str | None, launch: str, accumulate: int) -> list[Any]:
+             blocks: int, device: str | None, launch: str, accumulate: int,
+             cpus: list[int] | None) -> list[Any]:
     """The worker processes or threads, not started; each carries the common start event
     as ``.go`` and the locks as ``.shared``. ``device`` None: the numpy worker; else the
-    torch worker on that device."""
+    torch worker on that device. ``cpus``: worker r pins itself to ``cpus[r]``."""
+    specs = [WorkerSpec(rank, workers, quotas[rank], toml, -1 if cpus is None else cpus[rank])
+             for rank in range(workers)]
     import threading
 
     import torch.multiprocessing as mp
@@ -272,8 +281,8 @@ def _workers(buffers: Buffers, workers: int, quotas: list[int], toml: str, mode:
         go: Any = threading.Event()
         stop = threading.Event()
         made: list[Any] = [ThreadWorker(torch_worker_main, (
-            WorkerSpec(rank, workers, quotas[rank], toml), buffers, lock, block_locks, go,
-            device, accumulate, stop), stop) for rank in range(workers)]
+            spec, buffers, lock, block_locks, go, device, accumulate, stop), stop)
+            for spec in specs]
     else:
         context = mp.get_context("spawn")
         lock = context.Lock() if mode == "locked" else None
@@ -281,8 +290,7 @@ def _workers(buffers: Buffers, workers: int, quotas: list[int], toml: str, mode:
                        else None)
         go = context.Event()
         made = []
-        for rank in range(workers):
-            spec = WorkerSpec(rank, workers, quotas[rank], toml)
+        for spec in specs:
             target, args = ((worker_main, (spec, buffers, lock, block_locks, go))
                             if device is None else
                             (torch_worker_main, (spec, buffers, lock, block_locks, go, device,
@@ -362,7 +370,7 @@ def summary_extra(run: RealRun) -> dict[str, Any]:
     """The real-run facts summary.json adds to the simulator's summary."""
     return {"real": {"workers": run.workers, "mode": run.mode, "dtype": run.dtype,
                      "device": run.device, "launch": run.launch, "pattern": run.pattern,
-                     "accumulate": run.accumulate,
+                     "accumulate": run.accumulate, "cpus": run.cpus,
                      "wall_seconds": run.seconds,
                      "updates_per_wall_second": len(run.trace) / max(run.seconds, 1e-9),
                      "failure": run.failure, "measure_every": run.measure_every,

@@ -30,7 +30,14 @@ from typing import Any
 
 import numpy as np
 
-from realrun.worker import STATUS_DONE, Buffers, WorkerSpec, record_failure, touch_records
+from realrun.worker import (
+    STATUS_DONE,
+    Buffers,
+    WorkerSpec,
+    pin,
+    record_failure,
+    touch_records,
+)
 
 __all__ = ["ThreadWorker", "TorchGradient", "torch_worker_main"]
 
@@ -123,6 +130,7 @@ def _loop(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any, go: A
     grad(local, [0])  # warm up: data to the device, kernels loaded, allocator primed
     sync()
     touch_records(buffers, spec.rank)
+    pin(spec)
     if go is not None:
         buffers.ready[spec.rank] = 1
         go.wait()

@@ -12,17 +12,21 @@ buffers: no locks, no I/O, no allocation of records inside the loop.
 
 from __future__ import annotations
 
+import os
 import struct
 import time
 import tomllib
 import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-__all__ = ["STATUS_DONE", "STATUS_FAILED", "STATUS_RUNNING", "Buffers", "WorkerSpec",
-           "one_thread_each", "record_failure", "touch_records", "worker_main"]
+__all__ = ["ONE_THREAD_ENV", "STATUS_DONE", "STATUS_FAILED", "STATUS_RUNNING", "Buffers",
+           "WorkerSpec", "one_thread_each", "one_thread_env", "pin", "pinned_cpus",
+           "record_failure", "touch_records", "worker_main"]
 
 STATUS_RUNNING, STATUS_DONE, STATUS_FAILED = 0, 1, 2
 MESSAGE_BYTES = 512
@@ -36,6 +40,7 @@ class WorkerSpec:
     workers: int
     quota: int
     scenario_toml: str
+    cpu: int = -1  # the CPU the worker pins itself to (−1: not pinned, the OS places it)
 
 
 @dataclass(frozen=True)
@@ -94,6 +99,57 @@ def _row_bytes(tensor: Any) -> memoryview:
 def _flat(tensor: Any) -> memoryview:
     """A flat int64 memoryview of a contiguous shared int64 tensor."""
     return _row_bytes(tensor).cast("q")
+
+
+def pinned_cpus(workers: int) -> list[int]:
+    """Worker r's CPU when pinned: the r-th of the CPUs this process may run on, modulo
+    their count, so k ≤ cores workers get a core each and more share cores evenly (worker r
+    on core r mod cores, as the simulator's ``per_core`` slicing places threads).
+
+    Raises:
+        ScenarioError: the platform cannot pin processes to CPUs.
+    """
+    from simulator.errors import ScenarioError
+
+    if not hasattr(os, "sched_setaffinity"):
+        raise ScenarioError("--pin", "on", "this platform cannot pin processes to CPUs")
+    cpus = sorted(os.sched_getaffinity(0))
+    return [cpus[r % len(cpus)] for r in range(workers)]
+
+
+def pin(spec: WorkerSpec) -> None:
+    """Pin the calling process (or thread) to ``spec.cpu``, if one is given. Called once
+    the worker is set up: a library initialising in it may set the affinity back to every
+    CPU (seen here during a worker's set-up)."""
+    if spec.cpu >= 0:
+        os.sched_setaffinity(0, {spec.cpu})
+
+
+# Thread counts the BLAS and OpenMP libraries read once, when they load.
+ONE_THREAD_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
+@contextmanager
+def one_thread_env() -> Iterator[None]:
+    """Start worker processes inside this: they inherit ``ONE_THREAD_ENV``, so no BLAS or
+    OpenMP pool is ever created in them (the parent's own environment is restored after).
+
+    :func:`one_thread_each` limits the pools once the worker runs, but a spawned worker
+    imports numpy (and OpenBLAS starts one thread per other core) while it unpickles its
+    arguments, and a multi-threaded call in its set-up leaves those threads spinning for
+    about 100 ms (OpenBLAS waits 2^28 cycles before it sleeps). They spun into the run:
+    each such thread took its worker's core for 4 ms every 8 ms (a time slice each) in the
+    first 30–100 ms of every real run, seen on 2 and on 16 cores (bench/README.md)."""
+    saved = {name: os.environ.get(name) for name in ONE_THREAD_ENV}
+    os.environ.update(ONE_THREAD_ENV)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def one_thread_each() -> None:
@@ -157,6 +213,7 @@ def _loop(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any, go: A
     dense = block_ops(bounds, None) if problem.support(0) is None else None
     problem.grad(local, 0)  # warm up (first-call costs stay out of the timed loop)
     touch_records(buffers, spec.rank)
+    pin(spec)
     if go is not None:  # start together: process start-up takes tens of milliseconds each
         buffers.ready[spec.rank] = 1
         go.wait()

@@ -659,7 +659,7 @@ def _real(args: argparse.Namespace) -> int:
         run = run_real(scenario, args.workers, args.mode, args.dtype, args.timeout, bar.update,
                        measure_every=args.measure_every or (1 if args.measure else None),
                        device=args.device, launch=args.launch, pattern=args.pattern,
-                       accumulate=args.accumulate)
+                       accumulate=args.accumulate, pin=args.pin)
     summary = write_run(args.out, run.scenario, run.trace, run.problem,
                         extra=summary_extra(run))
     if run.failure is not None:
@@ -683,6 +683,10 @@ def _real_ps(args: argparse.Namespace, scenario: Any) -> int:
     """``asyngrad real --backend ps``: a parameter server and K trainers on loopback."""
     from realrun.ps import run_ps, summary_extra
     from simulator.rundir import write_run
+
+    if args.pin:
+        raise ScenarioError("--pin", "on", "pins the shared-memory workers; not with "
+                            "--backend ps")
 
     with _progress(scenario.run.updates, args.quiet) as bar:
         run = run_ps(scenario, args.workers, args.dtype, args.timeout, bar.update,
@@ -910,6 +914,11 @@ def _parser() -> argparse.ArgumentParser:
                       "computes on its device copy and pushes its step)")
     real.add_argument("--accumulate", type=int, default=1, metavar="N",
                       help="average N gradients per update (lr/N per gradient)")
+    real.add_argument("--pin", action="store_true",
+                      help="pin worker r to CPU r (mod the CPUs this process may use): no "
+                      "two workers share a core while another is idle, as the simulator's "
+                      "per-core slicing assumes (unpinned, the OS may pile them up at the "
+                      "start)")
 
     command("scenario", "print a fully resolved scenario as TOML", _scenario, out=None)
     return parser

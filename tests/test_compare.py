@@ -68,6 +68,25 @@ def test_bad_or_mismatched_runs_are_one_line(runs, tmp_path, capsys, case):
         compare_runs(runs / "a", b)
 
 
+def test_derived_constants_agree_to_the_last_bits_not_exactly(runs, tmp_path):
+    """A real run made on another machine computes the problem's smoothness with another
+    BLAS: equal to 1e-9 is the same problem, a visible difference is not."""
+    import shutil
+
+    copy = tmp_path / "b"
+    shutil.copytree(runs / "b", copy)
+    summary = json.loads((copy / "summary.json").read_text())
+    smoothness = summary["problem"]["smoothness"]
+    for change, same in ((1 + 4e-16, True), (1 + 1e-6, False)):
+        summary["problem"]["smoothness"] = smoothness * change
+        (copy / "summary.json").write_text(json.dumps(summary))
+        if same:
+            assert compare_runs(runs / "a", copy)["staleness"]["ks_distance"] == 0.0
+        else:
+            with pytest.raises(AsyngradError, match="smoothness"):
+                compare_runs(runs / "a", copy)
+
+
 def test_overlap_counts_match_a_pairwise_count():
     rng = np.random.default_rng(3)
     start = rng.integers(0, 1000, 300)

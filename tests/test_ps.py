@@ -186,6 +186,10 @@ def test_cli_real_ps_and_bad_backend(tmp_path, capsys):
     assert main(["real", "--backend", "mpi", "--out", str(tmp_path / "x"), "--quiet"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--backend = 'mpi'" in err[0]
+    assert main(["real", "--backend", "ps", "--pin", "--out", str(tmp_path / "y"),
+                 "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--pin = 'on'" in err[0] and not (tmp_path / "y").exists()
 
 
 def test_a_trainer_silent_while_others_are_served_is_named():

@@ -240,3 +240,74 @@ def test_the_time_slice_of_this_machine_is_measured():
     quantum, turns = measure_time_slice(0.3)
     assert turns >= 4
     assert 100_000 < quantum < 100_000_000
+
+
+def _seen_in_workers(pids: list[int], look, polls: int = 1) -> dict[int, object]:
+    """``look(pid)`` for each worker, polled every 10 ms until it gave the same answer (not
+    None) ``polls`` times in a row, or 20 s passed: workers are still starting while the
+    parent's ``on_start`` runs."""
+    seen: dict[int, object] = {}
+    streak: dict[int, tuple[object, int]] = {}
+    deadline = time.monotonic() + 20
+    while len(seen) < len(pids) and time.monotonic() < deadline:
+        for pid in pids:
+            if pid in seen:
+                continue
+            answer = look(pid)
+            last, count = streak.get(pid, (None, 0))
+            count = count + 1 if answer is not None and answer == last else 1
+            streak[pid] = (answer, count)
+            if answer is not None and count >= polls:
+                seen[pid] = answer
+        time.sleep(0.01)
+    return seen
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs CPU affinity")
+def test_pinned_workers_run_on_a_cpu_each_in_turn():
+    """--pin: worker r on the r-th usable CPU modulo their count (the simulator's per-core
+    placement), seen in the kernel's own affinity of each worker process: one CPU, held for
+    10 polls in a row (libraries probing the machine at start-up pin a process to each CPU
+    for a moment and put its mask back, which is why workers pin once set up)."""
+    cpus = sorted(os.sched_getaffinity(0))
+    want = [cpus[r % len(cpus)] for r in range(3)]
+    seen: dict[int, object] = {}
+
+    def affinity(pid: int) -> object:
+        try:
+            mask = os.sched_getaffinity(pid)
+        except OSError:
+            return None
+        return min(mask) if len(mask) == 1 else None
+
+    run = run_real(scenario(*TINY, "run.updates=300000"), 3, "lockfree", pin=True,
+                   on_start=lambda pids: seen.update(
+                       {pids.index(p): v
+                        for p, v in _seen_in_workers(pids, affinity, polls=10).items()}))
+    assert run.failure is None and run.cpus == want
+    assert [seen.get(r) for r in range(3)] == want
+    assert run_real(scenario(*TINY), 2, "lockfree").cpus is None
+
+
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs /proc")
+def test_workers_start_with_one_thread_blas_pools():
+    """Workers are spawned with the BLAS/OpenMP thread counts at 1 (a pool started at numpy's
+    import spins into the run otherwise), and the parent's environment is left as it was."""
+    from realrun.worker import ONE_THREAD_ENV
+
+    before = {name: os.environ.get(name) for name in ONE_THREAD_ENV}
+    seen: dict[int, object] = {}
+
+    def environment(pid: int) -> object:
+        try:  # empty while the process is being created
+            text = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            return None
+        return {k.decode(): v.decode() for k, _, v in (e.partition(b"=") for e in text)
+                if k.decode() in ONE_THREAD_ENV} if len(text) > 1 else None
+
+    run = run_real(scenario(*TINY), 2, "lockfree",
+                   on_start=lambda pids: seen.update(_seen_in_workers(pids, environment, 3)))
+    assert run.failure is None and len(seen) == 2
+    assert all(env == ONE_THREAD_ENV for env in seen.values())
+    assert {name: os.environ.get(name) for name in ONE_THREAD_ENV} == before
