@@ -179,18 +179,19 @@ def main() -> None:
         updates = updates // 4 if args.quick else updates
         problem = make_problem(load_scenario(None, overrides).problem)
         problem.optimum()  # once, outside every timing
-        results = {}
-        for mode, workers in CONFIGS:
-            speeds, subopts = [], []
-            for seed in range(seeds):
-                scenario = load_scenario(None, [*overrides, f"run.updates={updates}",
-                                                f"run.seed={seed}"])
-                speed, subopt = (_plain(scenario, problem, workers) if mode == "plain"
-                                 else _ours(scenario, problem, workers, mode))
-                speeds.append(speed)
-                subopts.append(subopt)
-            results[(mode, workers)] = (statistics.median(speeds), np.mean(subopts),
-                                        np.std(subopts))
+        # Seeds outside, configurations inside: a change in the machine's load during the
+        # run then falls on every configuration alike instead of on one configuration's rows.
+        runs: dict[tuple[str, int], list[tuple[float, float]]] = {c: [] for c in CONFIGS}
+        for seed in range(seeds):
+            scenario = load_scenario(None, [*overrides, f"run.updates={updates}",
+                                            f"run.seed={seed}"])
+            for mode, workers in CONFIGS:
+                runs[(mode, workers)].append(
+                    _plain(scenario, problem, workers) if mode == "plain"
+                    else _ours(scenario, problem, workers, mode))
+        results = {config: (statistics.median(s for s, _ in done),
+                            np.mean([v for _, v in done]), np.std([v for _, v in done]))
+                   for config, done in runs.items()}
         base = results[("serial", 1)][0]
         for (mode, workers), (speed, mean, sd) in results.items():
             name = "plain PyTorch Hogwild" if mode == "plain" else mode
