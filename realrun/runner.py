@@ -266,13 +266,14 @@ def _workers(buffers: Buffers, workers: int, quotas: list[int], toml: str, mode:
     """The worker processes or threads, not started; each carries the common start event
     as ``.go`` and the locks as ``.shared``. ``device`` None: the numpy worker; else the
     torch worker on that device. ``cpus``: worker r pins itself to ``cpus[r]``."""
-    specs = [WorkerSpec(rank, workers, quotas[rank], toml, -1 if cpus is None else cpus[rank])
-             for rank in range(workers)]
     import threading
 
     import torch.multiprocessing as mp
 
     from realrun.torch_worker import ThreadWorker, torch_worker_main
+
+    specs = [WorkerSpec(rank, workers, quotas[rank], toml, -1 if cpus is None else cpus[rank])
+             for rank in range(workers)]
 
     if launch == "threads":
         lock: Any = threading.Lock() if mode == "locked" else None

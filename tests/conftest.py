@@ -26,6 +26,24 @@ def one_worker_run(where: Path) -> Path:
     return where
 
 
+def check_fit_choice(run: Path, tmp_path: Path, choice: str, value: str, comment: str) -> None:
+    """A calibrate fit chosen by ``--{choice}``: off unless asked for, written as a comment
+    of the calibrated scenario when asked on the command line, and refused (with the reason)
+    for a one-worker run."""
+    from simulator.calibrate import calibrate
+    from simulator.cli import main
+
+    _, report_off = calibrate(run, pool=True)
+    assert report_off[choice]["why"] == f"--{choice} off"
+    out = tmp_path / "cal.toml"
+    assert main(["calibrate", str(run), "--pool", f"--{choice}", value, "--out", str(out),
+                 "--quiet"]) == 0
+    assert comment in out.read_text()
+    _, report_alone = calibrate(one_worker_run(tmp_path / "alone"), **{choice: "on"})
+    assert report_alone[choice]["fields"] is None
+    assert "two workers" in report_alone[choice]["why"]
+
+
 CONSTANT = ("timing.read.dist=constant", "timing.grad.dist=constant",
             "timing.write.dist=constant")
 

@@ -17,7 +17,7 @@ from simulator.errors import ScenarioError
 from simulator.metrics import interference
 from simulator.timing import CommonFactor
 
-from .conftest import one_worker_run, same_every_way, scenario
+from .conftest import check_fit_choice, same_every_way, scenario
 
 COMMON = ("timing.read_common=0.8", "timing.grad_common=0.6", "timing.write_common=0.4",
           "timing.idle_common=0.7")
@@ -132,13 +132,7 @@ def test_calibrate_fits_common_factors_or_says_why_not(tmp_path):
     calibrated, report = calibrate(run, pool=True, common="auto")
     timing = calibrated.devices[0].timing
     assert timing.coupled and timing.grad_common == pytest.approx(0.6, abs=0.1)
-    off, report_off = calibrate(run, pool=True)  # off unless asked for
-    assert not off.devices[0].timing.coupled and report_off["common"]["why"] == "--common off"
-    out = tmp_path / "cal.toml"
-    assert main(["calibrate", str(run), "--pool", "--common", "auto", "--out", str(out),
-                 "--quiet"]) == 0
-    assert "#   common factors: c·exp(−Δt/τ)" in out.read_text()
-    _, report_alone = calibrate(one_worker_run(tmp_path / "alone"), common="on")
-    assert report_alone["common"]["fields"] is None
-    assert "two workers" in report_alone["common"]["why"]
+    off, _ = calibrate(run, pool=True)  # off unless asked for
+    assert not off.devices[0].timing.coupled
+    check_fit_choice(run, tmp_path, "common", "auto", "#   common factors: c·exp(−Δt/τ)")
     assert report["common"]["bins"]["grad"]["pairs"][0] > 0

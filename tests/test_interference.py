@@ -18,7 +18,7 @@ from simulator.cli import main
 from simulator.engine import simulate
 from simulator.errors import ScenarioError
 
-from .conftest import one_worker_run, same_every_way, scenario
+from .conftest import check_fit_choice, same_every_way, scenario
 
 PHASES = ("read=lognormal:2500:0.3", "grad=lognormal:16000:0.3",
           "write=lognormal:3500:0.3", "idle=lognormal:15000:0.3")
@@ -94,16 +94,10 @@ def test_calibrate_fits_interference_or_says_why_not(tmp_path):
     assert timing.write_under_grad == pytest.approx(1.7, rel=0.15)
     # The write's draws are fitted as if the other thread were idle: the 3.5 µs drawn.
     assert timing.write.mean == pytest.approx(3500, rel=0.1)
-    off, report_off = calibrate(run, pool=True)  # off unless asked for
+    off, _ = calibrate(run, pool=True)  # off unless asked for
     assert off.devices[0].timing.interference is None
-    assert report_off["interference"]["why"] == "--interference off"
-    out = tmp_path / "cal.toml"
-    assert main(["calibrate", str(run), "--pool", "--interference", "on", "--out", str(out),
-                 "--quiet"]) == 0
-    assert "#   interference: slowdown per other worker" in out.read_text()
-    _, report_alone = calibrate(one_worker_run(tmp_path / "alone"), interference="on")
-    assert report_alone["interference"]["fields"] is None
-    assert "two workers" in report_alone["interference"]["why"]
+    check_fit_choice(run, tmp_path, "interference", "on",
+                     "#   interference: slowdown per other worker")
 
 
 @pytest.mark.parametrize(("override", "field"), [
