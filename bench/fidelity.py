@@ -7,7 +7,8 @@ run at every k involved (`asyngrad real --measure`), `asyngrad calibrate real{k}
 real{k'} sim` — the fidelity targets
 of the simulation-vs-hardware table in bench/README.md (mean staleness gap, KS distance,
 gradient error rate gap, final suboptimality ratio, throughput), and how the updates met in
-time (the share of writes that overlapped another write, the error rate at staleness 0).
+time (the share of writes that overlapped another write, the error rate at staleness 0), and
+the workers' rhythm (measured staleness over what independent phases give).
 
     python bench/fidelity.py --calibrate 2 --predict 4,8,16 --cores 16
     python bench/fidelity.py --calibrate 1,2 --predict 2,3 --cores 2 --quantum auto
@@ -83,8 +84,9 @@ def main() -> None:
              *(["--pin"] if args.pin else []), *overrides)
     print("| calibrated at | predicted k' | staleness mean real / sim (gap) | KS | error rate "
           "real / sim | final f − f* ratio sim/real | updates/s real / sim | writes overlapping "
-          "a write real / sim | error rate at staleness 0 real / sim |")
-    print("|---:|---:|---|---:|---|---:|---|---|---|")
+          "a write real / sim | error rate at staleness 0 real / sim | staleness / independent "
+          "real / sim |")
+    print("|---:|---:|---|---:|---|---:|---|---|---|---|")
     rows = []
     # Each calibration count alone (--pool), and all of them together, which also fits the
     # contention between workers as a slowdown per other worker.
@@ -107,6 +109,7 @@ def main() -> None:
             st, ge, th = r["staleness"], r["gradient_error"], r["throughput"]
             ratio = r["loss"]["final_ratio"]
             ia, ib = r["interference"]["a"], r["interference"]["b"]
+            ya, yb = r["rhythm"]["a"], r["rhythm"]["b"]
             rows.append({"calibrated": k, "predicted": target, **{
                 "staleness_real": st["mean_a"], "staleness_sim": st["mean_b"],
                 "gap": st["relative_mean_gap"], "ks": st["ks_distance"],
@@ -116,14 +119,16 @@ def main() -> None:
                 "write_overlap_real": ia["write_overlap_rate"],
                 "write_overlap_sim": ib["write_overlap_rate"],
                 "fresh_error_real": ia["error_rate_fresh"],
-                "fresh_error_sim": ib["error_rate_fresh"]}})
+                "fresh_error_sim": ib["error_rate_fresh"],
+                "coupling_real": ya["coupling"], "coupling_sim": yb["coupling"]}})
             print(f"| {k} | {target} | {st['mean_a']:.3f} / {st['mean_b']:.3f} "
                   f"({st['relative_mean_gap']:.1%}) | {st['ks_distance']:.3f} | "
                   f"{ge['a']['rate']:.3f} / {ge['b']['rate']:.3f} | "
                   f"{'n/a' if ratio is None else format(ratio, '.2f')} | "
                   f"{th['updates_per_second_a']:,.0f} / {th['updates_per_second_b']:,.0f} | "
                   f"{_share(ia['write_overlap_rate'])} / {_share(ib['write_overlap_rate'])} | "
-                  f"{_share(ia['error_rate_fresh'])} / {_share(ib['error_rate_fresh'])} |",
+                  f"{_share(ia['error_rate_fresh'])} / {_share(ib['error_rate_fresh'])} | "
+                  f"{_share(ya['coupling'])} / {_share(yb['coupling'])} |",
                   flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))

@@ -456,6 +456,12 @@ def _compare(args: argparse.Namespace) -> int:
               f"{num(ia['error_rate_fresh'], '.3f')} vs {num(ib['error_rate_fresh'], '.3f')}, "
               f"above 0 {num(ia['error_rate_stale'], '.3f')} vs "
               f"{num(ib['error_rate_stale'], '.3f')}")
+        rh_a, rh_b = report["rhythm"]["a"], report["rhythm"]["b"]
+        print(f"  rhythm: staleness / independent-phase value {num(rh_a['coupling'], '.3f')} vs "
+              f"{num(rh_b['coupling'], '.3f')} ({num(rh_a['independent_staleness'])} vs "
+              f"{num(rh_b['independent_staleness'])} independent), others' completions peak "
+              f"at {num(rh_a['phase_peak'], '.2f')}× vs {num(rh_b['phase_peak'], '.2f')}× uniform "
+              f"in a worker's cycle")
         print(f"  updates/s {report['throughput']['updates_per_second_a']:.4g} vs "
               f"{report['throughput']['updates_per_second_b']:.4g}")
         print(f"  final suboptimality {num(lo['final_a'])} vs {num(lo['final_b'])} (ratio "

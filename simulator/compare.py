@@ -4,8 +4,10 @@ Both runs are run directories (``asyngrad simulate``, ``replay``, ``real`` or a 
 of the same problem. The report puts side by side what a researcher checks before trusting
 a simulation of hardware: the staleness distributions (means, p95 and the two-sample
 Kolmogorov–Smirnov distance), the gradient error rate and relative-error quantiles, the
-overwrite counts per update, the throughput, and the loss curves against gradients computed
-(the ratio of the final suboptimalities and the largest ratio along the common range).
+overwrite counts per update, the throughput, the loss curves against gradients computed
+(the ratio of the final suboptimalities and the largest ratio along the common range), how
+updates met in time, and whether the workers kept a common rhythm (measured staleness against
+what workers with independent phases would give; `simulator.metrics.rhythm`).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import scipy.stats
 from matplotlib.figure import Figure
 
 from simulator.errors import AsyngradError, TraceError
-from simulator.metrics import error_mask, interference, relative_error
+from simulator.metrics import PHASE_BINS, error_mask, interference, relative_error, rhythm
 from simulator.plots import draw_timeline
 from simulator.trace import Trace
 
@@ -96,6 +98,10 @@ def _same(a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
+def _rhythm(trace: Trace) -> dict[str, Any]:
+    return rhythm(trace["thread"], trace["read_start"], trace["write_end"], trace["staleness"])
+
+
 def compare_runs(a: str | Path, b: str | Path) -> dict[str, Any]:
     """The fidelity report of run ``b`` against run ``a`` (what ``compare.json`` holds).
 
@@ -143,15 +149,40 @@ def compare_runs(a: str | Path, b: str | Path) -> dict[str, Any]:
         "gradient_error": {"a": ea, "b": eb, "rate_gap": rate_gap},
         "overwrites": {"a": overwrites(ta), "b": overwrites(tb)},
         "interference": {"a": interference(ta), "b": interference(tb)},
+        "rhythm": {"a": _rhythm(ta), "b": _rhythm(tb)},
         "throughput": {"updates_per_second_a": ups_a, "updates_per_second_b": ups_b,
                        "ratio": ups_b / ups_a if ups_a else None},
         "loss": _loss_agreement(ra.curve, rb.curve),
     }
 
 
+def _draw_rhythm(ax: Any, runs: tuple[Run, Run], colours: tuple[str, str]) -> None:
+    """Where the other workers' completions fall in a worker's cycle (1 = uniform)."""
+    centres = (np.arange(PHASE_BINS) + 0.5) / PHASE_BINS
+    drawn = False
+    for run, colour in zip(runs, colours, strict=True):
+        found = _rhythm(run.trace)
+        if found["phase_profile"] is not None:
+            ax.step(centres, found["phase_profile"], where="mid", color=colour,
+                    label=f"{run.label}: staleness / independent {found['coupling']:.3f}"
+                    if found["coupling"] is not None else run.label)
+            drawn = True
+    if drawn:
+        ax.axhline(1.0, color="0.5", linewidth=0.8, linestyle=":")
+        ax.set_ylim(bottom=0)
+        ax.legend(fontsize=7)
+    else:
+        ax.text(0.5, 0.5, "fewer than two workers ran together", ha="center", va="center",
+                transform=ax.transAxes)
+    ax.set_xlabel("phase in a worker's cycle (0: its read starts; 1: its next read)")
+    ax.set_ylabel("others' completions (1 = uniform)")
+    ax.set_title("Rhythm: where the other workers complete")
+
+
 def compare_figure(a: str | Path, b: str | Path) -> Figure:
     """Both runs overlaid: staleness histogram, relative-error histogram, loss curve against
-    gradients computed, and a timeline excerpt of each."""
+    gradients computed, where the other workers complete in a worker's cycle, and a timeline
+    excerpt of each."""
     ra, rb = load_run(a), load_run(b)
     fig = Figure(figsize=(12, 10), layout="constrained")
     grid = fig.add_gridspec(3, 2, height_ratios=[1, 1, 1.1])
@@ -192,7 +223,7 @@ def compare_figure(a: str | Path, b: str | Path) -> Figure:
                 transform=ax.transAxes)
     ax.set_xlabel("relative gradient error ‖δ‖/‖g‖")
     ax.set_title("Gradient error (updates that carry one)")
-    ax = fig.add_subplot(grid[1, :])
+    ax = fig.add_subplot(grid[1, 0])
     floor = np.finfo(np.float64).tiny
     for run, colour in zip((ra, rb), colours, strict=True):
         ax.semilogy(run.curve[:, 0], np.maximum(run.curve[:, 1], floor), color=colour,
@@ -202,6 +233,7 @@ def compare_figure(a: str | Path, b: str | Path) -> Figure:
     ax.set_title("Loss")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7)
+    _draw_rhythm(fig.add_subplot(grid[1, 1]), (ra, rb), colours)
     for col, run in enumerate((ra, rb)):
         ax = fig.add_subplot(grid[2, col])
         draw_timeline(ax, run.trace, window=12)

@@ -13,11 +13,13 @@ import numpy as np
 from simulator.problems import Problem
 from simulator.trace import EXTRA, Trace
 
-__all__ = ["ERROR_THRESHOLD", "curve_rows", "error_mask", "interference", "overlaps",
-           "relative_error", "summarize", "write_pairs"]
+__all__ = ["ERROR_THRESHOLD", "PHASE_BINS", "curve_rows", "error_mask", "interference",
+           "overlaps", "relative_error", "rhythm", "summarize", "write_pairs"]
 
 # An update has a gradient error when ‖δ‖ > ERROR_THRESHOLD · max(‖g‖, 1e-12).
 ERROR_THRESHOLD = 1e-9
+# Bins of `rhythm`'s phase profile (others' completions over a worker's cycle).
+PHASE_BINS = 20
 
 
 def _floor(g_norm: np.ndarray) -> np.ndarray:
@@ -89,6 +91,53 @@ def interference(trace: Trace) -> dict[str, float | None]:
             "read_under_write_rate": share(overlaps(rs, re, ws, we)[re > rs] > 0),
             "error_rate_fresh": share(errors[measured & ~stale]),
             "error_rate_stale": share(errors[measured & stale])}
+
+
+def rhythm(thread: np.ndarray, read_start: np.ndarray, write_end: np.ndarray,
+           staleness: np.ndarray) -> dict[str, Any]:
+    """Whether the workers kept a common rhythm, from the recorded windows alone (any trace).
+
+    Over the span in which every worker runs (the latest first read start to the earliest
+    last write end; updates wholly inside it), each other worker j completes at its mean rate
+    r_j, so workers whose phases are independent of each other give an update of worker i
+    with window W (read start to write end) W · Σ_{j≠i} r_j completions on average:
+    ``independent_staleness`` is that value over the updates, ``staleness`` the measured mean
+    over the same updates, and ``coupling`` their ratio — 1 for independent workers, below 1
+    when completions avoid the others' windows (workers in step), 0 under a lock.
+    ``phase_profile``: where the others' completions fall in a worker's cycle (read start to
+    its next read start, in ``PHASE_BINS`` equal parts), as a density with 1 = uniform;
+    ``phase_peak`` its largest bin. None where fewer than two workers overlap."""
+    workers = np.unique(thread)
+    none = {"updates": 0, "staleness": None, "independent_staleness": None,
+            "coupling": None, "phase_profile": None, "phase_peak": None}
+    if workers.size < 2:
+        return none
+    first = max(int(read_start[thread == j].min()) for j in workers)
+    last = min(int(write_end[thread == j].max()) for j in workers)
+    inside = (read_start >= first) & (write_end <= last)
+    if last <= first or not inside.any():
+        return none
+    done = (write_end >= first) & (write_end <= last)
+    rates = {int(j): np.count_nonzero(done & (thread == j)) / (last - first) for j in workers}
+    total = sum(rates.values())
+    others = total - np.array([rates[int(j)] for j in thread[inside]])
+    expected = float(np.mean((write_end[inside] - read_start[inside]) * others))
+    measured = float(np.mean(staleness[inside]))
+    counts = np.zeros(PHASE_BINS)
+    for j in workers:
+        starts = np.sort(read_start[(thread == j) & inside])
+        ends = write_end[done & (thread != j)]
+        cycle = np.searchsorted(starts, ends, side="right") - 1
+        ends, cycle = ends[(cycle >= 0) & (cycle < starts.size - 1)], cycle[
+            (cycle >= 0) & (cycle < starts.size - 1)]
+        phase = (ends - starts[cycle]) / (starts[cycle + 1] - starts[cycle])
+        counts += np.histogram(phase, bins=PHASE_BINS, range=(0.0, 1.0))[0]
+    profile = counts / counts.mean() if counts.sum() else None
+    return {"updates": int(np.count_nonzero(inside)), "staleness": measured,
+            "independent_staleness": expected,
+            "coupling": measured / expected if expected > 0 else None,
+            "phase_profile": None if profile is None else [float(v) for v in profile],
+            "phase_peak": None if profile is None else float(profile.max())}
 
 
 def _number(value: float) -> float | None:

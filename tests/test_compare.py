@@ -10,7 +10,7 @@ import pytest
 from simulator.cli import main
 from simulator.compare import compare_runs, load_run
 from simulator.errors import AsyngradError
-from simulator.metrics import error_mask, overlaps
+from simulator.metrics import PHASE_BINS, error_mask, overlaps, rhythm
 
 
 @pytest.fixture(scope="module")
@@ -125,3 +125,54 @@ def test_a_serial_run_shows_no_interference(tmp_path):
     got = compare_runs(tmp_path / "s", tmp_path / "s")["interference"]["a"]
     assert got == {"write_overlap_rate": 0.0, "read_under_write_rate": 0.0,
                    "error_rate_fresh": 0.0, "error_rate_stale": None}
+
+
+def _rhythm_of(trace):
+    return rhythm(trace["thread"], trace["read_start"], trace["write_end"], trace["staleness"])
+
+
+def test_simulated_workers_have_independent_phases(tmp_path):
+    # Durations are drawn independently per thread, so the staleness is what independent
+    # phases give and the others' completions fall evenly over a worker's cycle.
+    for threads in (2, 8):
+        out = tmp_path / f"k{threads}"
+        assert main(["simulate", "--out", str(out), "--quiet", "--set", "run.updates=4000",
+                     "--set", f"run.threads={threads}"]) == 0
+        got = compare_runs(out, out)["rhythm"]["a"]
+        assert got["updates"] > 3900
+        assert got["coupling"] == pytest.approx(1.0, abs=0.03)
+        assert got["phase_peak"] < 1.3 and len(got["phase_profile"]) == PHASE_BINS
+        assert np.mean(got["phase_profile"]) == pytest.approx(1.0)
+
+
+def test_workers_in_step_are_told_from_independent_ones():
+    # Two workers with the same 10 µs cycle, worker 1 1.2 µs behind: worker 0's window
+    # [10n, 10n + 8] holds no completion of worker 1 (they end at 10n − 0.8 and 10n + 9.2),
+    # worker 1's holds worker 0's at 10n + 8; independent phases would give 8/10 per update.
+    n = 1000
+    starts = np.arange(n) * 10_000
+    thread = np.repeat(np.array([0, 1], dtype=np.int32), n)
+    read_start = np.concatenate([starts, starts + 1_200])
+    write_end = read_start + 8_000
+    staleness = np.repeat(np.array([0, 1]), n)
+    got = rhythm(thread, read_start, write_end, staleness)
+    assert got["staleness"] == pytest.approx(0.5, abs=1e-3)
+    assert got["independent_staleness"] == pytest.approx(0.8, rel=2e-3)
+    assert got["coupling"] == pytest.approx(0.625, rel=3e-3)
+    # Worker 1's completions at 0.92 of worker 0's cycle, worker 0's at 0.68 of worker 1's.
+    profile = np.array(got["phase_profile"])
+    assert set(np.flatnonzero(profile)) == {13, 18}
+    assert got["phase_peak"] == pytest.approx(PHASE_BINS / 2, rel=2e-3)
+
+
+def test_rhythm_under_a_lock_and_for_one_worker(tmp_path):
+    for protocol, threads in (("locked", 4), ("serial", 1)):
+        assert main(["simulate", "--out", str(tmp_path / protocol), "--quiet", "--set",
+                     "run.updates=300", "--set", f"run.protocol={protocol}", "--set",
+                     f"run.threads={threads}"]) == 0
+    locked = _rhythm_of(load_run(tmp_path / "locked").trace)
+    assert locked["staleness"] == 0.0 and locked["independent_staleness"] > 0.5
+    assert locked["coupling"] == 0.0
+    alone = _rhythm_of(load_run(tmp_path / "serial").trace)
+    assert alone == {"updates": 0, "staleness": None, "independent_staleness": None,
+                     "coupling": None, "phase_profile": None, "phase_peak": None}
