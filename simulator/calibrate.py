@@ -69,7 +69,7 @@ import scipy.stats
 from simulator.distributions import Duration
 from simulator.errors import AsyngradError, TraceError
 from simulator.memory import block_bounds
-from simulator.metrics import overlaps, write_pairs
+from simulator.metrics import overlaps, trace_rhythm, write_pairs
 from simulator.problems import make_problem
 from simulator.scenario import DeviceSpec, Scenario, TimingSpec, scenario_from_dict
 from simulator.trace import Trace, convoy_pairs
@@ -670,7 +670,8 @@ def calibrate(run_dir: str | Path, pool: bool = False, cores: int = 0,
     return calibrated, {"source": trace.source, "run": str(path), "fits": report,
                         "rows_fitted": int(together.size), "rows": len(trace),
                         "contention": contention(trace, together), "convoys": convoy,
-                        "common": shared, "interference": _public(slowed)}
+                        "common": shared, "interference": _public(slowed),
+                        "rhythm": {str(scenario.run.threads): trace_rhythm(trace)}}
 
 
 def _load(path: Path) -> tuple[Trace, Scenario]:
@@ -777,7 +778,9 @@ def calibrate_counts(run_dirs: list[str | Path], cores: int = 0, quantum: int = 
                         "rows_fitted": fitted_rows,
                         "rows": sum(len(t) for _, t, _ in loaded), "worker_counts": counts,
                         "contention": contention, "convoys": convoy, "common": shared,
-                        "interference": _public(slowed)}
+                        "interference": _public(slowed),
+                        "rhythm": {str(c): trace_rhythm(t) for c, (_, t, _) in zip(counts, loaded,
+                                                                               strict=True)}}
 
 
 MARKER = "# asyngrad-lab calibrated scenario"
@@ -808,8 +811,30 @@ def calibrated_toml(scenario: Scenario, report: dict[str, Any]) -> str:
     lines.append(f"#   write convoys: {_describe_convoys(report['convoys'])}")
     lines.append(f"#   common factors: {_describe_common(report['common'])}")
     lines.append(f"#   interference: {_describe_interference(report['interference'])}")
+    lines.append(f"#   rhythm: {_describe_rhythm(report['rhythm'])}")
     body = scenario_to_toml(scenario).split("\n", 1)[1]  # its own header line replaced
     return "\n".join(lines) + "\n" + body
+
+
+# A run whose staleness is below this share of the independent-phase value kept a common
+# rhythm worth saying: the simulator draws each thread's durations independently.
+RHYTHM_NOTE = 0.95
+
+
+def _describe_rhythm(report: dict[str, dict[str, Any]]) -> str:
+    found = {k: r for k, r in report.items() if r["coupling"] is not None}
+    if not found:
+        return "one worker at a time: nothing to say"
+    parts = ", ".join(f"k = {k}: staleness {r['staleness']:.3g} = {r['coupling']:.3f} × the "
+                      f"independent-phase value {r['independent_staleness']:.3g}"
+                      for k, r in found.items())
+    low = min(r["coupling"] for r in found.values())
+    if low >= RHYTHM_NOTE:
+        return f"{parts} (phases independent, as simulated)"
+    expect = ("no update saw another's completion (a lock)" if low == 0 else
+              f"expect simulated staleness up to {1 / low:.2f}× the real one")
+    return (f"{parts}: the workers kept a common rhythm that the simulator's independent "
+            f"draws lack, so {expect} (not modelled; bench/README.md)")
 
 
 def _describe_convoys(report: dict[str, Any]) -> str:

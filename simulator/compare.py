@@ -23,7 +23,7 @@ import scipy.stats
 from matplotlib.figure import Figure
 
 from simulator.errors import AsyngradError, TraceError
-from simulator.metrics import PHASE_BINS, error_mask, interference, relative_error, rhythm
+from simulator.metrics import PHASE_BINS, error_mask, interference, relative_error, trace_rhythm
 from simulator.plots import draw_timeline
 from simulator.trace import Trace
 
@@ -98,10 +98,6 @@ def _same(a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
-def _rhythm(trace: Trace) -> dict[str, Any]:
-    return rhythm(trace["thread"], trace["read_start"], trace["write_end"], trace["staleness"])
-
-
 def compare_runs(a: str | Path, b: str | Path) -> dict[str, Any]:
     """The fidelity report of run ``b`` against run ``a`` (what ``compare.json`` holds).
 
@@ -149,7 +145,7 @@ def compare_runs(a: str | Path, b: str | Path) -> dict[str, Any]:
         "gradient_error": {"a": ea, "b": eb, "rate_gap": rate_gap},
         "overwrites": {"a": overwrites(ta), "b": overwrites(tb)},
         "interference": {"a": interference(ta), "b": interference(tb)},
-        "rhythm": {"a": _rhythm(ta), "b": _rhythm(tb)},
+        "rhythm": {"a": trace_rhythm(ta), "b": trace_rhythm(tb)},
         "throughput": {"updates_per_second_a": ups_a, "updates_per_second_b": ups_b,
                        "ratio": ups_b / ups_a if ups_a else None},
         "loss": _loss_agreement(ra.curve, rb.curve),
@@ -161,7 +157,7 @@ def _draw_rhythm(ax: Any, runs: tuple[Run, Run], colours: tuple[str, str]) -> No
     centres = (np.arange(PHASE_BINS) + 0.5) / PHASE_BINS
     drawn = False
     for run, colour in zip(runs, colours, strict=True):
-        found = _rhythm(run.trace)
+        found = trace_rhythm(run.trace)
         if found["phase_profile"] is not None:
             ax.step(centres, found["phase_profile"], where="mid", color=colour,
                     label=f"{run.label}: staleness / independent {found['coupling']:.3f}"

@@ -14,7 +14,7 @@ from simulator.problems import Problem
 from simulator.trace import EXTRA, Trace
 
 __all__ = ["ERROR_THRESHOLD", "PHASE_BINS", "curve_rows", "error_mask", "interference",
-           "overlaps", "relative_error", "rhythm", "summarize", "write_pairs"]
+           "overlaps", "relative_error", "rhythm", "summarize", "trace_rhythm", "write_pairs"]
 
 # An update has a gradient error when ‖δ‖ > ERROR_THRESHOLD · max(‖g‖, 1e-12).
 ERROR_THRESHOLD = 1e-9
@@ -138,6 +138,11 @@ def rhythm(thread: np.ndarray, read_start: np.ndarray, write_end: np.ndarray,
             "coupling": measured / expected if expected > 0 else None,
             "phase_profile": None if profile is None else [float(v) for v in profile],
             "phase_peak": None if profile is None else float(profile.max())}
+
+
+def trace_rhythm(trace: Trace) -> dict[str, Any]:
+    """:func:`rhythm` of a trace's recorded windows."""
+    return rhythm(trace["thread"], trace["read_start"], trace["write_end"], trace["staleness"])
 
 
 def _number(value: float) -> float | None:

@@ -188,3 +188,21 @@ def test_a_gamma_fit_is_written_as_valid_toml(tmp_path):
     assert "np.float64" not in out.read_text()
     assert 'grad = { dist = "gamma"' in out.read_text()
     assert main(["simulate", str(out), "--out", str(tmp_path / "again"), "--quiet"]) == 0
+
+
+def test_the_fit_says_whether_the_workers_kept_a_common_rhythm(tmp_path):
+    # Independent draws give the independent-phase staleness; a lock gives none at all, the
+    # extreme of workers that avoid each other's windows.
+    free = _source(tmp_path)
+    locked = tmp_path / "locked"
+    assert main(["simulate", "--out", str(locked), "--quiet", "--set", "run.updates=1000",
+                 "--set", "run.threads=2", "--set", "run.protocol=locked"]) == 0
+    for run, said in ((free, "(phases independent, as simulated)"),
+                      (locked, "the workers kept a common rhythm")):
+        out = tmp_path / f"{run.name}.toml"
+        assert main(["calibrate", str(run), "--out", str(out), "--quiet"]) == 0
+        line = next(x for x in out.read_text().splitlines() if x.startswith("#   rhythm:"))
+        assert "k = 2: staleness" in line and said in line, line
+    _, report = calibrate(free)
+    assert report["rhythm"]["2"]["coupling"] == pytest.approx(1.0, abs=0.05)
+    assert calibrate(locked)[1]["rhythm"]["2"]["coupling"] == 0.0

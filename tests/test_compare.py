@@ -10,7 +10,7 @@ import pytest
 from simulator.cli import main
 from simulator.compare import compare_runs, load_run
 from simulator.errors import AsyngradError
-from simulator.metrics import PHASE_BINS, error_mask, overlaps, rhythm
+from simulator.metrics import PHASE_BINS, error_mask, overlaps, rhythm, trace_rhythm
 
 
 @pytest.fixture(scope="module")
@@ -127,10 +127,6 @@ def test_a_serial_run_shows_no_interference(tmp_path):
                    "error_rate_fresh": 0.0, "error_rate_stale": None}
 
 
-def _rhythm_of(trace):
-    return rhythm(trace["thread"], trace["read_start"], trace["write_end"], trace["staleness"])
-
-
 def test_simulated_workers_have_independent_phases(tmp_path):
     # Durations are drawn independently per thread, so the staleness is what independent
     # phases give and the others' completions fall evenly over a worker's cycle.
@@ -170,9 +166,9 @@ def test_rhythm_under_a_lock_and_for_one_worker(tmp_path):
         assert main(["simulate", "--out", str(tmp_path / protocol), "--quiet", "--set",
                      "run.updates=300", "--set", f"run.protocol={protocol}", "--set",
                      f"run.threads={threads}"]) == 0
-    locked = _rhythm_of(load_run(tmp_path / "locked").trace)
+    locked = trace_rhythm(load_run(tmp_path / "locked").trace)
     assert locked["staleness"] == 0.0 and locked["independent_staleness"] > 0.5
     assert locked["coupling"] == 0.0
-    alone = _rhythm_of(load_run(tmp_path / "serial").trace)
+    alone = trace_rhythm(load_run(tmp_path / "serial").trace)
     assert alone == {"updates": 0, "staleness": None, "independent_staleness": None,
                      "coupling": None, "phase_profile": None, "phase_peak": None}
