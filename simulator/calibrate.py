@@ -43,7 +43,15 @@ What is fitted:
   stalls that hit one worker and not the other, which a plain correlation weighs most), and
   c_p·exp(−Δt/τ) is fitted by least squares weighted by pairs, one τ for all phases and one
   c_p per phase (in [0, 1]). With convoys, the write's bins use writes that met no other; a
-  phase with fewer than 8 distinct durations (no local work, say) gets c = 0;
+  phase with fewer than 8 distinct durations (no local work, say) gets c = 0. With
+  ``common = "rhythm"`` the bins give τ only and one c for every phase is chosen so that the
+  calibrated scenario, simulated at the run's worker count and seed (at most 20,000 updates,
+  exact metrics off), keeps the run's rhythm: its staleness over the independent-phase value
+  (:func:`simulator.metrics.rhythm`) equals the run's (bisection on c in [0, 0.999], 10
+  steps; several runs: the mean over their worker counts; none when the runs' coupling is
+  0.95 or more, sampling noise around independence). The pair correlations measure
+  how alike two concurrent phases are, not what holds real workers in step; this targets
+  the latter;
 * interference (``timing.*_under_*``; two or more workers): a phase's draw is its duration
   with the time spent under another worker's phase q counted 1/(1 + slowdown_q)
   (:func:`undisturbed`; exact for two workers, the shares add for more). Rows are grouped
@@ -71,7 +79,7 @@ from simulator.errors import AsyngradError, TraceError
 from simulator.memory import block_bounds
 from simulator.metrics import overlaps, trace_rhythm, write_pairs
 from simulator.problems import make_problem
-from simulator.scenario import DeviceSpec, Scenario, TimingSpec, scenario_from_dict
+from simulator.scenario import COMMON_FIELDS, DeviceSpec, Scenario, TimingSpec, scenario_from_dict
 from simulator.trace import Trace, convoy_pairs
 
 __all__ = ["CONVOYS", "Fit", "alone_writes", "calibrate", "calibrate_counts",
@@ -90,6 +98,13 @@ COMMON_BINS = (0, 250, 500, 1_000, 2_000, 4_000, 8_000, 16_000, 32_000, 64_000)
 _MIN_BIN = 30
 _MIN_DISTINCT = 8  # a phase with fewer distinct durations tells nothing (e.g. no idle)
 _MIN_COMMON = 0.05
+# A run whose staleness is below this share of the independent-phase value kept a common
+# rhythm (said in the report; fitted by --common rhythm): above it, sampling noise.
+RHYTHM_NOTE = 0.95
+# calibrate --common rhythm: the largest c tried, bisection steps, longest fitting run.
+_RHYTHM_HIGH = 0.999
+_RHYTHM_STEPS = 10
+_RHYTHM_UPDATES = 20_000
 _TAUS = np.geomspace(100.0, 1e6, 81)
 _MEDIAN_ABS = 0.6744897501960817  # median of |Z| for a standard normal Z
 # Interference: the other workers' phases that slow one (idle is the reference), the
@@ -596,6 +611,87 @@ def fit_common(runs: list[tuple[Trace, np.ndarray, np.ndarray | None]],
     return report
 
 
+def fit_rhythm(scenario: Scenario, targets: list[tuple[int, int, float | None]],
+               bins: dict[str, Any]) -> dict[str, Any]:
+    """Common factors that give the recorded runs' rhythm (``calibrate --common rhythm``).
+
+    ``targets``: (workers, updates, coupling) of each run; ``bins``: :func:`fit_common`'s
+    report in ``on`` mode, whose τ is kept. One c for every phase, chosen by bisection so
+    that ``scenario`` simulated at each run's worker count gives the runs' mean coupling.
+    Returns a report like :func:`fit_common`'s, with the bisection's steps."""
+    report: dict[str, Any] = {"fields": None, "bins": bins.get("bins")}
+    wanted = [t for t in targets if t[2] is not None]
+    if not wanted:
+        report["why"] = "fewer than two workers ran together"
+        return report
+    if "common_ns" not in bins:
+        report["why"] = bins.get("why", "no offset bins to measure τ")
+        return report
+    from simulator.engine import Engine
+
+    tau = float(bins["common_ns"])
+    goal = float(np.mean([coupling for _, _, coupling in wanted]))
+    problem = make_problem(scenario.problem)
+    steps: list[tuple[float, float]] = []
+
+    def coupling_at(c: float) -> float:
+        fields: dict[str, Any] = {**{name: c for name in COMMON_FIELDS},
+                                  "common_ns": tau if c > 0 else 0.0}
+        devices = tuple(replace(d, timing=replace(d.timing, **fields)) if d.timing else d
+                        for d in scenario.devices)
+        found = []
+        for workers, updates, _ in wanted:
+            trial = replace(scenario, devices=devices,
+                            timing=replace(scenario.timing, **fields),
+                            run=replace(scenario.run, threads=workers,
+                                        updates=min(updates, _RHYTHM_UPDATES)),
+                            metrics=replace(scenario.metrics, exact=False, curve_points=0))
+            value = trace_rhythm(Engine(trial, problem).run())["coupling"]
+            found.append(1.0 if value is None else value)
+        steps.append((c, float(np.mean(found))))
+        return steps[-1][1]
+
+    report.update(goal=goal, common_ns=tau, steps=steps)
+    if goal >= RHYTHM_NOTE:
+        report["why"] = (f"the run's workers are independent (staleness {goal:.3f} × the "
+                         f"independent-phase value, at least {RHYTHM_NOTE})")
+        return report
+    if coupling_at(0.0) <= goal:
+        report["why"] = (f"the simulation's rhythm ({steps[0][1]:.3f}) is already no more "
+                         f"independent than the run's ({goal:.3f})")
+        return report
+    low, high = 0.0, _RHYTHM_HIGH
+    if coupling_at(high) >= goal:
+        low = high  # the strongest common factors tried: said in the report
+    else:
+        for _ in range(_RHYTHM_STEPS):
+            middle = (low + high) / 2
+            if coupling_at(middle) > goal:
+                low = middle
+            else:
+                high = middle
+    c = low if low == _RHYTHM_HIGH else (low + high) / 2
+    report["weights"] = {phase: c for phase in ("read", "grad", "write", "idle")}
+    report["fields"] = {**{name: c for name in COMMON_FIELDS}, "common_ns": tau}
+    return report
+
+
+def _bins_mode(common: str) -> str:
+    """``--common rhythm`` measures the pair bins (for τ) whatever they say."""
+    return "on" if common == "rhythm" else common
+
+
+def _with_rhythm(scenario: Scenario, targets: list[tuple[int, int, float | None]],
+                 bins: dict[str, Any]) -> tuple[Scenario, dict[str, Any]]:
+    """``scenario`` with the common factors :func:`fit_rhythm` finds, and its report."""
+    report = fit_rhythm(scenario, targets, bins)
+    if not report["fields"]:
+        return scenario, report
+    devices = tuple(replace(d, timing=_with_fitted(d.timing, report)) if d.timing else d
+                    for d in scenario.devices)
+    return replace(scenario, devices=devices), report
+
+
 def _with_fitted(timing: TimingSpec, *reports: dict[str, Any]) -> TimingSpec:
     """``timing`` with the fields each report (convoys, common factors) fitted."""
     for report in reports:
@@ -642,7 +738,8 @@ def calibrate(run_dir: str | Path, pool: bool = False, cores: int = 0,
     together = running_together(trace)
     convoy = _convoy_report(fit_convoys([(trace, together)], convoys), cores, quantum)
     alone_rows = alone_writes(trace, together) if convoy["fields"] else None
-    shared = fit_common([(trace, together, alone_rows)], common)
+    shared = fit_common([(trace, together, alone_rows)], _bins_mode(common))
+    bins, shared = (shared, {"fields": None}) if common == "rhythm" else (shared, shared)
     slowed = fit_interference([(trace, together, alone_rows)], interference)
     if slowed["deflate"]:  # the draws: what the durations were with the others idle
         trace = _deflated(trace, slowed["deflate"][0])
@@ -667,11 +764,16 @@ def calibrate(run_dir: str | Path, pool: bool = False, cores: int = 0,
     # The recorded durations already contain stragglers and network links: drop them.
     calibrated = replace(scenario, name=f"{scenario.name}-calibrated", devices=tuple(devices),
                          inject=replace(scenario.inject, stragglers=()))
+    rhythms = {str(scenario.run.threads): trace_rhythm(trace)}
+    if common == "rhythm":
+        coupling = rhythms[str(scenario.run.threads)]["coupling"]
+        calibrated, shared = _with_rhythm(calibrated, [(scenario.run.threads, len(trace),
+                                                        coupling)], bins)
     return calibrated, {"source": trace.source, "run": str(path), "fits": report,
                         "rows_fitted": int(together.size), "rows": len(trace),
                         "contention": contention(trace, together), "convoys": convoy,
                         "common": shared, "interference": _public(slowed),
-                        "rhythm": {str(scenario.run.threads): trace_rhythm(trace)}}
+                        "rhythm": rhythms}
 
 
 def _load(path: Path) -> tuple[Trace, Scenario]:
@@ -743,7 +845,8 @@ def calibrate_counts(run_dirs: list[str | Path], cores: int = 0, quantum: int = 
                             cores, quantum)
     runs = [(trace, together, alone_writes(trace, together) if convoy["fields"] else None)
             for (_, trace, _), together in zip(loaded, spans, strict=True)]
-    shared = fit_common(runs, common)
+    shared = fit_common(runs, _bins_mode(common))
+    bins, shared = (shared, {"fields": None}) if common == "rhythm" else (shared, shared)
     slowed = fit_interference(runs, interference)
     for index, ((_, _, scenario), (trace, together, alone_rows)) in enumerate(
             zip(loaded, runs, strict=True)):
@@ -772,15 +875,19 @@ def calibrate_counts(run_dirs: list[str | Path], cores: int = 0, quantum: int = 
                         timing=_with_fitted(TimingSpec(**timing), convoy, shared, slowed))
     calibrated = replace(base, name=f"{base.name}-calibrated", devices=(device,),
                          inject=replace(base.inject, stragglers=()))
+    rhythms = {str(c): trace_rhythm(t) for c, (_, t, _) in zip(counts, loaded, strict=True)}
+    if common == "rhythm":
+        calibrated, shared = _with_rhythm(calibrated, [(c, len(t), rhythms[str(c)]["coupling"])
+                                                       for c, (_, t, _) in zip(counts, loaded,
+                                                                               strict=True)],
+                                          bins)
     return calibrated, {"source": loaded[0][1].source, "run": ", ".join(str(d) for d in
                                                                        run_dirs),
                         "fits": {f"all workers at k = {counts[0]}": fits},
                         "rows_fitted": fitted_rows,
                         "rows": sum(len(t) for _, t, _ in loaded), "worker_counts": counts,
                         "contention": contention, "convoys": convoy, "common": shared,
-                        "interference": _public(slowed),
-                        "rhythm": {str(c): trace_rhythm(t) for c, (_, t, _) in zip(counts, loaded,
-                                                                               strict=True)}}
+                        "interference": _public(slowed), "rhythm": rhythms}
 
 
 MARKER = "# asyngrad-lab calibrated scenario"
@@ -811,17 +918,12 @@ def calibrated_toml(scenario: Scenario, report: dict[str, Any]) -> str:
     lines.append(f"#   write convoys: {_describe_convoys(report['convoys'])}")
     lines.append(f"#   common factors: {_describe_common(report['common'])}")
     lines.append(f"#   interference: {_describe_interference(report['interference'])}")
-    lines.append(f"#   rhythm: {_describe_rhythm(report['rhythm'])}")
+    lines.append(f"#   rhythm: {_describe_rhythm(report['rhythm'], report['common'])}")
     body = scenario_to_toml(scenario).split("\n", 1)[1]  # its own header line replaced
     return "\n".join(lines) + "\n" + body
 
 
-# A run whose staleness is below this share of the independent-phase value kept a common
-# rhythm worth saying: the simulator draws each thread's durations independently.
-RHYTHM_NOTE = 0.95
-
-
-def _describe_rhythm(report: dict[str, dict[str, Any]]) -> str:
+def _describe_rhythm(report: dict[str, dict[str, Any]], common: dict[str, Any]) -> str:
     found = {k: r for k, r in report.items() if r["coupling"] is not None}
     if not found:
         return "one worker at a time: nothing to say"
@@ -831,10 +933,12 @@ def _describe_rhythm(report: dict[str, dict[str, Any]]) -> str:
     low = min(r["coupling"] for r in found.values())
     if low >= RHYTHM_NOTE:
         return f"{parts} (phases independent, as simulated)"
+    if common.get("fields") and "goal" in common:
+        return f"{parts}: the workers kept a common rhythm, modelled by the common factors above"
     expect = ("no update saw another's completion (a lock)" if low == 0 else
               f"expect simulated staleness up to {1 / low:.2f}× the real one")
     return (f"{parts}: the workers kept a common rhythm that the simulator's independent "
-            f"draws lack, so {expect} (not modelled; bench/README.md)")
+            f"draws lack, so {expect} (calibrate --common rhythm models it)")
 
 
 def _describe_convoys(report: dict[str, Any]) -> str:
@@ -855,6 +959,13 @@ def _describe_common(report: dict[str, Any]) -> str:
     fields = report.get("fields")
     if not fields:
         return f"none fitted ({report.get('why', '')})"
+    if "goal" in report:
+        last = min(report["steps"], key=lambda step: abs(step[1] - report["goal"]))
+        bound = " (the largest tried)" if fields["read_common"] == _RHYTHM_HIGH else ""
+        return (f"fitted to the rhythm: c = {fields['read_common']:.4g}{bound} for every phase, "
+                f"τ = {fields['common_ns']:.4g} ns (from the pair bins): simulated, staleness "
+                f"{last[1]:.3f} × the independent-phase value at c = {last[0]:.4g}, the run's "
+                f"{report['goal']:.3f} ({len(report['steps'])} simulations)")
     near = ", ".join(f"{phase} {bins['correlation'][0]:.2f} ({bins['pairs'][0]} pairs)"
                      for phase, bins in report["bins"].items())
     weights = ", ".join(f"{phase} {fields[phase + '_common']:.3g}"

@@ -881,11 +881,14 @@ def _parser() -> argparse.ArgumentParser:
              "never (off)"),
             ("--common", "off", "common factors (durations of one phase alike on workers "
              "that start it together): fit them when some phase's correlation reaches 0.05 "
-             "(auto), whenever two workers ran (on), or never (off, default)"),
+             "(auto), whenever two workers ran (on), with one strength chosen so the "
+             "simulation keeps the run's rhythm (rhythm: staleness over the independent-"
+             "phase value, as compare reports it), or never (off, default)"),
             ("--interference", "off", "slowdowns of a worker's phase under another's (a "
              "write while the other computes, say): fit them when one reaches 0.1 (auto), "
              "whenever two workers ran (on), or never (off, default)")):
-        cal.add_argument(flag, choices=("auto", "on", "off"), default=default, help=what)
+        choices = ("auto", "on", "rhythm", "off") if flag == "--common" else ("auto", "on", "off")
+        cal.add_argument(flag, choices=choices, default=default, help=what)
 
     cmp = command("compare", "fidelity report of run B against run A (simulated or real)",
                   _compare, scenario=False, out="directory for compare.json and compare.png "

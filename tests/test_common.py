@@ -14,8 +14,9 @@ from simulator.cli import main
 from simulator.distributions import Duration
 from simulator.engine import simulate
 from simulator.errors import ScenarioError
-from simulator.metrics import interference
+from simulator.metrics import interference, trace_rhythm
 from simulator.timing import CommonFactor
+from simulator.trace import Trace
 
 from .conftest import check_fit_choice, same_every_way, scenario
 
@@ -136,3 +137,37 @@ def test_calibrate_fits_common_factors_or_says_why_not(tmp_path):
     assert not off.devices[0].timing.coupled
     check_fit_choice(run, tmp_path, "common", "auto", "#   common factors: c·exp(−Δt/τ)")
     assert report["common"]["bins"]["grad"]["pairs"][0] > 0
+
+
+def _rhythm_run(tmp_path, name, strength):
+    run = tmp_path / name
+    factors = (f"timing.{phase}_common={strength}" for phase in ("read", "grad", "write", "idle"))
+    overrides = ["run.threads=2", "run.updates=3000", "problem.dim=1000", "metrics.exact=false",
+                 "timing.grad={dist='gamma', mean=9000, cv=0.3}",
+                 "timing.idle={dist='lognormal', mean=3000, cv=0.3}",
+                 f"timing.common_ns={50000 if strength else 0}", *factors]
+    assert main(["simulate", "--out", str(run), "--quiet",
+                 *(arg for o in overrides for arg in ("--set", o))]) == 0
+    return run
+
+
+def test_common_factors_fitted_to_the_rhythm_give_it_back(tmp_path):
+    """Workers held in step by strong common factors (staleness ≈ 0.85 × the independent-phase
+    value) are calibrated back to factors that hold them so, and independent ones to none."""
+    run = _rhythm_run(tmp_path, "together", 0.99)
+    goal = trace_rhythm(Trace.load(run / "trace.npz"))["coupling"]
+    assert goal < 0.9
+    calibrated, report = calibrate(run, pool=True, common="rhythm")
+    timing = calibrated.devices[0].timing
+    assert timing.coupled and timing.common_ns > 0
+    assert 0.9 < timing.grad_common == timing.read_common == timing.idle_common <= 0.999
+    again = simulate(calibrated)
+    assert trace_rhythm(again)["coupling"] == pytest.approx(goal, abs=0.03)
+    assert report["common"]["goal"] == goal and len(report["common"]["steps"]) <= 12
+    assert calibrate(run, pool=True, common="rhythm")[0] == calibrated  # the same fit again
+    apart = _rhythm_run(tmp_path, "apart", 0)
+    plain, said = calibrate(apart, pool=True, common="rhythm")
+    assert not plain.devices[0].timing.coupled and "independent" in said["common"]["why"]
+    check_fit_choice(run, tmp_path, "common", "rhythm", "#   common factors: fitted to the rhythm")
+    _, alone = calibrate(tmp_path / "alone", common="rhythm")  # made by check_fit_choice
+    assert alone["common"]["fields"] is None and "two workers" in alone["common"]["why"]
