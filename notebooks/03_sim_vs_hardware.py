@@ -112,4 +112,14 @@ text = (
     f"{lo['final_b']:.3g} against {lo['final_a']:.3g}. "
     f"Targets met: {', '.join(met) or 'none'}. Missed: {', '.join(missed) or 'none'}."
 )
+ra, rb = report["rhythm"]["a"], report["rhythm"]["b"]
+if ra["coupling"] is not None and rb["coupling"] is not None:
+    text += (
+        f" Of the staleness, the part that independent phases would give is "
+        f"{ra['independent_staleness']:.3g} measured and {rb['independent_staleness']:.3g} "
+        f"simulated; the measured staleness is {ra['coupling']:.3f} of its value and the "
+        f"simulated {rb['coupling']:.3f}"
+        + (" (the real workers kept a common rhythm: `calibrate --common rhythm` fits it)."
+           if ra["coupling"] < 0.95 <= rb["coupling"] else ".")
+    )
 display(Markdown(text))
