@@ -688,8 +688,11 @@ class Engine:
         assert timing is not None
         front = convoy.front + (1 - convoy.front) * (now - convoy.start) / (convoy.end
                                                                              - convoy.start)
-        end = max(convoy.end, now + round(timing.convoy_join * drawn
-                                          + timing.convoy_rest * (convoy.end - now)))
+        # The joiner sweeps along at most one write's worth of the convoy's rest: a chain of
+        # joiners (many threads) lengthens the convoy by at most (join + rest)·W each, where
+        # rest·(E − t) alone would grow it geometrically whenever rest > 1.
+        end = max(convoy.end, now + round(timing.convoy_join * drawn + timing.convoy_rest
+                                          * min(convoy.end - now, drawn)))
         size = index.stop - index.start
         shared = size - min(size, math.ceil(front * size))
         draws = self._convoy_rng.random(shared)

@@ -216,3 +216,18 @@ def test_real_pairs_are_classified_coordinate_by_coordinate():
 
 def test_a_pair_the_sums_cannot_explain_is_left_out():
     assert _classified(np.arange(8), np.arange(40, 44), extra=[63]).size == 0
+
+
+def test_a_chain_of_joiners_lengthens_a_convoy_linearly():
+    """Sixteen writers with convoy_rest > 1: each joiner sweeps along at most one write's
+    worth of the convoy's rest, so a convoy ends at most (join + rest)·W after its last
+    joiner and a write waits at most for the fifteen others (rest·(E − t) alone grows the
+    convoy geometrically with each joiner: writes of 475 ms here, against 4 µs drawn)."""
+    trace = simulate(scenario(*CONVOY, "run.threads=16", "run.updates=1600", "problem.dim=40",
+                              "timing.read={dist='lognormal', mean=1000, cv=0.3}",
+                              "timing.write={dist='lognormal', mean=4000, cv=0.3}",
+                              "timing.grad={dist='lognormal', mean=6000, cv=0.3}"))
+    drawn = trace["extra_write_drawn_ns"]
+    assert trace["op_write_ns"].max() <= 16 * 3.5 * drawn.max()
+    assert np.mean(trace["op_write_ns"] > drawn) > 0.5  # the writes do meet
+    assert trace["write_end"].max() < 1600 / 16 * (1000 + 6000 + 3.5 * 4000) * 1.5
