@@ -653,12 +653,12 @@ def fit_rhythm(scenario: Scenario, targets: list[tuple[int, int, float | None]],
 
     report.update(goal=goal, common_ns=tau, steps=steps)
     if goal >= RHYTHM_NOTE:
-        report["why"] = (f"the run's workers are independent (staleness {goal:.3f} × the "
-                         f"independent-phase value, at least {RHYTHM_NOTE})")
+        report["why"] = (f"the run's workers are independent: staleness {goal:.3f} × the "
+                         f"independent-phase value, at least {RHYTHM_NOTE}")
         return report
     if coupling_at(0.0) <= goal:
-        report["why"] = (f"the simulation's rhythm ({steps[0][1]:.3f}) is already no more "
-                         f"independent than the run's ({goal:.3f})")
+        report["why"] = (f"the simulation keeps the run's rhythm already: staleness "
+                         f"{steps[0][1]:.3f} × the independent-phase value, the run's {goal:.3f}")
         return report
     low, high = 0.0, _RHYTHM_HIGH
     if coupling_at(high) >= goal:

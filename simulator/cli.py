@@ -498,6 +498,9 @@ def _calibrate(args: argparse.Namespace) -> int:
     if args.cores < 0:
         raise ScenarioError("--cores", args.cores, "must be >= 0 (0: one per thread)")
     quantum, measured = _quantum(args.quantum)
+    if args.common == "rhythm" and not args.quiet:
+        print("fitting common factors to the runs' rhythm (up to 12 simulations of the calibrated "
+              "scenario, at most 20,000 updates each)...", flush=True)
     if len(args.run_dir) > 1:
         scenario, report = calibrate_counts(args.run_dir, args.cores, quantum, args.slicing,
                                             args.convoys, args.common, args.interference)
