@@ -29,10 +29,12 @@ What is fitted:
   30 pairs of writes that met and no third), the joiner's duration is fitted by least
   squares as ``convoy_join``·W + ``convoy_rest``·max(W − lag, 0), W the mean duration of
   writes that met no other (and the write distribution is fitted on those alone, so the
-  convoys are not counted twice); the lost shares are the lost coordinates of the pairs a
-  measure-mode run classified (``extra_convoy_pairs``) over their shared part
-  max(1 − lag/W, 0); without classified pairs convoys are fitted only when asked
-  (``convoys = "on"``), losing nothing;
+  convoys are not counted twice); ``convoy_lost_pairs`` is the share of the pairs a
+  measure-mode run classified (``extra_convoy_pairs``) that lost any coordinate, among those
+  that met within half a write (lag ≤ W/2: half the block or more swept together), and the
+  lost shares are the lossy pairs' lost coordinates over their shared part
+  max(1 − lag/W, 0); without
+  classified pairs convoys are fitted only when asked (``convoys = "on"``), losing nothing;
 * common factors (``timing.*_common``, ``common_ns``; two or more workers): how alike the
   durations of one phase are on two workers when the phases start Δt apart. Durations become
   normal scores per worker (from their ranks); for every update and every other worker, the
@@ -260,7 +262,7 @@ def fit_convoys(runs: list[tuple[Trace, np.ndarray]], mode: str = "auto") -> dic
     ``mode = "on"``), and what was measured."""
     lags, durations, shares, gaps = [], [], [], []
     lost = np.zeros(2)
-    shared_total, classified = 0.0, 0
+    shared_total, classified, close, close_lossy = 0.0, 0, 0, 0
     for trace, rows in runs:
         if len(trace) and int(np.diff(trace["op_offsets"]).max()) > 1:
             return {"pairs": 0, "fields": None, "why": "writes of more than one block"}
@@ -276,10 +278,17 @@ def fit_convoys(runs: list[tuple[Trace, np.ndarray]], mode: str = "auto") -> dic
         shares.append(np.full(lead.size, mean))
         pairs = convoy_pairs(trace)
         if pairs is not None and pairs.size:
-            shared = np.clip(1 - pairs[:, 2] / mean, 0, 1)
+            # Shares given that the pair lost anything (most meetings lose nothing).
+            lossy_rows = (pairs[:, 3] > 0) | (pairs[:, 4] > 0)
+            shared = np.clip(1 - pairs[lossy_rows, 2] / mean, 0, 1)
             shared_total += float(shared.sum())
-            lost += pairs[:, 3:5].sum(axis=0)
+            lost += pairs[lossy_rows, 3:5].sum(axis=0)
             classified += len(pairs)
+            # Whether a meeting loses anything: pairs that swept at least half the block
+            # together (a smaller shared part may lose nothing by chance alone).
+            half = pairs[:, 2] <= mean / 2
+            close += int(half.sum())
+            close_lossy += int((half & lossy_rows).sum())
     lag, gap = np.concatenate(lags or [np.zeros(0)]), np.concatenate(gaps or [np.zeros(0)])
     report: dict[str, Any] = {"pairs": int(lag.size), "fields": None}
     if lag.size < _MIN_PAIRS or mode == "off":
@@ -304,7 +313,9 @@ def fit_convoys(runs: list[tuple[Trace, np.ndarray]], mode: str = "auto") -> dic
     if total > 1:
         leader, joiner = leader / total, joiner / total
     report.update(fields={"convoy_join": joined, "convoy_rest": rest,
-                          "convoy_lost_leader": leader, "convoy_lost_joiner": joiner},
+                          "convoy_lost_leader": leader, "convoy_lost_joiner": joiner,
+                          "convoy_lost_pairs": (close_lossy / close if close_lossy
+                                                else 1.0)},
                   classified=classified, alone_write_ns=float(alone_mean.mean()))
     return report
 
@@ -950,9 +961,10 @@ def _describe_convoys(report: dict[str, Any]) -> str:
     return (f"{report['pairs']} pairs of writes that met ended together (end gap "
             f"{report['end_gap_over_start_gap']:.3g} × start gap); joiner ends after "
             f"{fields['convoy_join']:.3g} × its write + {fields['convoy_rest']:.3g} × the "
-            f"leader's rest (alone {report['alone_write_ns']:.4g} ns); lost shares leader "
-            f"{fields['convoy_lost_leader']:.3g}, joiner {fields['convoy_lost_joiner']:.3g} "
-            f"({measured})")
+            f"leader's rest (alone {report['alone_write_ns']:.4g} ns); "
+            f"{fields['convoy_lost_pairs']:.3g} of the pairs lose coordinates, shares then: "
+            f"leader {fields['convoy_lost_leader']:.3g}, joiner "
+            f"{fields['convoy_lost_joiner']:.3g} ({measured})")
 
 
 def _describe_common(report: dict[str, Any]) -> str:

@@ -339,7 +339,8 @@ class Engine:
         if not asked or self.protocol.atomic:
             return None
         value = asked[0].convoy_join
-        fields = ("convoy_join", "convoy_rest", "convoy_lost_leader", "convoy_lost_joiner")
+        fields = ("convoy_join", "convoy_rest", "convoy_lost_leader", "convoy_lost_joiner",
+                  "convoy_lost_pairs")
         if len({tuple(getattr(t, f) for f in fields) for t in timings}) > 1:
             raise ScenarioError("timing.convoy_join", value,
                                 "the convoy_* values must be the same on every device")
@@ -695,6 +696,9 @@ class Engine:
                                           * min(convoy.end - now, drawn)))
         size = index.stop - index.start
         shared = size - min(size, math.ceil(front * size))
+        lossy = timing.convoy_lost_pairs
+        if lossy < 1 and self._convoy_rng.random() >= lossy:
+            shared = 0  # this join loses nothing (one draw per join, only when asked)
         draws = self._convoy_rng.random(shared)
         leader_loses = draws < timing.convoy_lost_leader
         joiner_loses = ~leader_loses & (draws < timing.convoy_lost_leader

@@ -115,8 +115,10 @@ class TimingSpec:
     that shared part each coordinate's store is lost with probability ``convoy_lost_leader``
     for the convoy's first write and ``convoy_lost_joiner`` for the one joining (never both),
     as two in-place sweeps ``w -= step`` that meet on hardware end in lockstep and lose
-    element stores. ``asyngrad calibrate`` fits all four from a real run when its
-    overlapping writes end together.
+    element stores. ``convoy_lost_pairs`` < 1: a join loses anything only with that
+    probability (then each coordinate as above): on hardware most meetings lose nothing and
+    the others lose many coordinates together. ``asyngrad calibrate`` fits all five from a
+    real run when its overlapping writes end together.
 
     Common factors (``*_common`` > 0, with ``common_ns``): durations of one phase that start
     at nearly the same time on different threads go together, as on a machine whose state
@@ -152,6 +154,7 @@ class TimingSpec:
     convoy_rest: float = 0.0
     convoy_lost_leader: float = 0.0
     convoy_lost_joiner: float = 0.0
+    convoy_lost_pairs: float = 1.0
     read_common: float = 0.0
     grad_common: float = 0.0
     write_common: float = 0.0
@@ -184,6 +187,9 @@ class TimingSpec:
             value = getattr(self, name)
             _check(math.isfinite(value) and 0 <= value <= 1, name, value,
                    "must be in [0, 1] (share of the shared coordinates lost)")
+        _check(math.isfinite(self.convoy_lost_pairs) and 0 < self.convoy_lost_pairs <= 1,
+               "convoy_lost_pairs", self.convoy_lost_pairs,
+               "must be in (0, 1] (share of the joins that lose coordinates)")
         _check(self.convoy_lost_leader + self.convoy_lost_joiner <= 1, "convoy_lost_joiner",
                self.convoy_lost_joiner,
                f"plus convoy_lost_leader ({self.convoy_lost_leader}) must be <= 1")

@@ -90,6 +90,21 @@ def test_lost_shares_match_the_scenario_over_the_shared_part():
     assert pairs[:, 4].sum() / shared.sum() == pytest.approx(0.2, rel=0.03)
 
 
+def test_a_join_loses_anything_only_as_often_as_told():
+    """convoy_lost_pairs = 0.4: four joins in ten lose coordinates, and those lose their
+    shares of the shared part as before; the rest lose nothing."""
+    trace = simulate(_random_convoys("run.threads=2", "timing.write.dist=constant",
+                                     "run.updates=4000", "timing.convoy_lost_pairs=0.4"))
+    pairs = convoy_pairs(trace)
+    shared = np.clip(1 - pairs[:, 2] / 4000, 0, 1)
+    lossy = (pairs[:, 3] > 0) | (pairs[:, 4] > 0)
+    some = shared > 0.1  # enough coordinates that a lossy join surely loses one
+    assert some.sum() > 300
+    assert lossy[some].mean() == pytest.approx(0.4, abs=0.07)
+    assert pairs[lossy, 3].sum() / shared[lossy].sum() == pytest.approx(0.3, rel=0.05)
+    assert same_every_way(_random_convoys("timing.convoy_lost_pairs=0.4")) is not None
+
+
 def test_convoys_are_deterministic_and_replay_bit_for_bit():
     first = same_every_way(_random_convoys())
     # Convoys happened, with three writers at times, and they lost stores.
@@ -123,6 +138,13 @@ def test_writes_that_cannot_form_convoys_are_refused(override, message):
     with pytest.raises(ScenarioError, match=message) as err:
         simulate(_random_convoys(override))
     assert "timing.convoy_join" in str(err.value)
+
+
+def test_a_share_of_lossy_joins_outside_zero_to_one_is_refused(capsys):
+    assert main(["simulate", "--out", "/nonexistent/x", "--set", "timing.convoy_join=1",
+                 "--set", "timing.convoy_lost_pairs=0"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "timing.convoy_lost_pairs" in err[0]
 
 
 def test_lost_shares_above_one_are_refused(capsys):
@@ -160,6 +182,18 @@ def test_calibration_recovers_convoys_from_a_simulated_trace(tmp_path):
     assert timing.write.mean == pytest.approx(4000, rel=0.05)
     off, report_off = calibrate(run, pool=True, convoys="off")
     assert not off.devices[0].timing.convoys and report_off["convoys"]["fields"] is None
+
+
+def test_calibration_recovers_how_often_a_meeting_loses_anything(tmp_path):
+    run = _convoy_run(tmp_path, "some", "timing.convoy_join=1.5", "timing.convoy_rest=2.5",
+                      "timing.convoy_lost_leader=0.08", "timing.convoy_lost_joiner=0.04",
+                      "timing.convoy_lost_pairs=0.4")
+    timing = calibrate(run, pool=True)[0].devices[0].timing
+    assert timing.convoy_lost_pairs == pytest.approx(0.4, abs=0.08)
+    assert timing.convoy_lost_leader == pytest.approx(0.08, rel=0.1)
+    every = _convoy_run(tmp_path, "every", "timing.convoy_join=1.5", "timing.convoy_rest=2.5",
+                        "timing.convoy_lost_leader=0.08", "timing.convoy_lost_joiner=0.04")
+    assert calibrate(every, pool=True)[0].devices[0].timing.convoy_lost_pairs == 1.0
 
 
 def test_writes_that_end_apart_are_not_convoys(tmp_path):
