@@ -152,6 +152,11 @@ def compare_runs(a: str | Path, b: str | Path) -> dict[str, Any]:
     }
 
 
+def _say(ax: Any, text: str) -> None:
+    """A panel with nothing to draw says why, in its middle."""
+    ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes)
+
+
 def _draw_rhythm(ax: Any, runs: tuple[Run, Run], colours: tuple[str, str]) -> None:
     """Where the other workers' completions fall in a worker's cycle (1 = uniform)."""
     centres = (np.arange(PHASE_BINS) + 0.5) / PHASE_BINS
@@ -168,8 +173,7 @@ def _draw_rhythm(ax: Any, runs: tuple[Run, Run], colours: tuple[str, str]) -> No
         ax.set_ylim(bottom=0)
         ax.legend(fontsize=7)
     else:
-        ax.text(0.5, 0.5, "fewer than two workers ran together", ha="center", va="center",
-                transform=ax.transAxes)
+        _say(ax, "fewer than two workers ran together")
     ax.set_xlabel("phase in a worker's cycle (0: its read starts; 1: its next read)")
     ax.set_ylabel("others' completions (1 = uniform)")
     ax.set_title("Rhythm: where the other workers complete")
@@ -215,8 +219,7 @@ def compare_figure(a: str | Path, b: str | Path) -> Figure:
         ax.set_ylabel("fraction of those updates")
         ax.legend(fontsize=7)
     else:
-        ax.text(0.5, 0.5, "no measured gradient errors", ha="center", va="center",
-                transform=ax.transAxes)
+        _say(ax, "no measured gradient errors")
     ax.set_xlabel("relative gradient error ‖δ‖/‖g‖")
     ax.set_title("Gradient error (updates that carry one)")
     ax = fig.add_subplot(grid[1, 0])
