@@ -646,15 +646,11 @@ def fit_rhythm(scenario: Scenario, targets: list[tuple[int, int, float | None]],
     steps: list[tuple[float, float]] = []
 
     def coupling_at(c: float) -> float:
-        fields: dict[str, Any] = {**{name: c for name in COMMON_FIELDS},
-                                  "common_ns": tau if c > 0 else 0.0}
-        devices = tuple(replace(d, timing=replace(d.timing, **fields)) if d.timing else d
-                        for d in scenario.devices)
+        coupled = _with_common(scenario, {**{name: c for name in COMMON_FIELDS},
+                                          "common_ns": tau if c > 0 else 0.0})
         found = []
         for workers, updates, _ in wanted:
-            trial = replace(scenario, devices=devices,
-                            timing=replace(scenario.timing, **fields),
-                            run=replace(scenario.run, threads=workers,
+            trial = replace(coupled, run=replace(scenario.run, threads=workers,
                                         updates=min(updates, _RHYTHM_UPDATES)),
                             metrics=replace(scenario.metrics, exact=False, curve_points=0))
             value = trace_rhythm(Engine(trial, problem).run())["coupling"]
@@ -687,9 +683,24 @@ def fit_rhythm(scenario: Scenario, targets: list[tuple[int, int, float | None]],
     return report
 
 
-def _bins_mode(common: str) -> str:
-    """``--common rhythm`` measures the pair bins (for τ) whatever they say."""
-    return "on" if common == "rhythm" else common
+def _common_fits(runs: list[tuple[Trace, np.ndarray, np.ndarray | None]], common: str
+                 ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The pair bins and the common factors fitted from them: the same report, except that
+    ``--common rhythm`` measures the bins (for τ) whatever they say and fits nothing yet."""
+    if common != "rhythm":
+        shared = fit_common(runs, common)
+        return shared, shared
+    return fit_common(runs, "on"), {"fields": None}
+
+
+def _with_common(scenario: Scenario, fields: dict[str, Any]) -> Scenario:
+    """A calibrated ``scenario`` (every device has its timing) with common-factor
+    ``fields`` on each device's timing."""
+    devices = []
+    for device in scenario.devices:
+        assert device.timing is not None  # calibrate gives every device its timing
+        devices.append(replace(device, timing=replace(device.timing, **fields)))
+    return replace(scenario, devices=tuple(devices))
 
 
 def _with_rhythm(scenario: Scenario, targets: list[tuple[int, int, float | None]],
@@ -698,9 +709,7 @@ def _with_rhythm(scenario: Scenario, targets: list[tuple[int, int, float | None]
     report = fit_rhythm(scenario, targets, bins)
     if not report["fields"]:
         return scenario, report
-    devices = tuple(replace(d, timing=_with_fitted(d.timing, report)) if d.timing else d
-                    for d in scenario.devices)
-    return replace(scenario, devices=devices), report
+    return _with_common(scenario, report["fields"]), report
 
 
 def _with_fitted(timing: TimingSpec, *reports: dict[str, Any]) -> TimingSpec:
@@ -749,8 +758,8 @@ def calibrate(run_dir: str | Path, pool: bool = False, cores: int = 0,
     together = running_together(trace)
     convoy = _convoy_report(fit_convoys([(trace, together)], convoys), cores, quantum)
     alone_rows = alone_writes(trace, together) if convoy["fields"] else None
-    shared = fit_common([(trace, together, alone_rows)], _bins_mode(common))
-    bins, shared = (shared, {"fields": None}) if common == "rhythm" else (shared, shared)
+    rhythms = {str(scenario.run.threads): trace_rhythm(trace)}
+    bins, shared = _common_fits([(trace, together, alone_rows)], common)
     slowed = fit_interference([(trace, together, alone_rows)], interference)
     if slowed["deflate"]:  # the draws: what the durations were with the others idle
         trace = _deflated(trace, slowed["deflate"][0])
@@ -775,7 +784,6 @@ def calibrate(run_dir: str | Path, pool: bool = False, cores: int = 0,
     # The recorded durations already contain stragglers and network links: drop them.
     calibrated = replace(scenario, name=f"{scenario.name}-calibrated", devices=tuple(devices),
                          inject=replace(scenario.inject, stragglers=()))
-    rhythms = {str(scenario.run.threads): trace_rhythm(trace)}
     if common == "rhythm":
         coupling = rhythms[str(scenario.run.threads)]["coupling"]
         calibrated, shared = _with_rhythm(calibrated, [(scenario.run.threads, len(trace),
@@ -856,8 +864,7 @@ def calibrate_counts(run_dirs: list[str | Path], cores: int = 0, quantum: int = 
                             cores, quantum)
     runs = [(trace, together, alone_writes(trace, together) if convoy["fields"] else None)
             for (_, trace, _), together in zip(loaded, spans, strict=True)]
-    shared = fit_common(runs, _bins_mode(common))
-    bins, shared = (shared, {"fields": None}) if common == "rhythm" else (shared, shared)
+    bins, shared = _common_fits(runs, common)
     slowed = fit_interference(runs, interference)
     for index, ((_, _, scenario), (trace, together, alone_rows)) in enumerate(
             zip(loaded, runs, strict=True)):
@@ -888,10 +895,9 @@ def calibrate_counts(run_dirs: list[str | Path], cores: int = 0, quantum: int = 
                          inject=replace(base.inject, stragglers=()))
     rhythms = {str(c): trace_rhythm(t) for c, (_, t, _) in zip(counts, loaded, strict=True)}
     if common == "rhythm":
-        calibrated, shared = _with_rhythm(calibrated, [(c, len(t), rhythms[str(c)]["coupling"])
-                                                       for c, (_, t, _) in zip(counts, loaded,
-                                                                               strict=True)],
-                                          bins)
+        calibrated, shared = _with_rhythm(
+            calibrated, [(c, len(t), rhythms[str(c)]["coupling"])
+                         for c, (_, t, _) in zip(counts, loaded, strict=True)], bins)
     return calibrated, {"source": loaded[0][1].source, "run": ", ".join(str(d) for d in
                                                                        run_dirs),
                         "fits": {f"all workers at k = {counts[0]}": fits},
