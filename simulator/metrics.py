@@ -128,8 +128,8 @@ def rhythm(thread: np.ndarray, read_start: np.ndarray, write_end: np.ndarray,
         starts = np.sort(read_start[(thread == j) & inside])
         ends = write_end[done & (thread != j)]
         cycle = np.searchsorted(starts, ends, side="right") - 1
-        ends, cycle = ends[(cycle >= 0) & (cycle < starts.size - 1)], cycle[
-            (cycle >= 0) & (cycle < starts.size - 1)]
+        within = (cycle >= 0) & (cycle < starts.size - 1)  # in one of j's whole cycles
+        ends, cycle = ends[within], cycle[within]
         phase = (ends - starts[cycle]) / (starts[cycle + 1] - starts[cycle])
         counts += np.histogram(phase, bins=PHASE_BINS, range=(0.0, 1.0))[0]
     profile = counts / counts.mean() if counts.sum() else None
