@@ -34,7 +34,11 @@ What is fitted:
   that met within half a write (lag ≤ W/2: half the block or more swept together), and the
   lost shares are the lossy pairs' lost coordinates over their shared part
   max(1 − lag/W, 0); without
-  classified pairs convoys are fitted only when asked (``convoys = "on"``), losing nothing;
+  classified pairs convoys are fitted only when asked (``convoys = "on"``), losing nothing.
+  When writes that met end apart, they pass each other (``TimingSpec.passing``): the three
+  ``convoy_lost_*`` values are fitted as above from the classified pairs (none lost: nothing
+  fitted), ``convoy_join`` and ``convoy_rest`` stay 0, and the write distribution is fitted on
+  every write;
 * common factors (``timing.*_common``, ``common_ns``; two or more workers): how alike the
   durations of one phase are on two workers when the phases start Δt apart. Durations become
   normal scores per worker (from their ranks); for every update and every other worker, the
@@ -297,27 +301,39 @@ def fit_convoys(runs: list[tuple[Trace, np.ndarray]], mode: str = "auto") -> dic
         return report
     together = float(np.median(gap) / max(np.median(lag), 1e-9))
     report["end_gap_over_start_gap"] = together
-    if together >= _TOGETHER and mode == "auto":
-        report["why"] = "writes that met ended apart (no convoys)"
+    apart = together >= _TOGETHER and mode == "auto"
+    unclassified = ("no pair's lost coordinates were classified (record the run with "
+                    "asyngrad real --measure)")
+    if apart and not lost.any():
+        report["why"] = ("writes that met ended apart (no convoys) and "
+                         + ("no classified pair lost a coordinate" if classified
+                            else unclassified))
         return report
     if not classified and mode == "auto":  # without losses, convoys would lose nothing
-        report["why"] = ("writes that met ended together, but no pair's lost coordinates "
-                         "were classified (record the run with asyngrad real --measure)")
+        report["why"] = f"writes that met ended together, but {unclassified}"
+        return report
+    leader, joiner = ((lost / shared_total).tolist() if shared_total > 0 else [0.0, 0.0])
+    total = leader + joiner
+    if total > 1:
+        leader, joiner = leader / total, joiner / total
+    losses = {"convoy_lost_leader": leader, "convoy_lost_joiner": joiner,
+              "convoy_lost_pairs": close_lossy / close if close_lossy else 1.0}
+    report["classified"] = classified
+    if apart:  # they pass each other: their own durations, the losses as measured
+        report["fields"] = {"convoy_join": 0.0, "convoy_rest": 0.0, **losses}
         return report
     alone_mean = np.concatenate(shares)
     design = np.column_stack([alone_mean, np.maximum(alone_mean - lag, 0)])
     solution = np.linalg.lstsq(design, np.concatenate(durations), rcond=None)[0]
     joined, rest = max(float(solution[0]), 1e-3), max(float(solution[1]), 0.0)
-    leader, joiner = ((lost / shared_total).tolist() if shared_total > 0 else [0.0, 0.0])
-    total = leader + joiner
-    if total > 1:
-        leader, joiner = leader / total, joiner / total
-    report.update(fields={"convoy_join": joined, "convoy_rest": rest,
-                          "convoy_lost_leader": leader, "convoy_lost_joiner": joiner,
-                          "convoy_lost_pairs": (close_lossy / close if close_lossy
-                                                else 1.0)},
-                  classified=classified, alone_write_ns=float(alone_mean.mean()))
+    report.update(fields={"convoy_join": joined, "convoy_rest": rest, **losses},
+                  alone_write_ns=float(alone_mean.mean()))
     return report
+
+
+def _forms_convoys(report: dict[str, Any]) -> bool:
+    """Whether a :func:`fit_convoys` report fitted convoys (not passing writes)."""
+    return bool(report["fields"]) and report["fields"]["convoy_join"] > 0
 
 
 def _phase_windows(trace: Trace) -> dict[str, tuple[np.ndarray, np.ndarray]]:
@@ -727,7 +743,7 @@ def _public(report: dict[str, Any]) -> dict[str, Any]:
 
 def _convoy_report(report: dict[str, Any], cores: int, quantum: int) -> dict[str, Any]:
     """Convoys cannot be simulated on a core pool without time slices: say so, drop them."""
-    if report.get("fields") and cores and not quantum:
+    if _forms_convoys(report) and cores and not quantum:
         report = {**report, "fields": None,
                   "why": "convoys found, not used: they need --quantum with --cores"}
     return report
@@ -757,7 +773,7 @@ def calibrate(run_dir: str | Path, pool: bool = False, cores: int = 0,
     trace, scenario = _load(path)
     together = running_together(trace)
     convoy = _convoy_report(fit_convoys([(trace, together)], convoys), cores, quantum)
-    alone_rows = alone_writes(trace, together) if convoy["fields"] else None
+    alone_rows = alone_writes(trace, together) if _forms_convoys(convoy) else None
     rhythms = {str(scenario.run.threads): trace_rhythm(trace)}
     bins, shared = _common_fits([(trace, together, alone_rows)], common)
     slowed = fit_interference([(trace, together, alone_rows)], interference)
@@ -862,7 +878,8 @@ def calibrate_counts(run_dirs: list[str | Path], cores: int = 0, quantum: int = 
     convoy = _convoy_report(fit_convoys([(trace, rows) for (_, trace, _), rows
                                          in zip(loaded, spans, strict=True)], convoys),
                             cores, quantum)
-    runs = [(trace, together, alone_writes(trace, together) if convoy["fields"] else None)
+    runs = [(trace, together, alone_writes(trace, together) if _forms_convoys(convoy)
+             else None)
             for (_, trace, _), together in zip(loaded, spans, strict=True)]
     bins, shared = _common_fits(runs, common)
     slowed = fit_interference(runs, interference)
@@ -964,13 +981,17 @@ def _describe_convoys(report: dict[str, Any]) -> str:
         return f"none fitted ({report.get('why', '')})"
     measured = (f"lost coordinates from {report['classified']} classified pairs"
                 if report.get("classified") else "no classified pairs: nothing lost")
-    return (f"{report['pairs']} pairs of writes that met ended together (end gap "
-            f"{report['end_gap_over_start_gap']:.3g} × start gap); joiner ends after "
-            f"{fields['convoy_join']:.3g} × its write + {fields['convoy_rest']:.3g} × the "
-            f"leader's rest (alone {report['alone_write_ns']:.4g} ns); "
-            f"{fields['convoy_lost_pairs']:.3g} of the pairs lose coordinates, shares then: "
-            f"leader {fields['convoy_lost_leader']:.3g}, joiner "
-            f"{fields['convoy_lost_joiner']:.3g} ({measured})")
+    losses = (f"{fields['convoy_lost_pairs']:.3g} of the pairs lose coordinates, shares "
+              f"then: leader {fields['convoy_lost_leader']:.3g}, joiner "
+              f"{fields['convoy_lost_joiner']:.3g} ({measured})")
+    gap = f"end gap {report['end_gap_over_start_gap']:.3g} × start gap"
+    if not _forms_convoys(report):
+        return (f"none: {report['pairs']} pairs of writes that met ended apart ({gap}), so "
+                f"writes pass each other; {losses}")
+    return (f"{report['pairs']} pairs of writes that met ended together ({gap}); joiner "
+            f"ends after {fields['convoy_join']:.3g} × its write + "
+            f"{fields['convoy_rest']:.3g} × the leader's rest (alone "
+            f"{report['alone_write_ns']:.4g} ns); {losses}")
 
 
 def _describe_common(report: dict[str, Any]) -> str:

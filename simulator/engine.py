@@ -5,7 +5,9 @@ READ the blocks the sample needs, each copied when its read ends (so a read can 
 compute the GRADIENT at the local copy; WRITE block by block. ``load_store`` loads a block,
 waits, and stores ``loaded − lr·g`` (overwriting any store that landed in between);
 ``atomic_add`` adds ``−lr·g`` atomically; with write convoys (``timing.convoy_*``) writes
-of one block that meet end together and lose some coordinates' stores. The engine owns the
+of one block that meet end together and lose some coordinates' stores, and with passing
+writes (``convoy_lost_*`` alone) they keep their own ends and lose only such coordinates,
+each landing whole at its end less what it lost. The engine owns the
 loop and the clock; a protocol (``simulator.protocols``) owns only what differs, such as
 holding a lock around the update.
 
@@ -32,7 +34,7 @@ from simulator.problems import Problem, make_problem
 from simulator.protocols import make_protocol
 from simulator.protocols.base import GROUPED, MEMBER, SINGLE, Protocol
 from simulator.rules import LR_FACTORS, mean_step
-from simulator.scenario import Scenario, TimingSpec, scenario_to_toml
+from simulator.scenario import CONVOY_FIELDS, Scenario, TimingSpec, scenario_to_toml
 from simulator.timing import GRAD, IDLE, READ, WRITE, DurationSource, SampledSource
 from simulator.trace import COLUMNS, Trace
 from simulator.view import UNMEASURED, SerializedView
@@ -59,6 +61,19 @@ class _Convoy:
         self.lost: dict[int, np.ndarray] = {}  # uid → coordinates of the block it loses
         self.pair: tuple[int, int, int, float, float] | None = None
         self.threads: list[int] = []  # with interference: the threads writing in it
+
+
+class _Flight:
+    """One write of a block in flight when writes that meet pass each other
+    (``TimingSpec.passing``): who writes, from when to when (as planned at its start), how
+    many others it met, and the pair record it is in (None: none, or not a pair)."""
+
+    __slots__ = ("end", "met", "pair", "start", "u")
+
+    def __init__(self, u: Update, start: int, end: int) -> None:
+        self.u, self.start, self.end = u, start, end
+        self.met = 0
+        self.pair: list[Any] | None = None  # [leader uid, joiner uid, lag, shares ×2, valid]
 
 
 class Update:
@@ -186,9 +201,14 @@ class Engine:
         self._op_read_ns: list[int] = []
         self._op_write_ns: list[int] = []
         self.progress: Callable[[int], object] | None = None
-        self._convoys = self._convoy_setup()  # the convoy_* timing, or None: no convoys
+        # Writes that meet (timing.convoy_*): the timing they follow when they form convoys,
+        # or when they pass each other; None: a meeting is two plain read-modify-writes.
+        self._convoys, self._passing = self._meeting_setup()
         self._inflight: list[_Convoy | None] = [None] * run.blocks
         self._paired: list[_Convoy] = []
+        self._flying: list[list[_Flight]] = [[] for _ in range(run.blocks)]
+        self._passing_lost: list[dict[int, np.ndarray]] = [{} for _ in range(run.blocks)]
+        self._passed: list[list[Any]] = []
         self._op_write_drawn: list[int] = []
         self._convoy_rng = np.random.default_rng([run.seed, _CONVOY_TAG])
         self.protocol.setup(self)
@@ -328,42 +348,45 @@ class Engine:
             extra += wait
         return extra
 
-    def _convoy_setup(self) -> TimingSpec | None:
-        """The timing whose ``convoy_*`` values every thread's writes follow, or None when
-        writes form no convoys, after checking that the run's writes can: dense
-        ``load_store`` writes of whole blocks, threads on their own cores or in time slices
-        (no core pool or bus to wait for inside a write)."""
+    def _meeting_setup(self) -> tuple[TimingSpec | None, TimingSpec | None]:
+        """The timing whose ``convoy_*`` values every thread's writes follow when writes that
+        meet form convoys, and when they pass each other (``TimingSpec.passing``); None
+        where they do neither. Checks that the run's writes can: dense ``load_store``
+        writes of whole blocks; convoys also need threads on their own cores or in time
+        slices (no core pool or bus to wait for inside a write)."""
         scenario = self.scenario
         timings = {scenario.timing_of(scenario.device_of(t)) for t in range(self.threads)}
-        asked = [t for t in timings if t.convoys]
+        asked = [t for t in timings if t.convoys or t.passing]
         if not asked or self.protocol.atomic:
-            return None
-        value = asked[0].convoy_join
-        fields = ("convoy_join", "convoy_rest", "convoy_lost_leader", "convoy_lost_joiner",
-                  "convoy_lost_pairs")
-        if len({tuple(getattr(t, f) for f in fields) for t in timings}) > 1:
-            raise ScenarioError("timing.convoy_join", value,
+            return None, None
+        timing = asked[0]
+        name, what = (("timing.convoy_join", "write convoys") if timing.convoys else
+                      ("timing.convoy_lost_leader", "writes that pass"))
+        value = getattr(timing, name.removeprefix("timing."))
+        if len({tuple(getattr(t, f) for f in CONVOY_FIELDS) for t in timings}) > 1:
+            raise ScenarioError(name, value,
                                 "the convoy_* values must be the same on every device")
         run = scenario.run
         if run.write_mode != "load_store":
-            raise ScenarioError("timing.convoy_join", value,
-                                "write convoys need run.write_mode = load_store")
+            raise ScenarioError(name, value, f"{what} need run.write_mode = load_store")
         if run.store_grain:
-            raise ScenarioError("timing.convoy_join", value,
-                                "write convoys sweep whole blocks: set run.store_grain = 0")
+            raise ScenarioError(name, value,
+                                f"{what} sweep whole blocks: set run.store_grain = 0")
         if self._sparse:
-            raise ScenarioError("timing.convoy_join", value,
-                                "write convoys need dense writes (this problem's are sparse)")
+            raise ScenarioError(name, value,
+                                f"{what} need dense writes (this problem's are sparse)")
+        if timing.passing:
+            return None, timing
         if any(self._under) and run.blocks > 1:
             raise ScenarioError("run.blocks", run.blocks,
                                 "write convoys with interference (timing.*_under_*) need "
                                 "run.blocks = 1")
         if any(c is not None or b is not None for c, b in zip(self._cores, self._bus,
                                                                strict=True)):
-            raise ScenarioError("timing.convoy_join", value,
+            raise ScenarioError(name, value,
                                 "write convoys need no bus and a core per thread or "
                                 "time slices (devices.quantum)")
-        return asked[0]
+        return timing, None
 
     # -- the clock ---------------------------------------------------------------------------
     # Each thread keeps its own clock, which may run ahead of simpy's: an action that ends
@@ -469,6 +492,10 @@ class Engine:
         except simpy.Interrupt:  # an injected death: abandon the update in flight
             self.active.pop(thread, None)
             self.dead.append(thread)
+            for flights, lost in zip(self._flying, self._passing_lost, strict=True):
+                for flight in [f for f in flights if f.u.thread == thread]:
+                    flights.remove(flight)  # its write never lands
+                    lost.pop(flight.u.uid, None)
         self.source.done(thread)
         self._finished[thread] = max(self.clock[thread], int(self.env.now))
 
@@ -483,6 +510,7 @@ class Engine:
         interfered = self._under[thread] is not None  # ... and stretched by the others'
         delays = injector is not None and injector.max_delay > 0
         retires = type(protocol).active is not Protocol.active
+        passes = self._passing is not None
         while (self.started < self.updates and seq < quota
                and self.source.remaining(thread) != 0
                and (not retires or protocol.active(self, thread))):
@@ -641,13 +669,18 @@ class Engine:
                 n = len(writes)
             i = 0
             while i < n:
-                run = self._uninterrupted(thread, write_ns, i) if n > 1 else i
+                # (A passing write draws its losses as it starts: never in an unbroken run.)
+                run = self._uninterrupted(thread, write_ns, i) if n > 1 and not passes else i
                 if run > i:
                     mem.write_run(writes[i:run], step, u.uid, self.atomic)
                     i = run
                     continue
                 block, index, vsel, touched = writes[i]
-                loaded_at, loaded = mem.count[block], None if self.atomic else mem.load(index)
+                if passes:
+                    flight = self._pass(u, block, vsel.stop - vsel.start, clock[thread],
+                                        write_ns[i])
+                loaded_at, loaded = (mem.count[block], None if self.atomic or passes
+                                     else mem.load(index))
                 wait = self._advance(thread, write_ns[i], True)
                 if wait is not None:
                     yield wait
@@ -657,6 +690,9 @@ class Engine:
                     extra = yield from self._overrun(thread)
                     if extra:
                         u.write_ns = [*u.write_ns[:-1], u.write_ns[-1] + extra]
+                if passes:
+                    self._land(flight, block, index, step[vsel])
+                    continue
                 if loaded is None:
                     mem.add(block, index, touched, -step[vsel], u.uid)
                     continue
@@ -695,23 +731,7 @@ class Engine:
         end = max(convoy.end, now + round(timing.convoy_join * drawn + timing.convoy_rest
                                           * min(convoy.end - now, drawn)))
         size = index.stop - index.start
-        shared = size - min(size, math.ceil(front * size))
-        lossy = timing.convoy_lost_pairs
-        if lossy < 1 and self._convoy_rng.random() >= lossy:
-            shared = 0  # this join loses nothing (one draw per join, only when asked)
-        draws = self._convoy_rng.random(shared)
-        leader_loses = draws < timing.convoy_lost_leader
-        joiner_loses = ~leader_loses & (draws < timing.convoy_lost_leader
-                                        + timing.convoy_lost_joiner)
-        counts = []
-        for victim, winner, loses in ((convoy.leader, u, leader_loses),
-                                      (u, convoy.leader, joiner_loses)):
-            counts.append(int(loses.sum()))
-            if counts[-1]:
-                mask = convoy.lost.setdefault(victim.uid, np.zeros(size, dtype=bool))
-                mask[size - shared:] |= loses
-                self.lost[victim.uid] += 1
-                winner.overwrote += 1
+        counts = self._meeting_losses(timing, convoy.leader, u, size, front, convoy.lost)
         if convoy.members == 1:
             convoy.pair = (convoy.leader.uid, u.uid, now - convoy.first, counts[0] / size,
                            counts[1] / size)
@@ -721,6 +741,66 @@ class Engine:
         convoy.start, convoy.front, convoy.end = now, front, end
         convoy.members += 1
         return convoy, end - now
+
+    def _meeting_losses(self, timing: TimingSpec, leader: Update, joiner: Update, size: int,
+                        front: float, lost: dict[int, np.ndarray]) -> list[int]:
+        """Draw what a meeting of two writes of one block of ``size`` coordinates loses: in
+        the part both sweep (from ``front``, the leader's position, to the end), each
+        coordinate is lost by the leader or by the joiner with the ``convoy_lost_*``
+        probabilities (never both), when the meeting loses anything at all
+        (``convoy_lost_pairs``). The victims' masks in ``lost`` (uid → lost coordinates)
+        grow; returns the coordinates each lost (leader, joiner)."""
+        shared = size - min(size, math.ceil(front * size))
+        lossy = timing.convoy_lost_pairs
+        if lossy < 1 and self._convoy_rng.random() >= lossy:
+            shared = 0  # this meeting loses nothing (one draw per meeting, only when asked)
+        draws = self._convoy_rng.random(shared)
+        leader_loses = draws < timing.convoy_lost_leader
+        joiner_loses = ~leader_loses & (draws < timing.convoy_lost_leader
+                                        + timing.convoy_lost_joiner)
+        counts = []
+        for victim, winner, loses in ((leader, joiner, leader_loses),
+                                      (joiner, leader, joiner_loses)):
+            counts.append(int(loses.sum()))
+            if counts[-1]:
+                mask = lost.setdefault(victim.uid, np.zeros(size, dtype=bool))
+                mask[size - shared:] |= loses
+                self.lost[victim.uid] += 1
+                winner.overwrote += 1
+        return counts
+
+    def _pass(self, u: Update, block: int, size: int, now: int, duration: int) -> _Flight:
+        """``u`` starts writing ``block`` (``size`` coordinates) at ``now`` for ``duration``
+        ns, passing the writes of it in flight (``TimingSpec.passing``): it meets the
+        earliest of them, draws what the meeting loses, and counts as a pair with it when
+        neither meets a third."""
+        timing = self._passing
+        assert timing is not None
+        flight = _Flight(u, now, now + duration)
+        others = [f for f in self._flying[block] if f.end > now]
+        if others:
+            leader = others[0]  # flights are kept in start order
+            front = min(1.0, (now - leader.start) / max(leader.end - leader.start, 1))
+            counts = self._meeting_losses(timing, leader.u, u, size, front,
+                                          self._passing_lost[block])
+            for other in others:
+                other.met += 1
+                if other.met > 1 and other.pair is not None:
+                    other.pair[5] = False  # a third write met it: no longer a pair
+            flight.met = len(others)
+            if flight.met == 1 and leader.met == 1:
+                flight.pair = leader.pair = [leader.u.uid, u.uid, now - leader.start,
+                                             counts[0] / size, counts[1] / size, True]
+                self._passed.append(flight.pair)
+        self._flying[block].append(flight)
+        return flight
+
+    def _land(self, flight: _Flight, block: int, index: slice, step: np.ndarray) -> None:
+        """A passing write lands at its end: its step, less the coordinates it lost."""
+        self._flying[block].remove(flight)
+        lost = self._passing_lost[block].pop(flight.u.uid, None)
+        self.mem.add(block, index, None, -step if lost is None else np.where(lost, 0.0, -step),
+                     flight.u.uid)
 
     def _convoy_moved(self, thread: int, convoy: _Convoy) -> None:
         """Interference and convoys: a write alone in its convoy is a phase like any other
@@ -880,6 +960,9 @@ class Engine:
             extras["write_drawn_ns"] = np.asarray(self._op_write_drawn, dtype=np.int64)
             extras["convoy_pairs"] = np.asarray(
                 [c.pair for c in self._paired if c.pair is not None], dtype=np.float64).ravel()
+        if self._passing is not None:  # the pairs of writes that passed each other
+            extras["convoy_pairs"] = np.asarray([p[:5] for p in self._passed if p[5]],
+                                                dtype=np.float64).ravel()
         arrays.update({f"extra_{name}": values for name, values in extras.items()})
         return Trace(arrays, scenario_to_toml(self.scenario))
 

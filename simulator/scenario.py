@@ -35,6 +35,9 @@ SPLITS = ("shared", "even")
 # Protocols without rounds or turns: their threads may stop at a fixed quota each.
 EVEN_SPLIT_PROTOCOLS = ("serial", "locked", "lockfree", "staleness_lr", "dcasgd")
 SLICINGS = ("global", "per_core")
+# Writes that meet: convoys (convoy_join > 0) or passing writes, and what they lose.
+CONVOY_FIELDS = ("convoy_join", "convoy_rest", "convoy_lost_leader", "convoy_lost_joiner",
+                 "convoy_lost_pairs")
 COMMON_FIELDS = ("read_common", "grad_common", "write_common", "idle_common")
 PHASES = ("read", "grad", "write", "idle")  # in the order of simulator.timing.READ ... IDLE
 # Interference: the slowdown of phase p per other thread of the device in phase q (an other
@@ -119,6 +122,16 @@ class TimingSpec:
     probability (then each coordinate as above): on hardware most meetings lose nothing and
     the others lose many coordinates together. ``asyngrad calibrate`` fits all five from a
     real run when its overlapping writes end together.
+
+    Passing writes (``convoy_join`` = 0 and ``convoy_lost_leader`` + ``convoy_lost_joiner``
+    > 0; ``load_store`` writes of whole blocks): writes that meet keep their own durations
+    and each lands whole at its end, less what the meeting lost, drawn as for a convoy: the
+    shared part runs from the first write's position when the second starts (the share of
+    its own duration gone by) to the block's end. Without these values a meeting is two
+    read-modify-writes of the whole block and the first to end loses its whole step, where
+    two in-place sweeps on hardware that do not end in lockstep lose a few coordinates or
+    none. ``asyngrad calibrate`` fits the three ``convoy_lost_*`` values when a real run's
+    overlapping writes end apart.
 
     Common factors (``*_common`` > 0, with ``common_ns``): durations of one phase that start
     at nearly the same time on different threads go together, as on a machine whose state
@@ -229,6 +242,11 @@ class TimingSpec:
     def convoys(self) -> bool:
         """Whether concurrent writes of one block form convoys."""
         return self.convoy_join > 0
+
+    @property
+    def passing(self) -> bool:
+        """Whether concurrent writes of one block pass each other, losing coordinates."""
+        return not self.convoys and self.convoy_lost_leader + self.convoy_lost_joiner > 0
 
     def slowdown(self, threads: int) -> tuple[float, float, float, float]:
         """The read, gradient, write and idle scale factors at ``threads`` workers."""

@@ -17,6 +17,35 @@ def scenario(*overrides: str) -> Scenario:
     return load_scenario(None, list(overrides))
 
 
+def two_writers(*extra: str, meet: tuple[str, ...] = ("convoy_join=1.5", "convoy_rest=2.0")
+                ) -> Scenario:
+    """Thread 0 writes [7000, 11000) alone; thread 1 (slower gradient) starts at 8000. Both
+    devices' timings get the ``meet`` and ``extra`` fields."""
+    fields = "".join(f", {e}" for e in (*meet, *extra))
+    return scenario(*CONSTANT, "run.threads=2", "run.updates=2", "problem.dim=40",
+                    "timing.read.mean=1000", "timing.write.mean=4000",
+                    "devices=[{name='a', timing={read={dist='constant', mean=1000}, "
+                    "grad={dist='constant', mean=6000}, write={dist='constant', mean=4000}"
+                    + fields + "}}, {name='b', timing={read={dist='constant', mean=1000}, "
+                    "grad={dist='constant', mean=7000}, write={dist='constant', mean=4000}"
+                    + fields + "}}]")
+
+
+def convoy_run(tmp_path: Path, name: str, *overrides: str) -> Path:
+    """A simulated two-thread run whose writes meet often (lognormal write 4 µs, gradient
+    9 µs), with ``overrides``."""
+    from simulator.cli import main
+
+    out = tmp_path / name
+    assert main(["simulate", "--out", str(out), "--quiet", "--set", "run.threads=2",
+                 "--set", "run.updates=4000", "--set", "problem.dim=1000",
+                 "--set", "timing.write={dist='lognormal', mean=4000, cv=0.1}",
+                 "--set", "timing.grad={dist='lognormal', mean=9000, cv=0.3}",
+                 "--set", "metrics.exact=false",
+                 *(arg for o in overrides for arg in ("--set", o))]) == 0
+    return out
+
+
 def one_worker_run(where: Path) -> Path:
     """A small simulated run of one thread in ``where`` (nothing between workers to fit)."""
     from simulator.cli import main

@@ -17,28 +17,15 @@ from simulator.problems import make_problem
 from simulator.replay import replay
 from simulator.trace import convoy_pairs
 
-from .conftest import CONSTANT, same_every_way, scenario
+from .conftest import convoy_run, same_every_way, scenario, two_writers
 
 CONVOY = ("timing.convoy_join=1.5", "timing.convoy_rest=2.0")
-
-
-def _two_writers(*extra):
-    """Thread 0 writes [7000, 11000) alone; thread 1 (slower gradient) starts at 8000."""
-    return scenario(*CONSTANT, "run.threads=2", "run.updates=2", "problem.dim=40",
-                    "timing.read.mean=1000", "timing.write.mean=4000",
-                    "devices=[{name='a', timing={read={dist='constant', mean=1000}, "
-                    "grad={dist='constant', mean=6000}, write={dist='constant', mean=4000}, "
-                    "convoy_join=1.5, convoy_rest=2.0" + "".join(f", {e}" for e in extra)
-                    + "}}, {name='b', timing={read={dist='constant', mean=1000}, "
-                    "grad={dist='constant', mean=7000}, write={dist='constant', mean=4000}, "
-                    "convoy_join=1.5, convoy_rest=2.0" + "".join(f", {e}" for e in extra)
-                    + "}}]")
 
 
 def test_a_write_that_joins_another_ends_with_it():
     """The joiner starts 1000 ns into the leader's 4000: both end at 8000 + 1.5·4000 +
     2.0·(11000 − 8000) = 20000, and the trace records the stretched durations."""
-    trace = simulate(_two_writers())
+    trace = simulate(two_writers())
     rows = {int(t): i for i, t in enumerate(trace["thread"])}
     assert [int(trace["write_start"][rows[t]]) for t in (0, 1)] == [7000, 8000]
     assert [int(trace["write_end"][rows[t]]) for t in (0, 1)] == [20000, 20000]
@@ -46,7 +33,7 @@ def test_a_write_that_joins_another_ends_with_it():
     assert trace["extra_write_drawn_ns"].tolist() == [4000, 4000]
     assert convoy_pairs(trace).tolist() == [[0, 1, 1000, 0, 0]]
     # Nothing lost: both steps computed at w0 land whole.
-    problem = make_problem(_two_writers().problem)
+    problem = make_problem(two_writers().problem)
     w0 = problem.initial()
     steps = [0.02 * problem.grad(w0, int(trace["sample"][rows[t]]))[0] for t in (0, 1)]
     assert np.allclose(trace["w_final"], w0 - steps[0] - steps[1], rtol=0, atol=1e-15)
@@ -57,10 +44,10 @@ def test_a_write_that_joins_another_ends_with_it():
 def test_the_shared_part_loses_the_stores_it_is_told_to(leader, joiner):
     """The leader had swept a quarter of the block when the joiner came: in the other three
     quarters every coordinate loses the leader's store (or the joiner's)."""
-    trace = simulate(_two_writers(f"convoy_lost_leader={leader}",
+    trace = simulate(two_writers(f"convoy_lost_leader={leader}",
                                   f"convoy_lost_joiner={joiner}"))
     rows = {int(t): i for i, t in enumerate(trace["thread"])}
-    problem = make_problem(_two_writers().problem)
+    problem = make_problem(two_writers().problem)
     w0 = problem.initial()
     lead, join = (0.02 * problem.grad(w0, int(trace["sample"][rows[t]]))[0] for t in (0, 1))
     shared = np.arange(40) >= 10
@@ -155,21 +142,10 @@ def test_lost_shares_above_one_are_refused(capsys):
     assert len(err) == 1 and "timing.convoy_lost_joiner" in err[0] and "0.5" in err[0]
 
 
-def _convoy_run(tmp_path, name, *overrides):
-    out = tmp_path / name
-    assert main(["simulate", "--out", str(out), "--quiet", "--set", "run.threads=2",
-                 "--set", "run.updates=4000", "--set", "problem.dim=1000",
-                 "--set", "timing.write={dist='lognormal', mean=4000, cv=0.1}",
-                 "--set", "timing.grad={dist='lognormal', mean=9000, cv=0.3}",
-                 "--set", "metrics.exact=false",
-                 *(arg for o in overrides for arg in ("--set", o))]) == 0
-    return out
-
-
 def test_calibration_recovers_convoys_from_a_simulated_trace(tmp_path):
     """Known convoy values within 10% (timing) and 5% (lost shares); the write distribution
     is fitted on writes that met no other, so it is the drawn one, not the stretched."""
-    run = _convoy_run(tmp_path, "convoys", "timing.convoy_join=1.5",
+    run = convoy_run(tmp_path, "convoys", "timing.convoy_join=1.5",
                       "timing.convoy_rest=2.5", "timing.convoy_lost_leader=0.08",
                       "timing.convoy_lost_joiner=0.04")
     calibrated, report = calibrate(run, pool=True)
@@ -185,26 +161,26 @@ def test_calibration_recovers_convoys_from_a_simulated_trace(tmp_path):
 
 
 def test_calibration_recovers_how_often_a_meeting_loses_anything(tmp_path):
-    run = _convoy_run(tmp_path, "some", "timing.convoy_join=1.5", "timing.convoy_rest=2.5",
+    run = convoy_run(tmp_path, "some", "timing.convoy_join=1.5", "timing.convoy_rest=2.5",
                       "timing.convoy_lost_leader=0.08", "timing.convoy_lost_joiner=0.04",
                       "timing.convoy_lost_pairs=0.4")
     timing = calibrate(run, pool=True)[0].devices[0].timing
     assert timing.convoy_lost_pairs == pytest.approx(0.4, abs=0.08)
     assert timing.convoy_lost_leader == pytest.approx(0.08, rel=0.1)
-    every = _convoy_run(tmp_path, "every", "timing.convoy_join=1.5", "timing.convoy_rest=2.5",
+    every = convoy_run(tmp_path, "every", "timing.convoy_join=1.5", "timing.convoy_rest=2.5",
                         "timing.convoy_lost_leader=0.08", "timing.convoy_lost_joiner=0.04")
     assert calibrate(every, pool=True)[0].devices[0].timing.convoy_lost_pairs == 1.0
 
 
 def test_writes_that_end_apart_are_not_convoys(tmp_path):
-    _, report = calibrate(_convoy_run(tmp_path, "plain"), pool=True)
+    _, report = calibrate(convoy_run(tmp_path, "plain"), pool=True)
     assert report["convoys"]["pairs"] >= 30
     assert report["convoys"]["fields"] is None
     assert report["convoys"]["end_gap_over_start_gap"] > 0.5
 
 
 def test_convoys_need_time_slices_when_cores_are_shared(tmp_path):
-    run = _convoy_run(tmp_path, "convoys", "timing.convoy_join=1.5", "timing.convoy_rest=2.5")
+    run = convoy_run(tmp_path, "convoys", "timing.convoy_join=1.5", "timing.convoy_rest=2.5")
     calibrated, report = calibrate(run, pool=True, cores=1)
     assert not calibrated.devices[0].timing.convoys
     assert "quantum" in report["convoys"]["why"]

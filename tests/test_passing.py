@@ -1,0 +1,141 @@
+"""Passing writes (``convoy_join`` = 0 with ``convoy_lost_*``): writes that meet keep their
+own durations and lose only the coordinates drawn for the meeting, worked by hand against
+the plain read-modify-write meeting; the pairs the engine records are the pairs the trace's
+windows show; calibration gives the values back from a trace whose writes end apart."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from simulator.calibrate import calibrate
+from simulator.engine import simulate
+from simulator.errors import ScenarioError
+from simulator.metrics import write_pairs
+from simulator.problems import make_problem
+from simulator.trace import convoy_pairs
+
+from .conftest import convoy_run, same_every_way, scenario, two_writers
+
+PASSING = ("convoy_join=0",)
+
+
+def _steps(trace, sc):
+    """w0 and the two threads' steps (both computed at w0: neither read saw a write)."""
+    problem = make_problem(sc.problem)
+    w0 = problem.initial()
+    rows = {int(t): i for i, t in enumerate(trace["thread"])}
+    return w0, [0.02 * problem.grad(w0, int(trace["sample"][rows[t]]))[0] for t in (0, 1)]
+
+
+@pytest.mark.parametrize(("leader", "joiner"), [(1.0, 0.0), (0.0, 1.0)])
+def test_passing_writes_keep_their_times_and_lose_the_shared_part_as_told(leader, joiner):
+    """The joiner comes a quarter into the leader's write: both end when they would alone
+    (11000 and 12000), and in the other three quarters the leader's (or the joiner's) store
+    is lost."""
+    sc = two_writers(f"convoy_lost_leader={leader}", f"convoy_lost_joiner={joiner}",
+                     meet=PASSING)
+    assert sc.devices[0].timing.passing and not sc.devices[0].timing.convoys
+    trace = simulate(sc)
+    rows = {int(t): i for i, t in enumerate(trace["thread"])}
+    assert [int(trace["write_end"][rows[t]]) for t in (0, 1)] == [11000, 12000]
+    assert trace["op_write_ns"].tolist() == [4000, 4000]
+    assert "extra_write_drawn_ns" not in trace.arrays
+    w0, (lead, join) = _steps(trace, sc)
+    shared = np.arange(40) >= 10
+    expected = (w0 - np.where(shared & (leader == 1), 0, lead)
+                - np.where(shared & (joiner == 1), 0, join))
+    assert np.array_equal(trace["w_final"], expected)
+    assert convoy_pairs(trace).tolist() == [[0, 1, 1000, 0.75 * leader, 0.75 * joiner]]
+    victim, winner = (rows[0], rows[1]) if leader else (rows[1], rows[0])
+    assert trace["lost_blocks"][victim] == 1 and trace["overwrote"][winner] == 1
+
+
+def test_without_the_losses_a_meeting_loses_the_first_step_whole():
+    """The same meeting as two plain read-modify-writes: the joiner loaded before the
+    leader stored, so its store overwrites every coordinate of the leader's step."""
+    sc = two_writers(meet=())
+    trace = simulate(sc)
+    w0, (_, join) = _steps(trace, sc)
+    assert np.array_equal(trace["w_final"], w0 - join)
+    assert "extra_convoy_pairs" not in trace.arrays
+
+
+def _passing(*extra):
+    return scenario("run.threads=3", "run.updates=3000", "problem.dim=2000",
+                    "timing.write.mean=4000", "timing.grad.mean=8000",
+                    "timing.convoy_lost_leader=0.3", "timing.convoy_lost_joiner=0.2", *extra)
+
+
+def test_lost_shares_and_lossy_meetings_match_the_scenario():
+    """Two threads, constant writes: four meetings in ten lose anything, and those lose
+    their shares of the shared part (1 − the leader's swept share); the write times are
+    those of the same run without losses."""
+    common = ("run.threads=2", "timing.write.dist=constant", "run.updates=4000")
+    trace = simulate(_passing(*common, "timing.convoy_lost_pairs=0.4"))
+    pairs = convoy_pairs(trace)
+    shared = np.clip(1 - pairs[:, 2] / 4000, 0, 1)
+    lossy = (pairs[:, 3] > 0) | (pairs[:, 4] > 0)
+    some = shared > 0.1  # enough coordinates that a lossy meeting surely loses one
+    assert some.sum() > 300
+    assert lossy[some].mean() == pytest.approx(0.4, abs=0.07)
+    assert pairs[lossy, 3].sum() / shared[lossy].sum() == pytest.approx(0.3, rel=0.05)
+    assert pairs[lossy, 4].sum() / shared[lossy].sum() == pytest.approx(0.2, rel=0.05)
+    plain = simulate(scenario("problem.dim=2000", "timing.write.mean=4000",
+                              "timing.grad.mean=8000", *common))
+    for name in ("write_start", "write_end", "read_start", "staleness"):
+        assert np.array_equal(trace[name], plain[name]), name
+    assert 0 < trace["lost_blocks"].sum() < plain["lost_blocks"].sum()
+
+
+def test_recorded_pairs_are_the_pairs_the_windows_show():
+    """Three threads: the engine's pairs are exactly the windows' (two writes that met and
+    no third, :func:`write_pairs`), leader first, with the lag between their starts."""
+    trace = same_every_way(_passing("metrics.exact=true"))
+    pairs = convoy_pairs(trace)
+    ws, we = trace["write_start"], trace["write_end"]
+    lead, join, _, _ = write_pairs(ws, we, trace["thread"])
+    uid = trace["uid"]
+    assert len(pairs) > 50
+    assert sorted(map(tuple, pairs[:, :2].astype(int).tolist())) == sorted(
+        zip(uid[lead].tolist(), uid[join].tolist(), strict=True))
+    by_uid = {int(u): i for i, u in enumerate(uid)}
+    lags = [ws[by_uid[int(b)]] - ws[by_uid[int(a)]] for a, b in pairs[:, :2]]
+    assert pairs[:, 2].tolist() == lags
+
+
+def test_passing_writes_run_on_shared_cores_and_with_interference():
+    """Unlike convoys, passing writes need no core of their own: a core pool and
+    interference between phases change when writes meet, not how a meeting loses."""
+    pooled = simulate(_passing("devices=[{name='cpu', cores=2}]", "run.updates=600"))
+    assert convoy_pairs(pooled).size
+    slowed = simulate(_passing("timing.write_under_write=0.5", "run.updates=600"))
+    assert convoy_pairs(slowed).size and slowed["lost_blocks"].sum() > 0
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ("run.write_mode=atomic_add", "load_store"),
+    ("run.store_grain=8", "store_grain"),
+    ("problem.name=sparse_logistic", "dense writes"),
+])
+def test_writes_that_cannot_pass_are_refused(override, message):
+    with pytest.raises(ScenarioError, match=message) as err:
+        simulate(_passing(override))
+    assert "timing.convoy_lost_leader" in str(err.value)
+
+
+def test_calibration_recovers_passing_writes_from_a_simulated_trace(tmp_path):
+    """Writes that end apart and lose coordinates: no convoy timing, the loss values back
+    (how often a meeting loses within 0.08, the shares within 10%), and the write
+    distribution fitted on every write (none is stretched)."""
+    run = convoy_run(tmp_path, "passing", "timing.convoy_lost_leader=0.08",
+                     "timing.convoy_lost_joiner=0.04", "timing.convoy_lost_pairs=0.4")
+    calibrated, report = calibrate(run, pool=True)
+    timing = calibrated.devices[0].timing
+    assert report["convoys"]["end_gap_over_start_gap"] > 0.5
+    assert timing.passing and timing.convoy_join == 0 and timing.convoy_rest == 0
+    assert timing.convoy_lost_pairs == pytest.approx(0.4, abs=0.08)
+    assert timing.convoy_lost_leader == pytest.approx(0.08, rel=0.1)
+    assert timing.convoy_lost_joiner == pytest.approx(0.04, rel=0.1)
+    assert timing.write.mean == pytest.approx(4000, rel=0.05)
+    simulate(calibrated)  # the calibrated scenario runs
