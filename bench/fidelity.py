@@ -37,8 +37,8 @@ def _run(*argv: str) -> None:
         raise SystemExit(f"bench/fidelity.py: asyngrad {' '.join(argv)} exited {status}")
 
 
-def _share(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.3f}"
+def _share(value: float | None, spec: str = ".3f") -> str:
+    return "n/a" if value is None else format(value, spec)
 
 
 def _ints(text: str) -> list[int]:
@@ -85,8 +85,8 @@ def main() -> None:
     print("| calibrated at | predicted k' | staleness mean real / sim (gap) | KS | error rate "
           "real / sim | final f − f* ratio sim/real | updates/s real / sim | writes overlapping "
           "a write real / sim | error rate at staleness 0 real / sim | staleness / independent "
-          "real / sim |")
-    print("|---:|---:|---|---:|---|---:|---|---|---|---|")
+          "real / sim | median ‖δ‖/‖g‖ real / sim | loss curves apart (at most) |")
+    print("|---:|---:|---|---:|---|---:|---|---|---|---|---|---:|")
     rows = []
     # Each calibration count alone (--pool), and all of them together, which also fits the
     # contention between workers as a slowdown per other worker.
@@ -110,6 +110,8 @@ def main() -> None:
             ratio = r["loss"]["final_ratio"]
             ia, ib = r["interference"]["a"], r["interference"]["b"]
             ya, yb = r["rhythm"]["a"], r["rhythm"]["b"]
+            apart = r["loss"]["max_abs_log10_ratio"]
+            apart = None if apart is None else 10 ** apart
             rows.append({"calibrated": k, "predicted": target, **{
                 "staleness_real": st["mean_a"], "staleness_sim": st["mean_b"],
                 "gap": st["relative_mean_gap"], "ks": st["ks_distance"],
@@ -120,7 +122,9 @@ def main() -> None:
                 "write_overlap_sim": ib["write_overlap_rate"],
                 "fresh_error_real": ia["error_rate_fresh"],
                 "fresh_error_sim": ib["error_rate_fresh"],
-                "coupling_real": ya["coupling"], "coupling_sim": yb["coupling"]}})
+                "coupling_real": ya["coupling"], "coupling_sim": yb["coupling"],
+                "error_p50_real": ge["a"]["p50"], "error_p50_sim": ge["b"]["p50"],
+                "loss_apart": apart}})
             print(f"| {k} | {target} | {st['mean_a']:.3f} / {st['mean_b']:.3f} "
                   f"({st['relative_mean_gap']:.1%}) | {st['ks_distance']:.3f} | "
                   f"{ge['a']['rate']:.3f} / {ge['b']['rate']:.3f} | "
@@ -128,7 +132,9 @@ def main() -> None:
                   f"{th['updates_per_second_a']:,.0f} / {th['updates_per_second_b']:,.0f} | "
                   f"{_share(ia['write_overlap_rate'])} / {_share(ib['write_overlap_rate'])} | "
                   f"{_share(ia['error_rate_fresh'])} / {_share(ib['error_rate_fresh'])} | "
-                  f"{_share(ya['coupling'])} / {_share(yb['coupling'])} |",
+                  f"{_share(ya['coupling'])} / {_share(yb['coupling'])} | "
+                  f"{_share(ge['a']['p50'], '.3g')} / {_share(ge['b']['p50'], '.3g')} | "
+                  f"{'n/a' if apart is None else format(apart, '.2f') + '×'} |",
                   flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))

@@ -35,10 +35,13 @@ What is fitted:
   lost shares are the lossy pairs' lost coordinates over their shared part
   max(1 − lag/W, 0); without
   classified pairs convoys are fitted only when asked (``convoys = "on"``), losing nothing.
-  When writes that met end apart, they pass each other (``TimingSpec.passing``): the three
+  When writes that met end apart, they pass each other (``TimingSpec.passing``): the
   ``convoy_lost_*`` values are fitted as above from the classified pairs (none lost: nothing
   fitted), ``convoy_join`` and ``convoy_rest`` stay 0, and the write distribution is fitted on
-  every write;
+  every write. In both cases, when the share of pairs that lose anything falls with the lag
+  (:func:`lossy_falloff`: q·exp(−f/λ) in the leader's swept share f = lag/W, by maximum
+  likelihood over all classified pairs, kept when a likelihood-ratio test against one share
+  rejects at 1%), ``convoy_lost_pairs`` = q and ``convoy_lost_within`` = λ;
 * common factors (``timing.*_common``, ``common_ns``; two or more workers): how alike the
   durations of one phase are on two workers when the phases start Δt apart. Durations become
   normal scores per worker (from their ranks); for every update and every other worker, the
@@ -97,6 +100,7 @@ _MIN_FOR_TEST = 50
 _QUANTILES = 512
 _MIN_PAIRS = 30
 _TOGETHER = 0.5  # convoys: median end gap below this share of the median start gap
+_LR_1PCT = 6.635  # χ² with one degree of freedom, 99th percentile
 CONVOYS = ("auto", "on", "off")  # also the choices of common factors
 # Common factors: bins of the start offset (ns), pairs a bin needs, the weakest c that
 # "auto" keeps, and the correlation times tried.
@@ -264,7 +268,7 @@ def fit_convoys(runs: list[tuple[Trace, np.ndarray]], mode: str = "auto") -> dic
     """Write convoys from the rows of one or more traces (the module docstring): the
     ``timing.convoy_*`` values in ``"fields"`` when convoys are found (or forced with
     ``mode = "on"``), and what was measured."""
-    lags, durations, shares, gaps = [], [], [], []
+    lags, durations, shares, gaps, fronts, flags = [], [], [], [], [], []
     lost = np.zeros(2)
     shared_total, classified, close, close_lossy = 0.0, 0, 0, 0
     for trace, rows in runs:
@@ -284,6 +288,8 @@ def fit_convoys(runs: list[tuple[Trace, np.ndarray]], mode: str = "auto") -> dic
         if pairs is not None and pairs.size:
             # Shares given that the pair lost anything (most meetings lose nothing).
             lossy_rows = (pairs[:, 3] > 0) | (pairs[:, 4] > 0)
+            fronts.append(np.clip(pairs[:, 2] / mean, 0, 1))
+            flags.append(lossy_rows)
             shared = np.clip(1 - pairs[lossy_rows, 2] / mean, 0, 1)
             shared_total += float(shared.sum())
             lost += pairs[lossy_rows, 3:5].sum(axis=0)
@@ -317,7 +323,12 @@ def fit_convoys(runs: list[tuple[Trace, np.ndarray]], mode: str = "auto") -> dic
     if total > 1:
         leader, joiner = leader / total, joiner / total
     losses = {"convoy_lost_leader": leader, "convoy_lost_joiner": joiner,
-              "convoy_lost_pairs": close_lossy / close if close_lossy else 1.0}
+              "convoy_lost_pairs": close_lossy / close if close_lossy else 1.0,
+              "convoy_lost_within": 0.0}
+    if fronts:
+        falling = lossy_falloff(np.concatenate(fronts), np.concatenate(flags))
+        if falling is not None:
+            losses["convoy_lost_pairs"], losses["convoy_lost_within"] = falling
     report["classified"] = classified
     if apart:  # they pass each other: their own durations, the losses as measured
         report["fields"] = {"convoy_join": 0.0, "convoy_rest": 0.0, **losses}
@@ -329,6 +340,31 @@ def fit_convoys(runs: list[tuple[Trace, np.ndarray]], mode: str = "auto") -> dic
     report.update(fields={"convoy_join": joined, "convoy_rest": rest, **losses},
                   alone_write_ns=float(alone_mean.mean()))
     return report
+
+
+def lossy_falloff(fronts: np.ndarray, lossy: np.ndarray) -> tuple[float, float] | None:
+    """How the share of meetings that lose anything falls with the leader's swept share f
+    at the meeting: (q, λ) of q·exp(−f/λ) by maximum likelihood over the classified pairs,
+    or None when that fits no better than one share for every f (likelihood-ratio test at
+    the 1% level; fewer than ``_MIN_PAIRS`` pairs, or none lossy or all lossy: None)."""
+    if fronts.size < _MIN_PAIRS or not 0 < lossy.sum() < lossy.size:
+        return None
+
+    def loglik(q: np.ndarray) -> float:
+        q = np.clip(q, 1e-12, 1 - 1e-12)
+        return float(np.sum(np.where(lossy, np.log(q), np.log1p(-q))))
+
+    def negative(params: np.ndarray) -> float:
+        q0 = 1 / (1 + math.exp(-params[0]))
+        return -loglik(q0 * np.exp(-fronts / math.exp(params[1])))
+
+    share = float(lossy.mean())
+    best = min((scipy.optimize.minimize(negative, [math.log(share / (1 - share)), math.log(w)],
+                                        method="Nelder-Mead") for w in (0.1, 0.3, 1.0)),
+               key=lambda r: r.fun)
+    if 2 * (-best.fun - loglik(np.full(fronts.size, share))) < _LR_1PCT:
+        return None
+    return 1 / (1 + math.exp(-best.x[0])), math.exp(best.x[1])
 
 
 def _forms_convoys(report: dict[str, Any]) -> bool:
@@ -981,7 +1017,10 @@ def _describe_convoys(report: dict[str, Any]) -> str:
         return f"none fitted ({report.get('why', '')})"
     measured = (f"lost coordinates from {report['classified']} classified pairs"
                 if report.get("classified") else "no classified pairs: nothing lost")
-    losses = (f"{fields['convoy_lost_pairs']:.3g} of the pairs lose coordinates, shares "
+    within = fields.get("convoy_lost_within", 0.0)
+    falls = (f" (at lag 0, falling as exp(−f/{within:.3g}) with the share f the leader had "
+             "swept)" if within else "")
+    losses = (f"{fields['convoy_lost_pairs']:.3g} of the pairs lose coordinates{falls}, shares "
               f"then: leader {fields['convoy_lost_leader']:.3g}, joiner "
               f"{fields['convoy_lost_joiner']:.3g} ({measured})")
     gap = f"end gap {report['end_gap_over_start_gap']:.3g} × start gap"

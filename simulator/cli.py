@@ -444,10 +444,14 @@ def _compare(args: argparse.Namespace) -> int:
         print(f"  gradient error rate {num(ge['a']['rate'], '.3f')} vs "
               f"{num(ge['b']['rate'], '.3f')}, relative error p50 {num(ge['a']['p50'])} vs "
               f"{num(ge['b']['p50'])}")
-        ow = report["overwrites"]
-        print(f"  lost blocks per update {ow['a']['lost_blocks_per_update']:.3g} vs "
-              f"{ow['b']['lost_blocks_per_update']:.3g}, torn reads "
-              f"{ow['a']['torn_read_fraction']:.3g} vs {ow['b']['torn_read_fraction']:.3g}")
+        oa, ob = report["overwrites"]["a"], report["overwrites"]["b"]
+        print(f"  lost blocks per update {num(oa['lost_blocks_per_update'], '.3g')} vs "
+              f"{num(ob['lost_blocks_per_update'], '.3g')}, torn reads "
+              f"{oa['torn_read_fraction']:.3g} vs {ob['torn_read_fraction']:.3g}; pairs of "
+              f"writes that met losing stores {num(oa['pairs_losing'], '.3f')} vs "
+              f"{num(ob['pairs_losing'], '.3f')} (of {oa['pairs_classified']} vs "
+              f"{ob['pairs_classified']} classified), share of the block lost per pair "
+              f"{num(oa['lost_per_pair'], '.3g')} vs {num(ob['lost_per_pair'], '.3g')}")
         ia, ib = report["interference"]["a"], report["interference"]["b"]
         print(f"  writes overlapping a write {num(ia['write_overlap_rate'], '.3f')} vs "
               f"{num(ib['write_overlap_rate'], '.3f')}, reads under a write "

@@ -4,7 +4,9 @@ Both runs are run directories (``asyngrad simulate``, ``replay``, ``real`` or a 
 of the same problem. The report puts side by side what a researcher checks before trusting
 a simulation of hardware: the staleness distributions (means, p95 and the two-sample
 Kolmogorov–Smirnov distance), the gradient error rate and relative-error quantiles, the
-overwrite counts per update, the throughput, the loss curves against gradients computed
+overwrite counts per update (a real run's lost blocks are unknown: hardware does not say
+which update lost a store) and what pairs of writes that met lost where they were classified,
+the throughput, the loss curves against gradients computed
 (the ratio of the final suboptimalities and the largest ratio along the common range), how
 updates met in time, and whether the workers kept a common rhythm (measured staleness against
 what workers with independent phases would give; `simulator.metrics.rhythm`).
@@ -25,9 +27,9 @@ from matplotlib.figure import Figure
 from simulator.errors import AsyngradError, TraceError
 from simulator.metrics import PHASE_BINS, error_mask, interference, relative_error, trace_rhythm
 from simulator.plots import draw_timeline
-from simulator.trace import Trace
+from simulator.trace import Trace, convoy_pairs
 
-__all__ = ["Run", "compare_figure", "compare_runs", "load_run"]
+__all__ = ["Run", "compare_figure", "compare_runs", "load_run", "pair_losses"]
 
 
 class Run:
@@ -123,11 +125,16 @@ def compare_runs(a: str | Path, b: str | Path) -> dict[str, Any]:
                 "measured": int(relative.size), "p50": _quantile(relative, 0.5),
                 "p95": _quantile(relative, 0.95)}
 
-    def overwrites(trace: Trace) -> dict[str, float]:
-        n = max(len(trace), 1)
-        return {"lost_blocks_per_update": float(trace["lost_blocks"].sum()) / n,
+    def overwrites(run: Run) -> dict[str, Any]:
+        trace, n = run.trace, max(len(run.trace), 1)
+        # Hardware loses stores without a trace of who lost them: a real run's lost blocks
+        # are unknown, what its classified pairs of writes lost is known.
+        lost = (None if run.summary.get("source") == "real"
+                else float(trace["lost_blocks"].sum()) / n)
+        return {"lost_blocks_per_update": lost,
                 "torn_read_fraction": float(trace["torn"].sum()) / n,
-                "read_overwrite_blocks_per_update": float(trace["read_overwrites"].sum()) / n}
+                "read_overwrite_blocks_per_update": float(trace["read_overwrites"].sum()) / n,
+                **pair_losses(trace)}
 
     ea, eb = errors(ta, ra.summary), errors(tb, rb.summary)
     rate_gap = (abs(eb["rate"] - ea["rate"]) if ea["rate"] is not None
@@ -143,13 +150,26 @@ def compare_runs(a: str | Path, b: str | Path) -> dict[str, Any]:
                       "p95_a": _quantile(sa, 0.95), "p95_b": _quantile(sb, 0.95),
                       "ks_distance": ks},
         "gradient_error": {"a": ea, "b": eb, "rate_gap": rate_gap},
-        "overwrites": {"a": overwrites(ta), "b": overwrites(tb)},
+        "overwrites": {"a": overwrites(ra), "b": overwrites(rb)},
         "interference": {"a": interference(ta), "b": interference(tb)},
         "rhythm": {"a": trace_rhythm(ta), "b": trace_rhythm(tb)},
         "throughput": {"updates_per_second_a": ups_a, "updates_per_second_b": ups_b,
                        "ratio": ups_b / ups_a if ups_a else None},
         "loss": _loss_agreement(ra.curve, rb.curve),
     }
+
+
+def pair_losses(trace: Trace) -> dict[str, Any]:
+    """What the trace's pairs of writes that met (and no third) lost, where they were
+    classified (``extra_convoy_pairs``: a measure-mode real run, or a simulation with
+    convoys or passing writes): how many pairs, the share that lost any coordinate, and the
+    mean share of the block a pair lost (both writes' losses); None where not recorded."""
+    pairs = convoy_pairs(trace)
+    if pairs is None or not len(pairs):
+        return {"pairs_classified": 0, "pairs_losing": None, "lost_per_pair": None}
+    lost = pairs[:, 3] + pairs[:, 4]
+    return {"pairs_classified": len(pairs), "pairs_losing": float(np.mean(lost > 0)),
+            "lost_per_pair": float(lost.mean())}
 
 
 def _say(ax: Any, text: str) -> None:

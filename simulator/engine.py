@@ -748,10 +748,13 @@ class Engine:
         the part both sweep (from ``front``, the leader's position, to the end), each
         coordinate is lost by the leader or by the joiner with the ``convoy_lost_*``
         probabilities (never both), when the meeting loses anything at all
-        (``convoy_lost_pairs``). The victims' masks in ``lost`` (uid → lost coordinates)
-        grow; returns the coordinates each lost (leader, joiner)."""
+        (``convoy_lost_pairs``, falling with ``front`` as ``convoy_lost_within`` says). The
+        victims' masks in ``lost`` (uid → lost coordinates) grow; returns the coordinates
+        each lost (leader, joiner)."""
         shared = size - min(size, math.ceil(front * size))
         lossy = timing.convoy_lost_pairs
+        if timing.convoy_lost_within > 0:
+            lossy *= math.exp(-front / timing.convoy_lost_within)
         if lossy < 1 and self._convoy_rng.random() >= lossy:
             shared = 0  # this meeting loses nothing (one draw per meeting, only when asked)
         draws = self._convoy_rng.random(shared)

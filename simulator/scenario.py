@@ -37,7 +37,7 @@ EVEN_SPLIT_PROTOCOLS = ("serial", "locked", "lockfree", "staleness_lr", "dcasgd"
 SLICINGS = ("global", "per_core")
 # Writes that meet: convoys (convoy_join > 0) or passing writes, and what they lose.
 CONVOY_FIELDS = ("convoy_join", "convoy_rest", "convoy_lost_leader", "convoy_lost_joiner",
-                 "convoy_lost_pairs")
+                 "convoy_lost_pairs", "convoy_lost_within")
 COMMON_FIELDS = ("read_common", "grad_common", "write_common", "idle_common")
 PHASES = ("read", "grad", "write", "idle")  # in the order of simulator.timing.READ ... IDLE
 # Interference: the slowdown of phase p per other thread of the device in phase q (an other
@@ -120,8 +120,12 @@ class TimingSpec:
     as two in-place sweeps ``w -= step`` that meet on hardware end in lockstep and lose
     element stores. ``convoy_lost_pairs`` < 1: a join loses anything only with that
     probability (then each coordinate as above): on hardware most meetings lose nothing and
-    the others lose many coordinates together. ``asyngrad calibrate`` fits all five from a
-    real run when its overlapping writes end together.
+    the others lose many coordinates together. ``convoy_lost_within`` > 0: that probability
+    falls with how far the leader had swept when the other write came, f (0 to 1), as
+    ``convoy_lost_pairs``·exp(−f / ``convoy_lost_within``): sweeps that start together
+    meet at every coordinate, one that starts late trails behind. ``asyngrad calibrate``
+    fits all five from a real run when its overlapping writes end together
+    (``convoy_lost_within`` too when the lossy meetings fall with the lag).
 
     Passing writes (``convoy_join`` = 0 and ``convoy_lost_leader`` + ``convoy_lost_joiner``
     > 0; ``load_store`` writes of whole blocks): writes that meet keep their own durations
@@ -130,7 +134,7 @@ class TimingSpec:
     its own duration gone by) to the block's end. Without these values a meeting is two
     read-modify-writes of the whole block and the first to end loses its whole step, where
     two in-place sweeps on hardware that do not end in lockstep lose a few coordinates or
-    none. ``asyngrad calibrate`` fits the three ``convoy_lost_*`` values when a real run's
+    none. ``asyngrad calibrate`` fits the ``convoy_lost_*`` values when a real run's
     overlapping writes end apart.
 
     Common factors (``*_common`` > 0, with ``common_ns``): durations of one phase that start
@@ -168,6 +172,7 @@ class TimingSpec:
     convoy_lost_leader: float = 0.0
     convoy_lost_joiner: float = 0.0
     convoy_lost_pairs: float = 1.0
+    convoy_lost_within: float = 0.0
     read_common: float = 0.0
     grad_common: float = 0.0
     write_common: float = 0.0
@@ -203,6 +208,10 @@ class TimingSpec:
         _check(math.isfinite(self.convoy_lost_pairs) and 0 < self.convoy_lost_pairs <= 1,
                "convoy_lost_pairs", self.convoy_lost_pairs,
                "must be in (0, 1] (share of the joins that lose coordinates)")
+        _check(math.isfinite(self.convoy_lost_within) and self.convoy_lost_within >= 0,
+               "convoy_lost_within", self.convoy_lost_within,
+               "must be >= 0 (share of the block swept over which lossy meetings fall by e; "
+               "0: they do not fall)")
         _check(self.convoy_lost_leader + self.convoy_lost_joiner <= 1, "convoy_lost_joiner",
                self.convoy_lost_joiner,
                f"plus convoy_lost_leader ({self.convoy_lost_leader}) must be <= 1")

@@ -172,3 +172,32 @@ def test_rhythm_under_a_lock_and_for_one_worker(tmp_path):
     alone = trace_rhythm(load_run(tmp_path / "serial").trace)
     assert alone == {"updates": 0, "staleness": None, "independent_staleness": None,
                      "coupling": None, "phase_profile": None, "phase_peak": None}
+
+
+def test_a_real_run_has_no_lost_blocks_but_its_classified_pairs(tmp_path, capsys):
+    """Hardware does not say which update lost a store: a real run's lost blocks are
+    unknown (None, printed n/a), while what its classified pairs of writes lost is compared
+    with the simulation's (passing writes record theirs)."""
+    from simulator.compare import pair_losses
+    from simulator.replay import load_trace
+    from simulator.trace import convoy_pairs
+
+    real, sim = tmp_path / "real", tmp_path / "sim"
+    tiny = ("run.updates=2000", "problem.dim=400", "metrics.exact=false")
+    assert main(["real", "--out", str(real), "--workers", "2", "--measure", "--dtype",
+                 "float64", "--quiet", *(a for o in tiny for a in ("--set", o))]) == 0
+    assert main(["simulate", "--out", str(sim), "--quiet", "--set", "run.threads=2",
+                 "--set", "timing.convoy_lost_leader=0.2", "--set",
+                 "timing.write.mean=8000", *(a for o in tiny for a in ("--set", o))]) == 0
+    capsys.readouterr()
+    assert main(["compare", str(real), str(sim), "--out", str(tmp_path / "cmp")]) == 0
+    assert "lost blocks per update n/a vs" in capsys.readouterr().out
+    report = json.loads((tmp_path / "cmp" / "compare.json").read_text())["overwrites"]
+    assert report["a"]["lost_blocks_per_update"] is None
+    assert report["b"]["lost_blocks_per_update"] > 0
+    for side, run in (("a", real), ("b", sim)):
+        pairs = convoy_pairs(load_trace(run))
+        assert report[side]["pairs_classified"] == len(pairs)
+        assert report[side] == {**report[side], **pair_losses(load_trace(run))}
+    lost = convoy_pairs(load_trace(sim))[:, 3:].sum(axis=1)
+    assert report["b"]["pairs_losing"] == np.mean(lost > 0) > 0

@@ -139,3 +139,42 @@ def test_calibration_recovers_passing_writes_from_a_simulated_trace(tmp_path):
     assert timing.convoy_lost_joiner == pytest.approx(0.04, rel=0.1)
     assert timing.write.mean == pytest.approx(4000, rel=0.05)
     simulate(calibrated)  # the calibrated scenario runs
+
+
+def test_lossy_meetings_fall_with_the_lag_as_told():
+    """convoy_lost_within = 0.2: a meeting where the leader had swept f of the block loses
+    anything with probability 0.8·exp(−f/0.2) (binned: observed within 0.08)."""
+    trace = simulate(_passing("run.threads=2", "timing.write.dist=constant",
+                              "run.updates=6000", "timing.convoy_lost_pairs=0.8",
+                              "timing.convoy_lost_within=0.2"))
+    pairs = convoy_pairs(trace)
+    front = pairs[:, 2] / 4000
+    lossy = (pairs[:, 3] > 0) | (pairs[:, 4] > 0)
+    for low, high in ((0.0, 0.1), (0.1, 0.3), (0.3, 0.6)):
+        rows = (front >= low) & (front < high)
+        assert rows.sum() > 80
+        expected = np.mean(0.8 * np.exp(-front[rows] / 0.2))
+        assert lossy[rows].mean() == pytest.approx(expected, abs=0.08)
+
+
+def test_calibration_recovers_how_lossy_meetings_fall(tmp_path):
+    """Given q·exp(−f/λ) the fit gives q and λ back; given one share for every lag it keeps
+    one share (no fall-off fitted)."""
+    run = convoy_run(tmp_path, "falling", "timing.convoy_lost_leader=0.08",
+                     "timing.convoy_lost_joiner=0.04", "timing.convoy_lost_pairs=0.8",
+                     "timing.convoy_lost_within=0.2", "run.updates=8000")
+    timing = calibrate(run, pool=True)[0].devices[0].timing
+    assert timing.convoy_lost_pairs == pytest.approx(0.8, abs=0.12)
+    assert timing.convoy_lost_within == pytest.approx(0.2, rel=0.3)
+    flat = convoy_run(tmp_path, "flat", "timing.convoy_lost_leader=0.08",
+                      "timing.convoy_lost_joiner=0.04", "timing.convoy_lost_pairs=0.4")
+    assert calibrate(flat, pool=True)[0].devices[0].timing.convoy_lost_within == 0
+
+
+def test_a_negative_fall_off_is_refused(capsys):
+    from simulator.cli import main
+
+    assert main(["simulate", "--out", "/nonexistent/x", "--set",
+                 "timing.convoy_lost_leader=0.1", "--set", "timing.convoy_lost_within=-1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "timing.convoy_lost_within" in err[0] and "-1" in err[0]
