@@ -46,6 +46,28 @@ def convoy_run(tmp_path: Path, name: str, *overrides: str) -> Path:
     return out
 
 
+def check_meeting_losses(trace: Trace, write_ns: int, lossy: float, leader: float,
+                         joiner: float | None = None) -> None:
+    """Over a trace's pairs of writes that met (constant writes of ``write_ns``): the share
+    of meetings that lose anything is ``lossy`` (±0.07, among pairs that share enough of the
+    block that a lossy meeting surely loses a coordinate), and lossy ones lose ``leader``
+    (and ``joiner``) of the shared part (±5%)."""
+    import pytest
+
+    from simulator.trace import convoy_pairs
+
+    pairs = convoy_pairs(trace)
+    assert pairs is not None
+    shared = np.clip(1 - pairs[:, 2] / write_ns, 0, 1)
+    lost = (pairs[:, 3] > 0) | (pairs[:, 4] > 0)
+    some = shared > 0.1
+    assert some.sum() > 300
+    assert lost[some].mean() == pytest.approx(lossy, abs=0.07)
+    assert pairs[lost, 3].sum() / shared[lost].sum() == pytest.approx(leader, rel=0.05)
+    if joiner is not None:
+        assert pairs[lost, 4].sum() / shared[lost].sum() == pytest.approx(joiner, rel=0.05)
+
+
 def one_worker_run(where: Path) -> Path:
     """A small simulated run of one thread in ``where`` (nothing between workers to fit)."""
     from simulator.cli import main

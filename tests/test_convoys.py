@@ -17,7 +17,7 @@ from simulator.problems import make_problem
 from simulator.replay import replay
 from simulator.trace import convoy_pairs
 
-from .conftest import convoy_run, same_every_way, scenario, two_writers
+from .conftest import check_meeting_losses, convoy_run, same_every_way, scenario, two_writers
 
 CONVOY = ("timing.convoy_join=1.5", "timing.convoy_rest=2.0")
 
@@ -82,13 +82,7 @@ def test_a_join_loses_anything_only_as_often_as_told():
     shares of the shared part as before; the rest lose nothing."""
     trace = simulate(_random_convoys("run.threads=2", "timing.write.dist=constant",
                                      "run.updates=4000", "timing.convoy_lost_pairs=0.4"))
-    pairs = convoy_pairs(trace)
-    shared = np.clip(1 - pairs[:, 2] / 4000, 0, 1)
-    lossy = (pairs[:, 3] > 0) | (pairs[:, 4] > 0)
-    some = shared > 0.1  # enough coordinates that a lossy join surely loses one
-    assert some.sum() > 300
-    assert lossy[some].mean() == pytest.approx(0.4, abs=0.07)
-    assert pairs[lossy, 3].sum() / shared[lossy].sum() == pytest.approx(0.3, rel=0.05)
+    check_meeting_losses(trace, 4000, lossy=0.4, leader=0.3)
     assert same_every_way(_random_convoys("timing.convoy_lost_pairs=0.4")) is not None
 
 

@@ -15,7 +15,7 @@ from simulator.metrics import write_pairs
 from simulator.problems import make_problem
 from simulator.trace import convoy_pairs
 
-from .conftest import convoy_run, same_every_way, scenario, two_writers
+from .conftest import check_meeting_losses, convoy_run, same_every_way, scenario, two_writers
 
 PASSING = ("convoy_join=0",)
 
@@ -73,14 +73,7 @@ def test_lost_shares_and_lossy_meetings_match_the_scenario():
     those of the same run without losses."""
     common = ("run.threads=2", "timing.write.dist=constant", "run.updates=4000")
     trace = simulate(_passing(*common, "timing.convoy_lost_pairs=0.4"))
-    pairs = convoy_pairs(trace)
-    shared = np.clip(1 - pairs[:, 2] / 4000, 0, 1)
-    lossy = (pairs[:, 3] > 0) | (pairs[:, 4] > 0)
-    some = shared > 0.1  # enough coordinates that a lossy meeting surely loses one
-    assert some.sum() > 300
-    assert lossy[some].mean() == pytest.approx(0.4, abs=0.07)
-    assert pairs[lossy, 3].sum() / shared[lossy].sum() == pytest.approx(0.3, rel=0.05)
-    assert pairs[lossy, 4].sum() / shared[lossy].sum() == pytest.approx(0.2, rel=0.05)
+    check_meeting_losses(trace, 4000, lossy=0.4, leader=0.3, joiner=0.2)
     plain = simulate(scenario("problem.dim=2000", "timing.write.mean=4000",
                               "timing.grad.mean=8000", *common))
     for name in ("write_start", "write_end", "read_start", "staleness"):
