@@ -32,6 +32,7 @@ import numpy as np
 import torch
 import torch.multiprocessing as mp
 
+from realrun.records import compiled
 from realrun.runner import run_real
 from realrun.timeline import overlap_rate, thread_ends
 from simulator.problems import MLPProblem, Problem, make_problem
@@ -112,41 +113,39 @@ CONFIGS = [("serial", 1), ("locked", 2), ("lockfree", 1), ("lockfree", 2), ("pla
            ("plain", 2)]
 
 
-def instrumentation_ns(blocks: int, updates: int = 200_000) -> float:
+def instrumentation_ns(blocks: int, native: bool, updates: int = 200_000) -> float:
     """ns per update of exactly what the numpy worker adds to record an update, timed in
-    isolation: 4 ``monotonic_ns`` calls (2 + 2B with B > 1 blocks) and the stores into its
-    preallocated shared buffers through the same views (the four stamps in one packed store),
-    less the block loops the worker runs anyway."""
-    from realrun.worker import STAMPS, _flat, _row_bytes
+    isolation: the recorder's calls (4 stamps, 2B more with B > 1 blocks, and ``done``) into
+    preallocated shared buffers, with the C recorder (``native``) or the Python one, less the
+    block loops the worker runs anyway."""
+    from realrun.records import recorder
+    from realrun.worker import _flat
 
     def shared(*shape: int) -> memoryview:
         return _flat(torch.zeros(*shape, dtype=torch.int64).share_memory_())
 
-    times = _row_bytes(torch.zeros(updates, 4, dtype=torch.int64).share_memory_())
-    samples, put_stamps = shared(updates), STAMPS.pack_into
-    copy_end, store_end, progress = shared(updates, blocks), shared(updates, blocks), shared(1)
-    clock = time.monotonic_ns
+    record = recorder(shared(updates, 4), shared(updates), shared(1), 0, shared(updates, blocks),
+                      shared(updates, blocks), blocks, native=native)
+    start, read_end, grad_end, written = (record.start, record.read_end, record.grad_end,
+                                          record.written)
+    copied, stored, done = record.copied, record.stored, record.done
     stamp = blocks > 1
     started = time.perf_counter_ns()
     for i in range(updates):
-        row = i * blocks
-        read_start = clock()
+        start()
         for b in range(blocks):
             if stamp:
-                copy_end[row + b] = clock()
-        read_end = clock()
-        grad_end = clock()
+                copied(b)
+        read_end()
+        grad_end()
         for b in range(blocks):
             if stamp:
-                store_end[row + b] = clock()
-        write_end = clock()
-        put_stamps(times, STAMPS.size * i, read_start, read_end, grad_end, write_end)
-        samples[i] = i
-        progress[0] = i + 1
+                stored(b)
+        written()
+        done(i)
     loop = time.perf_counter_ns() - started
     started = time.perf_counter_ns()
-    for i in range(updates):
-        row = i * blocks
+    for _ in range(updates):
         for _b in range(blocks):
             pass
         for _b in range(blocks):
@@ -198,13 +197,17 @@ def main() -> None:
             print(f"| {label} | {name} | {workers} | {speed:,.0f} | {speed / base:.2f}× | "
                   f"{mean:.4f} ± {sd:.4f} |", flush=True)
         serial_update_ns[label] = 1e9 / base
-    print("\n| problem | serial update | instrumentation (B = 1) | share |")
-    print("|---|---:|---:|---:|")
-    cost = instrumentation_ns(1)
+    print("\n| problem | serial update | instrumentation, C recorder (B = 1) | share | "
+          "Python recorder | share |")
+    print("|---|---:|---:|---:|---:|---:|")
+    native = compiled()
+    cost = instrumentation_ns(1, native=True) if native else None
+    fallback = instrumentation_ns(1, native=False)
     for label, update_ns in serial_update_ns.items():
-        print(f"| {label} | {update_ns / 1e3:.2f} µs | {cost / 1e3:.3f} µs | "
-              f"{cost / update_ns:.1%} |")
-
+        c_cells = ("n/a (not built) | n/a" if cost is None
+                   else f"{cost / 1e3:.3f} µs | {cost / update_ns:.1%}")
+        print(f"| {label} | {update_ns / 1e3:.2f} µs | {c_cells} | {fallback / 1e3:.3f} µs | "
+              f"{fallback / update_ns:.1%} |")
 
 if __name__ == "__main__":
     main()

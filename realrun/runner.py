@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from realrun.records import compiled
 from realrun.timeline import Measure, WorkerRecord, merge
 from realrun.worker import (
     MESSAGE_BYTES,
@@ -67,6 +68,7 @@ class RealRun:
     pattern: str = "shared"
     accumulate: int = 1
     cpus: list[int] | None = None  # worker r's CPU when pinned
+    recorder: str = "python"  # how workers recorded their updates: "c" (realrun/_records.c)
 
 
 def _quotas(updates: int, workers: int) -> list[int]:
@@ -257,7 +259,8 @@ def run_real(scenario: Scenario, workers: int, mode: str, dtype: str = "float32"
     trace, lost = _trace(buffers, workers, scenario, problem, w_star, snapshots, toml, dtype,
                          measure_every)
     return RealRun(scenario, problem, trace, workers, mode, dtype, seconds, failure, lost,
-                   measure_every, device, launch, pattern, accumulate, cpus)
+                   measure_every, device, launch, pattern, accumulate, cpus,
+                   "c" if compiled() and not torch_path else "python")
 
 
 def _workers(buffers: Buffers, workers: int, quotas: list[int], toml: str, mode: str,
@@ -372,6 +375,7 @@ def summary_extra(run: RealRun) -> dict[str, Any]:
     return {"real": {"workers": run.workers, "mode": run.mode, "dtype": run.dtype,
                      "device": run.device, "launch": run.launch, "pattern": run.pattern,
                      "accumulate": run.accumulate, "cpus": run.cpus,
+                     "recorder": run.recorder,
                      "wall_seconds": run.seconds,
                      "updates_per_wall_second": len(run.trace) / max(run.seconds, 1e-9),
                      "failure": run.failure, "measure_every": run.measure_every,

@@ -13,8 +13,6 @@ buffers: no locks, no I/O, no allocation of records inside the loop.
 from __future__ import annotations
 
 import os
-import struct
-import time
 import tomllib
 import traceback
 from collections.abc import Iterator
@@ -23,6 +21,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+from realrun.records import recorder
 
 __all__ = ["ONE_THREAD_ENV", "STATUS_DONE", "STATUS_FAILED", "STATUS_RUNNING", "Buffers",
            "WorkerSpec", "one_thread_each", "one_thread_env", "pin", "pinned_cpus",
@@ -87,18 +87,9 @@ def worker_main(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any 
         raise SystemExit(1) from None
 
 
-STAMPS = struct.Struct("@4q")  # one row of ``times``: native int64, as the tensor holds them
-
-
-def _row_bytes(tensor: Any) -> memoryview:
-    """The bytes of a contiguous shared tensor (writes land in the tensor), for
-    :data:`STAMPS` rows."""
-    return memoryview(tensor.numpy()).cast("B")
-
-
 def _flat(tensor: Any) -> memoryview:
-    """A flat int64 memoryview of a contiguous shared int64 tensor."""
-    return _row_bytes(tensor).cast("q")
+    """A flat int64 memoryview of a contiguous shared int64 tensor (writes land in it)."""
+    return memoryview(tensor.numpy()).cast("B").cast("q")
 
 
 def pinned_cpus(workers: int) -> list[int]:
@@ -195,19 +186,20 @@ def _loop(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any, go: A
     problem = make_problem(scenario.problem)
     one_thread_each()  # after the problem: the pools its libraries loaded are limited too
     w = buffers.w.numpy()
-    # Records go through flat int64 memoryviews of the shared buffers: an item store costs
-    # a third of a numpy scalar store, and nothing is allocated. An update's four stamps go
-    # in with one packed store into the bytes of its row (0.1 µs less than four items).
-    times, samples = _row_bytes(buffers.times[spec.rank]), _flat(buffers.samples[spec.rank])
-    put_stamps = STAMPS.pack_into
-    copy_end, store_end = _flat(buffers.copy_end[spec.rank]), _flat(buffers.store_end[spec.rank])
-    progress, rank = _flat(buffers.progress), spec.rank
     bounds = block_bounds(problem.dim, scenario.run.blocks)
     blocks = len(bounds) - 1
     stamp = blocks > 1  # one block's copy and store end with the read and the write
+    # Records go straight into the shared buffers (flat int64 views, nothing allocated): one
+    # call per stamp, in C where it was built (realrun/records.py).
+    record = recorder(_flat(buffers.times[spec.rank]), _flat(buffers.samples[spec.rank]),
+                      _flat(buffers.progress), spec.rank, _flat(buffers.copy_end[spec.rank]),
+                      _flat(buffers.store_end[spec.rank]), blocks)
+    start, read_end, grad_end, written = (record.start, record.read_end, record.grad_end,
+                                          record.written)
+    copied, stored, done = record.copied, record.stored, record.done
     stream = sample_stream(scenario.run.seed, spec.workers, spec.rank, problem.n_samples)
     local = np.zeros(problem.dim)
-    lr, clock = scenario.run.lr, time.monotonic_ns
+    lr = scenario.run.lr
     steps = None if buffers.steps is None else buffers.steps[spec.rank].numpy()
     reads = None if buffers.reads is None else buffers.reads[spec.rank].numpy()
     dense = block_ops(bounds, None) if problem.support(0) is None else None
@@ -222,16 +214,15 @@ def _loop(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any, go: A
         ops = dense if dense is not None else block_ops(bounds, problem.support(sample))
         if lock is not None:
             lock.acquire()
-        row = i * blocks
-        read_start = clock()
+        start()
         for block, index, _, _ in ops:
             local[index] = w[index]
             if stamp:
-                copy_end[row + block] = clock()
-        read_end = clock()
+                copied(block)
+        read_end()
         step, support = problem.grad(local, sample)
         step *= lr
-        grad_end = clock()
+        grad_end()
         for block, index, values, _ in ops:
             if block_locks is None:
                 w[index] -= step[values]
@@ -239,14 +230,12 @@ def _loop(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any, go: A
                 with block_locks[block]:
                     w[index] -= step[values]
             if stamp:
-                store_end[row + block] = clock()
-        write_end = clock()
+                stored(block)
+        written()
         if lock is not None:
             lock.release()
         if steps is not None:  # outside the timed phases
             steps[i, slice(None) if support is None else support] = step
             if reads is not None:
                 reads[i] = local
-        put_stamps(times, STAMPS.size * i, read_start, read_end, grad_end, write_end)
-        samples[i] = sample
-        progress[rank] = i + 1
+        done(sample)
