@@ -12,11 +12,20 @@ the workers' rhythm (measured staleness over what independent phases give).
 
     python bench/fidelity.py --calibrate 2 --predict 4,8,16 --cores 16
     python bench/fidelity.py --calibrate 1,2 --predict 2,3 --cores 2 --quantum auto
+
+With ``--repeats R`` every real run is made R times (run.seed = 0 … R−1: sampling order and
+the machine's own noise both vary), every prediction is simulated with the same R seeds, and the
+table sets the simulation's spread against the hardware's: each real k' run compared with every
+other (the noise floor of each target) beside each simulation compared with the real run of its
+seed. Calibration uses the seed-0 run.
+
+    python bench/fidelity.py --calibrate 2 --predict 2,3 --cores 2 --quantum auto --repeats 5
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import platform
@@ -45,6 +54,89 @@ def _ints(text: str) -> list[int]:
     return [int(v) for v in text.split(",")]
 
 
+def _real_dir(work: Path, k: int, repeat: int) -> Path:
+    return work / (f"real{k}" if repeat == 0 else f"real{k}.{repeat}")
+
+
+def _compare(a: Path, b: Path, out: Path) -> dict:
+    _run("compare", str(a), str(b), "--out", str(out), "--quiet")
+    return json.loads((out / "compare.json").read_text())
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def _spread(values: list[float | None], spec: str = ".3f") -> str:
+    """median [min–max] of the values that exist, n/a when none does."""
+    kept = [v for v in values if v is not None]
+    if not kept:
+        return "n/a"
+    return (f"{_median(kept):{spec}} [{min(kept):{spec}}–{max(kept):{spec}}]"
+            if len(kept) > 1 else format(kept[0], spec))
+
+
+def _targets(report: dict) -> dict:
+    """The issue's four fidelity measures (and the loss curves' distance) of one comparison."""
+    st, ge, loss = report["staleness"], report["gradient_error"], report["loss"]
+    apart = loss["max_abs_log10_ratio"]
+    return {"staleness_a": st["mean_a"], "staleness_b": st["mean_b"],
+            "gap": st["relative_mean_gap"], "ks": st["ks_distance"],
+            "error_a": ge["a"]["rate"], "error_b": ge["b"]["rate"],
+            "rate_gap": abs(ge["a"]["rate"] - ge["b"]["rate"]),
+            "final_ratio": loss["final_ratio"],
+            "loss_apart": None if apart is None else 10 ** apart}
+
+
+def _spread_table(args: argparse.Namespace, work: Path,
+                  plans: list[tuple[str, list[str]]]) -> list[dict]:
+    """Each prediction simulated with every repeat's seed and compared with the real run of
+    that seed, beside every pair of real runs at k' compared with each other."""
+    repeats = range(args.repeats)
+    floors = {}
+    for target in args.predict:
+        pairs = [_targets(_compare(_real_dir(work, target, i), _real_dir(work, target, j),
+                                   work / f"cmp_real{target}_{i}_{j}"))
+                 for i, j in itertools.combinations(repeats, 2)]
+        floors[target] = pairs
+    print("| calibrated at | predicted k' | staleness mean real / sim: median [range] | "
+          "staleness gap sim vs real (real vs real) | KS sim vs real (real vs real) | "
+          "error rate real / sim | error-rate gap sim vs real (real vs real) | final f − f* "
+          "ratio sim/real (real/real) | loss curves apart sim vs real (real vs real) |")
+    print("|---:|---:|---|---|---|---|---|---|---|")
+    rows = []
+    for k, _ in plans:
+        calibrated = work / f"cal{k}.toml"
+        for target in args.predict:
+            pairs = []
+            for r in repeats:
+                sim = work / f"sim{k}_{target}.{r}"
+                _run("simulate", str(calibrated), "--set", f"run.threads={target}", "--set",
+                     f"run.seed={r}", "--out", str(sim), "--quiet")
+                pairs.append(_targets(_compare(_real_dir(work, target, r), sim,
+                                               work / f"cmp{k}_{target}.{r}")))
+            floor = floors[target]
+            gaps = [abs(p["gap"]) for p in pairs]
+            floor_gaps = [abs(p["gap"]) for p in floor]
+
+            def both(key: str, spec: str = ".3f", sims: list = pairs,
+                     reals: list = floor) -> str:
+                return (f"{_spread([p[key] for p in sims], spec)} "
+                        f"({_spread([p[key] for p in reals], spec)})")
+
+            rows.append({"calibrated": k, "predicted": target, "sim_vs_real": pairs,
+                         "real_vs_real": floor})
+            print(f"| {k} | {target} | {_spread([p['staleness_a'] for p in pairs])} / "
+                  f"{_spread([p['staleness_b'] for p in pairs])} | "
+                  f"{_spread(gaps, '.1%')} ({_spread(floor_gaps, '.1%')}) | {both('ks')} | "
+                  f"{_spread([p['error_a'] for p in pairs])} / "
+                  f"{_spread([p['error_b'] for p in pairs])} | {both('rate_gap')} | "
+                  f"{both('final_ratio', '.2f')} | {both('loss_apart', '.2f')} |", flush=True)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calibrate", type=_ints, default=[2], help="worker counts to fit")
@@ -60,6 +152,8 @@ def main() -> None:
     parser.add_argument("--common", default="off", help="calibrate --common (auto, on, off)")
     parser.add_argument("--interference", default="off",
                         help="calibrate --interference (auto, on, off)")
+    parser.add_argument("--speeds", default="off",
+                        help="calibrate --speeds (auto, on, off): each core's own speed")
     parser.add_argument("--pin", action="store_true",
                         help="real runs pin worker r to CPU r (asyngrad real --pin)")
     parser.add_argument("--keep", default=None, help="keep the run directories here")
@@ -67,6 +161,9 @@ def main() -> None:
                         help="with --keep: reuse real runs already there (compare calibrations "
                              "on the same real runs)")
     parser.add_argument("--json", default=None, help="also write the rows here")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="real runs and simulations per worker count (seeds 0 … R−1); "
+                             "more than one prints the spread table")
     args = parser.parse_args()
     work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="fidelity-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -75,19 +172,18 @@ def main() -> None:
           f"{args.mode}, {args.updates:,} updates, calibrated with --pool --cores {args.cores}"
           f" --quantum {args.quantum} --slicing {args.slicing} --convoys {args.convoys}"
           f" --common {args.common} --interference {args.interference}"
-          + (", workers pinned" if args.pin else ""))
-    for k in sorted(set(args.calibrate) | set(args.predict)):
-        if args.reuse and (work / f"real{k}" / "trace.npz").is_file():
-            continue
-        _run("real", "--workers", str(k), "--mode", args.mode, "--dtype", "float64",
-             "--measure", "--out", str(work / f"real{k}"), "--quiet",
-             *(["--pin"] if args.pin else []), *overrides)
-    print("| calibrated at | predicted k' | staleness mean real / sim (gap) | KS | error rate "
-          "real / sim | final f − f* ratio sim/real | updates/s real / sim | writes overlapping "
-          "a write real / sim | error rate at staleness 0 real / sim | staleness / independent "
-          "real / sim | median ‖δ‖/‖g‖ real / sim | loss curves apart (at most) |")
-    print("|---:|---:|---|---:|---|---:|---|---|---|---|---|---:|")
-    rows = []
+          f" --speeds {args.speeds}" + (", workers pinned" if args.pin else ""))
+    if args.repeats < 1:
+        parser.error(f"--repeats {args.repeats}: must be >= 1")
+    for repeat in range(args.repeats):  # repeats outside, counts inside: load falls on all
+        for k in sorted(set(args.calibrate) | set(args.predict)):
+            out = _real_dir(work, k, repeat)
+            if args.reuse and (out / "trace.npz").is_file():
+                continue
+            seed = ["--set", f"run.seed={repeat}"] if args.repeats > 1 else []
+            _run("real", "--workers", str(k), "--mode", args.mode, "--dtype", "float64",
+                 "--measure", "--out", str(out), "--quiet",
+                 *(["--pin"] if args.pin else []), *overrides, *seed)
     # Each calibration count alone (--pool), and all of them together, which also fits the
     # contention between workers as a slowdown per other worker.
     plans = [(str(k), [str(work / f"real{k}"), "--pool"]) for k in args.calibrate]
@@ -95,10 +191,28 @@ def main() -> None:
         plans.append(("+".join(map(str, args.calibrate)),
                       [str(work / f"real{k}") for k in args.calibrate]))
     for k, sources in plans:
+        _run("calibrate", *sources, "--out", str(work / f"cal{k}.toml"), "--cores",
+             str(args.cores), "--quantum", args.quantum, "--slicing", args.slicing,
+             "--convoys", args.convoys, "--common", args.common, "--interference",
+             args.interference, *(["--speeds", args.speeds] if "--pool" in sources else []),
+             "--quiet")
+    rows = (_spread_table(args, work, plans) if args.repeats > 1
+            else _single_table(args, work, plans))
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+
+
+def _single_table(args: argparse.Namespace, work: Path,
+                  plans: list[tuple[str, list[str]]]) -> list[dict]:
+    """One real run per count: each prediction against it, with how the updates met."""
+    print("| calibrated at | predicted k' | staleness mean real / sim (gap) | KS | error rate "
+          "real / sim | final f − f* ratio sim/real | updates/s real / sim | writes overlapping "
+          "a write real / sim | error rate at staleness 0 real / sim | staleness / independent "
+          "real / sim | median ‖δ‖/‖g‖ real / sim | loss curves apart (at most) |")
+    print("|---:|---:|---|---:|---|---:|---|---|---|---|---|---:|")
+    rows = []
+    for k, _ in plans:
         calibrated = work / f"cal{k}.toml"
-        _run("calibrate", *sources, "--out", str(calibrated), "--cores", str(args.cores),
-             "--quantum", args.quantum, "--slicing", args.slicing, "--convoys", args.convoys,
-             "--common", args.common, "--interference", args.interference, "--quiet")
         for target in args.predict:
             sim, report = work / f"sim{k}_{target}", work / f"cmp{k}_{target}"
             _run("simulate", str(calibrated), "--set", f"run.threads={target}", "--out",
@@ -136,8 +250,7 @@ def main() -> None:
                   f"{_share(ge['a']['p50'], '.3g')} / {_share(ge['b']['p50'], '.3g')} | "
                   f"{'n/a' if apart is None else format(apart, '.2f') + '×'} |",
                   flush=True)
-    if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=1))
+    return rows
 
 
 if __name__ == "__main__":

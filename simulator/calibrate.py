@@ -69,7 +69,16 @@ What is fitted:
   (30 rows a group at least). The slowdowns solve "each group's median draw equals the
   idle group's" (least squares, in [0, 20]); with convoys, writes are fitted on those that
   met no other and a write is not slowed by another write. The durations' distributions
-  are then fitted on the draws.
+  are then fitted on the draws;
+* core speeds (``speeds``; pooled, one worker per core): worker r's speed s_r is the
+  geometric mean of all workers' median gradient times over its own (the gradient touches
+  no shared memory, so its pace is the core's); every duration of worker r is multiplied by
+  s_r before pooling (what it would take at speed 1), and the scenario gets one device of one
+  core per CPU with ``speed`` = s_r, so thread j runs on core j mod cores at that core's pace.
+  A core that ran slower for a whole run (a sibling hyperthread busy on the host, say: 1.7×
+  on the 2-core machine of bench/README.md) is then not averaged into one speed for all.
+  Which core takes the extra threads when threads outnumber cores is the OS's choice per
+  unpinned run; the simulation's placement is that of ``asyngrad real --pin``.
 """
 
 from __future__ import annotations
@@ -785,10 +794,50 @@ def _convoy_report(report: dict[str, Any], cores: int, quantum: int) -> dict[str
     return report
 
 
+# Core speeds are kept (``speeds = "auto"``) when the slowest worker's median gradient is this
+# many times the fastest's.
+SPEED_SPREAD = 1.1
+
+
+def core_speeds(samples: dict[int, dict[str, np.ndarray]], workers: int, cores: int,
+                mode: str) -> dict[str, Any]:
+    """Each worker's speed when every worker had a core of its own: its median gradient time
+    against the geometric mean of all workers' (the gradient touches no shared memory, so it
+    is the core's own pace). ``mode`` ``auto`` keeps the speeds when they differ by more than
+    :data:`SPEED_SPREAD`, ``on`` whenever they can be fitted, ``off`` never.
+
+    Raises:
+        AsyngradError: ``on`` where they cannot be fitted (one worker, or workers ≠ cores).
+    """
+    if mode == "off":
+        return {"kept": False, "why": "not asked for (--speeds off)"}
+    why = ("one worker shows no spread of speeds" if workers < 2 else
+           f"needs one worker per core: {workers} workers, --cores {cores}"
+           if cores != workers else None)
+    if why is not None:
+        if mode == "on":
+            raise AsyngradError(f"--speeds = 'on': {why}")
+        return {"kept": False, "why": why}
+    medians = np.array([float(np.median(samples[w]["grad"])) for w in sorted(samples)])
+    speeds = float(np.exp(np.mean(np.log(medians)))) / medians
+    spread = float(speeds.max() / speeds.min())
+    kept = mode == "on" or spread > SPEED_SPREAD
+    return {"kept": kept, "speeds": [round(float(v), 4) for v in speeds],
+            "spread": round(spread, 4),
+            "why": ("" if kept else f"speeds within {SPEED_SPREAD}× of each other")}
+
+
+def _at_speed_one(samples: dict[int, dict[str, np.ndarray]],
+                  speeds: list[float]) -> dict[int, dict[str, np.ndarray]]:
+    """Every duration as it would be on a core of speed 1 (a device's speed divides them)."""
+    return {w: {op: values * speeds[i] for op, values in ops.items()}
+            for i, (w, ops) in enumerate(sorted(samples.items()))}
+
+
 def calibrate(run_dir: str | Path, pool: bool = False, cores: int = 0,
               quantum: int = 0, slicing: str = "per_core",
               convoys: str = "auto", common: str = "off",
-              interference: str = "off") -> tuple[Scenario, dict[str, Any]]:
+              interference: str = "off", speeds: str = "off") -> tuple[Scenario, dict[str, Any]]:
     """The calibrated scenario of a run directory and the fit report.
 
     ``pool`` fits one timing to all workers together and puts every thread on one device
@@ -800,7 +849,9 @@ def calibrate(run_dir: str | Path, pool: bool = False, cores: int = 0,
     factors (``auto`` keeps them when some phase's c reaches 0.05; off unless asked for:
     see bench/README.md for what they do to a prediction); ``interference``: likewise for
     the slowdowns of one worker's phases under another's (``auto`` keeps them when one
-    reaches 0.1), the durations then fitted as drawn with the others idle.
+    reaches 0.1), the durations then fitted as drawn with the others idle; ``speeds`` (with
+    ``pool``, one worker per core): each core's own speed (:func:`core_speeds`), so the
+    simulation puts thread j on a device of one core with core j mod ``cores``'s speed.
 
     Raises:
         AsyngradError: not a run directory, an unreadable trace, or fewer than 2 updates.
@@ -820,6 +871,10 @@ def calibrate(run_dir: str | Path, pool: bool = False, cores: int = 0,
         alone = operation_samples(trace, scenario, alone_rows)
         for worker, ops in samples.items():
             ops["write"] = alone[worker]["write"]
+    pace: dict[str, Any] = (core_speeds(samples, scenario.run.threads, cores, speeds) if pool
+            else {"kept": False, "why": "per-worker timings (no --pool) carry each one's speed"})
+    if pace["kept"]:
+        samples = _at_speed_one(samples, pace["speeds"])
     if pool:
         samples = {-1: _pooled(samples)}
     devices, report = [], {}
@@ -833,6 +888,9 @@ def calibrate(run_dir: str | Path, pool: bool = False, cores: int = 0,
                               slowed)
         devices.append(DeviceSpec(name=name.replace(" ", ""), cores=cores, quantum=quantum,
                                   slicing=slicing, timing=timing))
+    if pace["kept"]:  # one device per core, thread j on device j mod cores
+        devices = [replace(devices[0], name=f"core{j}", cores=1, speed=speed)
+                   for j, speed in enumerate(pace["speeds"])]
     # The recorded durations already contain stragglers and network links: drop them.
     calibrated = replace(scenario, name=f"{scenario.name}-calibrated", devices=tuple(devices),
                          inject=replace(scenario.inject, stragglers=()))
@@ -844,7 +902,7 @@ def calibrate(run_dir: str | Path, pool: bool = False, cores: int = 0,
                         "rows_fitted": int(together.size), "rows": len(trace),
                         "contention": contention(trace, together), "convoys": convoy,
                         "common": shared, "interference": _public(slowed),
-                        "rhythm": rhythms}
+                        "rhythm": rhythms, "speeds": pace}
 
 
 def _load(path: Path) -> tuple[Trace, Scenario]:
@@ -989,8 +1047,20 @@ def calibrated_toml(scenario: Scenario, report: dict[str, Any]) -> str:
     lines.append(f"#   common factors: {_describe_common(report['common'])}")
     lines.append(f"#   interference: {_describe_interference(report['interference'])}")
     lines.append(f"#   rhythm: {_describe_rhythm(report['rhythm'], report['common'])}")
+    if "speeds" in report:
+        lines.append(f"#   core speeds: {_describe_speeds(report['speeds'])}")
     body = scenario_to_toml(scenario).split("\n", 1)[1]  # its own header line replaced
     return "\n".join(lines) + "\n" + body
+
+
+def _describe_speeds(report: dict[str, Any]) -> str:
+    if "speeds" not in report:
+        return f"none ({report['why']})"
+    speeds = ", ".join(f"{v:.3g}" for v in report["speeds"])
+    return (f"{speeds} (worker r's median gradient against all workers'; the slowest "
+            f"{report['spread']:.3g}× the fastest)" + (
+                "; thread j simulated on core j mod cores at its speed" if report["kept"]
+                else f"; not kept: {report['why']}"))
 
 
 def _describe_rhythm(report: dict[str, dict[str, Any]], common: dict[str, Any]) -> str:

@@ -505,13 +505,16 @@ def _calibrate(args: argparse.Namespace) -> int:
     if args.common == "rhythm" and not args.quiet:
         print("fitting common factors to the runs' rhythm (up to 12 simulations of the calibrated "
               "scenario, at most 20,000 updates each)...", flush=True)
+    if len(args.run_dir) > 1 and args.speeds != "off":
+        raise AsyngradError(f"--speeds = '{args.speeds}': fits one run (each worker on a core "
+                            "of its own), not several worker counts")
     if len(args.run_dir) > 1:
         scenario, report = calibrate_counts(args.run_dir, args.cores, quantum, args.slicing,
                                             args.convoys, args.common, args.interference)
     else:
         scenario, report = calibrate(args.run_dir[0], args.pool, args.cores, quantum,
                                      args.slicing, args.convoys, args.common,
-                                     args.interference)
+                                     args.interference, args.speeds)
     if measured:
         report["time_slice"] = measured
     text = calibrated_toml(scenario, report)
@@ -894,7 +897,12 @@ def _parser() -> argparse.ArgumentParser:
              "phase value, as compare reports it), or never (off, default)"),
             ("--interference", "off", "slowdowns of a worker's phase under another's (a "
              "write while the other computes, say): fit them when one reaches 0.1 (auto), "
-             "whenever two workers ran (on), or never (off, default)")):
+             "whenever two workers ran (on), or never (off, default)"),
+            ("--speeds", "off", "with --pool and one worker per core (--cores = the run's "
+             "workers): each core's own speed, from each worker's median gradient time (a "
+             "busy sibling hyperthread or a throttled core runs a worker slower for the whole "
+             "run): keep them when they differ by over 10% (auto), always (on), or never "
+             "(off, default); thread j is then simulated on core j mod cores")):
         choices = ("auto", "on", "rhythm", "off") if flag == "--common" else ("auto", "on", "off")
         cal.add_argument(flag, choices=choices, default=default, help=what)
 

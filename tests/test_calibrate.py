@@ -8,7 +8,9 @@ import pytest
 from simulator.calibrate import calibrate, calibrate_counts, fit_durations
 from simulator.cli import main
 from simulator.compare import compare_runs
+from simulator.engine import simulate
 from simulator.errors import AsyngradError
+from simulator.replay import load_trace
 from simulator.scenario import load_scenario
 
 
@@ -206,3 +208,49 @@ def test_the_fit_says_whether_the_workers_kept_a_common_rhythm(tmp_path):
     _, report = calibrate(free)
     assert report["rhythm"]["2"]["coupling"] == pytest.approx(1.0, abs=0.05)
     assert calibrate(locked)[1]["rhythm"]["2"]["coupling"] == 0.0
+
+
+def _two_speeds(tmp_path):
+    """Two threads, each on a core of its own: one 1.25× as fast, one 0.8×."""
+    return _source(tmp_path, "timing.grad={dist='lognormal', mean=6000, cv=0.3}",
+                   "devices=[{name='fast', speed=1.25, cores=1}, "
+                   "{name='slow', speed=0.8, cores=1}]")
+
+
+def test_core_speeds_are_recovered_and_simulated(tmp_path):
+    run = _two_speeds(tmp_path)
+    scenario, report = calibrate(run, pool=True, cores=2, speeds="auto")
+    pace = report["speeds"]
+    assert pace["kept"] and pace["spread"] == pytest.approx(1.5625, rel=0.05)
+    assert pace["speeds"] == pytest.approx([1.25, 0.8], rel=0.05)  # geometric mean 1
+    assert [(d.name, d.cores, d.speed) for d in scenario.devices] == [
+        ("core0", 1, pace["speeds"][0]), ("core1", 1, pace["speeds"][1])]
+    assert scenario.devices[0].timing.grad.mean == pytest.approx(6000, rel=0.1)
+    # Simulated again, each thread keeps its own pace and the run its staleness.
+    source, again = load_trace(run), simulate(scenario)
+    for thread in (0, 1):
+        assert (again["grad_ns"][again["thread"] == thread].mean() == pytest.approx(
+            source["grad_ns"][source["thread"] == thread].mean(), rel=0.05))
+    assert again["staleness"].mean() == pytest.approx(source["staleness"].mean(), rel=0.1)
+    # Pooled without speeds, both threads run at the average pace.
+    pooled, _ = calibrate(run, pool=True, cores=2)
+    assert len(pooled.devices) == 1 and pooled.devices[0].speed == 1.0
+
+
+def test_core_speeds_are_kept_only_where_they_differ_and_fit(tmp_path, capsys):
+    alike = _source(tmp_path)
+    _, report = calibrate(alike, pool=True, cores=2, speeds="auto")
+    assert not report["speeds"]["kept"] and "within 1.1×" in report["speeds"]["why"]
+    with pytest.raises(AsyngradError, match="--speeds = 'on': needs one worker per core: "
+                                            "2 workers, --cores 4"):
+        calibrate(alike, pool=True, cores=4, speeds="on")
+    out = tmp_path / "cal.toml"
+    assert main(["calibrate", str(_two_speeds(tmp_path / "b")), "--pool", "--cores", "2",
+                 "--speeds", "auto", "--out", str(out), "--quiet"]) == 0
+    assert "#   core speeds: 1.2" in out.read_text()
+    capsys.readouterr()
+    assert main(["calibrate", str(alike), str(alike), "--speeds", "on", "--out",
+                 str(tmp_path / "two.toml")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("asyngrad: error: --speeds = 'on': fits one run") and "\n" not in err
+    assert not (tmp_path / "two.toml").exists()
