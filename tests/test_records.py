@@ -95,3 +95,16 @@ def test_the_c_recorder_names_the_buffer_that_does_not_fit():
     with pytest.raises(TypeError, match="store_end: must be a writable contiguous int64 "
                                         "buffer, not bytes"):
         recorder(times, samples, progress, 0, copy_end, store_end.tobytes(), 1)
+
+
+def test_the_c_recorder_is_built_where_a_compiler_and_headers_are():
+    """The extension is optional at install; where it could be built, it must have been."""
+    import shutil
+    import sysconfig
+    from pathlib import Path
+
+    if not (shutil.which("cc") or shutil.which("gcc")):
+        pytest.skip("no C compiler here")
+    if not (Path(sysconfig.get_paths()["include"]) / "Python.h").is_file():
+        pytest.skip("no Python headers here")
+    assert compiled()
