@@ -113,41 +113,27 @@ in_range(Recorder *self)
     return 0;
 }
 
+/* Stamp slot `slot` (0 read start, 1 read end, 2 gradient end, 3 write end) of the row. */
 static PyObject *
-Recorder_start(Recorder *self, PyObject *Py_UNUSED(ignored))
+stamp(Recorder *self, int slot)
 {
     if (!in_range(self))
         return NULL;
-    self->times[4 * self->count] = now();
+    self->times[4 * self->count + slot] = now();
     Py_RETURN_NONE;
 }
 
 static PyObject *
-Recorder_read_end(Recorder *self, PyObject *Py_UNUSED(ignored))
-{
-    if (!in_range(self))
-        return NULL;
-    self->times[4 * self->count + 1] = now();
-    Py_RETURN_NONE;
-}
+Recorder_start(Recorder *self, PyObject *Py_UNUSED(ignored)) { return stamp(self, 0); }
 
 static PyObject *
-Recorder_grad_end(Recorder *self, PyObject *Py_UNUSED(ignored))
-{
-    if (!in_range(self))
-        return NULL;
-    self->times[4 * self->count + 2] = now();
-    Py_RETURN_NONE;
-}
+Recorder_read_end(Recorder *self, PyObject *Py_UNUSED(ignored)) { return stamp(self, 1); }
 
 static PyObject *
-Recorder_written(Recorder *self, PyObject *Py_UNUSED(ignored))
-{
-    if (!in_range(self))
-        return NULL;
-    self->times[4 * self->count + 3] = now();
-    Py_RETURN_NONE;
-}
+Recorder_grad_end(Recorder *self, PyObject *Py_UNUSED(ignored)) { return stamp(self, 2); }
+
+static PyObject *
+Recorder_written(Recorder *self, PyObject *Py_UNUSED(ignored)) { return stamp(self, 3); }
 
 static PyObject *
 Recorder_done(Recorder *self, PyObject *sample)
@@ -163,8 +149,9 @@ Recorder_done(Recorder *self, PyObject *sample)
     Py_RETURN_NONE;
 }
 
-static int64_t *
-block_slot(Recorder *self, int64_t *base, PyObject *block)
+/* Stamp block `block`'s entry of the row in `base` (copy_end or store_end). */
+static PyObject *
+stamp_block(Recorder *self, int64_t *base, PyObject *block)
 {
     if (!in_range(self))
         return NULL;
@@ -175,28 +162,15 @@ block_slot(Recorder *self, int64_t *base, PyObject *block)
         PyErr_Format(PyExc_IndexError, "block %zd: not in 0..%zd", b, self->blocks - 1);
         return NULL;
     }
-    return base + self->count * self->blocks + b;
-}
-
-static PyObject *
-Recorder_copied(Recorder *self, PyObject *block)
-{
-    int64_t *slot = block_slot(self, self->copy_end, block);
-    if (slot == NULL)
-        return NULL;
-    *slot = now();
+    base[self->count * self->blocks + b] = now();
     Py_RETURN_NONE;
 }
 
 static PyObject *
-Recorder_stored(Recorder *self, PyObject *block)
-{
-    int64_t *slot = block_slot(self, self->store_end, block);
-    if (slot == NULL)
-        return NULL;
-    *slot = now();
-    Py_RETURN_NONE;
-}
+Recorder_copied(Recorder *self, PyObject *block) { return stamp_block(self, self->copy_end, block); }
+
+static PyObject *
+Recorder_stored(Recorder *self, PyObject *block) { return stamp_block(self, self->store_end, block); }
 
 static PyObject *
 Recorder_get_count(Recorder *self, void *Py_UNUSED(closure))
@@ -236,7 +210,7 @@ static PyTypeObject RecorderType = {
 
 static struct PyModuleDef records_module = {
     PyModuleDef_HEAD_INIT, "realrun._records",
-    "A real worker's per-update records, written from C.", -1, NULL,
+    "A real worker's per-update records, written from C.", -1, NULL, NULL, NULL, NULL, NULL,
 };
 
 PyMODINIT_FUNC
