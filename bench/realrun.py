@@ -7,10 +7,14 @@ written the plain way of the PyTorch Hogwild example (``model.share_memory()``, 
 optimizer per process, autograd) as the baseline a user would otherwise write. Throughput is
 measured over the overlap window, when every worker is running (spawned workers start tens of
 ms apart): updates completed in the window divided by its length, from per-update end times
-recorded the same way on both sides.
+recorded the same way on both sides. Then, because two-worker MLP runs on a shared machine
+swing by tens of percent, the MLP's serial, lock-free ×2 and block-locked ×2 runs paired by
+seed, with how each lock-free run's writes met (write lockstep: writes that coincide and take
+many times a lone write).
 
-    python bench/realrun.py            # full table
-    python bench/realrun.py --quick    # fewer updates and seeds
+    python bench/realrun.py                     # full table, then 9 paired seeds
+    python bench/realrun.py --quick             # fewer updates and seeds
+    python bench/realrun.py --pairs-only --pairs 15
 """
 
 from __future__ import annotations
@@ -35,16 +39,42 @@ import torch.multiprocessing as mp
 from realrun.records import compiled
 from realrun.runner import run_real
 from realrun.timeline import overlap_rate, thread_ends
+from simulator.calibrate import alone_writes, running_together
 from simulator.problems import MLPProblem, Problem, make_problem
 from simulator.scenario import Scenario, load_scenario
 from simulator.timing import sample_stream
+from simulator.trace import Trace
 
 
 def _ours(scenario: Scenario, problem: Problem, workers: int, mode: str) -> tuple[float, float]:
     """(updates per second, final suboptimality) of one real run."""
-    run = run_real(scenario, workers, mode, dtype="float64", problem=problem)
-    trace = run.trace
-    return overlap_rate(thread_ends(trace)), float(trace["curve_loss"][-1]) - problem.optimum()[1]
+    rate, suboptimality, _ = _run(scenario, problem, workers, mode)
+    return rate, suboptimality
+
+
+def _run(scenario: Scenario, problem: Problem, workers: int,
+         mode: str) -> tuple[float, float, Trace]:
+    """:func:`_ours` and the run's trace."""
+    trace = run_real(scenario, workers, mode, dtype="float64", problem=problem).trace
+    return (overlap_rate(thread_ends(trace)),
+            float(trace["curve_loss"][-1]) - problem.optimum()[1], trace)
+
+
+def write_meetings(trace: Trace, reference_us: float) -> tuple[float, float, float]:
+    """Over the span in which every worker ran: (share of writes that another write
+    overlapped, share that were overlapped and took ≥ 3× ``reference_us``, median µs of the
+    overlapped writes)."""
+    rows = running_together(trace)
+    met = np.setdiff1d(rows, alone_writes(trace, rows))
+    duration = (trace["write_end"][met] - trace["write_start"][met]) / 1e3
+    return (met.size / max(rows.size, 1),
+            float(np.sum(duration >= 3 * reference_us)) / max(rows.size, 1),
+            float(np.median(duration)) if met.size else float("nan"))
+
+
+def median_write_us(trace: Trace) -> float:
+    """The median write's duration, µs."""
+    return float(np.median(trace["write_end"] - trace["write_start"])) / 1e3
 
 
 def _model(problem: Problem) -> torch.nn.Module:
@@ -163,19 +193,74 @@ PROBLEMS = (
 )
 
 
+def paired(label: str, overrides: list[str], updates: int, seeds: int) -> None:
+    """Serial, lock-free ×2 and block-locked ×2 (a lock around each block's write only) run
+    back to back for each seed, the order rotating with the seed, so that a change of the
+    machine's state falls on every side of a ratio; with each lock-free run, how its writes
+    met (:func:`write_meetings`, against the same seed's serial writes)."""
+    problem = make_problem(load_scenario(None, overrides).problem)
+    problem.optimum()
+    configs = [("serial", 1), ("lockfree", 2), ("blocklock", 2)]
+    print(f"\n{label}: two workers against serial, paired by seed\n")
+    print("| seed | serial updates/s | lock-free ×2 | ratio | writes met | met and ≥ 3× slower | "
+          "met write (median) | serial write (median) | block-locked ×2 | ratio |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    ratios: dict[str, list[float]] = {"lockfree": [], "blocklock": []}
+    lockstep = []
+    for seed in range(seeds):
+        scenario = load_scenario(None, [*overrides, f"run.updates={updates}",
+                                        f"run.seed={seed}"])
+        order = configs[seed % 3:] + configs[: seed % 3]
+        done = {mode: _run(scenario, problem, workers, mode) for mode, workers in order}
+        serial = done["serial"][0]
+        for mode in ratios:
+            ratios[mode].append(done[mode][0] / serial)
+        alone = median_write_us(done["serial"][2])
+        share, slow, met = write_meetings(done["lockfree"][2], alone)
+        lockstep.append(slow >= 0.5)
+        print(f"| {seed} | {serial:,.0f} | {done['lockfree'][0]:,.0f} | "
+              f"{ratios['lockfree'][-1]:.2f}× | {share:.2f} | {slow:.2f} | {met:.0f} µs | "
+              f"{alone:.0f} µs | "
+              f"{done['blocklock'][0]:,.0f} | {ratios['blocklock'][-1]:.2f}× |", flush=True)
+    print()
+    for mode, values in ratios.items():
+        q1, median, q3 = np.percentile(values, [25, 50, 75])
+        print(f"{mode} ×2 / serial: median {median:.2f}× (quartiles {q1:.2f}–{q3:.2f}×), "
+              f"≥ 1.7× in {sum(r >= 1.7 for r in values)} of {seeds}")
+    stuck = np.array(lockstep)
+    free = np.array(ratios["lockfree"])
+    for name, members in (("lock-free runs in write lockstep (half their writes met and ≥ 3× "
+                           "slower)", free[stuck]), ("the other lock-free runs", free[~stuck])):
+        if members.size:
+            print(f"{name}: {members.size}, ratio median {np.median(members):.2f}×")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer updates and seeds")
+    parser.add_argument("--pairs", type=int, default=None,
+                        help="seeds of the paired MLP comparison (default 9, 3 with --quick)")
+    parser.add_argument("--pairs-only", action="store_true",
+                        help="only the paired MLP comparison")
     args = parser.parse_args()
     seeds = 2 if args.quick else 3
+    pairs = args.pairs if args.pairs is not None else (3 if args.quick else 9)
     print(f"# {time.strftime('%Y-%m-%d')}, {platform.machine()}, {os.cpu_count()} cores, "
           f"Python {platform.python_version()}, torch {torch.__version__}")
+    label, overrides, updates = PROBLEMS[-1]
+    if not args.pairs_only:
+        table(args.quick, seeds)
+    paired(label, overrides, updates // 4 if args.quick else updates, pairs)
+
+
+def table(quick: bool, seeds: int) -> None:
+    """Every configuration on every problem, then the instrumentation's cost."""
     print("| problem | mode | workers | updates/s (median) | vs serial | final suboptimality "
           "(mean ± sd over seeds) |")
     print("|---|---|---:|---:|---:|---:|")
     serial_update_ns: dict[str, float] = {}
     for label, overrides, updates in PROBLEMS:
-        updates = updates // 4 if args.quick else updates
+        updates = updates // 4 if quick else updates
         problem = make_problem(load_scenario(None, overrides).problem)
         problem.optimum()  # once, outside every timing
         # Seeds outside, configurations inside: a change in the machine's load during the
@@ -208,6 +293,7 @@ def main() -> None:
                    else f"{cost / 1e3:.3f} µs | {cost / update_ns:.1%}")
         print(f"| {label} | {update_ns / 1e3:.2f} µs | {c_cells} | {fallback / 1e3:.3f} µs | "
               f"{fallback / update_ns:.1%} |")
+
 
 if __name__ == "__main__":
     main()
