@@ -901,7 +901,7 @@ def _parser() -> argparse.ArgumentParser:
             ("--speeds", "off", "with --pool and one worker per core (--cores = the run's "
              "workers): each core's own speed, from each worker's median gradient time (a "
              "busy sibling hyperthread or a throttled core runs a worker slower for the whole "
-             "run): keep them when they differ by over 10% (auto), always (on), or never "
+             "run): keep them when they differ by over 10%% (auto), always (on), or never "
              "(off, default); thread j is then simulated on core j mod cores")):
         choices = ("auto", "on", "rhythm", "off") if flag == "--common" else ("auto", "on", "off")
         cal.add_argument(flag, choices=choices, default=default, help=what)

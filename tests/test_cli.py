@@ -1,5 +1,6 @@
 """The asyngrad command: outputs of a run and one-line errors for bad input."""
 
+import argparse
 import json
 import subprocess
 import sys
@@ -82,6 +83,18 @@ def test_unknown_subcommand_is_one_line_exit_2():
     """argparse errors are one line too."""
     result = _cli("frobnicate")
     assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_every_subcommand_prints_its_help():
+    """`asyngrad X --help` renders for every subcommand (argparse expands % in help texts)."""
+    from simulator.cli import _parser
+
+    parser = _parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    assert len(commands.choices) >= 10
+    for name, sub in commands.choices.items():
+        text = sub.format_help()
+        assert text.startswith(f"usage: asyngrad {name}"), name
 
 
 def test_rerun_replaces_an_earlier_run_whole(tmp_path):
