@@ -437,6 +437,9 @@ def _compare(args: argparse.Namespace) -> int:
         def num(value: Any, spec: str = ".4g") -> str:
             return "n/a" if value is None else format(value, spec)
 
+        def us(ns: float | None) -> str:
+            return num(None if ns is None else ns / 1e3, ".1f")
+
         print(f"A: {report['a']['label']}\nB: {report['b']['label']}")
         print(f"  staleness mean {num(st['mean_a'])} vs {num(st['mean_b'])} (gap "
               f"{num(st['relative_mean_gap'], '.1%')}), p95 {num(st['p95_a'])} vs "
@@ -460,6 +463,9 @@ def _compare(args: argparse.Namespace) -> int:
               f"{num(ia['error_rate_fresh'], '.3f')} vs {num(ib['error_rate_fresh'], '.3f')}, "
               f"above 0 {num(ia['error_rate_stale'], '.3f')} vs "
               f"{num(ib['error_rate_stale'], '.3f')}")
+        print(f"  median write µs: met by another {us(ia['met_write_median_ns'])} vs "
+              f"{us(ib['met_write_median_ns'])}, lone {us(ia['lone_write_median_ns'])} vs "
+              f"{us(ib['lone_write_median_ns'])}")
         rh_a, rh_b = report["rhythm"]["a"], report["rhythm"]["b"]
         print(f"  rhythm: staleness / independent-phase value {num(rh_a['coupling'], '.3f')} vs "
               f"{num(rh_b['coupling'], '.3f')} ({num(rh_a['independent_staleness'])} vs "

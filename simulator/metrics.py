@@ -76,7 +76,9 @@ def interference(trace: Trace) -> dict[str, float | None]:
     be lost), the share of reads a write overlapped (where a read can see a half-written
     vector), and the gradient error rate split by staleness — among updates no other
     completion came between (``fresh``: their errors are lost stores and torn reads, not
-    staleness) and among the others (``stale``)."""
+    staleness) and among the others (``stale``); and the median duration of the writes another
+    write overlapped and of the others (``met_write_median_ns``, ``lone_write_median_ns``:
+    on dense vectors writes that meet can take many times a lone one, bench/README.md)."""
     writes = trace["write_end"] > trace["write_start"]  # rows that stored something
     ws, we = trace["write_start"][writes], trace["write_end"][writes]
     rs, re = trace["read_start"], trace["read_end"]
@@ -87,10 +89,16 @@ def interference(trace: Trace) -> dict[str, float | None]:
     def share(mask: np.ndarray) -> float | None:
         return float(mask.mean()) if mask.size else None
 
-    return {"write_overlap_rate": share(overlaps(ws, we, ws, we) > 1),
+    def median(values: np.ndarray) -> float | None:
+        return float(np.median(values)) if values.size else None
+
+    met = overlaps(ws, we, ws, we) > 1
+    return {"write_overlap_rate": share(met),
             "read_under_write_rate": share(overlaps(rs, re, ws, we)[re > rs] > 0),
             "error_rate_fresh": share(errors[measured & ~stale]),
-            "error_rate_stale": share(errors[measured & stale])}
+            "error_rate_stale": share(errors[measured & stale]),
+            "met_write_median_ns": median((we - ws)[met]),
+            "lone_write_median_ns": median((we - ws)[~met])}
 
 
 def rhythm(thread: np.ndarray, read_start: np.ndarray, write_end: np.ndarray,

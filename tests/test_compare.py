@@ -112,6 +112,9 @@ def test_interference_is_what_the_windows_and_errors_say(runs):
         assert got["read_under_write_rate"] == pytest.approx(under.mean())
         assert got["error_rate_fresh"] == pytest.approx(errors[~stale].mean())
         assert got["error_rate_stale"] == pytest.approx(errors[stale].mean())
+        met = other_write.any(axis=1)
+        assert got["met_write_median_ns"] == np.median((we - ws)[met])
+        assert got["lone_write_median_ns"] == np.median((we - ws)[~met])
         # Simulated block writes lose whole steps and B = 1 cannot tear a read, so an update
         # no completion came between carries no error; with 8 threads many writes overlap.
         assert got["error_rate_fresh"] == 0.0 and got["error_rate_stale"] > 0.5
@@ -123,8 +126,11 @@ def test_a_serial_run_shows_no_interference(tmp_path):
     assert main(["simulate", "--out", str(tmp_path / "s"), "--quiet", "--set",
                  "run.updates=200", "--set", "run.protocol=serial"]) == 0
     got = compare_runs(tmp_path / "s", tmp_path / "s")["interference"]["a"]
+    trace = load_run(tmp_path / "s").trace
     assert got == {"write_overlap_rate": 0.0, "read_under_write_rate": 0.0,
-                   "error_rate_fresh": 0.0, "error_rate_stale": None}
+                   "error_rate_fresh": 0.0, "error_rate_stale": None,
+                   "met_write_median_ns": None,
+                   "lone_write_median_ns": np.median(trace["write_end"] - trace["write_start"])}
 
 
 def test_simulated_workers_have_independent_phases(tmp_path):
