@@ -26,8 +26,10 @@ What is fitted:
   run at its worker count;
 * write convoys (one block per update): when writes that met end together (the median gap
   between their ends under half the median gap between their starts, over at least
-  30 pairs of writes that met and no third), the joiner's duration is fitted by least
-  squares as ``convoy_join``·W + ``convoy_rest``·max(W − lag, 0), W the mean duration of
+  30 pairs of writes that met and no third), the time from the joiner's start to the
+  leader's end is fitted by least squares as ``convoy_join``·W + ``convoy_rest``·max(W −
+  lag, 0), and ``convoy_end_gap`` is the median end gap over the median start lag (the
+  joiner's end trails the leader's), W the mean duration of
   writes that met no other (and the write distribution is fitted on those alone, so the
   convoys are not counted twice); ``convoy_lost_pairs`` is the share of the pairs a
   measure-mode run classified (``extra_convoy_pairs``) that lost any coordinate, among those
@@ -291,7 +293,8 @@ def fit_convoys(runs: list[tuple[Trace, np.ndarray]], mode: str = "auto") -> dic
         lead, join, _, _ = write_pairs(ws, we, trace["thread"][rows])
         lags.append((ws[join] - ws[lead]).astype(np.float64))
         gaps.append(np.abs(we[join] - we[lead]).astype(np.float64))
-        durations.append((we[join] - ws[join]).astype(np.float64))
+        # The convoy's end is the leader's: the joiner's own end trails it by the end gap.
+        durations.append((we[lead] - ws[join]).astype(np.float64))
         shares.append(np.full(lead.size, mean))
         pairs = convoy_pairs(trace)
         if pairs is not None and pairs.size:
@@ -346,7 +349,8 @@ def fit_convoys(runs: list[tuple[Trace, np.ndarray]], mode: str = "auto") -> dic
     design = np.column_stack([alone_mean, np.maximum(alone_mean - lag, 0)])
     solution = np.linalg.lstsq(design, np.concatenate(durations), rcond=None)[0]
     joined, rest = max(float(solution[0]), 1e-3), max(float(solution[1]), 0.0)
-    report.update(fields={"convoy_join": joined, "convoy_rest": rest, **losses},
+    report.update(fields={"convoy_join": joined, "convoy_rest": rest,
+                          "convoy_end_gap": together, **losses},
                   alone_write_ns=float(alone_mean.mean()))
     return report
 
@@ -1100,7 +1104,8 @@ def _describe_convoys(report: dict[str, Any]) -> str:
     return (f"{report['pairs']} pairs of writes that met ended together ({gap}); joiner "
             f"ends after {fields['convoy_join']:.3g} × its write + "
             f"{fields['convoy_rest']:.3g} × the leader's rest (alone "
-            f"{report['alone_write_ns']:.4g} ns); {losses}")
+            f"{report['alone_write_ns']:.4g} ns) and trails the leader's end by "
+            f"{fields['convoy_end_gap']:.3g} × its start lag; {losses}")
 
 
 def _describe_common(report: dict[str, Any]) -> str:

@@ -654,8 +654,11 @@ class Engine:
                     if wait is not None:
                         yield wait
                         clock[thread] = int(self.env.now)
-                    while convoy.end > clock[thread]:  # a later write joined: end with it
-                        yield self.env.timeout(convoy.end - clock[thread])
+                    # A later write joined: end with it (a member that started lag ns after
+                    # the first write ends convoy_end_gap·lag after the convoy's end).
+                    tail = round(self._convoys.convoy_end_gap * (begun - convoy.first))
+                    while convoy.end + tail > clock[thread]:
+                        yield self.env.timeout(convoy.end + tail - clock[thread])
                         clock[thread] = int(self.env.now)
                     self._sweep(convoy, u, block, index, step[vsel])
                     u.write_ns.append(clock[thread] - begun)

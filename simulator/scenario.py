@@ -37,7 +37,7 @@ EVEN_SPLIT_PROTOCOLS = ("serial", "locked", "lockfree", "staleness_lr", "dcasgd"
 SLICINGS = ("global", "per_core")
 # Writes that meet: convoys (convoy_join > 0) or passing writes, and what they lose.
 CONVOY_FIELDS = ("convoy_join", "convoy_rest", "convoy_lost_leader", "convoy_lost_joiner",
-                 "convoy_lost_pairs", "convoy_lost_within")
+                 "convoy_lost_pairs", "convoy_lost_within", "convoy_end_gap")
 COMMON_FIELDS = ("read_common", "grad_common", "write_common", "idle_common")
 PHASES = ("read", "grad", "write", "idle")  # in the order of simulator.timing.READ ... IDLE
 # Interference: the slowdown of phase p per other thread of the device in phase q (an other
@@ -123,9 +123,13 @@ class TimingSpec:
     the others lose many coordinates together. ``convoy_lost_within`` > 0: that probability
     falls with how far the leader had swept when the other write came, f (0 to 1), as
     ``convoy_lost_pairs``·exp(−f / ``convoy_lost_within``): sweeps that start together
-    meet at every coordinate, one that starts late trails behind. ``asyngrad calibrate``
-    fits all five from a real run when its overlapping writes end together
-    (``convoy_lost_within`` too when the lossy meetings fall with the lag).
+    meet at every coordinate, one that starts late trails behind. ``convoy_end_gap`` = g:
+    a member that started its write ``lag`` ns after the convoy's first write ends g·lag
+    after the convoy's end (0: all end together), as the follower of two real sweeps in
+    lockstep ends a little after the leader (the leader's next read then runs under the
+    follower's write). ``asyngrad calibrate`` fits all of them from a real run when its
+    overlapping writes end together (``convoy_lost_within`` too when the lossy meetings fall
+    with the lag; g as the median end gap over the median start lag).
 
     Passing writes (``convoy_join`` = 0 and ``convoy_lost_leader`` + ``convoy_lost_joiner``
     > 0; ``load_store`` writes of whole blocks): writes that meet keep their own durations
@@ -173,6 +177,7 @@ class TimingSpec:
     convoy_lost_joiner: float = 0.0
     convoy_lost_pairs: float = 1.0
     convoy_lost_within: float = 0.0
+    convoy_end_gap: float = 0.0
     read_common: float = 0.0
     grad_common: float = 0.0
     write_common: float = 0.0
@@ -208,6 +213,10 @@ class TimingSpec:
         _check(math.isfinite(self.convoy_lost_pairs) and 0 < self.convoy_lost_pairs <= 1,
                "convoy_lost_pairs", self.convoy_lost_pairs,
                "must be in (0, 1] (share of the joins that lose coordinates)")
+        _check(math.isfinite(self.convoy_end_gap) and self.convoy_end_gap >= 0,
+               "convoy_end_gap", self.convoy_end_gap,
+               "must be >= 0 (a convoy member's end after the convoy's, per ns of its start "
+               "after the first write's)")
         _check(math.isfinite(self.convoy_lost_within) and self.convoy_lost_within >= 0,
                "convoy_lost_within", self.convoy_lost_within,
                "must be >= 0 (share of the block swept over which lossy meetings fall by e; "

@@ -40,6 +40,35 @@ def test_a_write_that_joins_another_ends_with_it():
     assert trace["lost_blocks"].tolist() == [0, 0]
 
 
+def test_a_joiner_trails_the_convoys_end_by_the_end_gap():
+    """With convoy_end_gap = 0.25 the joiner, 1000 ns after the leader, ends 250 ns after the
+    convoy's end (20000); the leader ends with the convoy; both steps land whole."""
+    trace = simulate(two_writers("convoy_end_gap=0.25"))
+    rows = {int(t): i for i, t in enumerate(trace["thread"])}
+    assert [int(trace["write_end"][rows[t]]) for t in (0, 1)] == [20000, 20250]
+    assert convoy_pairs(trace).tolist() == [[0, 1, 1000, 0, 0]]
+    problem = make_problem(two_writers().problem)
+    w0 = problem.initial()
+    steps = [0.02 * problem.grad(w0, int(trace["sample"][rows[t]]))[0] for t in (0, 1)]
+    assert np.allclose(trace["w_final"], w0 - steps[0] - steps[1], rtol=0, atol=1e-15)
+
+
+def test_convoys_with_an_end_gap_are_deterministic_and_replay_bit_for_bit():
+    trace = same_every_way(_random_convoys("run.threads=2", "timing.convoy_end_gap=0.05"))
+    ws, we = trace["write_start"], trace["write_end"]
+    lead, join, _, _ = write_pairs(ws, we, trace["thread"])
+    assert lead.size > 50
+    # A pair's joiner ends gap·lag after its leader (rounded to the ns).
+    gap = (we[join] - we[lead]).astype(np.float64)
+    assert np.allclose(gap, np.round(0.05 * (ws[join] - ws[lead])), atol=1)
+
+
+def test_a_negative_end_gap_is_refused(capsys):
+    assert main(["simulate", "--out", "unused", "--set", "timing.convoy_end_gap=-0.1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "timing.convoy_end_gap" in err[0] and "-0.1" in err[0]
+
+
 @pytest.mark.parametrize(("leader", "joiner"), [(1.0, 0.0), (0.0, 1.0)])
 def test_the_shared_part_loses_the_stores_it_is_told_to(leader, joiner):
     """The leader had swept a quarter of the block when the joiner came: in the other three
@@ -150,6 +179,14 @@ def test_calibration_recovers_convoys_from_a_simulated_trace(tmp_path):
     assert timing.convoy_lost_leader == pytest.approx(0.08, rel=0.05)
     assert timing.convoy_lost_joiner == pytest.approx(0.04, rel=0.05)
     assert timing.write.mean == pytest.approx(4000, rel=0.05)
+    assert timing.convoy_end_gap == 0.0  # simulated convoys end together
+    gapped = convoy_run(tmp_path, "gapped", "timing.convoy_join=1.5",
+                        "timing.convoy_rest=2.5", "timing.convoy_lost_leader=0.08",
+                        "timing.convoy_lost_joiner=0.04", "timing.convoy_end_gap=0.1")
+    timing = calibrate(gapped, pool=True)[0].devices[0].timing
+    assert timing.convoy_end_gap == pytest.approx(0.1, rel=0.1)
+    assert timing.convoy_join == pytest.approx(1.5, rel=0.1)
+    assert timing.convoy_rest == pytest.approx(2.5, rel=0.1)
     off, report_off = calibrate(run, pool=True, convoys="off")
     assert not off.devices[0].timing.convoys and report_off["convoys"]["fields"] is None
 
