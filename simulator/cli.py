@@ -51,6 +51,12 @@ def _print_summary(summary: dict[str, Any], out: Path, seconds: float) -> None:
               f"max {stale['max']}")
     print(f"  lost blocks {over['lost_blocks']}, torn reads {over['torn_reads']}, "
           f"read-overwritten blocks {over['read_overwrite_blocks']}")
+    met = summary.get("writes", {})
+    if summary["threads"] > 1 and met.get("met_rate"):
+        lone = met["lone_median_ns"]
+        print(f"  writes met by another {met['met_rate']:.3f} (median "
+              f"{met['met_median_ns'] / 1e3:.3g} µs, lone "
+              f"{'n/a' if lone is None else f'{lone / 1e3:.3g}'} µs)")
     clock = "wall-clock span" if summary["source"] == "real" else "simulated time"
     print(f"  final suboptimality {summary['loss']['final_suboptimality']:.4g}, "
           f"{clock} {summary['time']['span_ns'] / 1e6:.3f} ms "

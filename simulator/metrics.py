@@ -14,7 +14,8 @@ from simulator.problems import Problem
 from simulator.trace import EXTRA, Trace
 
 __all__ = ["ERROR_THRESHOLD", "PHASE_BINS", "curve_rows", "error_mask", "interference",
-           "overlaps", "relative_error", "rhythm", "summarize", "trace_rhythm", "write_pairs"]
+           "overlaps", "relative_error", "rhythm", "summarize", "trace_rhythm", "write_meetings",
+           "write_pairs"]
 
 # An update has a gradient error when ‖δ‖ > ERROR_THRESHOLD · max(‖g‖, 1e-12).
 ERROR_THRESHOLD = 1e-9
@@ -70,6 +71,24 @@ def write_pairs(start: np.ndarray, end: np.ndarray, owner: np.ndarray
     return order[lead[met]], order[join[met]], before[lead[met]], after[lead[met]]
 
 
+def write_meetings(trace: Trace) -> dict[str, float | None]:
+    """How writes met, from the recorded windows alone (any trace): the share of writes that
+    another write overlapped (``met_rate``), and the median duration of those and of the
+    others (``met_median_ns``, ``lone_median_ns``). On dense vectors writes that meet can
+    take many times a lone one and keep the workers in lockstep (bench/README.md). Rows that
+    stored nothing are left out; None where a group is empty."""
+    writes = trace["write_end"] > trace["write_start"]
+    ws, we = trace["write_start"][writes], trace["write_end"][writes]
+    met = overlaps(ws, we, ws, we) > 1
+    duration = we - ws
+
+    def median(values: np.ndarray) -> float | None:
+        return float(np.median(values)) if values.size else None
+
+    return {"met_rate": float(met.mean()) if met.size else None,
+            "met_median_ns": median(duration[met]), "lone_median_ns": median(duration[~met])}
+
+
 def interference(trace: Trace) -> dict[str, float | None]:
     """How updates met each other in time, from the recorded windows alone (simulated and
     real traces alike): the share of writes that overlapped another write (where stores can
@@ -89,16 +108,13 @@ def interference(trace: Trace) -> dict[str, float | None]:
     def share(mask: np.ndarray) -> float | None:
         return float(mask.mean()) if mask.size else None
 
-    def median(values: np.ndarray) -> float | None:
-        return float(np.median(values)) if values.size else None
-
-    met = overlaps(ws, we, ws, we) > 1
-    return {"write_overlap_rate": share(met),
+    meetings = write_meetings(trace)
+    return {"write_overlap_rate": meetings["met_rate"],
             "read_under_write_rate": share(overlaps(rs, re, ws, we)[re > rs] > 0),
             "error_rate_fresh": share(errors[measured & ~stale]),
             "error_rate_stale": share(errors[measured & stale]),
-            "met_write_median_ns": median((we - ws)[met]),
-            "lone_write_median_ns": median((we - ws)[~met])}
+            "met_write_median_ns": meetings["met_median_ns"],
+            "lone_write_median_ns": meetings["lone_median_ns"]}
 
 
 def rhythm(thread: np.ndarray, read_start: np.ndarray, write_end: np.ndarray,
@@ -236,6 +252,7 @@ def summarize(trace: Trace, problem: Problem, scenario: Any) -> dict[str, Any]:
         "staleness": {"mean": _number(staleness.mean()) if len(trace) else None,
                       "p95": _number(np.quantile(staleness, 0.95)) if len(trace) else None,
                       "max": int(staleness.max()) if len(trace) else None},
+        "writes": write_meetings(trace),
         "overwrites": {
             "read_overwrite_blocks": int(trace["read_overwrites"].sum()),
             "updates_with_read_overwrite": int((trace["read_overwrites"] > 0).sum()),

@@ -10,7 +10,14 @@ import pytest
 from simulator.cli import main
 from simulator.compare import compare_runs, load_run
 from simulator.errors import AsyngradError
-from simulator.metrics import PHASE_BINS, error_mask, overlaps, rhythm, trace_rhythm
+from simulator.metrics import (
+    PHASE_BINS,
+    error_mask,
+    overlaps,
+    rhythm,
+    trace_rhythm,
+    write_meetings,
+)
 
 
 @pytest.fixture(scope="module")
@@ -122,9 +129,30 @@ def test_interference_is_what_the_windows_and_errors_say(runs):
         compare_runs(runs / "c", runs / "a")["interference"]["a"]["write_overlap_rate"])
 
 
+def test_the_summary_says_how_writes_met(runs, tmp_path):
+    """summary.json's ``writes`` is what the windows say, as compare's interference; a run
+    whose writes convoy shows met writes far longer than lone ones."""
+    for name in ("a", "c"):
+        run = load_run(runs / name)
+        got = json.loads((runs / name / "summary.json").read_text())["writes"]
+        mine = compare_runs(runs / name, runs / name)["interference"]["a"]
+        assert got == {"met_rate": mine["write_overlap_rate"],
+                       "met_median_ns": mine["met_write_median_ns"],
+                       "lone_median_ns": mine["lone_write_median_ns"]}
+        assert got["met_rate"] == pytest.approx(write_meetings(run.trace)["met_rate"])
+    out = tmp_path / "convoys"
+    assert main(["simulate", "--out", str(out), "--quiet", "--set", "run.threads=2",
+                 "--set", "run.updates=400", "--set", "timing.convoy_join=3",
+                 "--set", "timing.convoy_rest=1"]) == 0
+    got = json.loads((out / "summary.json").read_text())["writes"]
+    assert got["met_rate"] > 0.2 and got["met_median_ns"] > 2 * got["lone_median_ns"]
+
+
 def test_a_serial_run_shows_no_interference(tmp_path):
     assert main(["simulate", "--out", str(tmp_path / "s"), "--quiet", "--set",
                  "run.updates=200", "--set", "run.protocol=serial"]) == 0
+    assert json.loads((tmp_path / "s" / "summary.json").read_text())["writes"][
+        "met_median_ns"] is None
     got = compare_runs(tmp_path / "s", tmp_path / "s")["interference"]["a"]
     trace = load_run(tmp_path / "s").trace
     assert got == {"write_overlap_rate": 0.0, "read_under_write_rate": 0.0,
