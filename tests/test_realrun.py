@@ -229,6 +229,10 @@ def test_ctrl_c_stops_cleanly_and_keeps_partial_results(tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["real"]["failure"]["reason"].startswith("interrupted")
     assert 0 < summary["updates"] < 1_000_000
+    # How the real writes met, from the partial trace as from any other.
+    from simulator.metrics import write_meetings
+    from simulator.trace import Trace
+    assert summary["writes"] == write_meetings(Trace.load(out / "trace.npz"))
     # The workers, and multiprocessing's resource tracker (which exits once it sees its
     # parent's pipe close, within about a second), must all be gone: nothing orphaned.
     deadline = time.monotonic() + 5
