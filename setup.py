@@ -1,7 +1,10 @@
-"""The one compiled part: the real workers' recorder (realrun/_records.c). It is optional: where
-no C compiler is found the install goes on and the workers record in Python
-(realrun/records.py), about 0.25 µs more per update. Everything else is in pyproject.toml."""
+"""The compiled parts, both optional: the real workers' recorder (realrun/_records.c) and the
+CPU-to-CPU cache-line probe (realrun/_cpuprobe.c, Linux). Where no C compiler is found the
+install goes on: the workers record in Python (realrun/records.py, about 0.25 µs more per
+update) and real runs report no CPU latency (realrun/probe.py). Everything else is in
+pyproject.toml."""
 
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("realrun._records", ["realrun/_records.c"], optional=True)])
+setup(ext_modules=[Extension("realrun._records", ["realrun/_records.c"], optional=True),
+                   Extension("realrun._cpuprobe", ["realrun/_cpuprobe.c"], optional=True)])

@@ -10,7 +10,8 @@ ms apart): updates completed in the window divided by its length, from per-updat
 recorded the same way on both sides. Then, because two-worker MLP runs on a shared machine
 swing by tens of percent, the MLP's serial, lock-free ×2 and block-locked ×2 runs paired by
 seed, with how each lock-free run's writes met (write lockstep: writes that coincide and take
-many times a lone write).
+many times a lone write) and how far apart its two CPUs were (the cache-line latency between
+them just before and after it: a virtual machine's host moves its CPUs between L3 domains).
 
     python bench/realrun.py                     # full table, then 9 paired seeds
     python bench/realrun.py --quick             # fewer updates and seeds
@@ -26,6 +27,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 # Run as `python bench/realrun.py`, this file's folder comes first on sys.path; drop it so the
 # bench's own names never shadow the project's packages.
@@ -45,19 +47,30 @@ from simulator.scenario import Scenario, load_scenario
 from simulator.timing import sample_stream
 from simulator.trace import Trace
 
+FAR_NS = 150  # CPUs "far apart": a cache line takes at least this long between them (one way)
+
 
 def _ours(scenario: Scenario, problem: Problem, workers: int, mode: str) -> tuple[float, float]:
     """(updates per second, final suboptimality) of one real run."""
-    rate, suboptimality, _ = _run(scenario, problem, workers, mode)
+    rate, suboptimality, _, _ = _run(scenario, problem, workers, mode)
     return rate, suboptimality
 
 
 def _run(scenario: Scenario, problem: Problem, workers: int,
-         mode: str) -> tuple[float, float, Trace]:
-    """:func:`_ours` and the run's trace."""
-    trace = run_real(scenario, workers, mode, dtype="float64", problem=problem).trace
-    return (overlap_rate(thread_ends(trace)),
-            float(trace["curve_loss"][-1]) - problem.optimum()[1], trace)
+         mode: str) -> tuple[float, float, Trace, dict[str, Any] | None]:
+    """:func:`_ours`, the run's trace and its CPU-to-CPU latency (``RealRun.cpu_latency``)."""
+    run = run_real(scenario, workers, mode, dtype="float64", problem=problem)
+    return (overlap_rate(thread_ends(run.trace)),
+            float(run.trace["curve_loss"][-1]) - problem.optimum()[1], run.trace,
+            run.cpu_latency)
+
+
+def far_apart(latency: dict[str, Any] | None) -> bool | None:
+    """Whether a run's two CPUs were far apart (cache-line latency ≥ ``FAR_NS`` before or
+    after it); None when it was not measured."""
+    values = [] if latency is None else [latency[key] for key in ("before_ns", "after_ns")
+                                         if latency[key] is not None]
+    return max(values) >= FAR_NS if values else None
 
 
 def write_meetings(trace: Trace, reference_us: float) -> tuple[float, float, float]:
@@ -203,10 +216,11 @@ def paired(label: str, overrides: list[str], updates: int, seeds: int) -> None:
     configs = [("serial", 1), ("lockfree", 2), ("blocklock", 2)]
     print(f"\n{label}: two workers against serial, paired by seed\n")
     print("| seed | serial updates/s | lock-free ×2 | ratio | writes met | met and ≥ 3× slower | "
-          "met write (median) | serial write (median) | block-locked ×2 | ratio |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "met write (median) | serial write (median) | CPU latency before / after | "
+          "block-locked ×2 | ratio |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     ratios: dict[str, list[float]] = {"lockfree": [], "blocklock": []}
-    lockstep = []
+    lockstep, far = [], []
     for seed in range(seeds):
         scenario = load_scenario(None, [*overrides, f"run.updates={updates}",
                                         f"run.seed={seed}"])
@@ -218,9 +232,11 @@ def paired(label: str, overrides: list[str], updates: int, seeds: int) -> None:
         alone = median_write_us(done["serial"][2])
         share, slow, met = write_meetings(done["lockfree"][2], alone)
         lockstep.append(slow >= 0.5)
+        latency = done["lockfree"][3]
+        far.append(far_apart(latency))
         print(f"| {seed} | {serial:,.0f} | {done['lockfree'][0]:,.0f} | "
               f"{ratios['lockfree'][-1]:.2f}× | {share:.2f} | {slow:.2f} | {met:.0f} µs | "
-              f"{alone:.0f} µs | "
+              f"{alone:.0f} µs | {_latency_cell(latency)} | "
               f"{done['blocklock'][0]:,.0f} | {ratios['blocklock'][-1]:.2f}× |", flush=True)
     print()
     for mode, values in ratios.items():
@@ -233,6 +249,23 @@ def paired(label: str, overrides: list[str], updates: int, seeds: int) -> None:
                            "slower)", free[stuck]), ("the other lock-free runs", free[~stuck])):
         if members.size:
             print(f"{name}: {members.size}, ratio median {np.median(members):.2f}×")
+    if any(f is not None for f in far):
+        apart = np.array([bool(f) for f in far])
+        for name, chosen in ((f"CPUs far apart (≥ {FAR_NS} ns before or after)", apart),
+                             ("CPUs near", ~apart)):
+            if chosen.any():
+                print(f"lock-free runs on {name}: {int(chosen.sum())}, in write lockstep "
+                      f"{int(stuck[chosen].sum())}, ratio median "
+                      f"{np.median(free[chosen]):.2f}×, ≥ 1.7× in "
+                      f"{int((free[chosen] >= 1.7).sum())}")
+
+
+def _latency_cell(latency: dict[str, Any] | None) -> str:
+    """A run's CPU-to-CPU cache-line latency before / after, ns ("—" unmeasured)."""
+    if latency is None:
+        return "—"
+    return " / ".join("—" if latency[key] is None else f"{latency[key]:.0f} ns"
+                      for key in ("before_ns", "after_ns"))
 
 
 def main() -> None:

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from realrun.probe import built, line_latency_ns, probe_cpus
 from realrun.records import compiled
 from realrun.timeline import Measure, WorkerRecord, merge
 from realrun.worker import (
@@ -69,6 +70,9 @@ class RealRun:
     accumulate: int = 1
     cpus: list[int] | None = None  # worker r's CPU when pinned
     recorder: str = "python"  # how workers recorded their updates: "c" (realrun/_records.c)
+    # CPU-to-CPU cache-line latency just before the workers started and after they finished
+    # (realrun/probe.py): {"cpus", "before_ns", "after_ns"}; None with one worker or no probe.
+    cpu_latency: dict[str, Any] | None = None
 
 
 def _quotas(updates: int, workers: int) -> list[int]:
@@ -235,6 +239,9 @@ def run_real(scenario: Scenario, workers: int, mode: str, dtype: str = "float32"
     processes = _workers(buffers, workers, quotas, toml, mode, scenario.run.blocks,
                          device if torch_path else None, launch, accumulate, cpus)
     go = processes[0].go
+    probed = probe_cpus(cpus) if workers > 1 and device == "cpu" and built() else None
+    latency: dict[str, Any] | None = (None if probed is None else
+                                      {"cpus": probed, "before_ns": None, "after_ns": None})
     started = time.monotonic()
     snapshots = [(0, time.monotonic_ns(), _host(buffers.w))]
     failure = None
@@ -246,6 +253,8 @@ def run_real(scenario: Scenario, workers: int, mode: str, dtype: str = "float32"
             on_start([p.pid for p in processes if p.pid is not None])
         failure = _start_together(buffers, processes, timeout, started)
         if failure is None:
+            if latency is not None:  # the workers wait on `go` without spinning
+                latency["before_ns"] = line_latency_ns(latency["cpus"])
             started = time.monotonic()  # the run's time counts from the common start
             snapshots = [(0, time.monotonic_ns(), _host(buffers.w))]
             go.set()
@@ -256,11 +265,13 @@ def run_real(scenario: Scenario, workers: int, mode: str, dtype: str = "float32"
     finally:
         _stop(processes)
     seconds = time.monotonic() - started
+    if latency is not None and failure is None:
+        latency["after_ns"] = line_latency_ns(latency["cpus"])
     trace, lost = _trace(buffers, workers, scenario, problem, w_star, snapshots, toml, dtype,
                          measure_every)
     return RealRun(scenario, problem, trace, workers, mode, dtype, seconds, failure, lost,
                    measure_every, device, launch, pattern, accumulate, cpus,
-                   "c" if compiled() and not torch_path else "python")
+                   "c" if compiled() and not torch_path else "python", latency)
 
 
 def _workers(buffers: Buffers, workers: int, quotas: list[int], toml: str, mode: str,
@@ -375,7 +386,7 @@ def summary_extra(run: RealRun) -> dict[str, Any]:
     return {"real": {"workers": run.workers, "mode": run.mode, "dtype": run.dtype,
                      "device": run.device, "launch": run.launch, "pattern": run.pattern,
                      "accumulate": run.accumulate, "cpus": run.cpus,
-                     "recorder": run.recorder,
+                     "recorder": run.recorder, "cpu_latency": run.cpu_latency,
                      "wall_seconds": run.seconds,
                      "updates_per_wall_second": len(run.trace) / max(run.seconds, 1e-9),
                      "failure": run.failure, "measure_every": run.measure_every,

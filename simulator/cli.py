@@ -704,7 +704,19 @@ def _real(args: argparse.Namespace) -> int:
             print(f"  hardware lost: |rebuilt w_T − real w_T| = "
                   f"{run.hardware_loss['rebuilt_vs_real_norm']:.3g} (max element "
                   f"{run.hardware_loss['rebuilt_vs_real_max']:.3g})")
+        if run.cpu_latency is not None:
+            print("  " + latency_line(run.cpu_latency))
     return 0
+
+
+def latency_line(latency: dict[str, Any]) -> str:
+    """A real run's CPU-to-CPU cache-line latency (``summary.json`` ``real.cpu_latency``)."""
+    a, b = latency["cpus"]
+    said = [f"{latency[key]:.0f} ns {when}" for key, when in (("before_ns", "before the run"),
+                                                              ("after_ns", "after"))
+            if latency[key] is not None]
+    return (f"a cache line passes between CPUs {a} and {b} in " + ", ".join(said)
+            if said else f"CPU {a} to CPU {b}: the latency probe could not run")
 
 
 def _real_ps(args: argparse.Namespace, scenario: Any) -> int:

@@ -1,5 +1,6 @@
 """Real processes and real shared memory on tiny problems (seconds each)."""
 
+import json
 import os
 import signal
 import subprocess
@@ -11,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from realrun.probe import built, probe_cpus
 from realrun.runner import run_real
 from realrun.timeslice import measure_time_slice
 from simulator.engine import simulate
@@ -40,6 +42,7 @@ def test_serial_real_run_equals_the_simulator_to_the_bit():
     assert np.array_equal(real.trace["sample"], simulated["sample"])
     assert np.array_equal(real.trace["w_final"], simulated["w_final"])
     assert real.trace["staleness"].max() == 0
+    assert real.cpu_latency is None  # one worker: no pair of CPUs to probe
 
 
 def test_lock_free_workers_converge_and_merge_cleanly():
@@ -64,6 +67,10 @@ def test_lock_free_workers_converge_and_merge_cleanly():
     f_star = run.problem.optimum()[1]
     start, end = trace["curve_loss"][0] - f_star, trace["curve_loss"][-1] - f_star
     assert end < 0.2 * start
+    if built() and probe_cpus() is not None:  # measured just before the start and after
+        latency = run.cpu_latency
+        assert latency["cpus"] == probe_cpus()
+        assert all(0 < latency[key] < 1e6 for key in ("before_ns", "after_ns"))
 
 
 def test_locked_workers_never_overlap():
@@ -151,6 +158,8 @@ def test_cli_real_run_and_its_replay(tmp_path):
     from simulator.replay import load_trace
     recorded = load_trace(out)
     assert recorded.source == "real" and len(recorded) == 3000
+    summary = json.loads((out / "summary.json").read_text())
+    assert set(summary["real"]) >= {"cpu_latency", "recorder"}
     _, _, again = replay(recorded)
     # Trace-driven simulation puts every event at its recorded time: per worker, the same
     # timestamps; hence the same interleaving (up to the order of equal timestamps).

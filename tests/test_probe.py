@@ -1,0 +1,80 @@
+"""The CPU-to-CPU cache-line probe (realrun/_cpuprobe.c): what it measures, what it refuses,
+and that real runs carry it."""
+
+import math
+import os
+
+import pytest
+
+from realrun.probe import built, line_latency_ns, probe_cpus
+from simulator.cli import latency_line
+
+needs_probe = pytest.mark.skipif(not built(), reason="realrun._cpuprobe not built (no C "
+                                 "compiler at install, or not Linux)")
+needs_two = pytest.mark.skipif(probe_cpus() is None, reason="needs two usable CPUs")
+
+
+@needs_probe
+@needs_two
+def test_the_probe_measures_each_burst_on_two_cpus():
+    from realrun._cpuprobe import line_latency
+
+    a, b = probe_cpus()
+    bursts = line_latency(a, b, rounds=500, bursts=3)
+    # One way, a line between two cores takes at least a few nanoseconds and, on any machine
+    # this runs on, far less than a millisecond.
+    assert len(bursts) == 3 and all(math.isfinite(x) and 1 < x < 1e6 for x in bursts)
+    median = line_latency_ns([a, b], rounds=500, bursts=3)
+    assert median is not None and 1 < median < 1e6
+
+
+@needs_probe
+def test_the_probe_refuses_one_cpu_and_names_a_cpu_it_cannot_use():
+    from realrun._cpuprobe import line_latency
+
+    with pytest.raises(ValueError, match="cpus: 0 and 0"):
+        line_latency(0, 0)
+    with pytest.raises(ValueError, match="rounds 0"):
+        line_latency(0, 1, rounds=0)
+    with pytest.raises(ValueError, match="cpus: 0 and 0"):
+        line_latency_ns([0, 0])
+    mine = min(os.sched_getaffinity(0))
+    absent = 1023  # a valid CPU number that no test machine lets this process use
+    assert absent not in os.sched_getaffinity(0)
+    with pytest.raises(OSError, match=f"CPU {absent}: cannot run there"):
+        line_latency(mine, absent, rounds=10, bursts=1)
+    assert line_latency_ns([mine, absent], rounds=10, bursts=1) is None  # a run goes on
+
+
+def test_the_cpus_probed_are_the_pinned_workers_or_the_first_two_usable():
+    usable = sorted(os.sched_getaffinity(0))
+    first_two = usable[:2] if len(usable) >= 2 else None
+    assert probe_cpus([5, 3, 5]) == [5, 3]
+    assert probe_cpus([2, 2]) == first_two  # two workers on one CPU: the usable ones instead
+    assert probe_cpus(None) == first_two
+
+
+def test_the_latency_line_says_what_was_measured():
+    assert latency_line({"cpus": [0, 1], "before_ns": 47.6, "after_ns": 412.2}) == (
+        "a cache line passes between CPUs 0 and 1 in 48 ns before the run, 412 ns after")
+    assert latency_line({"cpus": [0, 1], "before_ns": 40.0, "after_ns": None}) == (
+        "a cache line passes between CPUs 0 and 1 in 40 ns before the run")
+    assert latency_line({"cpus": [2, 3], "before_ns": None, "after_ns": None}) == (
+        "CPU 2 to CPU 3: the latency probe could not run")
+
+
+def test_the_probe_is_built_where_a_compiler_and_headers_are():
+    """The extension is optional at install; on Linux where it could be built, it must have
+    been."""
+    import shutil
+    import sys
+    import sysconfig
+    from pathlib import Path
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("the probe pins threads with sched_setaffinity (Linux)")
+    if not (shutil.which("cc") or shutil.which("gcc")):
+        pytest.skip("no C compiler here")
+    if not (Path(sysconfig.get_paths()["include"]) / "Python.h").is_file():
+        pytest.skip("no Python headers here")
+    assert built()
