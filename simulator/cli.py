@@ -480,6 +480,10 @@ def _compare(args: argparse.Namespace) -> int:
               f"in a worker's cycle")
         print(f"  updates/s {report['throughput']['updates_per_second_a']:.4g} vs "
               f"{report['throughput']['updates_per_second_b']:.4g}")
+        ca, cb = report["cpu_latency"]["a"], report["cpu_latency"]["b"]
+        if ca is not None or cb is not None:
+            print(f"  CPU-to-CPU cache line before / after the run, ns: {_latency_pair(ca)} vs "
+                  f"{_latency_pair(cb)}")
         print(f"  final suboptimality {num(lo['final_a'])} vs {num(lo['final_b'])} (ratio "
               f"{num(lo['final_ratio'], '.3g')}; largest ratio along the curves "
               f"10^{num(lo['max_abs_log10_ratio'], '.2f')})")
@@ -707,6 +711,14 @@ def _real(args: argparse.Namespace) -> int:
         if run.cpu_latency is not None:
             print("  " + latency_line(run.cpu_latency))
     return 0
+
+
+def _latency_pair(latency: dict[str, Any] | None) -> str:
+    """``before / after`` ns of a ``real.cpu_latency`` ("—" where unmeasured)."""
+    if latency is None:
+        return "—"
+    return " / ".join("—" if latency[key] is None else f"{latency[key]:.0f}"
+                      for key in ("before_ns", "after_ns"))
 
 
 def latency_line(latency: dict[str, Any]) -> str:

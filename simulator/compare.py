@@ -153,10 +153,19 @@ def compare_runs(a: str | Path, b: str | Path) -> dict[str, Any]:
         "overwrites": {"a": overwrites(ra), "b": overwrites(rb)},
         "interference": {"a": interference(ta), "b": interference(tb)},
         "rhythm": {"a": trace_rhythm(ta), "b": trace_rhythm(tb)},
+        # Real runs: how far apart their two CPUs were (a different state of the host makes
+        # a different machine: bench/README.md, write lockstep).
+        "cpu_latency": {"a": _cpu_latency(ra), "b": _cpu_latency(rb)},
         "throughput": {"updates_per_second_a": ups_a, "updates_per_second_b": ups_b,
                        "ratio": ups_b / ups_a if ups_a else None},
         "loss": _loss_agreement(ra.curve, rb.curve),
     }
+
+
+def _cpu_latency(run: Run) -> dict[str, Any] | None:
+    """A real run's ``real.cpu_latency`` (None for a simulated run or where unmeasured)."""
+    real = run.summary.get("real")
+    return real.get("cpu_latency") if isinstance(real, dict) else None
 
 
 def pair_losses(trace: Trace) -> dict[str, Any]:

@@ -235,3 +235,25 @@ def test_a_real_run_has_no_lost_blocks_but_its_classified_pairs(tmp_path, capsys
         assert report[side] == {**report[side], **pair_losses(load_trace(run))}
     lost = convoy_pairs(load_trace(sim))[:, 3:].sum(axis=1)
     assert report["b"]["pairs_losing"] == np.mean(lost > 0) > 0
+
+
+def test_compare_shows_how_far_apart_a_real_runs_cpus_were(runs, tmp_path, capsys):
+    """A real run's ``real.cpu_latency`` goes into the report beside the other run's (None for
+    a simulated one), and the printed report shows both."""
+    import shutil
+
+    real = tmp_path / "real"
+    shutil.copytree(runs / "a", real)
+    summary = json.loads((real / "summary.json").read_text())
+    summary["real"] = {"cpu_latency": {"cpus": [0, 1], "before_ns": 371.6, "after_ns": 44.2}}
+    (real / "summary.json").write_text(json.dumps(summary))
+    report = compare_runs(real, runs / "b")
+    assert report["cpu_latency"] == {"a": summary["real"]["cpu_latency"], "b": None}
+    assert compare_runs(runs / "a", runs / "b")["cpu_latency"] == {"a": None, "b": None}
+    capsys.readouterr()
+    assert main(["compare", str(real), str(runs / "b"), "--out", str(tmp_path / "cmp")]) == 0
+    assert "CPU-to-CPU cache line before / after the run, ns: 372 / 44 vs —" in (
+        capsys.readouterr().out)
+    assert main(["compare", str(runs / "a"), str(runs / "b"), "--out",
+                 str(tmp_path / "cmp2")]) == 0
+    assert "CPU-to-CPU" not in capsys.readouterr().out
