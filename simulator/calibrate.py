@@ -99,6 +99,7 @@ from simulator.errors import AsyngradError, TraceError
 from simulator.memory import block_bounds
 from simulator.metrics import overlaps, trace_rhythm, write_pairs
 from simulator.problems import make_problem
+from simulator.rundir import latency_line
 from simulator.scenario import COMMON_FIELDS, DeviceSpec, Scenario, TimingSpec, scenario_from_dict
 from simulator.trace import Trace, convoy_pairs
 
@@ -1053,6 +1054,10 @@ def calibrated_toml(scenario: Scenario, report: dict[str, Any]) -> str:
     lines.append(f"#   rhythm: {_describe_rhythm(report['rhythm'], report['common'])}")
     if "speeds" in report:
         lines.append(f"#   core speeds: {_describe_speeds(report['speeds'])}")
+    for run, latency in report.get("cpu_latency", {}).items():
+        if latency is not None:
+            lines.append(f"#   CPUs of {run}: {latency_line(latency)} (far apart from about "
+                         "150 ns: dense shared writes then take many times as long)")
     body = scenario_to_toml(scenario).split("\n", 1)[1]  # its own header line replaced
     return "\n".join(lines) + "\n" + body
 

@@ -426,7 +426,7 @@ def _compare(args: argparse.Namespace) -> int:
     import json
 
     from simulator.compare import compare_figure, compare_runs
-    from simulator.rundir import check_out, publish
+    from simulator.rundir import check_out, latency_pair, publish
 
     out = Path(args.out or "runs/compare")
     check_out(out, COMPARE_FILES)
@@ -482,8 +482,8 @@ def _compare(args: argparse.Namespace) -> int:
               f"{report['throughput']['updates_per_second_b']:.4g}")
         ca, cb = report["cpu_latency"]["a"], report["cpu_latency"]["b"]
         if ca is not None or cb is not None:
-            print(f"  CPU-to-CPU cache line before / after the run, ns: {_latency_pair(ca)} vs "
-                  f"{_latency_pair(cb)}")
+            print(f"  CPU-to-CPU cache line before / after the run, ns: {latency_pair(ca)} vs "
+                  f"{latency_pair(cb)}")
         print(f"  final suboptimality {num(lo['final_a'])} vs {num(lo['final_b'])} (ratio "
               f"{num(lo['final_ratio'], '.3g')}; largest ratio along the curves "
               f"10^{num(lo['max_abs_log10_ratio'], '.2f')})")
@@ -510,6 +510,7 @@ def _quantum(text: str) -> tuple[int, str]:
 
 def _calibrate(args: argparse.Namespace) -> int:
     from simulator.calibrate import MARKER, calibrate, calibrate_counts, calibrated_toml
+    from simulator.rundir import run_cpu_latency
 
     out = Path(args.out)
     if out.is_dir() or (out.exists() and not out.read_text().startswith(MARKER)):
@@ -533,6 +534,9 @@ def _calibrate(args: argparse.Namespace) -> int:
                                      args.interference, args.speeds)
     if measured:
         report["time_slice"] = measured
+    # Where the host put the runs' CPUs (real runs on a virtual machine): a scenario fitted
+    # with the CPUs near each other predicts a run with them near.
+    report["cpu_latency"] = {str(run): run_cpu_latency(run) for run in args.run_dir}
     text = calibrated_toml(scenario, report)
     staging = out.parent / f".{out.name}.partial-{os.getpid()}"
     try:
@@ -678,7 +682,7 @@ def _real(args: argparse.Namespace) -> int:
         raise AsyngradError("asyngrad real needs PyTorch: pip install torch "
                             "(or the project's extra: pip install -e '.[torch]')") from None
     from realrun.runner import run_real, summary_extra
-    from simulator.rundir import check_out, write_run
+    from simulator.rundir import check_out, latency_line, write_run
     from simulator.scenario import load_scenario
 
     scenario = load_scenario(args.scenario, args.set)
@@ -711,24 +715,6 @@ def _real(args: argparse.Namespace) -> int:
         if run.cpu_latency is not None:
             print("  " + latency_line(run.cpu_latency))
     return 0
-
-
-def _latency_pair(latency: dict[str, Any] | None) -> str:
-    """``before / after`` ns of a ``real.cpu_latency`` ("—" where unmeasured)."""
-    if latency is None:
-        return "—"
-    return " / ".join("—" if latency[key] is None else f"{latency[key]:.0f}"
-                      for key in ("before_ns", "after_ns"))
-
-
-def latency_line(latency: dict[str, Any]) -> str:
-    """A real run's CPU-to-CPU cache-line latency (``summary.json`` ``real.cpu_latency``)."""
-    a, b = latency["cpus"]
-    said = [f"{latency[key]:.0f} ns {when}" for key, when in (("before_ns", "before the run"),
-                                                              ("after_ns", "after"))
-            if latency[key] is not None]
-    return (f"a cache line passes between CPUs {a} and {b} in " + ", ".join(said)
-            if said else f"CPU {a} to CPU {b}: the latency probe could not run")
 
 
 def _real_ps(args: argparse.Namespace, scenario: Any) -> int:

@@ -27,6 +27,7 @@ from matplotlib.figure import Figure
 from simulator.errors import AsyngradError, TraceError
 from simulator.metrics import PHASE_BINS, error_mask, interference, relative_error, trace_rhythm
 from simulator.plots import draw_timeline
+from simulator.rundir import cpu_latency
 from simulator.trace import Trace, convoy_pairs
 
 __all__ = ["Run", "compare_figure", "compare_runs", "load_run", "pair_losses"]
@@ -155,17 +156,11 @@ def compare_runs(a: str | Path, b: str | Path) -> dict[str, Any]:
         "rhythm": {"a": trace_rhythm(ta), "b": trace_rhythm(tb)},
         # Real runs: how far apart their two CPUs were (a different state of the host makes
         # a different machine: bench/README.md, write lockstep).
-        "cpu_latency": {"a": _cpu_latency(ra), "b": _cpu_latency(rb)},
+        "cpu_latency": {"a": cpu_latency(ra.summary), "b": cpu_latency(rb.summary)},
         "throughput": {"updates_per_second_a": ups_a, "updates_per_second_b": ups_b,
                        "ratio": ups_b / ups_a if ups_a else None},
         "loss": _loss_agreement(ra.curve, rb.curve),
     }
-
-
-def _cpu_latency(run: Run) -> dict[str, Any] | None:
-    """A real run's ``real.cpu_latency`` (None for a simulated run or where unmeasured)."""
-    real = run.summary.get("real")
-    return real.get("cpu_latency") if isinstance(real, dict) else None
 
 
 def pair_losses(trace: Trace) -> dict[str, Any]:

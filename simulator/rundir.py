@@ -111,3 +111,37 @@ def write_run(out: str | Path, scenario: Scenario, trace: Trace, problem: Proble
     publish(out, FILES, lambda where: _write_files(where, scenario, trace, summary, f_star,
                                                    plots))
     return summary
+
+
+def cpu_latency(summary: dict[str, Any]) -> dict[str, Any] | None:
+    """A real run's ``real.cpu_latency`` from its summary (None for a simulated run, or where
+    it was not measured)."""
+    real = summary.get("real")
+    return real.get("cpu_latency") if isinstance(real, dict) else None
+
+
+def run_cpu_latency(run_dir: str | Path) -> dict[str, Any] | None:
+    """:func:`cpu_latency` of the run directory's ``summary.json`` (None without one)."""
+    try:
+        summary = json.loads((Path(run_dir) / "summary.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return cpu_latency(summary) if isinstance(summary, dict) else None
+
+
+def latency_pair(latency: dict[str, Any] | None) -> str:
+    """``before / after`` ns of a ``real.cpu_latency`` ("—" where unmeasured)."""
+    if latency is None:
+        return "—"
+    return " / ".join("—" if latency[key] is None else f"{latency[key]:.0f}"
+                      for key in ("before_ns", "after_ns"))
+
+
+def latency_line(latency: dict[str, Any]) -> str:
+    """A real run's CPU-to-CPU cache-line latency (``summary.json`` ``real.cpu_latency``)."""
+    a, b = latency["cpus"]
+    said = [f"{latency[key]:.0f} ns {when}" for key, when in (("before_ns", "before the run"),
+                                                              ("after_ns", "after"))
+            if latency[key] is not None]
+    return (f"a cache line passes between CPUs {a} and {b} in " + ", ".join(said)
+            if said else f"CPU {a} to CPU {b}: the latency probe could not run")

@@ -254,3 +254,22 @@ def test_core_speeds_are_kept_only_where_they_differ_and_fit(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert err.startswith("asyngrad: error: --speeds = 'on': fits one run") and "\n" not in err
     assert not (tmp_path / "two.toml").exists()
+
+
+def test_the_calibrated_file_says_how_far_apart_the_runs_cpus_were(tmp_path):
+    """A real run's ``real.cpu_latency`` goes into the calibrated file's comments (the host's
+    placement of the CPUs is part of the machine the fit describes); a simulated run has none."""
+    import json
+
+    run = _source(tmp_path)
+    plain = tmp_path / "plain.toml"
+    assert main(["calibrate", str(run), "--out", str(plain), "--quiet"]) == 0
+    assert "CPUs of" not in plain.read_text()
+    summary = json.loads((run / "summary.json").read_text())
+    summary["real"] = {"cpu_latency": {"cpus": [0, 1], "before_ns": 182.4, "after_ns": 176.0}}
+    (run / "summary.json").write_text(json.dumps(summary))
+    out = tmp_path / "calibrated.toml"
+    assert main(["calibrate", str(run), "--out", str(out), "--quiet"]) == 0
+    assert (f"#   CPUs of {run}: a cache line passes between CPUs 0 and 1 in 182 ns before the "
+            "run, 176 ns after") in out.read_text()
+    load_scenario(out)  # still a valid scenario

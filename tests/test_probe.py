@@ -7,7 +7,7 @@ import os
 import pytest
 
 from realrun.probe import built, line_latency_ns, probe_cpus
-from simulator.cli import latency_line
+from simulator.rundir import latency_line
 
 needs_probe = pytest.mark.skipif(not built(), reason="realrun._cpuprobe not built (no C "
                                  "compiler at install, or not Linux)")
