@@ -38,6 +38,7 @@ if sys.path and Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
     sys.path.pop(0)
 
 from simulator.cli import main as asyngrad
+from simulator.rundir import latency_pair, run_cpu_latency
 
 
 def _run(*argv: str) -> None:
@@ -198,8 +199,23 @@ def main() -> None:
              "--quiet")
     rows = (_spread_table(args, work, plans) if args.repeats > 1
             else _single_table(args, work, plans))
+    _placements(args, work)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
+
+
+def _placements(args: argparse.Namespace, work: Path) -> None:
+    """Where the host had each real run's CPUs: the cache-line latency between two of them
+    before / after the run (``real.cpu_latency``; hundreds of ns: far apart, a slower machine
+    for dense shared writes), so that rows can be read against the state of their runs."""
+    cells = []
+    for repeat in range(args.repeats):
+        for k in sorted(set(args.calibrate) | set(args.predict)):
+            latency = run_cpu_latency(_real_dir(work, k, repeat))
+            if latency is not None:
+                cells.append(f"{_real_dir(work, k, repeat).name} {latency_pair(latency)}")
+    if cells:
+        print("\nCPU-to-CPU cache line before / after each real run, ns: " + ", ".join(cells))
 
 
 def _single_table(args: argparse.Namespace, work: Path,
