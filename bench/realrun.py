@@ -7,7 +7,9 @@ written the plain way of the PyTorch Hogwild example (``model.share_memory()``, 
 optimizer per process, autograd) as the baseline a user would otherwise write. Throughput is
 measured over the overlap window, when every worker is running (spawned workers start tens of
 ms apart): updates completed in the window divided by its length, from per-update end times
-recorded the same way on both sides. Then, because two-worker MLP runs on a shared machine
+recorded the same way on both sides. Then the cost of measure mode (``--measure``: the
+workers' updates per second with and without it, and the parent's offline rebuild). Then,
+because two-worker MLP runs on a shared machine
 swing by tens of percent, the MLP's serial, lock-free ×2 and block-locked ×2 runs paired by
 seed, with how each lock-free run's writes met (write lockstep: writes that coincide and take
 many times a lone write) and how far apart its two CPUs were (the cache-line latency between
@@ -16,6 +18,7 @@ them just before and after it: a virtual machine's host moves its CPUs between L
     python bench/realrun.py                     # full table, then 9 paired seeds
     python bench/realrun.py --quick             # fewer updates and seeds
     python bench/realrun.py --pairs-only --pairs 15
+    python bench/realrun.py --measure-only      # what --measure costs
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ import torch
 import torch.multiprocessing as mp
 
 from realrun.records import compiled
-from realrun.runner import run_real
+from realrun.runner import RealRun, run_real
 from realrun.timeline import overlap_rate, thread_ends
 from simulator.calibrate import alone_writes, running_together
 from simulator.problems import MLPProblem, Problem, make_problem
@@ -275,15 +278,65 @@ def main() -> None:
                         help="seeds of the paired MLP comparison (default 9, 3 with --quick)")
     parser.add_argument("--pairs-only", action="store_true",
                         help="only the paired MLP comparison")
+    parser.add_argument("--measure-only", action="store_true",
+                        help="only the cost of measure mode")
     args = parser.parse_args()
     seeds = 2 if args.quick else 3
     pairs = args.pairs if args.pairs is not None else (3 if args.quick else 9)
     print(f"# {time.strftime('%Y-%m-%d')}, {platform.machine()}, {os.cpu_count()} cores, "
           f"Python {platform.python_version()}, torch {torch.__version__}")
     label, overrides, updates = PROBLEMS[-1]
+    if args.measure_only:
+        measure_cost(args.quick, seeds)
+        return
     if not args.pairs_only:
         table(args.quick, seeds)
+        measure_cost(args.quick, seeds)
     paired(label, overrides, updates // 4 if args.quick else updates, pairs)
+
+
+# Measure mode keeps two float64 vectors per update (the step and the read copy): the MLP's
+# 105,004 parameters make 1.7 MB per update, so its rows run fewer updates.
+MEASURE_UPDATES = {"MLP 100-1000-4 (105,004 parameters)": 500}
+
+
+def measure_cost(quick: bool, seeds: int) -> None:
+    """What ``--measure`` costs a lock-free ×2 run: the workers' updates per second with and
+    without it (the workers store each step and read copy), and the parent's time after the
+    workers end (merging the records; with measure mode also replaying every store from w_0
+    and evaluating the serialized view at every n-th completion), for n = 1 and 10."""
+    print("\n| problem | updates | lock-free ×2 updates/s | with --measure | ratio | rebuild "
+          "and view, every completion | per update | every 10th completion | record buffers |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for label, overrides, updates in PROBLEMS:
+        updates = MEASURE_UPDATES.get(label, updates) // (4 if quick else 1)
+        problem = make_problem(load_scenario(None, overrides).problem)
+        problem.optimum()
+        cells: dict[int | None, list[tuple[float, float]]] = {None: [], 1: [], 10: []}
+        for seed in range(seeds):
+            scenario = load_scenario(None, [*overrides, f"run.updates={updates}",
+                                            f"run.seed={seed}"])
+            for every in cells:  # configurations inside, so the load falls on all alike
+                began = time.monotonic()
+                run = run_real(scenario, 2, "lockfree", dtype="float64", problem=problem,
+                               measure_every=every)
+                total = time.monotonic() - began
+                cells[every].append((overlap_rate(thread_ends(run.trace)),
+                                     _after_workers(run, total)))
+        speed = {every: statistics.median(r for r, _ in done) for every, done in cells.items()}
+        after = {every: statistics.median(a for _, a in done) for every, done in cells.items()}
+        megabytes = 2 * updates * problem.dim * 8 / 1e6
+        every, tenth = after[1] - after[None], after[10] - after[None]
+        print(f"| {label} | {updates:,} | {speed[None]:,.0f} | {speed[1]:,.0f} | "
+              f"{speed[1] / speed[None]:.2f}× | {every:.2f} s | {every / updates * 1e6:,.0f} µs | "
+              f"{tenth:.2f} s | {megabytes:,.0f} MB |", flush=True)
+
+
+def _after_workers(run: RealRun, total: float) -> float:
+    """Seconds of a real run's wall time outside the workers' run: their start-up and what the
+    parent did after they ended. The start-up is the same with and without measure mode, so
+    the difference between the two is the measurement's offline part."""
+    return total - run.seconds
 
 
 def table(quick: bool, seeds: int) -> None:
