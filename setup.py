@@ -6,5 +6,8 @@ pyproject.toml."""
 
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("realrun._records", ["realrun/_records.c"], optional=True),
-                   Extension("realrun._cpuprobe", ["realrun/_cpuprobe.c"], optional=True)])
+HEADERS = ["realrun/_monotonic.h"]
+setup(ext_modules=[Extension("realrun._records", ["realrun/_records.c"], depends=HEADERS,
+                             optional=True),
+                   Extension("realrun._cpuprobe", ["realrun/_cpuprobe.c"], depends=HEADERS,
+                             optional=True)])

@@ -24,6 +24,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "_monotonic.h"
+
 #define TIMEOUT_NS 5000000000LL /* a thread that never gets its CPU ends the probe */
 #define WARM_ROUNDS 1000
 
@@ -39,14 +41,6 @@ typedef struct {
     int cpu, first;
     int error;                      /* errno of sched_setaffinity, or ETIMEDOUT */
 } Side;
-
-static inline int64_t
-now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000 + (int64_t)ts.tv_nsec;
-}
 
 /* Spin until the token is `want`; 0, or ETIMEDOUT / ECANCELED (the other side failed). */
 static int

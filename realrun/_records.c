@@ -14,6 +14,8 @@
 #include <stdint.h>
 #include <time.h>
 
+#include "_monotonic.h"
+
 typedef struct {
     PyObject_HEAD
     Py_buffer views[5];  /* times, samples, progress, copy_end, store_end */
@@ -21,14 +23,6 @@ typedef struct {
     int64_t *times, *samples, *progress, *copy_end, *store_end;
     Py_ssize_t quota, blocks, rank, count;
 } Recorder;
-
-static inline int64_t
-now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000 + (int64_t)ts.tv_nsec;
-}
 
 /* Hold a writable, contiguous int64 buffer of at least `need` items; name it in errors. */
 static int64_t *
