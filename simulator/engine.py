@@ -239,7 +239,8 @@ class Engine:
         the cores they share; quantum); None elsewhere and for a thread alone on its core.
 
         ``global`` slicing rotates all the device's threads over its cores; ``per_core``
-        puts its j-th thread on core j mod cores, where it rotates with the core's others."""
+        puts its j-th thread (in slot order: ``run.placement``) on core j mod cores, where it
+        rotates with the core's others."""
         scenario = self.scenario
         on: dict[int, list[int]] = {}
         for thread in range(self.threads):
@@ -251,8 +252,9 @@ class Engine:
                 continue
             if spec.slicing == "global":
                 rotations = [(threads, spec.cores)]
-            else:
-                rotations = [(threads[core::spec.cores], 1) for core in range(spec.cores)]
+            else:  # in slot order, the device's threads take its cores in turn
+                ordered = sorted(threads, key=scenario.slot_of)
+                rotations = [(ordered[core::spec.cores], 1) for core in range(spec.cores)]
             for rotation, cores in rotations:
                 if len(rotation) > cores:
                     for thread in rotation:

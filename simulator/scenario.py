@@ -9,6 +9,7 @@ bad one raises :class:`ScenarioError` naming its full dotted field and the value
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import tomllib
@@ -17,6 +18,8 @@ import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from simulator.distributions import Duration
 from simulator.errors import ScenarioError
@@ -32,6 +35,7 @@ PROTOCOLS = ("serial", "locked", "lockfree", "roundrobin", "minibatch", "paramse
 WRITE_MODES = ("load_store", "atomic_add")
 LR_SCHEDULES = ("constant", "inv_sqrt", "inverse")
 SPLITS = ("shared", "even")
+PLACEMENTS = ("round_robin", "shuffled")
 # Protocols without rounds or turns: their threads may stop at a fixed quota each.
 EVEN_SPLIT_PROTOCOLS = ("serial", "locked", "lockfree", "staleness_lr", "dcasgd")
 SLICINGS = ("global", "per_core")
@@ -331,6 +335,12 @@ class RunSpec:
     loaded and stored within its share of the write duration, so overlapping writes lose the
     grains they race on, as in-place ``w -= step`` on hardware loses elements (8 float64 are
     one 64-byte cache line).
+
+    ``placement`` says where threads go: ``round_robin`` — thread t in slot t; ``shuffled`` —
+    the k threads in k distinct slots drawn from ``seed`` among D·⌈k/D⌉ (D devices), as an
+    OS places unpinned processes (which of 3 processes on 2 cores runs alone, and on which
+    core, changes from run to run). Slot i is on device i mod D and, on a device with
+    ``per_core`` slicing, the device's threads in slot order take its cores in turn.
     """
 
     protocol: str = "lockfree"
@@ -343,6 +353,7 @@ class RunSpec:
     lr_schedule: str = "constant"
     split: str = "shared"
     store_grain: int = 0
+    placement: str = "round_robin"
 
     def __post_init__(self) -> None:
         _check(self.protocol in PROTOCOLS, "protocol", self.protocol,
@@ -359,6 +370,8 @@ class RunSpec:
         _check(self.lr_schedule in LR_SCHEDULES, "lr_schedule", self.lr_schedule,
                f"must be one of {', '.join(LR_SCHEDULES)}")
         _check(self.split in SPLITS, "split", self.split, f"must be one of {', '.join(SPLITS)}")
+        _check(self.placement in PLACEMENTS, "placement", self.placement,
+               f"must be one of {', '.join(PLACEMENTS)}")
         _check(self.split == "shared" or self.protocol in EVEN_SPLIT_PROTOCOLS, "split",
                self.split, f"needs a protocol without rounds or turns "
                f"({', '.join(EVEN_SPLIT_PROTOCOLS)}), not {self.protocol}")
@@ -562,13 +575,32 @@ class Scenario:
             _check(death.device < len(self.devices), f"inject.deaths.{i}.device",
                    death.device, f"must be below the number of devices ({len(self.devices)})")
 
+    def slot_of(self, thread: int) -> int:
+        """The thread's slot (``RunSpec`` docstring, ``placement``)."""
+        if self.run.placement == "round_robin":
+            return thread
+        devices = len(self.devices)
+        slots = devices * -(-self.run.threads // devices)
+        return _shuffled(self.run.seed, self.run.threads, slots)[thread]
+
     def device_of(self, thread: int) -> int:
-        """Threads are placed on devices round-robin."""
-        return thread % len(self.devices)
+        """Slots are placed on devices round-robin."""
+        return self.slot_of(thread) % len(self.devices)
 
     def timing_of(self, device: int) -> TimingSpec:
         """The device's own timing, or the scenario's."""
         return self.devices[device].timing or self.timing
+
+
+@functools.lru_cache(maxsize=64)
+def _shuffled(seed: int, threads: int, slots: int) -> tuple[int, ...]:
+    """``placement = "shuffled"``: each thread's slot, ``threads`` distinct ones of ``slots``
+    drawn from the run's seed (its own stream: it changes no other draw)."""
+    rng = np.random.default_rng([seed, _PLACEMENT_STREAM])
+    return tuple(int(slot) for slot in rng.choice(slots, size=threads, replace=False))
+
+
+_PLACEMENT_STREAM = 0x504C4143  # "PLAC": keeps the placement's draws apart from every other
 
 
 # ---------------------------------------------------------------------------------------------

@@ -269,6 +269,48 @@ def test_per_core_slices_keep_each_thread_on_its_core():
     assert np.array_equal(simulate(s)["write_end"], trace["write_end"])  # deterministic
 
 
+def test_shuffled_placement_changes_which_thread_runs_alone_with_the_seed():
+    """``run.placement = "shuffled"``: k = 3 on 2 cores, per-core slices. The thread in slot
+    1 has core 1 to itself and finishes first; which thread that is follows the seed's
+    permutation, every thread's turn comes across seeds, and each seed's run is deterministic.
+    ``round_robin`` (the default) keeps thread 1 alone whatever the seed."""
+    base = (*CONSTANT, "run.threads=3", "run.updates=600", "devices.0.cores=2",
+            "devices.0.quantum=100000", "devices.0.slicing=per_core", "run.split=even")
+    alone = []
+    for seed in range(12):
+        s = scenario(*base, "run.placement=shuffled", f"run.seed={seed}")
+        assert sorted(s.slot_of(t) for t in range(3)) == [0, 1, 2]  # one device: 3 slots
+        trace = simulate(s)
+        end = [int(trace["write_end"][trace["thread"] == t].max()) for t in range(3)]
+        first = int(np.argmin(end))
+        assert s.slot_of(first) == 1 and end[first] < 0.6 * min(np.delete(end, first))
+        alone.append(first)
+        assert np.array_equal(simulate(s)["write_end"], trace["write_end"])
+    assert set(alone) == {0, 1, 2}
+    for seed in (0, 5):
+        s = scenario(*base, f"run.seed={seed}")
+        assert [s.slot_of(t) for t in range(3)] == [0, 1, 2]
+
+
+def test_shuffled_placement_spreads_threads_over_devices_by_slot():
+    """Two one-core devices of different speeds (as ``calibrate --speeds`` writes them): three
+    threads take three of four slots, a thread runs on device slot mod 2, so across seeds the
+    device with two threads is sometimes the fast one, sometimes the slow one."""
+    devices = ("devices=[{name='core0', cores=1, speed=1.25, quantum=100000, "
+               "slicing='per_core'}, {name='core1', cores=1, speed=0.8, quantum=100000, "
+               "slicing='per_core'}]")
+    crowded = set()
+    for seed in range(6):
+        s = scenario(*CONSTANT, "run.threads=3", "run.updates=300", devices, "run.split=even",
+                     "run.placement=shuffled", f"run.seed={seed}")
+        on = [s.device_of(t) for t in range(3)]
+        assert on == [s.slot_of(t) % 2 for t in range(3)]
+        assert len({s.slot_of(t) for t in range(3)}) == 3 and sorted(set(on)) == [0, 1]
+        crowded.add(max(set(on), key=on.count))
+        simulate(s)
+    assert crowded == {0, 1}
+
+
 def test_a_thread_that_stops_leaves_its_cores_rotation():
     """Thread 0 dies at 1 ms: from then on thread 2, which shared core 0 with it, runs in
     every slot instead of every other one."""
