@@ -46,6 +46,7 @@ from realrun.runner import RealRun, run_real
 from realrun.timeline import overlap_rate, thread_ends
 from simulator.calibrate import alone_writes, running_together
 from simulator.problems import MLPProblem, Problem, make_problem
+from simulator.rundir import latency_pair
 from simulator.scenario import Scenario, load_scenario
 from simulator.timing import sample_stream
 from simulator.trace import Trace
@@ -76,7 +77,7 @@ def far_apart(latency: dict[str, Any] | None) -> bool | None:
     return max(values) >= FAR_NS if values else None
 
 
-def write_meetings(trace: Trace, reference_us: float) -> tuple[float, float, float]:
+def write_lockstep(trace: Trace, reference_us: float) -> tuple[float, float, float]:
     """Over the span in which every worker ran: (share of writes that another write
     overlapped, share that were overlapped and took ≥ 3× ``reference_us``, median µs of the
     overlapped writes)."""
@@ -213,7 +214,7 @@ def paired(label: str, overrides: list[str], updates: int, seeds: int) -> None:
     """Serial, lock-free ×2 and block-locked ×2 (a lock around each block's write only) run
     back to back for each seed, the order rotating with the seed, so that a change of the
     machine's state falls on every side of a ratio; with each lock-free run, how its writes
-    met (:func:`write_meetings`, against the same seed's serial writes)."""
+    met (:func:`write_lockstep`, against the same seed's serial writes)."""
     problem = make_problem(load_scenario(None, overrides).problem)
     problem.optimum()
     configs = [("serial", 1), ("lockfree", 2), ("blocklock", 2)]
@@ -233,13 +234,13 @@ def paired(label: str, overrides: list[str], updates: int, seeds: int) -> None:
         for mode in ratios:
             ratios[mode].append(done[mode][0] / serial)
         alone = median_write_us(done["serial"][2])
-        share, slow, met = write_meetings(done["lockfree"][2], alone)
+        share, slow, met = write_lockstep(done["lockfree"][2], alone)
         lockstep.append(slow >= 0.5)
         latency = done["lockfree"][3]
         far.append(far_apart(latency))
         print(f"| {seed} | {serial:,.0f} | {done['lockfree'][0]:,.0f} | "
               f"{ratios['lockfree'][-1]:.2f}× | {share:.2f} | {slow:.2f} | {met:.0f} µs | "
-              f"{alone:.0f} µs | {_latency_cell(latency)} | "
+              f"{alone:.0f} µs | {latency_pair(latency)}{'' if latency is None else ' ns'} | "
               f"{done['blocklock'][0]:,.0f} | {ratios['blocklock'][-1]:.2f}× |", flush=True)
     print()
     for mode, values in ratios.items():
@@ -262,13 +263,6 @@ def paired(label: str, overrides: list[str], updates: int, seeds: int) -> None:
                       f"{np.median(free[chosen]):.2f}×, ≥ 1.7× in "
                       f"{int((free[chosen] >= 1.7).sum())}")
 
-
-def _latency_cell(latency: dict[str, Any] | None) -> str:
-    """A run's CPU-to-CPU cache-line latency before / after, ns ("—" unmeasured)."""
-    if latency is None:
-        return "—"
-    return " / ".join("—" if latency[key] is None else f"{latency[key]:.0f} ns"
-                      for key in ("before_ns", "after_ns"))
 
 
 def main() -> None:

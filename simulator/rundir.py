@@ -120,19 +120,14 @@ def cpu_latency(summary: dict[str, Any]) -> dict[str, Any] | None:
     return real.get("cpu_latency") if isinstance(real, dict) else None
 
 
-def run_summary(run_dir: str | Path) -> dict[str, Any] | None:
-    """The run directory's ``summary.json`` (None without a readable one)."""
+def run_cpu_latency(run_dir: str | Path) -> dict[str, Any] | None:
+    """:func:`cpu_latency` of the run directory's ``summary.json`` (None without a readable
+    one)."""
     try:
         summary = json.loads((Path(run_dir) / "summary.json").read_text())
     except (OSError, ValueError):
         return None
-    return summary if isinstance(summary, dict) else None
-
-
-def run_cpu_latency(run_dir: str | Path) -> dict[str, Any] | None:
-    """:func:`cpu_latency` of the run directory's ``summary.json`` (None without one)."""
-    summary = run_summary(run_dir)
-    return None if summary is None else cpu_latency(summary)
+    return cpu_latency(summary) if isinstance(summary, dict) else None
 
 
 def latency_pair(latency: dict[str, Any] | None) -> str:
