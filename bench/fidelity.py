@@ -20,6 +20,13 @@ other (the noise floor of each target) beside each simulation compared with the 
 seed. Calibration uses the seed-0 run.
 
     python bench/fidelity.py --calibrate 2 --predict 2,3 --cores 2 --quantum auto --repeats 5
+
+Real runs record where the host had their CPUs (``real.cpu_latency``: near, far, or changing
+during the run). With repeats the comparisons are also split by that state — real runs within
+a state and across states, each prediction against the near runs and the far ones — and
+``--by-state`` also calibrates from the first near run and the first far run where seed 0's was
+not in that state (rows ``K@STATE.SEED``), so that a prediction can be read against runs in
+its calibration's state.
 """
 
 from __future__ import annotations
@@ -38,7 +45,7 @@ if sys.path and Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
     sys.path.pop(0)
 
 from simulator.cli import main as asyngrad
-from simulator.rundir import latency_pair, run_cpu_latency
+from simulator.rundir import latency_pair, placement, run_cpu_latency
 
 
 def _run(*argv: str) -> None:
@@ -98,8 +105,9 @@ def _spread_table(args: argparse.Namespace, work: Path,
     repeats = range(args.repeats)
     floors = {}
     for target in args.predict:
-        pairs = [_targets(_compare(_real_dir(work, target, i), _real_dir(work, target, j),
-                                   work / f"cmp_real{target}_{i}_{j}"))
+        pairs = [{**_targets(_compare(_real_dir(work, target, i), _real_dir(work, target, j),
+                                      work / f"cmp_real{target}_{i}_{j}")),
+                  "states": [_state(work, target, i), _state(work, target, j)]}
                  for i, j in itertools.combinations(repeats, 2)]
         floors[target] = pairs
     print("| calibrated at | predicted k' | staleness mean real / sim: median [range] | "
@@ -116,8 +124,9 @@ def _spread_table(args: argparse.Namespace, work: Path,
                 sim = work / f"sim{k}_{target}.{r}"
                 _run("simulate", str(calibrated), "--set", f"run.threads={target}", "--set",
                      f"run.seed={r}", "--out", str(sim), "--quiet")
-                pairs.append(_targets(_compare(_real_dir(work, target, r), sim,
-                                               work / f"cmp{k}_{target}.{r}")))
+                pairs.append({**_targets(_compare(_real_dir(work, target, r), sim,
+                                                  work / f"cmp{k}_{target}.{r}")),
+                              "state": _state(work, target, r)})
             floor = floors[target]
             gaps = [abs(p["gap"]) for p in pairs]
             floor_gaps = [abs(p["gap"]) for p in floor]
@@ -127,15 +136,63 @@ def _spread_table(args: argparse.Namespace, work: Path,
                 return (f"{_spread([p[key] for p in sims], spec)} "
                         f"({_spread([p[key] for p in reals], spec)})")
 
-            rows.append({"calibrated": k, "predicted": target, "sim_vs_real": pairs,
-                         "real_vs_real": floor})
+            rows.append({"calibrated": k, "calibration_state": _plan_state(work, k),
+                         "predicted": target, "sim_vs_real": pairs, "real_vs_real": floor})
             print(f"| {k} | {target} | {_spread([p['staleness_a'] for p in pairs])} / "
                   f"{_spread([p['staleness_b'] for p in pairs])} | "
                   f"{_spread(gaps, '.1%')} ({_spread(floor_gaps, '.1%')}) | {both('ks')} | "
                   f"{_spread([p['error_a'] for p in pairs])} / "
                   f"{_spread([p['error_b'] for p in pairs])} | {both('rate_gap')} | "
                   f"{both('final_ratio', '.2f')} | {both('loss_apart', '.2f')} |", flush=True)
+    if any(p["state"] is not None for row in rows for p in row["sim_vs_real"]):
+        _state_tables(rows, floors)
     return rows
+
+
+def _state(work: Path, k: int, repeat: int) -> str | None:
+    """The placement of a real run's CPUs (near, far, changing; None: not measured)."""
+    return placement(run_cpu_latency(_real_dir(work, k, repeat)))
+
+
+def _plan_state(work: Path, label: str) -> str | None:
+    """The placement of the run a calibration was fitted to (None for a joint fit or one whose
+    run was not probed)."""
+    if label.isdigit():
+        return _state(work, int(label), 0)
+    count, _, state = label.partition("@")
+    return state.split(".")[0] if count.isdigit() and state else None
+
+
+def _cells(pairs: list[dict]) -> str:
+    """``n: gap, KS, error-rate gap`` medians [ranges] of some comparisons."""
+    if not pairs:
+        return "none"
+    return (f"{len(pairs)}: {_spread([abs(p['gap']) for p in pairs], '.1%')}, "
+            f"{_spread([p['ks'] for p in pairs])}, {_spread([p['rate_gap'] for p in pairs])}")
+
+
+def _state_tables(rows: list[dict], floors: dict[int, list[dict]]) -> None:
+    """The same comparisons split by where the host had each real run's CPUs: real runs in one
+    placement state against each other and across states (the noise floor within a state and
+    the host's own gap), and each prediction against the real runs in each state."""
+    print("\nBy the CPUs' placement (`real.cpu_latency`; runs that changed state are left "
+          "out). Cells: number of comparisons: staleness gap, KS, error-rate gap, median "
+          "[range].\n")
+    print("| k' | real near vs near | real far vs far | real near vs far |")
+    print("|---:|---|---|---|")
+    for target, floor in floors.items():
+        split = {name: [p for p in floor if sorted(map(str, p["states"])) == pair]
+                 for name, pair in (("near", ["near", "near"]), ("far", ["far", "far"]),
+                                    ("across", ["far", "near"]))}
+        print(f"| {target} | {_cells(split['near'])} | {_cells(split['far'])} | "
+              f"{_cells(split['across'])} |")
+    print("\n| calibrated at | its CPUs | k' | sim vs real runs near | sim vs real runs far |")
+    print("|---:|---|---:|---|---|")
+    for row in rows:
+        sims = row["sim_vs_real"]
+        print(f"| {row['calibrated']} | {row['calibration_state'] or 'n/a'} | "
+              f"{row['predicted']} | {_cells([p for p in sims if p['state'] == 'near'])} | "
+              f"{_cells([p for p in sims if p['state'] == 'far'])} |", flush=True)
 
 
 def main() -> None:
@@ -162,6 +219,10 @@ def main() -> None:
                         help="with --keep: reuse real runs already there (compare calibrations "
                              "on the same real runs)")
     parser.add_argument("--json", default=None, help="also write the rows here")
+    parser.add_argument("--by-state", action="store_true",
+                        help="with --repeats: also calibrate from the first run whose CPUs "
+                             "were near and the first far (real.cpu_latency) where seed 0's "
+                             "were not")
     parser.add_argument("--repeats", type=int, default=1,
                         help="real runs and simulations per worker count (seeds 0 … R−1); "
                              "more than one prints the spread table")
@@ -176,6 +237,8 @@ def main() -> None:
           f" --speeds {args.speeds}" + (", workers pinned" if args.pin else ""))
     if args.repeats < 1:
         parser.error(f"--repeats {args.repeats}: must be >= 1")
+    if args.by_state and args.repeats < 2:
+        parser.error("--by-state: needs --repeats 2 or more")
     for repeat in range(args.repeats):  # repeats outside, counts inside: load falls on all
         for k in sorted(set(args.calibrate) | set(args.predict)):
             out = _real_dir(work, k, repeat)
@@ -191,6 +254,8 @@ def main() -> None:
     if len(args.calibrate) > 1:
         plans.append(("+".join(map(str, args.calibrate)),
                       [str(work / f"real{k}") for k in args.calibrate]))
+    if args.by_state:
+        plans += _state_plans(args, work)
     for k, sources in plans:
         _run("calibrate", *sources, "--out", str(work / f"cal{k}.toml"), "--cores",
              str(args.cores), "--quantum", args.quantum, "--slicing", args.slicing,
@@ -202,6 +267,20 @@ def main() -> None:
     _placements(args, work)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
+
+
+def _state_plans(args: argparse.Namespace, work: Path) -> list[tuple[str, list[str]]]:
+    """With ``--by-state``: a calibration from the first real run (lowest seed) in each
+    placement state, near and far, at every calibrated count of two or more workers, labelled
+    ``K@STATE.SEED`` (seed 0 is the plain K row's run)."""
+    plans = []
+    for k in args.calibrate:
+        for state in ("near", "far"):
+            seeds = [r for r in range(1, args.repeats) if _state(work, k, r) == state]
+            if k > 1 and _state(work, k, 0) != state and seeds:
+                plans.append((f"{k}@{state}.{seeds[0]}",
+                              [str(_real_dir(work, k, seeds[0])), "--pool"]))
+    return plans
 
 
 def _placements(args: argparse.Namespace, work: Path) -> None:

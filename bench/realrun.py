@@ -46,12 +46,10 @@ from realrun.runner import RealRun, run_real
 from realrun.timeline import overlap_rate, thread_ends
 from simulator.calibrate import alone_writes, running_together
 from simulator.problems import MLPProblem, Problem, make_problem
-from simulator.rundir import latency_pair
+from simulator.rundir import FAR_NS, latency_pair, placement
 from simulator.scenario import Scenario, load_scenario
 from simulator.timing import sample_stream
 from simulator.trace import Trace
-
-FAR_NS = 150  # CPUs "far apart": a cache line takes at least this long between them (one way)
 
 
 def _ours(scenario: Scenario, problem: Problem, workers: int, mode: str) -> tuple[float, float]:
@@ -71,10 +69,9 @@ def _run(scenario: Scenario, problem: Problem, workers: int,
 
 def far_apart(latency: dict[str, Any] | None) -> bool | None:
     """Whether a run's two CPUs were far apart (cache-line latency ≥ ``FAR_NS`` before or
-    after it); None when it was not measured."""
-    values = [] if latency is None else [latency[key] for key in ("before_ns", "after_ns")
-                                         if latency[key] is not None]
-    return max(values) >= FAR_NS if values else None
+    after it: ``placement`` far or changing); None when it was not measured."""
+    state = placement(latency)
+    return None if state is None else state != "near"
 
 
 def write_lockstep(trace: Trace, reference_us: float) -> tuple[float, float, float]:
@@ -255,7 +252,7 @@ def paired(label: str, overrides: list[str], updates: int, seeds: int) -> None:
             print(f"{name}: {members.size}, ratio median {np.median(members):.2f}×")
     if any(f is not None for f in far):
         apart = np.array([bool(f) for f in far])
-        for name, chosen in ((f"CPUs far apart (≥ {FAR_NS} ns before or after)", apart),
+        for name, chosen in ((f"CPUs far apart (≥ {FAR_NS:.0f} ns before or after)", apart),
                              ("CPUs near", ~apart)):
             if chosen.any():
                 print(f"lock-free runs on {name}: {int(chosen.sum())}, in write lockstep "

@@ -1056,8 +1056,9 @@ def calibrated_toml(scenario: Scenario, report: dict[str, Any]) -> str:
         lines.append(f"#   core speeds: {_describe_speeds(report['speeds'])}")
     for run, latency in report.get("cpu_latency", {}).items():
         if latency is not None:
-            lines.append(f"#   CPUs of {run}: {latency_line(latency)} (far apart from about "
-                         "150 ns: dense shared writes then take many times as long)")
+            lines.append(f"#   CPUs of {run}: {latency_line(latency)}: a prediction holds for "
+                         "runs whose CPUs are placed alike (dense shared writes take many times "
+                         "as long far apart)")
     body = scenario_to_toml(scenario).split("\n", 1)[1]  # its own header line replaced
     return "\n".join(lines) + "\n" + body
 

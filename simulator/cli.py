@@ -482,8 +482,12 @@ def _compare(args: argparse.Namespace) -> int:
               f"{report['throughput']['updates_per_second_b']:.4g}")
         ca, cb = report["cpu_latency"]["a"], report["cpu_latency"]["b"]
         if ca is not None or cb is not None:
+            pa, pb = report["placement"]["a"], report["placement"]["b"]
             print(f"  CPU-to-CPU cache line before / after the run, ns: {latency_pair(ca)} vs "
-                  f"{latency_pair(cb)}")
+                  f"{latency_pair(cb)} (CPUs {pa or '—'} vs {pb or '—'})")
+            if {pa, pb} == {"near", "far"}:
+                print("  the runs' CPUs were placed differently: dense shared writes differ by "
+                      "that alone, so part of every gap above is the host's placement")
         print(f"  final suboptimality {num(lo['final_a'])} vs {num(lo['final_b'])} (ratio "
               f"{num(lo['final_ratio'], '.3g')}; largest ratio along the curves "
               f"10^{num(lo['max_abs_log10_ratio'], '.2f')})")

@@ -27,7 +27,7 @@ from matplotlib.figure import Figure
 from simulator.errors import AsyngradError, TraceError
 from simulator.metrics import PHASE_BINS, error_mask, interference, relative_error, trace_rhythm
 from simulator.plots import draw_timeline
-from simulator.rundir import cpu_latency
+from simulator.rundir import cpu_latency, placement
 from simulator.trace import Trace, convoy_pairs
 
 __all__ = ["Run", "compare_figure", "compare_runs", "load_run", "pair_losses"]
@@ -157,6 +157,8 @@ def compare_runs(a: str | Path, b: str | Path) -> dict[str, Any]:
         # Real runs: how far apart their two CPUs were (a different state of the host makes
         # a different machine: bench/README.md, write lockstep).
         "cpu_latency": {"a": cpu_latency(ra.summary), "b": cpu_latency(rb.summary)},
+        "placement": {"a": placement(cpu_latency(ra.summary)),
+                      "b": placement(cpu_latency(rb.summary))},
         "throughput": {"updates_per_second_a": ups_a, "updates_per_second_b": ups_b,
                        "ratio": ups_b / ups_a if ups_a else None},
         "loss": _loss_agreement(ra.curve, rb.curve),

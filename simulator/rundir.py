@@ -130,6 +130,23 @@ def run_cpu_latency(run_dir: str | Path) -> dict[str, Any] | None:
     return cpu_latency(summary) if isinstance(summary, dict) else None
 
 
+FAR_NS = 150.0  # CPUs "far apart": a cache line takes at least this long between them
+
+
+def placement(latency: dict[str, Any] | None) -> str | None:
+    """Where the host had a real run's two CPUs, from its ``real.cpu_latency``: ``"far"`` when
+    every probe took at least :data:`FAR_NS` one way (different L3 domains: a dense shared
+    write then takes many times as long), ``"near"`` when none did, ``"changing"`` when the
+    host moved them during the run, None where nothing was measured."""
+    if latency is None:
+        return None
+    far = [latency[key] >= FAR_NS for key in ("before_ns", "after_ns")
+           if latency[key] is not None]
+    if not far:
+        return None
+    return "far" if all(far) else "near" if not any(far) else "changing"
+
+
 def latency_pair(latency: dict[str, Any] | None) -> str:
     """``before / after`` ns of a ``real.cpu_latency`` ("—" where unmeasured)."""
     if latency is None:
@@ -144,5 +161,8 @@ def latency_line(latency: dict[str, Any]) -> str:
     said = [f"{latency[key]:.0f} ns {when}" for key, when in (("before_ns", "before the run"),
                                                               ("after_ns", "after"))
             if latency[key] is not None]
+    if not said:
+        return f"CPU {a} to CPU {b}: the latency probe could not run"
+    where = {"far": "far apart", "near": "near", "changing": "moved during the run"}
     return (f"a cache line passes between CPUs {a} and {b} in " + ", ".join(said)
-            if said else f"CPU {a} to CPU {b}: the latency probe could not run")
+            + f" ({where[str(placement(latency))]}; far from {FAR_NS:.0f} ns)")

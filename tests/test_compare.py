@@ -252,8 +252,17 @@ def test_compare_shows_how_far_apart_a_real_runs_cpus_were(runs, tmp_path, capsy
     assert compare_runs(runs / "a", runs / "b")["cpu_latency"] == {"a": None, "b": None}
     capsys.readouterr()
     assert main(["compare", str(real), str(runs / "b"), "--out", str(tmp_path / "cmp")]) == 0
-    assert "CPU-to-CPU cache line before / after the run, ns: 372 / 44 vs —" in (
-        capsys.readouterr().out)
+    assert report["placement"] == {"a": "changing", "b": None}
+    assert "CPU-to-CPU cache line before / after the run, ns: 372 / 44 vs — (CPUs changing vs " \
+        "—)" in capsys.readouterr().out
+    other = tmp_path / "other"
+    shutil.copytree(real, other)
+    for run, before, after in ((real, 182.0, 176.0), (other, 40.0, 149.9)):
+        summary["real"]["cpu_latency"].update(before_ns=before, after_ns=after)
+        (run / "summary.json").write_text(json.dumps(summary))
+    assert compare_runs(real, other)["placement"] == {"a": "far", "b": "near"}
+    assert main(["compare", str(real), str(other), "--out", str(tmp_path / "cmp3")]) == 0
+    assert "the runs' CPUs were placed differently" in capsys.readouterr().out
     assert main(["compare", str(runs / "a"), str(runs / "b"), "--out",
                  str(tmp_path / "cmp2")]) == 0
     assert "CPU-to-CPU" not in capsys.readouterr().out

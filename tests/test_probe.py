@@ -7,7 +7,7 @@ import os
 import pytest
 
 from realrun.probe import built, line_latency_ns, probe_cpus
-from simulator.rundir import latency_line
+from simulator.rundir import FAR_NS, latency_line, placement
 
 needs_probe = pytest.mark.skipif(not built(), reason="realrun._cpuprobe not built (no C "
                                  "compiler at install, or not Linux)")
@@ -56,11 +56,26 @@ def test_the_cpus_probed_are_the_pinned_workers_or_the_first_two_usable():
 
 def test_the_latency_line_says_what_was_measured():
     assert latency_line({"cpus": [0, 1], "before_ns": 47.6, "after_ns": 412.2}) == (
-        "a cache line passes between CPUs 0 and 1 in 48 ns before the run, 412 ns after")
+        "a cache line passes between CPUs 0 and 1 in 48 ns before the run, 412 ns after "
+        "(moved during the run; far from 150 ns)")
     assert latency_line({"cpus": [0, 1], "before_ns": 40.0, "after_ns": None}) == (
-        "a cache line passes between CPUs 0 and 1 in 40 ns before the run")
+        "a cache line passes between CPUs 0 and 1 in 40 ns before the run (near; far from 150 "
+        "ns)")
     assert latency_line({"cpus": [2, 3], "before_ns": None, "after_ns": None}) == (
         "CPU 2 to CPU 3: the latency probe could not run")
+
+
+def test_placement_reads_the_state_from_both_probes():
+    """Far when every probe is at or over FAR_NS, near when none is, changing when the host
+    moved the CPUs between the two probes; an unmeasured side does not count."""
+    def state(before, after):
+        return placement({"cpus": [0, 1], "before_ns": before, "after_ns": after})
+
+    assert FAR_NS == 150
+    assert state(150.0, 412.0) == "far" and state(149.9, 30.0) == "near"
+    assert state(40.0, 150.0) == "changing" == state(600.0, 24.0)
+    assert state(None, 200.0) == "far" and state(20.0, None) == "near"
+    assert state(None, None) is None and placement(None) is None
 
 
 def test_the_probe_is_built_where_a_compiler_and_headers_are():
