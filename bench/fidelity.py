@@ -212,6 +212,8 @@ def main() -> None:
                         help="calibrate --interference (auto, on, off)")
     parser.add_argument("--speeds", default="off",
                         help="calibrate --speeds (auto, on, off): each core's own speed")
+    parser.add_argument("--episodes", default="off",
+                        help="calibrate --episodes (auto, on, off): the cores' speed episodes")
     parser.add_argument("--pin", action="store_true",
                         help="real runs pin worker r to CPU r (asyngrad real --pin)")
     parser.add_argument("--keep", default=None, help="keep the run directories here")
@@ -234,7 +236,8 @@ def main() -> None:
           f"{args.mode}, {args.updates:,} updates, calibrated with --pool --cores {args.cores}"
           f" --quantum {args.quantum} --slicing {args.slicing} --convoys {args.convoys}"
           f" --common {args.common} --interference {args.interference}"
-          f" --speeds {args.speeds}" + (", workers pinned" if args.pin else ""))
+          f" --speeds {args.speeds} --episodes {args.episodes}"
+          + (", workers pinned" if args.pin else ""))
     if args.repeats < 1:
         parser.error(f"--repeats {args.repeats}: must be >= 1")
     if args.by_state and args.repeats < 2:
@@ -260,7 +263,8 @@ def main() -> None:
         _run("calibrate", *sources, "--out", str(work / f"cal{k}.toml"), "--cores",
              str(args.cores), "--quantum", args.quantum, "--slicing", args.slicing,
              "--convoys", args.convoys, "--common", args.common, "--interference",
-             args.interference, *(["--speeds", args.speeds] if "--pool" in sources else []),
+             args.interference, *(["--speeds", args.speeds, "--episodes", args.episodes]
+                                  if "--pool" in sources else []),
              "--quiet")
     rows = (_spread_table(args, work, plans) if args.repeats > 1
             else _single_table(args, work, plans))

@@ -80,7 +80,17 @@ What is fitted:
   A core that ran slower for a whole run (a sibling hyperthread busy on the host, say: 1.7×
   on the 2-core machine of bench/README.md) is then not averaged into one speed for all.
   Which core takes the extra threads when threads outnumber cores is the OS's choice per
-  unpinned run; the simulation's placement is that of ``asyngrad real --pin``.
+  unpinned run; the simulation's placement is that of ``asyngrad real --pin``;
+* speed episodes (``episodes``; :func:`fit_episodes`): when cores switch between their own
+  pace and a slower one for stretches of milliseconds (on the 2-core machine of
+  bench/README.md: 1.7× for 5–30 ms, now on one core, now on the other), each worker's log
+  gradient times in start order are smoothed by a running median of
+  :data:`EPISODE_WINDOW` updates and all workers' smoothed values split in two by 1-D
+  2-means; the factor is the ratio of the two levels, every update in the slow level is
+  slow (all four of its durations divided by the factor before anything else is fitted),
+  and the mean fast and slow episode lengths are the time spent in each state over the
+  episodes of that state that ended within the run (at least one). Kept under ``auto`` when
+  the levels differ by at least :data:`EPISODE_FACTOR` and are well apart (Ashman's D > 2).
 """
 
 from __future__ import annotations
@@ -91,6 +101,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import scipy.ndimage
 import scipy.optimize
 import scipy.stats
 
@@ -832,6 +843,77 @@ def core_speeds(samples: dict[int, dict[str, np.ndarray]], workers: int, cores: 
             "why": ("" if kept else f"speeds within {SPEED_SPREAD}× of each other")}
 
 
+EPISODE_WINDOW = 25  # updates in the running median of a worker's log gradient times
+EPISODE_FACTOR = 1.2  # auto: the slow level at least this many times the fast one
+
+
+def fit_episodes(trace: Trace, mode: str = "off") -> dict[str, Any]:
+    """Speed episodes of the run's cores (the module docstring): ``"fields"`` (the
+    ``DeviceSpec`` values ``slow_factor``, ``slow_ns``, ``fast_ns``) when kept, what was
+    measured, and ``"slow_rows"`` (not for the report), the rows found slow."""
+    report: dict[str, Any] = {"fields": None, "slow_rows": None}
+    if mode == "off":
+        report["why"] = "not asked for (--episodes off)"
+        return report
+    smooth = np.empty(len(trace))
+    orders = []
+    for thread in np.unique(trace["thread"]):
+        rows = np.flatnonzero(trace["thread"] == thread)
+        rows = rows[np.argsort(trace["read_start"][rows], kind="stable")]
+        orders.append(rows)
+        grad = np.log(np.maximum(trace["grad_ns"][rows], 1).astype(np.float64))
+        smooth[rows] = scipy.ndimage.median_filter(grad, size=EPISODE_WINDOW, mode="nearest")
+    low, high = np.quantile(smooth, [0.1, 0.9])
+    for _ in range(100):  # 1-D 2-means from the 10% and 90% quantiles
+        slow = smooth > (low + high) / 2
+        if slow.all() or not slow.any():
+            break
+        new = float(np.mean(smooth[~slow])), float(np.mean(smooth[slow]))
+        if new == (low, high):
+            break
+        low, high = new
+    if slow.all() or not slow.any():
+        report["why"] = "the gradient times show one level"
+        return report
+    for rows in orders:  # stretches shorter than half the window join the one before
+        slow[rows] = _without_blips(slow[rows], EPISODE_WINDOW // 2 + 1)
+    spread = math.sqrt((float(np.var(smooth[~slow])) + float(np.var(smooth[slow]))) / 2)
+    apart = math.sqrt(2) * (high - low) / spread if spread > 0 else math.inf
+    factor = math.exp(high - low)
+    time, ended = np.zeros(2), np.zeros(2)
+    for rows in orders:
+        state = slow[rows].astype(int)
+        start = trace["read_start"][rows].astype(np.float64)
+        spans = np.append(np.diff(start), float(trace["write_end"][rows[-1]]) - start[-1])
+        np.add.at(time, state, spans)
+        np.add.at(ended, state[:-1][state[1:] != state[:-1]], 1)
+    means = time / np.maximum(ended, 1)
+    report.update(factor=round(factor, 4), separation=round(apart, 3),
+                  slow_share=round(float(slow.mean()), 4), episodes_ended=ended.tolist(),
+                  fast_ns=round(float(means[0])), slow_ns=round(float(means[1])))
+    if mode == "auto" and (factor < EPISODE_FACTOR or apart <= 2):
+        report["why"] = (f"levels {factor:.3g}× apart (D = {apart:.3g}): kept from "
+                         f"{EPISODE_FACTOR}× and D > 2")
+        return report
+    report["fields"] = {"slow_factor": round(factor, 4), "slow_ns": max(1, round(means[1])),
+                        "fast_ns": max(1, round(means[0]))}
+    report["slow_rows"] = np.flatnonzero(slow)
+    return report
+
+
+def _without_blips(states: np.ndarray, shortest: int) -> np.ndarray:
+    """``states`` (booleans in time order) with every stretch of one state shorter than
+    ``shortest`` given the state of the stretch before it (the first: the one after)."""
+    out = states.copy()
+    edges = np.flatnonzero(np.diff(out.astype(np.int8))) + 1
+    bounds = [0, *edges.tolist(), out.size]
+    runs = list(zip(bounds[:-1], bounds[1:], strict=True))
+    for index, (start, stop) in enumerate(runs):
+        if stop - start < shortest and len(runs) > 1:
+            out[start:stop] = out[start - 1] if index else out[stop]
+    return out
+
+
 def _at_speed_one(samples: dict[int, dict[str, np.ndarray]],
                   speeds: list[float]) -> dict[int, dict[str, np.ndarray]]:
     """Every duration as it would be on a core of speed 1 (a device's speed divides them)."""
@@ -842,7 +924,8 @@ def _at_speed_one(samples: dict[int, dict[str, np.ndarray]],
 def calibrate(run_dir: str | Path, pool: bool = False, cores: int = 0,
               quantum: int = 0, slicing: str = "per_core",
               convoys: str = "auto", common: str = "off",
-              interference: str = "off", speeds: str = "off") -> tuple[Scenario, dict[str, Any]]:
+              interference: str = "off", speeds: str = "off",
+              episodes: str = "off") -> tuple[Scenario, dict[str, Any]]:
     """The calibrated scenario of a run directory and the fit report.
 
     ``pool`` fits one timing to all workers together and puts every thread on one device
@@ -856,7 +939,9 @@ def calibrate(run_dir: str | Path, pool: bool = False, cores: int = 0,
     the slowdowns of one worker's phases under another's (``auto`` keeps them when one
     reaches 0.1), the durations then fitted as drawn with the others idle; ``speeds`` (with
     ``pool``, one worker per core): each core's own speed (:func:`core_speeds`), so the
-    simulation puts thread j on a device of one core with core j mod ``cores``'s speed.
+    simulation puts thread j on a device of one core with core j mod ``cores``'s speed;
+    ``episodes``: the cores' speed episodes (:func:`fit_episodes`; ``auto`` keeps them when
+    found), taken out of every duration before the rest is fitted.
 
     Raises:
         AsyngradError: not a run directory, an unreadable trace, or fewer than 2 updates.
@@ -867,6 +952,11 @@ def calibrate(run_dir: str | Path, pool: bool = False, cores: int = 0,
     convoy = _convoy_report(fit_convoys([(trace, together)], convoys), cores, quantum)
     alone_rows = alone_writes(trace, together) if _forms_convoys(convoy) else None
     rhythms = {str(scenario.run.threads): trace_rhythm(trace)}
+    episode = fit_episodes(trace, episodes)
+    if episode["fields"]:  # the durations at the cores' own pace
+        rows, pace = episode["slow_rows"], 1 / episode["fields"]["slow_factor"]
+        trace = _deflated(trace, {phase: (rows, np.full(rows.size, pace))
+                                  for phase in ("read", "grad", "write", "idle")})
     bins, shared = _common_fits([(trace, together, alone_rows)], common)
     slowed = fit_interference([(trace, together, alone_rows)], interference)
     if slowed["deflate"]:  # the draws: what the durations were with the others idle
@@ -892,7 +982,8 @@ def calibrate(run_dir: str | Path, pool: bool = False, cores: int = 0,
                                          idle=fits["idle"].duration), convoy, shared,
                               slowed)
         devices.append(DeviceSpec(name=name.replace(" ", ""), cores=cores, quantum=quantum,
-                                  slicing=slicing, timing=timing))
+                                  slicing=slicing, timing=timing,
+                                  **(episode["fields"] or {})))
     if pace["kept"]:  # one device per core, thread j on device j mod cores
         devices = [replace(devices[0], name=f"core{j}", cores=1, speed=speed)
                    for j, speed in enumerate(pace["speeds"])]
@@ -907,7 +998,8 @@ def calibrate(run_dir: str | Path, pool: bool = False, cores: int = 0,
                         "rows_fitted": int(together.size), "rows": len(trace),
                         "contention": contention(trace, together), "convoys": convoy,
                         "common": shared, "interference": _public(slowed),
-                        "rhythm": rhythms, "speeds": pace}
+                        "rhythm": rhythms, "speeds": pace,
+                        "episodes": {k: v for k, v in episode.items() if k != "slow_rows"}}
 
 
 def _load(path: Path) -> tuple[Trace, Scenario]:
@@ -1054,6 +1146,8 @@ def calibrated_toml(scenario: Scenario, report: dict[str, Any]) -> str:
     lines.append(f"#   rhythm: {_describe_rhythm(report['rhythm'], report['common'])}")
     if "speeds" in report:
         lines.append(f"#   core speeds: {_describe_speeds(report['speeds'])}")
+    if "episodes" in report:
+        lines.append(f"#   speed episodes: {_describe_episodes(report['episodes'])}")
     for run, latency in report.get("cpu_latency", {}).items():
         if latency is not None:
             lines.append(f"#   CPUs of {run}: {latency_line(latency)}: a prediction holds for "
@@ -1061,6 +1155,18 @@ def calibrated_toml(scenario: Scenario, report: dict[str, Any]) -> str:
                          "as long far apart)")
     body = scenario_to_toml(scenario).split("\n", 1)[1]  # its own header line replaced
     return "\n".join(lines) + "\n" + body
+
+
+def _describe_episodes(report: dict[str, Any]) -> str:
+    """One line on the cores' speed episodes."""
+    if "factor" not in report:
+        return f"none ({report['why']})"
+    found = (f"slow level {report['factor']:.3g}× the fast one (D = {report['separation']:.3g}),"
+             f" {report['slow_share']:.3g} of the updates slow; episodes fast "
+             f"{report['fast_ns'] / 1e6:.3g} ms, slow {report['slow_ns'] / 1e6:.3g} ms on "
+             f"average ({report['episodes_ended'][0]:.0f} and {report['episodes_ended'][1]:.0f} "
+             "ended within the run)")
+    return found if report["fields"] else f"none fitted: {found}; {report['why']}"
 
 
 def _describe_speeds(report: dict[str, Any]) -> str:

@@ -529,13 +529,16 @@ def _calibrate(args: argparse.Namespace) -> int:
     if len(args.run_dir) > 1 and args.speeds != "off":
         raise AsyngradError(f"--speeds = '{args.speeds}': fits one run (each worker on a core "
                             "of its own), not several worker counts")
+    if len(args.run_dir) > 1 and args.episodes != "off":
+        raise AsyngradError(f"--episodes = '{args.episodes}': fits one run, not several "
+                            "worker counts")
     if len(args.run_dir) > 1:
         scenario, report = calibrate_counts(args.run_dir, args.cores, quantum, args.slicing,
                                             args.convoys, args.common, args.interference)
     else:
         scenario, report = calibrate(args.run_dir[0], args.pool, args.cores, quantum,
                                      args.slicing, args.convoys, args.common,
-                                     args.interference, args.speeds)
+                                     args.interference, args.speeds, args.episodes)
     if measured:
         report["time_slice"] = measured
     # Where the host put the runs' CPUs (real runs on a virtual machine): a scenario fitted
@@ -928,7 +931,11 @@ def _parser() -> argparse.ArgumentParser:
              "workers): each core's own speed, from each worker's median gradient time (a "
              "busy sibling hyperthread or a throttled core runs a worker slower for the whole "
              "run): keep them when they differ by over 10%% (auto), always (on), or never "
-             "(off, default); thread j is then simulated on core j mod cores")):
+             "(off, default); thread j is then simulated on core j mod cores"),
+            ("--episodes", "off", "speed episodes: cores that switch to a slower pace for "
+             "milliseconds at a time (the workers' gradient times in two levels): keep them "
+             "when the levels are 1.2x or more apart and well separated (auto), whenever two "
+             "levels are found (on), or never (off, default); one run")):
         choices = ("auto", "on", "rhythm", "off") if flag == "--common" else ("auto", "on", "off")
         cal.add_argument(flag, choices=choices, default=default, help=what)
 

@@ -850,6 +850,11 @@ class Engine:
         u = Update(self.started, thread, seq, sample, ops)
         u.read_ns, u.grad_ns, u.write_ns = self.source.durations(thread, fractions)
         u.idle_ns = self.source.idle(thread)
+        slow = self.source.slowness(thread, self.clock[thread])
+        if slow != 1.0:  # a slow episode of its core (coupled threads: applied by ``at``)
+            u.read_ns = [int(d * slow + 0.5) for d in u.read_ns]
+            u.write_ns = [int(d * slow + 0.5) for d in u.write_ns]
+            u.grad_ns, u.idle_ns = int(u.grad_ns * slow + 0.5), int(u.idle_ns * slow + 0.5)
         self.started += 1
         self.active[thread] = u
         return u

@@ -292,7 +292,14 @@ class DeviceSpec:
 
     ``latency`` (ns per message) and ``bandwidth`` (bytes per ns, i.e. GB/s) describe the
     device's network link to a server; only protocols that communicate over a network
-    (``paramserver``, ``admm``) pay them, on every pull and push."""
+    (``paramserver``, ``admm``) pay them, on every pull and push.
+
+    Speed episodes (``slow_factor`` > 1): each core of the device alternates between fast
+    episodes (durations as drawn) and slow ones, in which every duration of an update that
+    starts there (idle, read, gradient, write) is ``slow_factor`` times as long; episodes
+    last exponential times of means ``fast_ns`` and ``slow_ns``, and a core starts slow with
+    probability slow_ns / (fast_ns + slow_ns), each core on its own stream of the run's seed
+    (a virtual CPU whose host sibling is busy now and then, bench/README.md)."""
 
     name: str = "cpu"
     speed: float = 1.0
@@ -303,9 +310,19 @@ class DeviceSpec:
     quantum: int = 0
     slicing: str = "global"
     timing: TimingSpec | None = None
+    slow_factor: float = 1.0
+    slow_ns: int = 0
+    fast_ns: int = 0
 
     def __post_init__(self) -> None:
         _check(math.isfinite(self.speed) and self.speed > 0, "speed", self.speed, "must be > 0")
+        _check(math.isfinite(self.slow_factor) and self.slow_factor >= 1, "slow_factor",
+               self.slow_factor, "must be >= 1 (1: no speed episodes)")
+        for name in ("slow_ns", "fast_ns"):
+            value = getattr(self, name)
+            _check(value >= 0, name, value, "must be >= 0 (ns)")
+            _check(self.slow_factor == 1 or value > 0, name, value,
+                   "must be > 0 (mean episode length, ns) when slow_factor > 1")
         _check(self.cores >= 0, "cores", self.cores, "must be >= 0 (0: one core per thread)")
         _check(self.bus >= 0, "bus", self.bus, "must be >= 0 (0: unlimited)")
         _check(self.latency >= 0, "latency", self.latency, "must be >= 0 (ns per message)")
@@ -586,6 +603,16 @@ class Scenario:
     def device_of(self, thread: int) -> int:
         """Slots are placed on devices round-robin."""
         return self.slot_of(thread) % len(self.devices)
+
+    def core_of(self, thread: int) -> int:
+        """The core of its device the thread runs on: its place among the device's threads
+        in slot order, modulo the device's cores (``cores`` = 0: a core each)."""
+        device = self.device_of(thread)
+        mates = sorted((t for t in range(self.run.threads) if self.device_of(t) == device),
+                       key=self.slot_of)
+        cores = self.devices[device].cores
+        place = mates.index(thread)
+        return place % cores if cores else place
 
     def timing_of(self, device: int) -> TimingSpec:
         """The device's own timing, or the scenario's."""

@@ -11,6 +11,7 @@ durations a trace recorded.
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Callable, Sequence
 from functools import partial
@@ -22,11 +23,12 @@ from simulator.errors import TraceError
 from simulator.scenario import Scenario
 
 __all__ = ["GRAD", "IDLE", "READ", "WRITE", "CommonFactor", "DurationSource", "ReplaySource",
-           "SampledSource", "sample_stream", "thread_seeds"]
+           "SampledSource", "SpeedEpisodes", "sample_stream", "thread_seeds"]
 
 _CHUNK = 1024
 READ, GRAD, WRITE, IDLE = range(4)  # the phases, in the order of TimingSpec.common
 _COMMON_TAG = 0xC1
+_EPISODE_TAG = 0xE9
 _GRID = 8  # grid points of a common factor per correlation time
 _KNOTS = 4096  # grid points drawn at a time
 
@@ -91,6 +93,35 @@ def sample_stream(seed: int, threads: int, thread: int, n_samples: int) -> _Stre
     return _Stream(partial(_integers, _thread_generators(seed, threads, thread)[0], n_samples))
 
 
+class SpeedEpisodes:
+    """One core's speed episodes (``DeviceSpec`` docstring): fast and slow in turn, each
+    lasting an exponential time (means ``fast_ns``, ``slow_ns``), the first state slow with
+    probability slow_ns / (fast_ns + slow_ns). The switch times are drawn in order of time
+    from the core's own stream (seed, device, core), so ``factor`` is a function of those and
+    ``t`` alone, whatever order the times are asked in."""
+
+    def __init__(self, seed: int, device: int, core: int, slow_factor: float, fast_ns: int,
+                 slow_ns: int) -> None:
+        self.slow_factor = slow_factor
+        self._means = (float(fast_ns), float(slow_ns))
+        self._rng = np.random.default_rng([seed, _EPISODE_TAG, device, core])
+        self.starts_slow = bool(self._rng.random() < slow_ns / (fast_ns + slow_ns))
+        self._switches: list[float] = []  # times at which the state flips
+        self._last = 0.0
+
+    def slow(self, t: float) -> bool:
+        """Whether the core is in a slow episode at ``t`` ns."""
+        while self._last <= t:
+            state = self.starts_slow ^ (len(self._switches) % 2 == 1)
+            self._last += float(self._rng.exponential(self._means[state]))
+            self._switches.append(self._last)
+        return self.starts_slow ^ (bisect.bisect_right(self._switches, t) % 2 == 1)
+
+    def factor(self, t: float) -> float:
+        """How many times as long a duration starting at ``t`` takes."""
+        return self.slow_factor if self.slow(t) else 1.0
+
+
 class DurationSource(Protocol):
     """What the engine asks for at the start of each update."""
 
@@ -109,6 +140,11 @@ class DurationSource(Protocol):
 
     def coupled(self, thread: int) -> bool:
         """Whether ``thread``'s durations are drawn when each phase starts (``at``)."""
+        ...
+
+    def slowness(self, thread: int, t: int) -> float:
+        """How many times as long the durations of an update ``thread`` begins at ``t`` are
+        (speed episodes; 1 without); ``at`` applies it itself."""
         ...
 
     def at(self, thread: int, phase: int, t: int) -> list[int]:
@@ -192,11 +228,19 @@ class SampledSource:
         self._dense_link: list[list[int]] = []
         self._asked = [0] * threads  # the last time each thread asked (for forgetting)
         self._asks = 0
+        self._episodes: list[SpeedEpisodes | None] = []  # each thread's core's, if any
+        cores: dict[tuple[int, int], SpeedEpisodes] = {}
         for thread in range(threads):
             device = scenario.device_of(thread)
             timing = scenario.timing_of(device)
             gens = _thread_generators(scenario.run.seed, threads, thread)
             spec = scenario.devices[device]
+            if spec.slow_factor > 1:
+                key = (device, scenario.core_of(thread))
+                if key not in cores:
+                    cores[key] = SpeedEpisodes(scenario.run.seed, *key, spec.slow_factor,
+                                               spec.fast_ns, spec.slow_ns)
+            self._episodes.append(cores[key] if spec.slow_factor > 1 else None)
             speed = spec.speed / slow[thread]
             self._speed.append(speed)
             # Contention grows with the workers that run at once: all of them, or as many
@@ -291,10 +335,15 @@ class SampledSource:
     def coupled(self, thread: int) -> bool:
         return self._coupling[thread] is not None
 
+    def slowness(self, thread: int, t: int) -> float:
+        episodes = self._episodes[thread]
+        return 1.0 if episodes is None else episodes.factor(t)
+
     def at(self, thread: int, phase: int, t: int) -> list[int]:
         coupling = self._coupling[thread]
         assert coupling is not None
         quantile, scale, shared, own, factor = coupling[0][phase]
+        scale *= self.slowness(thread, t)
         z = factor.at(t) if factor is not None else 0.0
         self._forget(thread, t)
         if phase in (READ, WRITE):
@@ -369,6 +418,9 @@ class ReplaySource:
 
     def coupled(self, thread: int) -> bool:
         return False
+
+    def slowness(self, thread: int, t: int) -> float:
+        return 1.0  # recorded durations carry whatever slowed them
 
     def at(self, thread: int, phase: int, t: int) -> list[int]:
         raise TraceError("replay: durations are recorded, never drawn at a phase's start")

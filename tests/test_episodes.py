@@ -1,0 +1,134 @@
+"""Speed episodes: cores that switch between their own pace and a slower one for stretches of
+milliseconds (``devices.slow_factor``, ``slow_ns``, ``fast_ns``), simulated and calibrated."""
+
+import numpy as np
+import pytest
+
+from simulator.calibrate import _without_blips, calibrate, fit_episodes
+from simulator.cli import main
+from simulator.engine import simulate
+from simulator.replay import load_trace
+from simulator.scenario import ScenarioError, load_scenario
+from simulator.timing import SampledSource, SpeedEpisodes
+
+EPISODES = ("devices.0.slow_factor=1.7", "devices.0.slow_ns=1000000",
+            "devices.0.fast_ns=2000000")
+
+
+def _scenario(*overrides):
+    return load_scenario(None, ["run.threads=2", "run.updates=3000", *overrides])
+
+
+def test_episodes_alternate_with_the_asked_means_whatever_order_times_are_asked_in():
+    """Over a long horizon the share of time slow is slow/(fast + slow), the switches are
+    those of the core's own stream, and asking later times first changes nothing."""
+    a = SpeedEpisodes(7, 0, 1, 1.7, fast_ns=3_000_000, slow_ns=1_000_000)
+    grid = np.arange(0, 4_000_000_000, 50_000)
+    states = np.array([a.slow(t) for t in grid])
+    assert states.mean() == pytest.approx(0.25, abs=0.04)
+    flips = int(np.count_nonzero(np.diff(states.astype(int))))
+    assert 2 * 4000 / 4 * 0.8 < flips < 2 * 4000 / 4 * 1.2  # one cycle per 4 ms on average
+    b = SpeedEpisodes(7, 0, 1, 1.7, fast_ns=3_000_000, slow_ns=1_000_000)
+    assert [b.factor(t) for t in grid[::-1]][::-1] == [1.7 if s else 1.0 for s in states]
+    other = SpeedEpisodes(7, 0, 0, 1.7, fast_ns=3_000_000, slow_ns=1_000_000)
+    assert [other.slow(t) for t in grid] != states.tolist()  # each core its own stream
+
+
+def test_a_slow_episode_stretches_every_duration_of_the_updates_begun_in_it(tmp_path):
+    """Constant durations come out at exactly two levels, 1.7× apart, idle included, and the
+    run is bit-identical per seed and different with another seed."""
+    constant = ("timing.read={dist='constant', mean=500}",
+                "timing.grad={dist='constant', mean=3000}",
+                "timing.write={dist='constant', mean=1000}",
+                "timing.idle={dist='constant', mean=400}")
+    trace = simulate(_scenario(*EPISODES, *constant, "run.updates=4000"))
+    grads = np.unique(trace["grad_ns"])
+    assert grads.tolist() == [3000, 5100]
+    slow = trace["grad_ns"] == 5100
+    assert 0.1 < slow.mean() < 0.7
+    assert np.unique(trace["idle_ns"][slow & (trace["idle_ns"] > 0)]).tolist() == [680]
+    assert np.unique(trace["op_write_ns"]).tolist() == [1000, 1700]
+    again = simulate(_scenario(*EPISODES, *constant, "run.updates=4000"))
+    assert all(np.array_equal(trace[k], again[k]) for k in trace.arrays)
+    other = simulate(_scenario(*EPISODES, *constant, "run.updates=4000", "run.seed=9"))
+    assert not np.array_equal(trace["grad_ns"], other["grad_ns"])
+    plain = simulate(_scenario(*constant, "run.updates=4000"))
+    assert np.unique(plain["grad_ns"]).tolist() == [3000]
+
+
+def test_threads_on_one_core_share_its_episodes():
+    """Three threads on a device of two cores (per-core time slices): threads 0 and 2 on
+    core 0, thread 1 on core 1, as the time slices place them."""
+    scenario = _scenario(*EPISODES, "run.threads=3", "devices.0.cores=2",
+                         "devices.0.quantum=4000000", "devices.0.slicing='per_core'")
+    assert [scenario.core_of(t) for t in range(3)] == [0, 1, 0]
+    source = SampledSource(scenario, 3, 100, dense=[1.0])
+    assert source._episodes[0] is source._episodes[2]
+    assert source._episodes[1] is not source._episodes[0]
+
+
+@pytest.mark.parametrize("field, value, said", [
+    ("slow_factor", 0.5, "must be >= 1"), ("slow_ns", 0, "must be > 0"),
+    ("fast_ns", -3, "must be >= 0")])
+def test_bad_episode_values_are_refused_naming_the_field(field, value, said):
+    overrides = [o for o in EPISODES if not o.startswith(f"devices.0.{field}=")]
+    with pytest.raises(ScenarioError, match=f"devices.0.{field}.*{said}"):
+        _scenario(*overrides, f"devices.0.{field}={value}")
+
+
+def test_blips_shorter_than_the_shortest_stretch_are_merged():
+    states = np.array([0, 0, 0, 1, 0, 0, 0, 1, 1, 1, 1, 0, 1, 1, 1], dtype=bool)
+    assert _without_blips(states, 3).astype(int).tolist() == [0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1,
+                                                              1, 1, 1, 1]
+    assert _without_blips(np.array([1, 0, 0, 0], dtype=bool), 2).tolist() == [False] * 4
+
+
+def test_calibration_recovers_known_episodes_and_the_fast_durations(tmp_path):
+    """A simulated run of two cores with episodes 1.7× slow (1 ms slow, 2 ms fast on average):
+    the factor within 5%, the mean episode lengths within 35% (about 20 episodes each), the
+    gradient's fast mean within 5%; a run without episodes gets none under auto."""
+    out = tmp_path / "source"
+    assert main(["simulate", "--out", str(out), "--quiet", "--set", "run.threads=2",
+                 "--set", "run.updates=30000",
+                 "--set", "timing.grad={dist='lognormal', mean=6000, cv=0.1}",
+                 *(arg for o in EPISODES for arg in ("--set", o))]) == 0
+    scenario, report = calibrate(out, pool=True, cores=2, episodes="auto")
+    device = scenario.devices[0]
+    assert device.slow_factor == pytest.approx(1.7, rel=0.05), report["episodes"]
+    assert device.slow_ns == pytest.approx(1_000_000, rel=0.35)
+    assert device.fast_ns == pytest.approx(2_000_000, rel=0.35)
+    assert device.timing.grad.mean == pytest.approx(6000, rel=0.05)
+    fitted = report["episodes"]
+    assert fitted["separation"] > 2 and 0.2 < fitted["slow_share"] < 0.5
+    # Simulated again: the slow share of the updates comes back.
+    again = simulate(scenario)
+    source = load_trace(out)
+    cut = 6000 * 1.35
+    assert (again["grad_ns"] > cut).mean() == pytest.approx((source["grad_ns"] > cut).mean(),
+                                                           abs=0.1)
+    plain = tmp_path / "plain"
+    assert main(["simulate", "--out", str(plain), "--quiet", "--set", "run.threads=2",
+                 "--set", "run.updates=3000"]) == 0
+    none = fit_episodes(load_trace(plain), "auto")
+    assert none["fields"] is None and none["why"]
+    assert fit_episodes(load_trace(plain), "off")["why"] == "not asked for (--episodes off)"
+
+
+def test_cli_writes_the_episodes_and_refuses_them_for_several_runs(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(["simulate", "--out", str(run), "--quiet", "--set", "run.threads=2",
+                 "--set", "run.updates=6000",
+                 "--set", "timing.grad={dist='lognormal', mean=6000, cv=0.1}",
+                 *(arg for o in EPISODES for arg in ("--set", o))]) == 0
+    out = tmp_path / "cal.toml"
+    assert main(["calibrate", str(run), "--pool", "--cores", "2", "--episodes", "auto",
+                 "--out", str(out), "--quiet"]) == 0
+    text = out.read_text()
+    assert "#   speed episodes: slow level 1." in text
+    assert load_scenario(out).devices[0].slow_factor == pytest.approx(1.7, rel=0.05)
+    capsys.readouterr()
+    assert main(["calibrate", str(run), str(run), "--episodes", "on", "--out",
+                 str(tmp_path / "two.toml")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("asyngrad: error: --episodes = 'on': fits one run") and "\n" not in err
+    assert not (tmp_path / "two.toml").exists()

@@ -1,0 +1,64 @@
+"""bench/fidelity.py's split of its comparisons by where the host had each real run's CPUs."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+_PATH = Path(__file__).resolve().parent.parent / "bench" / "fidelity.py"
+
+
+@pytest.fixture(scope="module")
+def fidelity():
+    spec = importlib.util.spec_from_file_location("bench_fidelity", _PATH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _run(work: Path, name: str, before: float | None, after: float | None) -> None:
+    """A run directory whose summary says only what the placement needs."""
+    (work / name).mkdir(parents=True)
+    latency = None if before is None else {"cpus": [0, 1], "before_ns": before,
+                                           "after_ns": after}
+    (work / name / "summary.json").write_text(json.dumps({"real": {"cpu_latency": latency}}))
+
+
+def test_state_plans_calibrate_from_the_first_run_in_each_other_state(fidelity, tmp_path):
+    """Seed 0 far: one more calibration from the first near run (not the changing one before
+    it); k = 1 runs are not probed, so no state plan; the labels name count, state, seed."""
+    for name, before, after in (("real1", None, None), ("real2", 170.0, 180.0),
+                                ("real2.1", 40.0, 200.0), ("real2.2", 160.0, 155.0),
+                                ("real2.3", 45.0, 50.0), ("real2.4", 30.0, 20.0)):
+        _run(tmp_path, name, before, after)
+    args = type("Args", (), {"calibrate": [1, 2], "repeats": 5})()
+    plans = fidelity._state_plans(args, tmp_path)
+    assert plans == [("2@near.3", [str(tmp_path / "real2.3"), "--pool"])]
+    assert fidelity._plan_state(tmp_path, "2") == "far"
+    assert fidelity._plan_state(tmp_path, "2@near.3") == "near"
+    assert fidelity._plan_state(tmp_path, "1") is None  # one worker: no pair of CPUs probed
+    assert fidelity._plan_state(tmp_path, "1+2") is None
+    assert fidelity._state(tmp_path, 2, 1) == "changing"
+
+
+def test_state_tables_split_real_pairs_and_predictions_by_state(fidelity, capsys):
+    """Real pairs go to near/near, far/far or across by their two states (changing runs left
+    out); each prediction's comparisons to the near and the far real runs."""
+    def cmp(gap, ks, rate):
+        return {"gap": gap, "ks": ks, "rate_gap": rate}
+
+    floors = {2: [{**cmp(0.04, 0.1, 0.1), "states": ["near", "near"]},
+                  {**cmp(-0.25, 0.12, 0.05), "states": ["far", "near"]},
+                  {**cmp(0.3, 0.15, 0.09), "states": ["near", "far"]},
+                  {**cmp(0.5, 0.5, 0.5), "states": ["changing", "near"]}]}
+    rows = [{"calibrated": "2", "calibration_state": "far", "predicted": 2,
+             "sim_vs_real": [{**cmp(-0.01, 0.02, 0.03), "state": "far"},
+                             {**cmp(0.2, 0.2, 0.1), "state": "near"},
+                             {**cmp(0.9, 0.9, 0.9), "state": "changing"}]}]
+    fidelity._state_tables(rows, floors)
+    out = capsys.readouterr().out
+    assert "| 2 | 1: 4.0%, 0.100, 0.100 | none | 2: 27.5% [25.0%–30.0%], 0.135 " \
+        "[0.120–0.150], 0.070 [0.050–0.090] |" in out
+    assert "| 2 | far | 2 | 1: 20.0%, 0.200, 0.100 | 1: 1.0%, 0.020, 0.030 |" in out
+    assert "90.0%" not in out and "50.0%" not in out
