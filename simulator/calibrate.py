@@ -95,6 +95,7 @@ What is fitted:
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -907,7 +908,7 @@ def _without_blips(states: np.ndarray, shortest: int) -> np.ndarray:
     out = states.copy()
     edges = np.flatnonzero(np.diff(out.astype(np.int8))) + 1
     bounds = [0, *edges.tolist(), out.size]
-    runs = list(zip(bounds[:-1], bounds[1:], strict=True))
+    runs = list(itertools.pairwise(bounds))
     for index, (start, stop) in enumerate(runs):
         if stop - start < shortest and len(runs) > 1:
             out[start:stop] = out[start - 1] if index else out[stop]
@@ -954,8 +955,8 @@ def calibrate(run_dir: str | Path, pool: bool = False, cores: int = 0,
     rhythms = {str(scenario.run.threads): trace_rhythm(trace)}
     episode = fit_episodes(trace, episodes)
     if episode["fields"]:  # the durations at the cores' own pace
-        rows, pace = episode["slow_rows"], 1 / episode["fields"]["slow_factor"]
-        trace = _deflated(trace, {phase: (rows, np.full(rows.size, pace))
+        rows, own = episode["slow_rows"], 1 / episode["fields"]["slow_factor"]
+        trace = _deflated(trace, {phase: (rows, np.full(rows.size, own))
                                   for phase in ("read", "grad", "write", "idle")})
     bins, shared = _common_fits([(trace, together, alone_rows)], common)
     slowed = fit_interference([(trace, together, alone_rows)], interference)

@@ -236,11 +236,11 @@ class SampledSource:
             gens = _thread_generators(scenario.run.seed, threads, thread)
             spec = scenario.devices[device]
             if spec.slow_factor > 1:
-                key = (device, scenario.core_of(thread))
-                if key not in cores:
-                    cores[key] = SpeedEpisodes(scenario.run.seed, *key, spec.slow_factor,
-                                               spec.fast_ns, spec.slow_ns)
-            self._episodes.append(cores[key] if spec.slow_factor > 1 else None)
+                core = (device, scenario.core_of(thread))
+                if core not in cores:
+                    cores[core] = SpeedEpisodes(scenario.run.seed, *core, spec.slow_factor,
+                                                spec.fast_ns, spec.slow_ns)
+            self._episodes.append(cores[core] if spec.slow_factor > 1 else None)
             speed = spec.speed / slow[thread]
             self._speed.append(speed)
             # Contention grows with the workers that run at once: all of them, or as many
