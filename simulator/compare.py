@@ -138,6 +138,7 @@ def compare_runs(a: str | Path, b: str | Path) -> dict[str, Any]:
                 **pair_losses(trace)}
 
     ea, eb = errors(ta, ra.summary), errors(tb, rb.summary)
+    latency_a, latency_b = cpu_latency(ra.summary), cpu_latency(rb.summary)
     rate_gap = (abs(eb["rate"] - ea["rate"]) if ea["rate"] is not None
                 and eb["rate"] is not None else None)
     ups_a = ra.summary["time"]["updates_per_second"]
@@ -156,9 +157,8 @@ def compare_runs(a: str | Path, b: str | Path) -> dict[str, Any]:
         "rhythm": {"a": trace_rhythm(ta), "b": trace_rhythm(tb)},
         # Real runs: how far apart their two CPUs were (a different state of the host makes
         # a different machine: bench/README.md, write lockstep).
-        "cpu_latency": {"a": cpu_latency(ra.summary), "b": cpu_latency(rb.summary)},
-        "placement": {"a": placement(cpu_latency(ra.summary)),
-                      "b": placement(cpu_latency(rb.summary))},
+        "cpu_latency": {"a": latency_a, "b": latency_b},
+        "placement": {"a": placement(latency_a), "b": placement(latency_b)},
         "throughput": {"updates_per_second_a": ups_a, "updates_per_second_b": ups_b,
                        "ratio": ups_b / ups_a if ups_a else None},
         "loss": _loss_agreement(ra.curve, rb.curve),

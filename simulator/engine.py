@@ -149,6 +149,9 @@ class Engine:
         self._dense_grains = grain_ops(self._dense_ops, self._grain) if self._grain else None
         self._dense_blocks = [op[0] for op in self._dense_ops]
         self._sparse = self.problem.sparse and not self.protocol.dense
+        # Speed episodes on some device: each update asks its core's state (off the hot path
+        # otherwise).
+        self._episodic = any(d.slow_factor > 1 for d in scenario.devices)
         self._dense_grad = self.problem.sparse and self.protocol.dense
         self.source = source if source is not None else SampledSource(
             scenario, self.threads, self.problem.n_samples, self._dense_fractions,
@@ -850,7 +853,7 @@ class Engine:
         u = Update(self.started, thread, seq, sample, ops)
         u.read_ns, u.grad_ns, u.write_ns = self.source.durations(thread, fractions)
         u.idle_ns = self.source.idle(thread)
-        slow = self.source.slowness(thread, self.clock[thread])
+        slow = self.source.slowness(thread, self.clock[thread]) if self._episodic else 1.0
         if slow != 1.0:  # a slow episode of its core (coupled threads: applied by ``at``)
             u.read_ns = [int(d * slow + 0.5) for d in u.read_ns]
             u.write_ns = [int(d * slow + 0.5) for d in u.write_ns]
