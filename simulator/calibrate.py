@@ -933,8 +933,9 @@ def calibrate(run_dir: str | Path, pool: bool = False, cores: int = 0,
     with ``cores`` cores (0: one per thread): the form to predict other worker counts on the
     same machine, where threads beyond the cores time-share them (per action, or in time
     slices of ``quantum`` ns as an OS scheduler does, rotating per core or over all cores
-    as ``slicing`` says). ``convoys``: fit write convoys when found (``auto``), whenever
-    there are pairs to fit (``on``), or never (``off``); ``common``: likewise for common
+    as ``slicing`` says, preemptively: a slice's end stops an action midway).
+    ``convoys``: fit write convoys when found (``auto``), whenever there are pairs to fit
+    (``on``), or never (``off``); ``common``: likewise for common
     factors (``auto`` keeps them when some phase's c reaches 0.05; off unless asked for:
     see bench/README.md for what they do to a prediction); ``interference``: likewise for
     the slowdowns of one worker's phases under another's (``auto`` keeps them when one
@@ -983,7 +984,7 @@ def calibrate(run_dir: str | Path, pool: bool = False, cores: int = 0,
                                          idle=fits["idle"].duration), convoy, shared,
                               slowed)
         devices.append(DeviceSpec(name=name.replace(" ", ""), cores=cores, quantum=quantum,
-                                  slicing=slicing, timing=timing,
+                                  slicing=slicing, preempt=quantum > 0, timing=timing,
                                   **(episode["fields"] or {})))
     if pace["kept"]:  # one device per core, thread j on device j mod cores
         devices = [replace(devices[0], name=f"core{j}", cores=1, speed=speed)
@@ -1099,6 +1100,7 @@ def calibrate_counts(run_dirs: list[str | Path], cores: int = 0, quantum: int = 
                           "means_ns": {str(c): float(m) for c, m in zip(counts, means,
                                                                           strict=True)}}
     device = DeviceSpec(name="allworkers", cores=cores, quantum=quantum, slicing=slicing,
+                        preempt=quantum > 0,
                         timing=_with_fitted(TimingSpec(**timing), convoy, shared, slowed))
     calibrated = replace(base, name=f"{base.name}-calibrated", devices=(device,),
                          inject=replace(base.inject, stragglers=()))

@@ -174,6 +174,10 @@ class Engine:
             if pause.thread < self.threads:
                 self._pauses[pause.thread].append((pause.start, pause.end))
         self._slices = self._time_slices()
+        # Preemptive slices (devices.preempt): an action cut by its slice's end goes on in
+        # the thread's next slice.
+        self._preempt = [s is not None and scenario.devices[scenario.device_of(t)].preempt
+                         for t, s in enumerate(self._slices)]
         # Interference (timing.*_under_*): per thread, its slowdowns by [phase][other's
         # phase] and the other threads of its device; what each thread is doing, from when
         # to when. A starting phase needs every other thread's state at its start, so the
@@ -404,6 +408,8 @@ class Engine:
         action completes without anything else happening first."""
         if self._blocked[thread]:
             self._skip_pauses(thread)
+            if self._preempt[thread]:
+                duration = self._preempted(thread, duration)
         core = self._cores[thread]
         bus = self._bus[thread] if transfer else None
         env, end = self.env, self.clock[thread] + duration
@@ -432,19 +438,37 @@ class Engine:
                     self.clock[thread], moved = end, True
             sliced = self._slices[thread]
             if sliced is not None:
-                rotation, cores, quantum = sliced
                 now = self.clock[thread]
-                # Threads that finished their updates leave the rotation (a thread that
-                # ran ahead of simpy's clock finished at its own clock, not before).
-                live = [t for t in rotation if self._finished[t] > now]
-                index, threads = live.index(thread), len(live)
-                slot = now // quantum
-                # Slot s runs the rotation's threads (s·cores + j) mod threads, j < cores.
-                wait = 0
-                while (index - (slot + wait) * cores) % threads >= cores:
-                    wait += 1
-                if wait:
-                    self.clock[thread], moved = (slot + wait) * quantum, True
+                slot = self._running_slot(thread, now // sliced[2])
+                if slot > now // sliced[2]:
+                    self.clock[thread], moved = slot * sliced[2], True
+
+    def _running_slot(self, thread: int, slot: int) -> int:
+        """The first time slice from ``slot`` on in which ``thread`` runs."""
+        rotation, cores, quantum = self._slices[thread]  # type: ignore[misc]
+        # Threads that finished their updates leave the rotation (a thread that ran ahead
+        # of simpy's clock finished at its own clock, not before).
+        live = [t for t in rotation if self._finished[t] > slot * quantum]
+        index, threads = live.index(thread), len(live)
+        # Slot s runs the rotation's threads (s·cores + j) mod threads, j < cores.
+        while (index - slot * cores) % threads >= cores:
+            slot += 1
+        return slot
+
+    def _preempted(self, thread: int, duration: int) -> int:
+        """``duration`` ns of work started now on a preemptive time-sliced device: how long
+        it takes with the slices the thread sits out in between (its rotation as known now).
+        """
+        quantum = self._slices[thread][2]  # type: ignore[index]
+        start = now = self.clock[thread]
+        left = duration
+        while True:
+            slot = now // quantum
+            room = (slot + 1) * quantum - now
+            if left <= room:
+                return now + left - start
+            left -= room
+            now = self._running_slot(thread, slot + 1) * quantum
 
     def _uninterrupted(self, thread: int, durations: list[int], start: int) -> int:
         """End of the longest run of block actions from ``start`` that all end before the next

@@ -288,7 +288,9 @@ class DeviceSpec:
     robin over all of them); ``per_core`` — the device's j-th thread stays on core j mod
     ``cores`` and each core runs its own threads in turn, one slice each (as Linux keeps a
     process on its CPU's run queue: with 3 processes on 2 cores one runs alone, two alternate).
-    A thread outside its slice starts no action.
+    A thread outside its slice starts no action; an action already running finishes,
+    unless ``preempt``: then the slice's end stops it, and the rest of it runs in the
+    thread's next slice (a timer interrupt preempts a process anywhere).
 
     ``latency`` (ns per message) and ``bandwidth`` (bytes per ns, i.e. GB/s) describe the
     device's network link to a server; only protocols that communicate over a network
@@ -309,6 +311,7 @@ class DeviceSpec:
     bandwidth: float = 0.0
     quantum: int = 0
     slicing: str = "global"
+    preempt: bool = False
     timing: TimingSpec | None = None
     slow_factor: float = 1.0
     slow_ns: int = 0
@@ -332,6 +335,8 @@ class DeviceSpec:
                "must be >= 0 (ns; 0: threads take turns per action)")
         _check(self.slicing in SLICINGS, "slicing", self.slicing,
                f"must be one of {', '.join(SLICINGS)}")
+        _check(not self.preempt or self.quantum > 0, "preempt", self.preempt,
+               "needs time slices (quantum > 0)")
 
 
 @dataclass(frozen=True)

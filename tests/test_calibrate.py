@@ -95,8 +95,11 @@ def test_pooled_calibration_shares_cores_between_threads(tmp_path):
     run = _source(tmp_path)
     scenario, report = calibrate(run, pool=True, cores=2, quantum=4_000_000)
     assert len(scenario.devices) == 1 and scenario.devices[0].cores == 2
-    # Threads beyond the cores stay on their core in OS-like time slices.
-    assert (scenario.devices[0].quantum, scenario.devices[0].slicing) == (4_000_000, "per_core")
+    # Threads beyond the cores stay on their core in OS-like time slices, which stop an
+    # action midway as a timer interrupt does.
+    device = scenario.devices[0]
+    assert (device.quantum, device.slicing, device.preempt) == (4_000_000, "per_core", True)
+    assert not calibrate(run, pool=True, cores=2)[0].devices[0].preempt
     assert list(report["fits"]) == ["all workers"]
     assert scenario.devices[0].timing.grad.mean == pytest.approx(6000, rel=0.1)
 

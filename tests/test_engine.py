@@ -324,6 +324,58 @@ def test_a_thread_that_stops_leaves_its_cores_rotation():
     assert (trace["read_start"][early] // 100_000 % 2 == 1).all()
 
 
+def _preempt_case(*extra):
+    """k = 3 on 2 cores in per-core slices of 1 µs; read 200, gradient 1000, write 200 ns."""
+    return scenario(*CONSTANT, "problem.name=quadratic", "problem.dim=4", "run.threads=3",
+                    "timing.read.mean=200", "timing.grad.mean=1000", "timing.write.mean=200",
+                    "devices.0.cores=2", "devices.0.quantum=1000", "devices.0.slicing=per_core",
+                    "run.split=even", *extra)
+
+
+def test_a_preemptive_slice_stops_an_action_midway():
+    """Threads 0 and 2 share core 0 (slots 0, 2, 4, ... are 0's). Thread 0 reads [0, 200]
+    and computes from 200: the slice ends at 1000 with 200 ns of gradient left, which run in
+    its next slice, [2000, 2200]; then it writes [2200, 2400]. Without preemption the
+    gradient finishes at 1200 (into thread 2's slice) and the write waits for 2000."""
+    first = {}
+    for preempt in (True, False):
+        flag = f"devices.0.preempt={str(preempt).lower()}"
+        trace = simulate(_preempt_case("run.updates=3", flag))
+        first[preempt] = {int(t): (int(trace["grad_end"][i]), int(trace["write_start"][i]),
+                                   int(trace["write_end"][i]))
+                          for i, t in enumerate(trace["thread"])}
+    assert first[True][0] == (2200, 2200, 2400)
+    assert first[False][0] == (1200, 2000, 2200)
+    # Thread 2 starts in slot 1 [1000, 2000]: read to 1200, gradient 800 ns there, 200 more
+    # in slot 3, then its write.
+    assert first[True][2] == (3200, 3200, 3400)
+    assert first[True][1] == (1200, 1200, 1400)  # alone on core 1: never stopped
+
+
+def test_preempted_threads_work_only_in_their_own_slices():
+    """Per update of a thread sharing a core, the time between its read's start and its
+    write's end, less the other thread's slices in between, is exactly its work (1400 ns),
+    and no phase of it starts or ends inside the other's slice; bit-identical twice."""
+    s = _preempt_case("run.updates=600", "devices.0.preempt=true")
+    trace = simulate(s)
+    assert np.array_equal(simulate(s)["write_end"], trace["write_end"])
+    for thread, own in ((0, 0), (2, 1)):
+        rows = trace["thread"] == thread
+        start, end = trace["read_start"][rows], trace["write_end"][rows]
+        others = np.array([sum(1 for slot in range(a // 1000, (b - 1) // 1000 + 1)
+                               if slot % 2 != own) for a, b in zip(start, end, strict=True)])
+        assert (end - start - 1000 * others == 1400).all()
+        for column in ("read_start", "grad_start", "grad_end", "write_start"):
+            t = trace[column][rows]
+            inside = (t // 1000) % 2 == own
+            assert (inside | (t % 1000 == 0)).all(), column
+
+
+def test_preempt_needs_time_slices():
+    with pytest.raises(ScenarioError, match="preempt"):
+        scenario("devices.0.preempt=true")
+
+
 def test_global_slices_rotate_all_threads_over_all_cores():
     s = scenario(*CONSTANT, "run.threads=3", "run.updates=300", "devices.0.cores=2",
                  "devices.0.quantum=100000", "devices.0.slicing=global")
