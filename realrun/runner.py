@@ -81,9 +81,9 @@ def _quotas(updates: int, workers: int) -> list[int]:
 
 def _allocate(dim: int, blocks: int, workers: int, quota: int, dtype: str, measure: bool,
               w_device: str, accumulate: int, torch_path: bool, dense: bool) -> Buffers:
-    """Shared buffers; ``w`` on ``w_device``. The numpy worker's steps are float64 (numpy
-    computes ``w -= step`` in float64 and rounds once), the torch worker's are in the run's
-    dtype (the very tensor it subtracted). In measure mode the numpy worker on a dense
+    """Shared buffers; ``w`` on ``w_device``. Workers' steps are in the run's dtype (the
+    very values they subtracted: the numpy worker rounds its float64 step to w's dtype before
+    the write, the torch worker computes in it). In measure mode the numpy worker on a dense
     problem also keeps its read copies (float64), from which the rebuild follows the real
     vector's losses."""
     import torch
@@ -93,7 +93,7 @@ def _allocate(dim: int, blocks: int, workers: int, quota: int, dtype: str, measu
 
     w = (shared(dim, kind=getattr(torch, dtype)) if w_device == "cpu"
          else torch.zeros(dim, dtype=getattr(torch, dtype), device=w_device))
-    step_dtype = getattr(torch, dtype) if torch_path else torch.float64
+    step_dtype = getattr(torch, dtype)
     return Buffers(
         w=w, times=shared(workers, quota, 4),
         copy_end=shared(workers, quota, blocks, fill=-1),
@@ -108,9 +108,14 @@ def _allocate(dim: int, blocks: int, workers: int, quota: int, dtype: str, measu
 
 
 def _host(w: Any) -> np.ndarray:
-    """A float64 numpy copy of the shared vector, wherever it lives."""
+    """A float64 numpy copy of the shared vector, wherever it lives: always a copy (a float64
+    host tensor's ``.to(float64)`` is the tensor itself, whose later values every snapshot
+    would then show), and on the host cast by numpy on this thread (torch casts a float32
+    vector with its intra-op thread pool, whose threads then spin on the workers' cores)."""
     import torch
 
+    if w.device.type == "cpu":
+        return np.array(w.detach().numpy(), dtype=np.float64)
     return w.detach().to("cpu", torch.float64).numpy()
 
 

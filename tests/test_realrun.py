@@ -16,6 +16,7 @@ from realrun.probe import built, probe_cpus
 from realrun.runner import run_real
 from realrun.timeslice import measure_time_slice
 from simulator.engine import simulate
+from simulator.problems import make_problem
 from simulator.replay import replay
 from simulator.scenario import scenario_from_dict
 from simulator.timing import sample_stream
@@ -43,6 +44,12 @@ def test_serial_real_run_equals_the_simulator_to_the_bit():
     assert np.array_equal(real.trace["w_final"], simulated["w_final"])
     assert real.trace["staleness"].max() == 0
     assert real.cpu_latency is None  # one worker: no pair of CPUs to probe
+    # The loss curve's points are copies taken as the run went: the first is w_0's loss and
+    # the last the final vector's (a float64 vector is not snapshotted by reference).
+    problem = make_problem(s.problem)
+    loss = real.trace["curve_loss"]
+    assert loss[0] == problem.full_loss(problem.initial()) > loss[-1]
+    assert loss[-1] == problem.full_loss(real.trace["w_final"])
 
 
 def test_lock_free_workers_converge_and_merge_cleanly():
