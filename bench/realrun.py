@@ -58,10 +58,14 @@ def _ours(scenario: Scenario, problem: Problem, workers: int, mode: str) -> tupl
     return rate, suboptimality
 
 
+# The shared vector's dtype of the table's and the paired comparison's runs (``--dtype``).
+DTYPE = {"value": "float64"}
+
+
 def _run(scenario: Scenario, problem: Problem, workers: int,
          mode: str) -> tuple[float, float, Trace, dict[str, Any] | None]:
     """:func:`_ours`, the run's trace and its CPU-to-CPU latency (``RealRun.cpu_latency``)."""
-    run = run_real(scenario, workers, mode, dtype="float64", problem=problem)
+    run = run_real(scenario, workers, mode, dtype=DTYPE["value"], problem=problem)
     return (overlap_rate(thread_ends(run.trace)),
             float(run.trace["curve_loss"][-1]) - problem.optimum()[1], run.trace,
             run.cpu_latency)
@@ -271,11 +275,16 @@ def main() -> None:
                         help="only the paired MLP comparison")
     parser.add_argument("--measure-only", action="store_true",
                         help="only the cost of measure mode")
+    parser.add_argument("--dtype", choices=("float64", "float32"), default="float64",
+                        help="the shared vector's dtype in the table and the paired runs "
+                             "(measure mode's cost is always float64)")
     args = parser.parse_args()
+    DTYPE["value"] = args.dtype
     seeds = 2 if args.quick else 3
     pairs = args.pairs if args.pairs is not None else (3 if args.quick else 9)
     print(f"# {time.strftime('%Y-%m-%d')}, {platform.machine()}, {os.cpu_count()} cores, "
-          f"Python {platform.python_version()}, torch {torch.__version__}")
+          f"Python {platform.python_version()}, torch {torch.__version__}, shared vector "
+          f"{args.dtype} (the plain PyTorch loop: float64)")
     label, overrides, updates = PROBLEMS[-1]
     if args.measure_only:
         measure_cost(args.quick, seeds)
