@@ -52,20 +52,17 @@ from simulator.timing import sample_stream
 from simulator.trace import Trace
 
 
-def _ours(scenario: Scenario, problem: Problem, workers: int, mode: str) -> tuple[float, float]:
+def _ours(scenario: Scenario, problem: Problem, workers: int, mode: str,
+          dtype: str) -> tuple[float, float]:
     """(updates per second, final suboptimality) of one real run."""
-    rate, suboptimality, _, _ = _run(scenario, problem, workers, mode)
+    rate, suboptimality, _, _ = _run(scenario, problem, workers, mode, dtype)
     return rate, suboptimality
 
 
-# The shared vector's dtype of the table's and the paired comparison's runs (``--dtype``).
-DTYPE = {"value": "float64"}
-
-
-def _run(scenario: Scenario, problem: Problem, workers: int,
-         mode: str) -> tuple[float, float, Trace, dict[str, Any] | None]:
+def _run(scenario: Scenario, problem: Problem, workers: int, mode: str,
+         dtype: str) -> tuple[float, float, Trace, dict[str, Any] | None]:
     """:func:`_ours`, the run's trace and its CPU-to-CPU latency (``RealRun.cpu_latency``)."""
-    run = run_real(scenario, workers, mode, dtype=DTYPE["value"], problem=problem)
+    run = run_real(scenario, workers, mode, dtype=dtype, problem=problem)
     return (overlap_rate(thread_ends(run.trace)),
             float(run.trace["curve_loss"][-1]) - problem.optimum()[1], run.trace,
             run.cpu_latency)
@@ -211,7 +208,8 @@ PROBLEMS = (
 )
 
 
-def paired(label: str, overrides: list[str], updates: int, seeds: int) -> None:
+def paired(label: str, overrides: list[str], updates: int, seeds: int,
+           dtype: str = "float64") -> None:
     """Serial, lock-free ×2 and block-locked ×2 (a lock around each block's write only) run
     back to back for each seed, the order rotating with the seed, so that a change of the
     machine's state falls on every side of a ratio; with each lock-free run, how its writes
@@ -230,7 +228,8 @@ def paired(label: str, overrides: list[str], updates: int, seeds: int) -> None:
         scenario = load_scenario(None, [*overrides, f"run.updates={updates}",
                                         f"run.seed={seed}"])
         order = configs[seed % 3:] + configs[: seed % 3]
-        done = {mode: _run(scenario, problem, workers, mode) for mode, workers in order}
+        done = {mode: _run(scenario, problem, workers, mode, dtype)
+                for mode, workers in order}
         serial = done["serial"][0]
         for mode in ratios:
             ratios[mode].append(done[mode][0] / serial)
@@ -279,7 +278,6 @@ def main() -> None:
                         help="the shared vector's dtype in the table and the paired runs "
                              "(measure mode's cost is always float64)")
     args = parser.parse_args()
-    DTYPE["value"] = args.dtype
     seeds = 2 if args.quick else 3
     pairs = args.pairs if args.pairs is not None else (3 if args.quick else 9)
     print(f"# {time.strftime('%Y-%m-%d')}, {platform.machine()}, {os.cpu_count()} cores, "
@@ -290,9 +288,9 @@ def main() -> None:
         measure_cost(args.quick, seeds)
         return
     if not args.pairs_only:
-        table(args.quick, seeds)
+        table(args.quick, seeds, args.dtype)
         measure_cost(args.quick, seeds)
-    paired(label, overrides, updates // 4 if args.quick else updates, pairs)
+    paired(label, overrides, updates // 4 if args.quick else updates, pairs, args.dtype)
 
 
 # Measure mode keeps two float64 vectors per update (the step and the read copy): the MLP's
@@ -339,7 +337,7 @@ def _after_workers(run: RealRun, total: float) -> float:
     return total - run.seconds
 
 
-def table(quick: bool, seeds: int) -> None:
+def table(quick: bool, seeds: int, dtype: str = "float64") -> None:
     """Every configuration on every problem, then the instrumentation's cost."""
     print("| problem | mode | workers | updates/s (median) | vs serial | final suboptimality "
           "(mean ± sd over seeds) |")
@@ -358,7 +356,7 @@ def table(quick: bool, seeds: int) -> None:
             for mode, workers in CONFIGS:
                 runs[(mode, workers)].append(
                     _plain(scenario, problem, workers) if mode == "plain"
-                    else _ours(scenario, problem, workers, mode))
+                    else _ours(scenario, problem, workers, mode, dtype))
         results = {config: (statistics.median(s for s, _ in done),
                             np.mean([v for _, v in done]), np.std([v for _, v in done]))
                    for config, done in runs.items()}

@@ -438,10 +438,11 @@ class Engine:
                     self.clock[thread], moved = end, True
             sliced = self._slices[thread]
             if sliced is not None:
-                now = self.clock[thread]
-                slot = self._running_slot(thread, now // sliced[2])
-                if slot > now // sliced[2]:
-                    self.clock[thread], moved = slot * sliced[2], True
+                quantum = sliced[2]
+                current = self.clock[thread] // quantum
+                slot = self._running_slot(thread, current)
+                if slot > current:
+                    self.clock[thread], moved = slot * quantum, True
 
     def _running_slot(self, thread: int, slot: int) -> int:
         """The first time slice from ``slot`` on in which ``thread`` runs."""
