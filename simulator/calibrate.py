@@ -115,9 +115,9 @@ from simulator.rundir import latency_line
 from simulator.scenario import COMMON_FIELDS, DeviceSpec, Scenario, TimingSpec, scenario_from_dict
 from simulator.trace import Trace, convoy_pairs
 
-__all__ = ["CONVOYS", "Fit", "alone_writes", "calibrate", "calibrate_counts",
-           "common_bins", "fit_common", "fit_convoys", "fit_durations", "fit_interference",
-           "operation_samples", "phase_meetings", "under_times", "undisturbed"]
+__all__ = ["CONVOYS", "Fit", "alone_writes", "calibrate", "calibrate_counts", "common_bins",
+           "fit_common", "fit_convoys", "fit_durations", "fit_interference",
+           "operation_samples", "phase_meetings", "run_workers", "under_times", "undisturbed"]
 
 _KS_LEVEL = 0.01
 _MIN_FOR_TEST = 50
@@ -270,15 +270,19 @@ def running_together(trace: Trace) -> np.ndarray:
     return rows if rows.size >= 100 else np.arange(len(trace))
 
 
-def contention(trace: Trace, rows: np.ndarray) -> dict[str, Any]:
-    """How phase durations grow with the number of other workers in the same phase."""
-    rows = rows[:: max(1, rows.size // 4000)]  # the O(n²) scan stays cheap
+def contention(runs: list[tuple[Trace, np.ndarray]]) -> dict[str, Any]:
+    """How phase durations grow with the number of other workers in the same phase, over the
+    given rows of one or more runs."""
     result: dict[str, Any] = {}
     for phase in ("read", "grad", "write"):
-        start = trace[f"{phase}_start"][rows].astype(np.float64)
-        end = trace[f"{phase}_end"][rows].astype(np.float64)
-        load = _overlaps(start, end, trace["thread"][rows])
-        result[phase] = _slope(load, end - start)
+        loads, durations = [], []
+        for trace, rows in runs:
+            rows = rows[:: max(1, rows.size * len(runs) // 4000)]  # the O(n²) scan stays cheap
+            start = trace[f"{phase}_start"][rows].astype(np.float64)
+            end = trace[f"{phase}_end"][rows].astype(np.float64)
+            loads.append(_overlaps(start, end, trace["thread"][rows]))
+            durations.append(end - start)
+        result[phase] = _slope(np.concatenate(loads), np.concatenate(durations))
     return result
 
 
@@ -848,42 +852,56 @@ EPISODE_WINDOW = 25  # updates in the running median of a worker's log gradient 
 EPISODE_FACTOR = 1.2  # auto: the slow level at least this many times the fast one
 
 
-def fit_episodes(trace: Trace, mode: str = "off") -> dict[str, Any]:
-    """Speed episodes of the run's cores (the module docstring): ``"fields"`` (the
-    ``DeviceSpec`` values ``slow_factor``, ``slow_ns``, ``fast_ns``) when kept, what was
-    measured, and ``"slow_rows"`` (not for the report), the rows found slow."""
+def fit_episodes(traces: Trace | list[Trace], mode: str = "off") -> dict[str, Any]:
+    """Speed episodes of the cores of one run or of several runs of one setting (the module
+    docstring): ``"fields"`` (the ``DeviceSpec`` values ``slow_factor``, ``slow_ns``,
+    ``fast_ns``) when kept, what was measured, and ``"slow_rows"`` (not for the report), the
+    rows found slow in each run.
+
+    Several runs are split into levels together, and their time in each state and episodes
+    ended are added up: a run that stayed in one state throughout adds time and no ended
+    episode (its state lasted at least that long), so a pace that holds across whole runs
+    gets long episodes, and the share of time slow gives the odds that a core starts slow.
+    """
+    runs = [traces] if isinstance(traces, Trace) else list(traces)
     report: dict[str, Any] = {"fields": None, "slow_rows": None}
     if mode == "off":
         report["why"] = "not asked for (--episodes off)"
         return report
-    smooth = np.empty(len(trace))
-    orders = []
-    for thread in np.unique(trace["thread"]):
-        rows = np.flatnonzero(trace["thread"] == thread)
-        rows = rows[np.argsort(trace["read_start"][rows], kind="stable")]
-        orders.append(rows)
-        grad = np.log(np.maximum(trace["grad_ns"][rows], 1).astype(np.float64))
-        smooth[rows] = scipy.ndimage.median_filter(grad, size=EPISODE_WINDOW, mode="nearest")
-    low, high = np.quantile(smooth, [0.1, 0.9])
+    smooth = [np.empty(len(trace)) for trace in runs]
+    orders: list[tuple[int, np.ndarray]] = []
+    for index, trace in enumerate(runs):
+        for thread in np.unique(trace["thread"]):
+            rows = np.flatnonzero(trace["thread"] == thread)
+            rows = rows[np.argsort(trace["read_start"][rows], kind="stable")]
+            orders.append((index, rows))
+            grad = np.log(np.maximum(trace["grad_ns"][rows], 1).astype(np.float64))
+            smooth[index][rows] = scipy.ndimage.median_filter(grad, size=EPISODE_WINDOW,
+                                                              mode="nearest")
+    levels = np.concatenate(smooth)
+    low, high = np.quantile(levels, [0.1, 0.9])
     for _ in range(100):  # 1-D 2-means from the 10% and 90% quantiles
-        slow = smooth > (low + high) / 2
+        slow = levels > (low + high) / 2
         if slow.all() or not slow.any():
             break
-        new = float(np.mean(smooth[~slow])), float(np.mean(smooth[slow]))
+        new = float(np.mean(levels[~slow])), float(np.mean(levels[slow]))
         if new == (low, high):
             break
         low, high = new
     if slow.all() or not slow.any():
         report["why"] = "the gradient times show one level"
         return report
-    for rows in orders:  # stretches shorter than half the window join the one before
-        slow[rows] = _without_blips(slow[rows], EPISODE_WINDOW // 2 + 1)
-    spread = math.sqrt((float(np.var(smooth[~slow])) + float(np.var(smooth[slow]))) / 2)
+    slow_of = [smooth_run > (low + high) / 2 for smooth_run in smooth]
+    for index, rows in orders:  # stretches shorter than half the window join the one before
+        slow_of[index][rows] = _without_blips(slow_of[index][rows], EPISODE_WINDOW // 2 + 1)
+    slow = np.concatenate(slow_of)
+    spread = math.sqrt((float(np.var(levels[~slow])) + float(np.var(levels[slow]))) / 2)
     apart = math.sqrt(2) * (high - low) / spread if spread > 0 else math.inf
     factor = math.exp(high - low)
     time, ended = np.zeros(2), np.zeros(2)
-    for rows in orders:
-        state = slow[rows].astype(int)
+    for index, rows in orders:
+        trace = runs[index]
+        state = slow_of[index][rows].astype(int)
         start = trace["read_start"][rows].astype(np.float64)
         spans = np.append(np.diff(start), float(trace["write_end"][rows[-1]]) - start[-1])
         np.add.at(time, state, spans)
@@ -891,14 +909,17 @@ def fit_episodes(trace: Trace, mode: str = "off") -> dict[str, Any]:
     means = time / np.maximum(ended, 1)
     report.update(factor=round(factor, 4), separation=round(apart, 3),
                   slow_share=round(float(slow.mean()), 4), episodes_ended=ended.tolist(),
-                  fast_ns=round(float(means[0])), slow_ns=round(float(means[1])))
+                  fast_ns=round(float(means[0])), slow_ns=round(float(means[1])),
+                  runs=len(runs))
+    if len(runs) > 1:
+        report["slow_share_per_run"] = [round(float(s.mean()), 4) for s in slow_of]
     if mode == "auto" and (factor < EPISODE_FACTOR or apart <= 2):
         report["why"] = (f"levels {factor:.3g}× apart (D = {apart:.3g}): kept from "
                          f"{EPISODE_FACTOR}× and D > 2")
         return report
     report["fields"] = {"slow_factor": round(factor, 4), "slow_ns": max(1, round(means[1])),
                         "fast_ns": max(1, round(means[0]))}
-    report["slow_rows"] = np.flatnonzero(slow)
+    report["slow_rows"] = [np.flatnonzero(s) for s in slow_of]
     return report
 
 
@@ -922,12 +943,13 @@ def _at_speed_one(samples: dict[int, dict[str, np.ndarray]],
             for i, (w, ops) in enumerate(sorted(samples.items()))}
 
 
-def calibrate(run_dir: str | Path, pool: bool = False, cores: int = 0,
+def calibrate(run_dir: str | Path | list[str | Path], pool: bool = False, cores: int = 0,
               quantum: int = 0, slicing: str = "per_core",
               convoys: str = "auto", common: str = "off",
               interference: str = "off", speeds: str = "off",
               episodes: str = "off") -> tuple[Scenario, dict[str, Any]]:
-    """The calibrated scenario of a run directory and the fit report.
+    """The calibrated scenario of a run directory, or of repeats of one run (several run
+    directories of one problem at one worker count, fitted together), and the fit report.
 
     ``pool`` fits one timing to all workers together and puts every thread on one device
     with ``cores`` cores (0: one per thread): the form to predict other worker counts on the
@@ -940,35 +962,60 @@ def calibrate(run_dir: str | Path, pool: bool = False, cores: int = 0,
     see bench/README.md for what they do to a prediction); ``interference``: likewise for
     the slowdowns of one worker's phases under another's (``auto`` keeps them when one
     reaches 0.1), the durations then fitted as drawn with the others idle; ``speeds`` (with
-    ``pool``, one worker per core): each core's own speed (:func:`core_speeds`), so the
-    simulation puts thread j on a device of one core with core j mod ``cores``'s speed;
+    ``pool``, one worker per core, one run): each core's own speed (:func:`core_speeds`), so
+    the simulation puts thread j on a device of one core with core j mod ``cores``'s speed;
     ``episodes``: the cores' speed episodes (:func:`fit_episodes`; ``auto`` keeps them when
-    found), taken out of every duration before the rest is fitted.
+    found), taken out of every duration before the rest is fitted. Repeats add up: every
+    fit sees the updates of all of them (a core's pace that changes between runs but holds
+    within one shows as long episodes).
 
     Raises:
-        AsyngradError: not a run directory, an unreadable trace, or fewer than 2 updates.
+        AsyngradError: not a run directory, an unreadable trace, fewer than 2 updates,
+            repeats of different problems, block or worker counts, or ``speeds`` with repeats.
     """
-    path = Path(run_dir)
-    trace, scenario = _load(path)
-    together = running_together(trace)
-    convoy = _convoy_report(fit_convoys([(trace, together)], convoys), cores, quantum)
-    alone_rows = alone_writes(trace, together) if _forms_convoys(convoy) else None
-    rhythms = {str(scenario.run.threads): trace_rhythm(trace)}
-    episode = fit_episodes(trace, episodes)
+    paths = [Path(d) for d in (run_dir if isinstance(run_dir, list) else [run_dir])]
+    loaded = [(path, *_load(path)) for path in paths]
+    base_path, _, scenario = loaded[0]
+    for path, _, other in loaded[1:]:
+        if (other.problem, other.run.blocks, other.run.threads) != (
+                scenario.problem, scenario.run.blocks, scenario.run.threads):
+            raise AsyngradError(f"calibrate: {path} is not a repeat of {base_path} (another "
+                                "problem, block count or worker count)")
+    if len(loaded) > 1 and speeds != "off":
+        raise AsyngradError(f"--speeds = '{speeds}': fits one run (which core was slow "
+                            "changes between runs: --episodes fits that)")
+    traces = [trace for _, trace, _ in loaded]
+    spans = [running_together(trace) for trace in traces]
+    convoy = _convoy_report(fit_convoys(list(zip(traces, spans, strict=True)), convoys),
+                            cores, quantum)
+    alones = [alone_writes(trace, together) if _forms_convoys(convoy) else None
+              for trace, together in zip(traces, spans, strict=True)]
+    threads = scenario.run.threads
+    rhythms = {(str(threads) if len(loaded) == 1 else f"{threads} ({path.name})"):
+               trace_rhythm(trace) for path, trace, _ in loaded}
+    episode = fit_episodes(traces, episodes)
     if episode["fields"]:  # the durations at the cores' own pace
-        rows, own = episode["slow_rows"], 1 / episode["fields"]["slow_factor"]
-        trace = _deflated(trace, {phase: (rows, np.full(rows.size, own))
-                                  for phase in ("read", "grad", "write", "idle")})
-    bins, shared = _common_fits([(trace, together, alone_rows)], common)
-    slowed = fit_interference([(trace, together, alone_rows)], interference)
-    if slowed["deflate"]:  # the draws: what the durations were with the others idle
-        trace = _deflated(trace, slowed["deflate"][0])
-    samples = operation_samples(trace, scenario, together)
-    if alone_rows is not None:  # the write alone: convoys stretch it again
-        alone = operation_samples(trace, scenario, alone_rows)
-        for worker, ops in samples.items():
-            ops["write"] = alone[worker]["write"]
-    pace: dict[str, Any] = (core_speeds(samples, scenario.run.threads, cores, speeds) if pool
+        own = 1 / episode["fields"]["slow_factor"]
+        traces = [_deflated(trace, {phase: (rows, np.full(rows.size, own))
+                                    for phase in ("read", "grad", "write", "idle")})
+                  for trace, rows in zip(traces, episode["slow_rows"], strict=True)]
+    runs = list(zip(traces, spans, alones, strict=True))
+    bins, shared = _common_fits(runs, common)
+    slowed = fit_interference(runs, interference)
+    samples: dict[int, dict[str, np.ndarray]] = {}
+    for index, (trace, together, alone_rows) in enumerate(runs):
+        if slowed["deflate"] and slowed["deflate"][index]:
+            trace = _deflated(trace, slowed["deflate"][index])  # drawn with the others idle
+        mine = operation_samples(trace, scenario, together)
+        if alone_rows is not None:  # the write alone: convoys stretch it again
+            alone = operation_samples(trace, scenario, alone_rows)
+            for worker, ops in mine.items():
+                ops["write"] = alone[worker]["write"]
+        for worker, ops in mine.items():
+            into = samples.setdefault(worker, {op: np.empty(0) for op in ops})
+            for op, values in ops.items():
+                into[op] = np.concatenate([into[op], values])
+    pace: dict[str, Any] = (core_speeds(samples, threads, cores, speeds) if pool
             else {"kept": False, "why": "per-worker timings (no --pool) carry each one's speed"})
     if pace["kept"]:
         samples = _at_speed_one(samples, pace["speeds"])
@@ -992,16 +1039,32 @@ def calibrate(run_dir: str | Path, pool: bool = False, cores: int = 0,
     # The recorded durations already contain stragglers and network links: drop them.
     calibrated = replace(scenario, name=f"{scenario.name}-calibrated", devices=tuple(devices),
                          inject=replace(scenario.inject, stragglers=()))
-    if common == "rhythm":
-        coupling = rhythms[str(scenario.run.threads)]["coupling"]
-        calibrated, shared = _with_rhythm(calibrated, [(scenario.run.threads, len(trace),
-                                                        coupling)], bins)
-    return calibrated, {"source": trace.source, "run": str(path), "fits": report,
-                        "rows_fitted": int(together.size), "rows": len(trace),
-                        "contention": contention(trace, together), "convoys": convoy,
+    if common == "rhythm":  # the repeats' mean rhythm, at the longest repeat's length
+        couplings = [r["coupling"] for r in rhythms.values() if r["coupling"] is not None]
+        calibrated, shared = _with_rhythm(
+            calibrated, [(threads, max(len(t) for t in traces),
+                          float(np.mean(couplings)) if couplings else None)], bins)
+    return calibrated, {"source": traces[0].source,
+                        "run": ", ".join(str(path) for path in paths), "fits": report,
+                        "rows_fitted": int(sum(together.size for together in spans)),
+                        "rows": sum(len(trace) for trace in traces),
+                        "contention": contention(list(zip(traces, spans, strict=True))),
+                        "convoys": convoy,
                         "common": shared, "interference": _public(slowed),
                         "rhythm": rhythms, "speeds": pace,
                         "episodes": {k: v for k, v in episode.items() if k != "slow_rows"}}
+
+
+def run_workers(run_dir: str | Path) -> int | None:
+    """The worker count a run directory's ``summary.json`` records (None when it cannot be
+    read: loading the run says why)."""
+    import json
+
+    try:
+        threads = json.loads((Path(run_dir) / "summary.json").read_text())["threads"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return threads if isinstance(threads, int) else None
 
 
 def _load(path: Path) -> tuple[Trace, Scenario]:
@@ -1058,7 +1121,8 @@ def calibrate_counts(run_dirs: list[str | Path], cores: int = 0, quantum: int = 
     counts = [scenario.run.threads for _, _, scenario in loaded]
     if len(set(counts)) != len(counts):
         raise AsyngradError(f"calibrate: the runs' worker counts {counts} repeat; give one "
-                            "run per worker count")
+                            "run per worker count (repeats of a single count are fitted "
+                            "together)")
     base_path, _, base = loaded[0]
     for path, _, scenario in loaded[1:]:
         if scenario.problem != base.problem or scenario.run.blocks != base.run.blocks:
@@ -1168,7 +1232,9 @@ def _describe_episodes(report: dict[str, Any]) -> str:
              f" {report['slow_share']:.3g} of the updates slow; episodes fast "
              f"{report['fast_ns'] / 1e6:.3g} ms, slow {report['slow_ns'] / 1e6:.3g} ms on "
              f"average ({report['episodes_ended'][0]:.0f} and {report['episodes_ended'][1]:.0f} "
-             "ended within the run)")
+             + ("ended within the run)" if report.get("runs", 1) == 1 else
+                "ended within the runs); slow share per run "
+                + ", ".join(f"{v:.2g}" for v in report["slow_share_per_run"])))
     return found if report["fields"] else f"none fitted: {found}; {report['why']}"
 
 

@@ -513,7 +513,13 @@ def _quantum(text: str) -> tuple[int, str]:
 
 
 def _calibrate(args: argparse.Namespace) -> int:
-    from simulator.calibrate import MARKER, calibrate, calibrate_counts, calibrated_toml
+    from simulator.calibrate import (
+        MARKER,
+        calibrate,
+        calibrate_counts,
+        calibrated_toml,
+        run_workers,
+    )
     from simulator.rundir import run_cpu_latency
 
     out = Path(args.out)
@@ -526,17 +532,23 @@ def _calibrate(args: argparse.Namespace) -> int:
     if args.common == "rhythm" and not args.quiet:
         print("fitting common factors to the runs' rhythm (up to 12 simulations of the calibrated "
               "scenario, at most 20,000 updates each)...", flush=True)
-    if len(args.run_dir) > 1 and args.speeds != "off":
+    seen: set[Path] = set()
+    for run in args.run_dir:
+        if Path(run).resolve() in seen:
+            raise AsyngradError(f"RUN = '{run}': given twice")
+        seen.add(Path(run).resolve())
+    counts = {run_workers(run) for run in args.run_dir}
+    if len(counts) > 1 and args.speeds != "off":
         raise AsyngradError(f"--speeds = '{args.speeds}': fits one run (each worker on a core "
                             "of its own), not several worker counts")
-    if len(args.run_dir) > 1 and args.episodes != "off":
-        raise AsyngradError(f"--episodes = '{args.episodes}': fits one run, not several "
-                            "worker counts")
-    if len(args.run_dir) > 1:
+    if len(counts) > 1 and args.episodes != "off":
+        raise AsyngradError(f"--episodes = '{args.episodes}': fits one run or repeats of one "
+                            "worker count, not several worker counts")
+    if len(counts) > 1:
         scenario, report = calibrate_counts(args.run_dir, args.cores, quantum, args.slicing,
                                             args.convoys, args.common, args.interference)
-    else:
-        scenario, report = calibrate(args.run_dir[0], args.pool, args.cores, quantum,
+    else:  # one run, or repeats of one worker count fitted together
+        scenario, report = calibrate(list(args.run_dir), args.pool, args.cores, quantum,
                                      args.slicing, args.convoys, args.common,
                                      args.interference, args.speeds, args.episodes)
     if measured:
@@ -898,7 +910,8 @@ def _parser() -> argparse.ArgumentParser:
     cal = command("calibrate", "fit the simulator's timing model to a recorded (real) run",
                   _calibrate, scenario=False, out="scenario file to write (TOML)")
     cal.add_argument("run_dir", metavar="RUN", nargs="+",
-                     help="a run directory (from asyngrad real, simulate or replay); several "
+                     help="a run directory (from asyngrad real, simulate or replay); repeats "
+                          "of one run (same problem and worker count) are fitted together; "
                           "runs of one problem at different worker counts also fit the "
                           "contention between workers (a slowdown per other worker; pooled)")
     cal.add_argument("--pool", action="store_true",

@@ -181,8 +181,10 @@ def test_contention_needs_distinct_worker_counts_of_one_problem(tmp_path, capsys
     assert "contention, write: ×(1 + " in text and "write_per_thread = " in text
     assert main(["simulate", str(out), "--set", "run.threads=3", "--out",
                  str(tmp_path / "predicted"), "--quiet"]) == 0
+    capsys.readouterr()
     assert main(["calibrate", str(one), str(one), "--out", str(tmp_path / "x.toml")]) == 2
-    assert "repeat" in capsys.readouterr().err
+    assert capsys.readouterr().err.strip() == f"asyngrad: error: RUN = '{one}': given twice"
+    assert not (tmp_path / "x.toml").exists()
 
 
 def test_a_gamma_fit_is_written_as_valid_toml(tmp_path):
@@ -252,7 +254,8 @@ def test_core_speeds_are_kept_only_where_they_differ_and_fit(tmp_path, capsys):
                  "--speeds", "auto", "--out", str(out), "--quiet"]) == 0
     assert "#   core speeds: 1.2" in out.read_text()
     capsys.readouterr()
-    assert main(["calibrate", str(alike), str(alike), "--speeds", "on", "--out",
+    repeat = _source(tmp_path / "repeat", "run.seed=1")
+    assert main(["calibrate", str(alike), str(repeat), "--speeds", "on", "--out",
                  str(tmp_path / "two.toml")]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("asyngrad: error: --speeds = 'on': fits one run") and "\n" not in err

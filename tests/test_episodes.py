@@ -7,6 +7,7 @@ import pytest
 from simulator.calibrate import _without_blips, calibrate, fit_episodes
 from simulator.cli import main
 from simulator.engine import simulate
+from simulator.errors import AsyngradError
 from simulator.replay import load_trace
 from simulator.scenario import ScenarioError, load_scenario
 from simulator.timing import SampledSource, SpeedEpisodes
@@ -126,9 +127,81 @@ def test_cli_writes_the_episodes_and_refuses_them_for_several_runs(tmp_path, cap
     text = out.read_text()
     assert "#   speed episodes: slow level 1." in text
     assert load_scenario(out).devices[0].slow_factor == pytest.approx(1.7, rel=0.05)
+    one = tmp_path / "one"
+    assert main(["simulate", "--out", str(one), "--quiet", "--set", "run.threads=1",
+                 "--set", "run.updates=500"]) == 0
     capsys.readouterr()
-    assert main(["calibrate", str(run), str(run), "--episodes", "on", "--out",
+    assert main(["calibrate", str(run), str(one), "--episodes", "on", "--out",
                  str(tmp_path / "two.toml")]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("asyngrad: error: --episodes = 'on': fits one run") and "\n" not in err
+    assert err == ("asyngrad: error: --episodes = 'on': fits one run or repeats of one worker "
+                   "count, not several worker counts")
     assert not (tmp_path / "two.toml").exists()
+    repeat = tmp_path / "repeat"
+    assert main(["simulate", "--out", str(repeat), "--quiet", "--set", "run.threads=2",
+                 "--set", "run.updates=6000", "--set", "run.seed=1",
+                 "--set", "timing.grad={dist='lognormal', mean=6000, cv=0.1}",
+                 *(arg for o in EPISODES for arg in ("--set", o))]) == 0
+    assert main(["calibrate", str(run), str(repeat), "--pool", "--cores", "2", "--episodes",
+                 "on", "--out", str(out), "--quiet"]) == 0
+    text = out.read_text()
+    assert f"# fitted from {run}, {repeat} (simulated run; " in text
+    assert "ended within the runs)" in text
+
+
+def _repeats(tmp_path, count, *overrides):
+    """``count`` runs of one worker that differ only in the seed (trace files only)."""
+    runs = []
+    for seed in range(count):
+        out = tmp_path / f"repeat{seed}"
+        out.mkdir(parents=True)
+        scenario = _scenario("run.threads=1", "run.updates=2000", f"run.seed={seed}",
+                             "timing.grad={dist='lognormal', mean=6000, cv=0.1}", *overrides)
+        simulate(scenario).save(out / "trace.npz")
+        runs.append(out)
+    return runs
+
+
+def test_repeats_that_each_keep_one_pace_give_episodes_as_long_as_their_time(tmp_path):
+    """Cores whose pace holds for far longer than a run (means of 1,000 s, runs of about
+    25 ms): each run alone shows one level, the repeats together two, 1.7× apart. No episode
+    ended, so each state's mean length is the time seen in it (a lower bound), and the odds
+    of starting slow are the share of the time slow."""
+    runs = _repeats(tmp_path, 6, "devices.0.slow_factor=1.7", "devices.0.slow_ns=1000000000000",
+                    "devices.0.fast_ns=1000000000000")
+    traces = [load_trace(run) for run in runs]
+    for trace in traces:
+        assert fit_episodes(trace, "auto")["fields"] is None
+    fitted = fit_episodes(traces, "auto")
+    assert fitted["fields"]["slow_factor"] == pytest.approx(1.7, rel=0.02)
+    assert fitted["episodes_ended"] == [0.0, 0.0]
+    shares = fitted["slow_share_per_run"]
+    assert set(shares) == {0.0, 1.0}
+    seen = [float(t["write_end"].max() - t["read_start"].min()) for t in traces]
+    slow_time = sum(span for span, share in zip(seen, shares, strict=True) if share == 1.0)
+    assert fitted["slow_ns"] == pytest.approx(slow_time, rel=0.01)
+    assert fitted["fast_ns"] == pytest.approx(sum(seen) - slow_time, rel=0.01)
+
+
+def test_repeats_are_fitted_together(tmp_path, capsys):
+    """Repeats with episodes of 8 ms slow, 12 ms fast, 1.7×, in runs of about 25 ms: the
+    factor within 5% and the lengths within 40% from all twelve together, the fast gradient
+    within 5%; the same repeats give the same scenario; repeats of another problem are
+    refused, and so are core speeds (which core is slow changes between runs)."""
+    runs = _repeats(tmp_path, 12, "devices.0.slow_factor=1.7", "devices.0.slow_ns=8000000",
+                    "devices.0.fast_ns=12000000")
+    scenario, report = calibrate(runs, pool=True, cores=2, episodes="auto")
+    device = scenario.devices[0]
+    fitted = report["episodes"]
+    assert device.slow_factor == pytest.approx(1.7, rel=0.05), fitted
+    assert device.slow_ns == pytest.approx(8_000_000, rel=0.4), fitted
+    assert device.fast_ns == pytest.approx(12_000_000, rel=0.4), fitted
+    assert device.timing.grad.mean == pytest.approx(6000, rel=0.05)
+    assert fitted["runs"] == 12 and len(fitted["slow_share_per_run"]) == 12
+    assert report["rows"] == 12 * 2000 and report["run"] == ", ".join(map(str, runs))
+    assert calibrate(runs, pool=True, cores=2, episodes="auto")[0] == scenario
+    other = _repeats(tmp_path / "other", 1, "problem.dim=20")[0]
+    with pytest.raises(AsyngradError, match=f"{other} is not a repeat of {runs[0]}"):
+        calibrate([runs[0], other], pool=True)
+    with pytest.raises(AsyngradError, match="--speeds = 'on': fits one run"):
+        calibrate(runs[:2], pool=True, cores=1, speeds="on")
