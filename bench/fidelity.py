@@ -26,7 +26,9 @@ during the run). With repeats the comparisons are also split by that state — r
 a state and across states, each prediction against the near runs and the far ones — and
 ``--by-state`` also calibrates from the first near run and the first far run where seed 0's was
 not in that state (rows ``K@STATE.SEED``), so that a prediction can be read against runs in
-its calibration's state.
+its calibration's state. ``--from-repeats`` also calibrates from all R real runs at each count
+together (rows ``KxR``: `asyngrad calibrate realK realK.1 ... --pool`): a core's pace that
+changes between runs but holds within one is then in the fit (with ``--episodes``).
 """
 
 from __future__ import annotations
@@ -221,6 +223,9 @@ def main() -> None:
                         help="with --keep: reuse real runs already there (compare calibrations "
                              "on the same real runs)")
     parser.add_argument("--json", default=None, help="also write the rows here")
+    parser.add_argument("--from-repeats", action="store_true",
+                        help="with --repeats: also calibrate from all repeats at each count "
+                             "together (rows KxR)")
     parser.add_argument("--by-state", action="store_true",
                         help="with --repeats: also calibrate from the first run whose CPUs "
                              "were near and the first far (real.cpu_latency) where seed 0's "
@@ -242,6 +247,8 @@ def main() -> None:
         parser.error(f"--repeats {args.repeats}: must be >= 1")
     if args.by_state and args.repeats < 2:
         parser.error("--by-state: needs --repeats 2 or more")
+    if args.from_repeats and args.repeats < 2:
+        parser.error("--from-repeats: needs --repeats 2 or more")
     for repeat in range(args.repeats):  # repeats outside, counts inside: load falls on all
         for k in sorted(set(args.calibrate) | set(args.predict)):
             out = _real_dir(work, k, repeat)
@@ -257,20 +264,33 @@ def main() -> None:
     if len(args.calibrate) > 1:
         plans.append(("+".join(map(str, args.calibrate)),
                       [str(work / f"real{k}") for k in args.calibrate]))
+    if args.from_repeats:
+        plans += _repeat_plans(args, work)
     if args.by_state:
         plans += _state_plans(args, work)
     for k, sources in plans:
+        one = len(sources) == 2  # one run and --pool: each core's speed can be fitted
         _run("calibrate", *sources, "--out", str(work / f"cal{k}.toml"), "--cores",
              str(args.cores), "--quantum", args.quantum, "--slicing", args.slicing,
              "--convoys", args.convoys, "--common", args.common, "--interference",
-             args.interference, *(["--speeds", args.speeds, "--episodes", args.episodes]
-                                  if "--pool" in sources else []),
+             args.interference,
+             *(["--speeds", args.speeds] if "--pool" in sources and one else []),
+             *(["--episodes", args.episodes] if "--pool" in sources else []),
              "--quiet")
     rows = (_spread_table(args, work, plans) if args.repeats > 1
             else _single_table(args, work, plans))
     _placements(args, work)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
+
+
+def _repeat_plans(args: argparse.Namespace, work: Path) -> list[tuple[str, list[str]]]:
+    """With ``--from-repeats``: a calibration from all R real runs at each calibrated count
+    together (repeats of one run: ``asyngrad calibrate`` fits them as one), labelled
+    ``KxR``."""
+    return [(f"{k}x{args.repeats}", [*(str(_real_dir(work, k, r)) for r in range(args.repeats)),
+                                     "--pool"])
+            for k in args.calibrate]
 
 
 def _state_plans(args: argparse.Namespace, work: Path) -> list[tuple[str, list[str]]]:

@@ -42,6 +42,18 @@ def test_state_plans_calibrate_from_the_first_run_in_each_other_state(fidelity, 
     assert fidelity._state(tmp_path, 2, 1) == "changing"
 
 
+def test_repeat_plans_calibrate_from_every_repeat_at_each_count(fidelity, tmp_path):
+    """``--from-repeats``: one calibration per count from all its R runs, seed 0 first; a fit
+    to several runs has no one placement."""
+    args = type("Args", (), {"calibrate": [1, 2], "repeats": 3})()
+    assert fidelity._repeat_plans(args, tmp_path) == [
+        ("1x3", [str(tmp_path / "real1"), str(tmp_path / "real1.1"), str(tmp_path / "real1.2"),
+                 "--pool"]),
+        ("2x3", [str(tmp_path / "real2"), str(tmp_path / "real2.1"), str(tmp_path / "real2.2"),
+                 "--pool"])]
+    assert fidelity._plan_state(tmp_path, "2x3") is None
+
+
 def test_state_tables_split_real_pairs_and_predictions_by_state(fidelity, capsys):
     """Real pairs go to near/near, far/far or across by their two states (changing runs left
     out); each prediction's comparisons to the near and the far real runs."""
