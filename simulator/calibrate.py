@@ -111,7 +111,7 @@ from simulator.errors import AsyngradError, TraceError
 from simulator.memory import block_bounds
 from simulator.metrics import overlaps, trace_rhythm, write_pairs
 from simulator.problems import make_problem
-from simulator.rundir import latency_line
+from simulator.rundir import latency_line, placement
 from simulator.scenario import COMMON_FIELDS, DeviceSpec, Scenario, TimingSpec, scenario_from_dict
 from simulator.trace import Trace, convoy_pairs
 
@@ -1220,6 +1220,14 @@ def calibrated_toml(scenario: Scenario, report: dict[str, Any]) -> str:
             lines.append(f"#   CPUs of {run}: {latency_line(latency)}: a prediction holds for "
                          "runs whose CPUs are placed alike (dense shared writes take many times "
                          "as long far apart)")
+    states = [placement(latency) for latency in report.get("cpu_latency", {}).values()]
+    if len(set(states) - {None}) > 1:
+        counts = ", ".join(f"{state} {states.count(state)}" for state in ("near", "far",
+                                                                          "changing")
+                           if state in states)
+        lines.append(f"#   placements differ between the runs ({counts}): fitted together, "
+                     "a rhythm or convoys that hold in one placement are averaged away; "
+                     "fit runs of one placement")
     body = scenario_to_toml(scenario).split("\n", 1)[1]  # its own header line replaced
     return "\n".join(lines) + "\n" + body
 

@@ -279,3 +279,12 @@ def test_the_calibrated_file_says_how_far_apart_the_runs_cpus_were(tmp_path):
     assert (f"#   CPUs of {run}: a cache line passes between CPUs 0 and 1 in 182 ns before the "
             "run, 176 ns after (far apart; far from 150 ns)") in out.read_text()
     load_scenario(out)  # still a valid scenario
+    assert "placements differ" not in out.read_text()
+    # A repeat whose CPUs were near: fitted together, the file says the placements differ.
+    near = _source(tmp_path / "near", "run.seed=1")
+    summary = json.loads((near / "summary.json").read_text())
+    summary["real"] = {"cpu_latency": {"cpus": [0, 1], "before_ns": 40.0, "after_ns": 52.0}}
+    (near / "summary.json").write_text(json.dumps(summary))
+    assert main(["calibrate", str(run), str(near), "--out", str(out), "--quiet"]) == 0
+    assert ("#   placements differ between the runs (near 1, far 1): fitted together"
+            in out.read_text())
