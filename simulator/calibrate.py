@@ -89,7 +89,9 @@ What is fitted:
   2-means; the factor is the ratio of the two levels, every update in the slow level is
   slow (all four of its durations divided by the factor before anything else is fitted),
   and the mean fast and slow episode lengths are the time spent in each state over the
-  episodes of that state that ended within the run (at least one). Kept under ``auto`` when
+  episodes of that state that ended within the run (at least one); repeats of one run are
+  split and counted together, so a pace held through each run but changing between runs
+  gives long episodes (bench/README.md: "Repeats fitted together"). Kept under ``auto`` when
   the levels differ by at least :data:`EPISODE_FACTOR` and are well apart (Ashman's D > 2).
 """
 
