@@ -269,13 +269,14 @@ def main() -> None:
     if args.by_state:
         plans += _state_plans(args, work)
     for k, sources in plans:
-        one = len(sources) == 2  # one run and --pool: each core's speed can be fitted
+        pooled = "--pool" in sources
+        one = pooled and len(sources) == 2  # one run: each core's speed can be fitted
         _run("calibrate", *sources, "--out", str(work / f"cal{k}.toml"), "--cores",
              str(args.cores), "--quantum", args.quantum, "--slicing", args.slicing,
              "--convoys", args.convoys, "--common", args.common, "--interference",
              args.interference,
-             *(["--speeds", args.speeds] if "--pool" in sources and one else []),
-             *(["--episodes", args.episodes] if "--pool" in sources else []),
+             *(["--speeds", args.speeds] if one else []),
+             *(["--episodes", args.episodes] if pooled else []),
              "--quiet")
     rows = (_spread_table(args, work, plans) if args.repeats > 1
             else _single_table(args, work, plans))

@@ -893,7 +893,7 @@ def fit_episodes(traces: Trace | list[Trace], mode: str = "off") -> dict[str, An
     if slow.all() or not slow.any():
         report["why"] = "the gradient times show one level"
         return report
-    slow_of = [smooth_run > (low + high) / 2 for smooth_run in smooth]
+    slow_of = np.split(slow, np.cumsum([len(trace) for trace in runs])[:-1])
     for index, rows in orders:  # stretches shorter than half the window join the one before
         slow_of[index][rows] = _without_blips(slow_of[index][rows], EPISODE_WINDOW // 2 + 1)
     slow = np.concatenate(slow_of)
@@ -1004,7 +1004,7 @@ def calibrate(run_dir: str | Path | list[str | Path], pool: bool = False, cores:
     runs = list(zip(traces, spans, alones, strict=True))
     bins, shared = _common_fits(runs, common)
     slowed = fit_interference(runs, interference)
-    samples: dict[int, dict[str, np.ndarray]] = {}
+    per_run = []
     for index, (trace, together, alone_rows) in enumerate(runs):
         if slowed["deflate"] and slowed["deflate"][index]:
             trace = _deflated(trace, slowed["deflate"][index])  # drawn with the others idle
@@ -1013,10 +1013,9 @@ def calibrate(run_dir: str | Path | list[str | Path], pool: bool = False, cores:
             alone = operation_samples(trace, scenario, alone_rows)
             for worker, ops in mine.items():
                 ops["write"] = alone[worker]["write"]
-        for worker, ops in mine.items():
-            into = samples.setdefault(worker, {op: np.empty(0) for op in ops})
-            for op, values in ops.items():
-                into[op] = np.concatenate([into[op], values])
+        per_run.append(mine)
+    samples = {worker: {op: np.concatenate([mine[worker][op] for mine in per_run])
+                        for op in ops} for worker, ops in per_run[0].items()}
     pace: dict[str, Any] = (core_speeds(samples, threads, cores, speeds) if pool
             else {"kept": False, "why": "per-worker timings (no --pool) carry each one's speed"})
     if pace["kept"]:
@@ -1242,7 +1241,7 @@ def _describe_episodes(report: dict[str, Any]) -> str:
              f" {report['slow_share']:.3g} of the updates slow; episodes fast "
              f"{report['fast_ns'] / 1e6:.3g} ms, slow {report['slow_ns'] / 1e6:.3g} ms on "
              f"average ({report['episodes_ended'][0]:.0f} and {report['episodes_ended'][1]:.0f} "
-             + ("ended within the run)" if report.get("runs", 1) == 1 else
+             + ("ended within the run)" if report["runs"] == 1 else
                 "ended within the runs); slow share per run "
                 + ", ".join(f"{v:.2g}" for v in report["slow_share_per_run"])))
     return found if report["fields"] else f"none fitted: {found}; {report['why']}"

@@ -532,11 +532,10 @@ def _calibrate(args: argparse.Namespace) -> int:
     if args.common == "rhythm" and not args.quiet:
         print("fitting common factors to the runs' rhythm (up to 12 simulations of the calibrated "
               "scenario, at most 20,000 updates each)...", flush=True)
-    seen: set[Path] = set()
-    for run in args.run_dir:
-        if Path(run).resolve() in seen:
+    resolved = [Path(run).resolve() for run in args.run_dir]
+    for index, run in enumerate(args.run_dir):
+        if resolved[index] in resolved[:index]:
             raise AsyngradError(f"RUN = '{run}': given twice")
-        seen.add(Path(run).resolve())
     counts = {run_workers(run) for run in args.run_dir}
     if len(counts) > 1 and args.speeds != "off":
         raise AsyngradError(f"--speeds = '{args.speeds}': fits one run (each worker on a core "
