@@ -43,7 +43,13 @@ What is fitted:
   every write. In both cases, when the share of pairs that lose anything falls with the lag
   (:func:`lossy_falloff`: q·exp(−f/λ) in the leader's swept share f = lag/W, by maximum
   likelihood over all classified pairs, kept when a likelihood-ratio test against one share
-  rejects at 1%), ``convoy_lost_pairs`` = q and ``convoy_lost_within`` = λ;
+  rejects at 1%), ``convoy_lost_pairs`` = q and ``convoy_lost_within`` = λ; when the lossy
+  meetings within half a write are unlike each other (:func:`lossy_spread`: a
+  beta-binomial count of lost coordinates, zero-inflated by the meetings drawn lossless, by
+  maximum likelihood, against one rate for all at 1%, ρ ≥ 0.01), ``convoy_lost_spread`` =
+  ρ, the two shares are scaled to the fitted mean rate, and ``convoy_lost_pairs`` is raised
+  by the fitted share of meetings drawn lossy over the share seen losing anything (a lossy
+  draw near 0 loses nothing);
 * common factors (``timing.*_common``, ``common_ns``; two or more workers): how alike the
   durations of one phase are on two workers when the phases start Δt apart. Durations become
   normal scores per worker (from their ranks); for every update and every other worker, the
@@ -119,7 +125,8 @@ from simulator.trace import Trace, convoy_pairs
 
 __all__ = ["CONVOYS", "Fit", "alone_writes", "calibrate", "calibrate_counts", "common_bins",
            "fit_common", "fit_convoys", "fit_durations", "fit_interference",
-           "operation_samples", "phase_meetings", "run_workers", "under_times", "undisturbed"]
+           "lossy_spread", "operation_samples", "phase_meetings", "run_workers", "under_times",
+           "undisturbed"]
 
 _KS_LEVEL = 0.01
 _MIN_FOR_TEST = 50
@@ -127,6 +134,7 @@ _QUANTILES = 512
 _MIN_PAIRS = 30
 _TOGETHER = 0.5  # convoys: median end gap below this share of the median start gap
 _LR_1PCT = 6.635  # χ² with one degree of freedom, 99th percentile
+_MIN_SPREAD = 0.01  # lossy meetings: a smaller spread is kept as none
 CONVOYS = ("auto", "on", "off")  # also the choices of common factors
 # Common factors: bins of the start offset (ns), pairs a bin needs, the weakest c that
 # "auto" keeps, and the correlation times tried.
@@ -299,6 +307,8 @@ def fit_convoys(runs: list[tuple[Trace, np.ndarray]], mode: str = "auto") -> dic
     ``timing.convoy_*`` values in ``"fields"`` when convoys are found (or forced with
     ``mode = "on"``), and what was measured."""
     lags, durations, shares, gaps, fronts, flags = [], [], [], [], [], []
+    counts: list[np.ndarray] = []
+    spans: list[np.ndarray] = []
     lost = np.zeros(2)
     shared_total, classified, close, close_lossy = 0.0, 0, 0, 0
     for trace, rows in runs:
@@ -330,6 +340,10 @@ def fit_convoys(runs: list[tuple[Trace, np.ndarray]], mode: str = "auto") -> dic
             half = pairs[:, 2] <= mean / 2
             close += int(half.sum())
             close_lossy += int((half & lossy_rows).sum())
+            # How much each such meeting lost, in coordinates of its shared part.
+            size = int(trace["w0"].size)
+            counts.append(np.rint((pairs[half, 3] + pairs[half, 4]) * size))
+            spans.append(np.rint(np.clip(1 - pairs[half, 2] / mean, 0, 1) * size))
     lag, gap = np.concatenate(lags or [np.zeros(0)]), np.concatenate(gaps or [np.zeros(0)])
     report: dict[str, Any] = {"pairs": int(lag.size), "fields": None}
     if lag.size < _MIN_PAIRS or mode == "off":
@@ -360,6 +374,21 @@ def fit_convoys(runs: list[tuple[Trace, np.ndarray]], mode: str = "auto") -> dic
         falling = lossy_falloff(np.concatenate(fronts), np.concatenate(flags))
         if falling is not None:
             losses["convoy_lost_pairs"], losses["convoy_lost_within"] = falling
+    close_lost = np.concatenate(counts or [np.zeros(0)])
+    close_shared = np.concatenate(spans or [np.zeros(0)])
+    spread = lossy_spread(close_lost, close_shared)
+    if spread is not None and leader + joiner > 0:
+        # Each lossy meeting draws its own rate from the fitted law (mean μ, split between
+        # the two writes as measured). A draw near 0 loses nothing, so more meetings are
+        # drawn lossy than are seen losing anything: q over the share seen, as fitted.
+        drawn, rate, rho = spread
+        scale = rate / (leader + joiner)
+        seen = float(np.mean(close_lost[close_shared >= 1] > 0))
+        losses.update(convoy_lost_leader=leader * scale, convoy_lost_joiner=joiner * scale,
+                      convoy_lost_spread=rho,
+                      convoy_lost_pairs=min(1.0, losses["convoy_lost_pairs"] * drawn / seen))
+        report["lossy_meetings_losing_nothing"] = 1 - _loses_anything(
+            rate, rho, float(np.median(close_shared)))
     report["classified"] = classified
     if apart:  # they pass each other: their own durations, the losses as measured
         report["fields"] = {"convoy_join": 0.0, "convoy_rest": 0.0, **losses}
@@ -397,6 +426,66 @@ def lossy_falloff(fronts: np.ndarray, lossy: np.ndarray) -> tuple[float, float] 
     if 2 * (-best.fun - loglik(np.full(fronts.size, share))) < _LR_1PCT:
         return None
     return 1 / (1 + math.exp(-best.x[0])), math.exp(best.x[1])
+
+
+def lossy_spread(lost: np.ndarray, shared: np.ndarray) -> tuple[float, float, float] | None:
+    """How unlike the lossy meetings are, from meetings that lost ``lost`` of their
+    ``shared`` coordinates (0 for those that lost nothing): (q, μ, ρ) of the engine's law,
+    by maximum likelihood — a meeting is drawn lossy with probability q, and a lossy one
+    loses a beta-binomial count of mean rate μ in which two coordinates' losses correlate ρ
+    (so a lossy draw may lose nothing: a meeting seen losing nothing is either). None when
+    that fits no better than one rate for every lossy meeting (ρ = 0, a binomial;
+    likelihood-ratio test at the 1% level), when ρ < ``_MIN_SPREAD`` (as much as the shared
+    part's own estimate, from the mean write, adds), or from fewer than ``_MIN_PAIRS``
+    lossy meetings."""
+    keep = shared >= 1
+    lost, shared = np.minimum(lost[keep], shared[keep]), shared[keep]
+    lossy = lost > 0
+    if lossy.sum() < _MIN_PAIRS or lossy.all():
+        return None
+    mean = float(np.sum(lost) / np.sum(shared[lossy]))
+    if not 0 < mean < 1:
+        return None
+    some, none = lost[lossy], shared[~lossy]
+
+    def logit(x: float) -> float:
+        return math.log(x / (1 - x))
+
+    def unit(params: np.ndarray) -> list[float]:
+        return [min(max(1 / (1 + math.exp(-p)), 1e-9), 1 - 1e-9) for p in params]
+
+    def loglik(q: float, log_zero: np.ndarray, log_some: np.ndarray) -> float:
+        # A meeting that lost nothing was not lossy, or lossy and drew no coordinate.
+        zero = np.log1p(-q + q * np.exp(log_zero))
+        return float(zero.sum() + some.size * math.log(q) + log_some.sum())
+
+    def binomial(params: np.ndarray) -> float:
+        q, rate = unit(params)
+        return -loglik(q, none * math.log1p(-rate),
+                       scipy.stats.binom.logpmf(some, shared[lossy], rate))
+
+    def beta_binomial(params: np.ndarray) -> float:
+        q, rate, rho = unit(params)
+        a, b = rate * (1 - rho) / rho, (1 - rate) * (1 - rho) / rho
+        return -loglik(q, scipy.stats.betabinom.logpmf(0, none, a, b),
+                       scipy.stats.betabinom.logpmf(some, shared[lossy], a, b))
+
+    start = [logit(min(max(float(lossy.mean()), 0.01), 0.99)), logit(mean)]
+    null = scipy.optimize.minimize(binomial, start, method="Nelder-Mead")
+    best = min((scipy.optimize.minimize(beta_binomial, [*start, logit(r)], method="Nelder-Mead",
+                                        options={"maxiter": 2000})
+                for r in (0.01, 0.1, 0.5)), key=lambda r: r.fun)
+    q, rate, rho = unit(best.x)
+    if 2 * (null.fun - best.fun) < _LR_1PCT or rho < _MIN_SPREAD:
+        return None
+    return q, rate, min(rho, 0.999)
+
+
+def _loses_anything(rate: float, rho: float, shared: float) -> float:
+    """The chance that a meeting of ``shared`` coordinates, at a Beta(rate, ρ) draw of its
+    own rate, loses at least one."""
+    a, b = rate * (1 - rho) / rho, (1 - rate) * (1 - rho) / rho
+    return float(-math.expm1(scipy.stats.betabinom.logpmf(0, max(int(shared), 1), a, b)))
 
 
 def _forms_convoys(report: dict[str, Any]) -> bool:
@@ -1284,9 +1373,11 @@ def _describe_convoys(report: dict[str, Any]) -> str:
     within = fields.get("convoy_lost_within", 0.0)
     falls = (f" (at lag 0, falling as exp(−f/{within:.3g}) with the share f the leader had "
              "swept)" if within else "")
+    spread = fields.get("convoy_lost_spread", 0.0)
+    unlike = (f", each meeting at its own rate (spread ρ = {spread:.3g})" if spread else "")
     losses = (f"{fields['convoy_lost_pairs']:.3g} of the pairs lose coordinates{falls}, shares "
               f"then: leader {fields['convoy_lost_leader']:.3g}, joiner "
-              f"{fields['convoy_lost_joiner']:.3g} ({measured})")
+              f"{fields['convoy_lost_joiner']:.3g}{unlike} ({measured})")
     gap = f"end gap {report['end_gap_over_start_gap']:.3g} × start gap"
     if not _forms_convoys(report):
         return (f"none: {report['pairs']} pairs of writes that met ended apart ({gap}), so "

@@ -443,6 +443,9 @@ def _compare(args: argparse.Namespace) -> int:
         def num(value: Any, spec: str = ".4g") -> str:
             return "n/a" if value is None else format(value, spec)
 
+        def quartiles(values: list[float] | None) -> str:
+            return "n/a" if values is None else "/".join(format(v, ".3g") for v in values)
+
         def us(ns: float | None) -> str:
             return num(None if ns is None else ns / 1e3, ".1f")
 
@@ -452,7 +455,7 @@ def _compare(args: argparse.Namespace) -> int:
               f"{num(st['p95_b'])}, KS distance {num(st['ks_distance'], '.3f')}")
         print(f"  gradient error rate {num(ge['a']['rate'], '.3f')} vs "
               f"{num(ge['b']['rate'], '.3f')}, relative error p50 {num(ge['a']['p50'])} vs "
-              f"{num(ge['b']['p50'])}")
+              f"{num(ge['b']['p50'])}, p95 {num(ge['a']['p95'])} vs {num(ge['b']['p95'])}")
         oa, ob = report["overwrites"]["a"], report["overwrites"]["b"]
         print(f"  lost blocks per update {num(oa['lost_blocks_per_update'], '.3g')} vs "
               f"{num(ob['lost_blocks_per_update'], '.3g')}, torn reads "
@@ -460,7 +463,9 @@ def _compare(args: argparse.Namespace) -> int:
               f"writes that met losing stores {num(oa['pairs_losing'], '.3f')} vs "
               f"{num(ob['pairs_losing'], '.3f')} (of {oa['pairs_classified']} vs "
               f"{ob['pairs_classified']} classified), share of the block lost per pair "
-              f"{num(oa['lost_per_pair'], '.3g')} vs {num(ob['lost_per_pair'], '.3g')}")
+              f"{num(oa['lost_per_pair'], '.3g')} vs {num(ob['lost_per_pair'], '.3g')}, by a "
+              f"pair that lost any (quartiles) {quartiles(oa['lost_per_lossy_pair'])} vs "
+              f"{quartiles(ob['lost_per_lossy_pair'])}")
         ia, ib = report["interference"]["a"], report["interference"]["b"]
         print(f"  writes overlapping a write {num(ia['write_overlap_rate'], '.3f')} vs "
               f"{num(ib['write_overlap_rate'], '.3f')}, reads under a write "

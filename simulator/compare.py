@@ -168,14 +168,20 @@ def compare_runs(a: str | Path, b: str | Path) -> dict[str, Any]:
 def pair_losses(trace: Trace) -> dict[str, Any]:
     """What the trace's pairs of writes that met (and no third) lost, where they were
     classified (``extra_convoy_pairs``: a measure-mode real run, or a simulation with
-    convoys or passing writes): how many pairs, the share that lost any coordinate, and the
-    mean share of the block a pair lost (both writes' losses); None where not recorded."""
+    convoys or passing writes): how many pairs, the share that lost any coordinate, the
+    mean share of the block a pair lost (both writes' losses), and the quartiles of that
+    share over the pairs that lost anything (how unlike lossy meetings are); None where not
+    recorded."""
     pairs = convoy_pairs(trace)
     if pairs is None or not len(pairs):
-        return {"pairs_classified": 0, "pairs_losing": None, "lost_per_pair": None}
+        return {"pairs_classified": 0, "pairs_losing": None, "lost_per_pair": None,
+                "lost_per_lossy_pair": None}
     lost = pairs[:, 3] + pairs[:, 4]
+    lossy = lost[lost > 0]
     return {"pairs_classified": len(pairs), "pairs_losing": float(np.mean(lost > 0)),
-            "lost_per_pair": float(lost.mean())}
+            "lost_per_pair": float(lost.mean()),
+            "lost_per_lossy_pair": (np.quantile(lossy, [0.25, 0.5, 0.75]).tolist()
+                                    if lossy.size else None)}
 
 
 def _say(ax: Any, text: str) -> None:

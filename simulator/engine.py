@@ -781,7 +781,8 @@ class Engine:
         the part both sweep (from ``front``, the leader's position, to the end), each
         coordinate is lost by the leader or by the joiner with the ``convoy_lost_*``
         probabilities (never both), when the meeting loses anything at all
-        (``convoy_lost_pairs``, falling with ``front`` as ``convoy_lost_within`` says). The
+        (``convoy_lost_pairs``, falling with ``front`` as ``convoy_lost_within`` says), at
+        the meeting's own rate with ``convoy_lost_spread`` (:meth:`_meeting_rate`). The
         victims' masks in ``lost`` (uid → lost coordinates) grow; returns the coordinates
         each lost (leader, joiner)."""
         shared = size - min(size, math.ceil(front * size))
@@ -790,10 +791,14 @@ class Engine:
             lossy *= math.exp(-front / timing.convoy_lost_within)
         if lossy < 1 and self._convoy_rng.random() >= lossy:
             shared = 0  # this meeting loses nothing (one draw per meeting, only when asked)
+        leader_share = timing.convoy_lost_leader
+        total = timing.convoy_lost_leader + timing.convoy_lost_joiner
+        if timing.convoy_lost_spread > 0 and shared and 0 < total < 1:
+            rate = self._meeting_rate(total, timing.convoy_lost_spread)
+            leader_share, total = rate * leader_share / total, rate
         draws = self._convoy_rng.random(shared)
-        leader_loses = draws < timing.convoy_lost_leader
-        joiner_loses = ~leader_loses & (draws < timing.convoy_lost_leader
-                                        + timing.convoy_lost_joiner)
+        leader_loses = draws < leader_share
+        joiner_loses = ~leader_loses & (draws < total)
         counts = []
         for victim, winner, loses in ((leader, joiner, leader_loses),
                                       (joiner, leader, joiner_loses)):
@@ -804,6 +809,11 @@ class Engine:
                 self.lost[victim.uid] += 1
                 winner.overwrote += 1
         return counts
+
+    def _meeting_rate(self, mean: float, rho: float) -> float:
+        """A lossy meeting's own loss rate (``convoy_lost_spread`` = ρ > 0): a Beta draw of
+        mean ``mean`` in which two coordinates' losses correlate ρ."""
+        return float(self._convoy_rng.beta(mean * (1 - rho) / rho, (1 - mean) * (1 - rho) / rho))
 
     def _pass(self, u: Update, block: int, size: int, now: int, duration: int) -> _Flight:
         """``u`` starts writing ``block`` (``size`` coordinates) at ``now`` for ``duration``

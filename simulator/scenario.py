@@ -41,7 +41,8 @@ EVEN_SPLIT_PROTOCOLS = ("serial", "locked", "lockfree", "staleness_lr", "dcasgd"
 SLICINGS = ("global", "per_core")
 # Writes that meet: convoys (convoy_join > 0) or passing writes, and what they lose.
 CONVOY_FIELDS = ("convoy_join", "convoy_rest", "convoy_lost_leader", "convoy_lost_joiner",
-                 "convoy_lost_pairs", "convoy_lost_within", "convoy_end_gap")
+                 "convoy_lost_pairs", "convoy_lost_within", "convoy_lost_spread",
+                 "convoy_end_gap")
 COMMON_FIELDS = ("read_common", "grad_common", "write_common", "idle_common")
 PHASES = ("read", "grad", "write", "idle")  # in the order of simulator.timing.READ ... IDLE
 # Interference: the slowdown of phase p per other thread of the device in phase q (an other
@@ -127,7 +128,14 @@ class TimingSpec:
     the others lose many coordinates together. ``convoy_lost_within`` > 0: that probability
     falls with how far the leader had swept when the other write came, f (0 to 1), as
     ``convoy_lost_pairs``·exp(−f / ``convoy_lost_within``): sweeps that start together
-    meet at every coordinate, one that starts late trails behind. ``convoy_end_gap`` = g:
+    meet at every coordinate, one that starts late trails behind. ``convoy_lost_spread`` =
+    ρ in [0, 1): a meeting that loses anything loses at its own rate s, drawn per meeting
+    from a Beta distribution with mean μ = ``convoy_lost_leader`` + ``convoy_lost_joiner``
+    and intra-meeting correlation ρ (two coordinates of one meeting are lost together with
+    correlation ρ), split between the two writes in that ratio (so a lossy meeting may
+    still lose nothing): on hardware one lossy meeting loses a cache line or two and the
+    next most of its shared part. 0 (the default): every meeting loses each
+    coordinate at μ, as before. ``convoy_end_gap`` = g:
     a member that started its write ``lag`` ns after the convoy's first write ends g·lag
     after the convoy's end (0: all end together), as the follower of two real sweeps in
     lockstep ends a little after the leader (the leader's next read then runs under the
@@ -181,6 +189,7 @@ class TimingSpec:
     convoy_lost_joiner: float = 0.0
     convoy_lost_pairs: float = 1.0
     convoy_lost_within: float = 0.0
+    convoy_lost_spread: float = 0.0
     convoy_end_gap: float = 0.0
     read_common: float = 0.0
     grad_common: float = 0.0
@@ -225,6 +234,10 @@ class TimingSpec:
                "convoy_lost_within", self.convoy_lost_within,
                "must be >= 0 (share of the block swept over which lossy meetings fall by e; "
                "0: they do not fall)")
+        _check(math.isfinite(self.convoy_lost_spread) and 0 <= self.convoy_lost_spread < 1,
+               "convoy_lost_spread", self.convoy_lost_spread,
+               "must be in [0, 1) (correlation of two coordinates' losses in one meeting; "
+               "0: every meeting loses at the same rate)")
         _check(self.convoy_lost_leader + self.convoy_lost_joiner <= 1, "convoy_lost_joiner",
                self.convoy_lost_joiner,
                f"plus convoy_lost_leader ({self.convoy_lost_leader}) must be <= 1")

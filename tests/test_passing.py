@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import scipy.stats
 
-from simulator.calibrate import calibrate
+from simulator.calibrate import calibrate, calibrated_toml, lossy_spread
 from simulator.engine import simulate
 from simulator.errors import ScenarioError
 from simulator.metrics import write_pairs
@@ -161,7 +162,8 @@ def test_calibration_recovers_how_lossy_meetings_fall(tmp_path):
     assert timing.convoy_lost_within == pytest.approx(0.2, rel=0.3)
     flat = convoy_run(tmp_path, "flat", "timing.convoy_lost_leader=0.08",
                       "timing.convoy_lost_joiner=0.04", "timing.convoy_lost_pairs=0.4")
-    assert calibrate(flat, pool=True)[0].devices[0].timing.convoy_lost_within == 0
+    flat_timing = calibrate(flat, pool=True)[0].devices[0].timing
+    assert flat_timing.convoy_lost_within == 0 and flat_timing.convoy_lost_spread == 0
 
 
 def test_a_negative_fall_off_is_refused(capsys):
@@ -171,3 +173,85 @@ def test_a_negative_fall_off_is_refused(capsys):
                  "timing.convoy_lost_leader=0.1", "--set", "timing.convoy_lost_within=-1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "timing.convoy_lost_within" in err[0] and "-1" in err[0]
+
+
+def _meeting_rates(trace, write_ns, size):
+    """Each pair's lost coordinates over its shared part, for pairs that share at least
+    half the block, and the coordinates it shared."""
+    pairs = convoy_pairs(trace)
+    shared = np.rint(np.clip(1 - pairs[:, 2] / write_ns, 0, 1) * size)
+    lost = np.rint((pairs[:, 3] + pairs[:, 4]) * size)
+    half = shared >= size / 2
+    return lost[half] / shared[half], lost[half], shared[half], pairs[half]
+
+
+def test_each_lossy_meeting_loses_at_its_own_beta_rate():
+    """convoy_lost_spread = 0.4: the meetings' rates are Beta draws of mean 0.5 (0.3 + 0.2)
+    whose variance is μ(1 − μ)ρ (the rates against scipy's Beta: KS distance under 0.08),
+    split 3 : 2 between leader and joiner; without the spread every meeting loses close to
+    0.5 of its shared part."""
+    common = ("run.threads=2", "timing.write.dist=constant", "run.updates=4000")
+    rates, _, _, pairs = _meeting_rates(
+        simulate(_passing(*common, "timing.convoy_lost_spread=0.4")), 4000, 2000)
+    assert rates.size > 300
+    assert rates.mean() == pytest.approx(0.5, abs=0.03)
+    assert rates.var() == pytest.approx(0.25 * 0.4, rel=0.15)
+    rho = 0.4
+    law = scipy.stats.beta(0.5 * (1 - rho) / rho, 0.5 * (1 - rho) / rho)
+    assert scipy.stats.kstest(rates, law.cdf).statistic < 0.08
+    assert pairs[:, 3].sum() / (pairs[:, 3] + pairs[:, 4]).sum() == pytest.approx(0.6, abs=0.03)
+    alike, _, _, _ = _meeting_rates(simulate(_passing(*common)), 4000, 2000)
+    assert alike.std() < 0.02 and alike.mean() == pytest.approx(0.5, abs=0.01)
+
+
+def test_meetings_with_a_spread_are_deterministic_and_replay_bit_for_bit():
+    first = same_every_way(_passing("timing.convoy_lost_spread=0.6",
+                                    "timing.convoy_lost_pairs=0.5"))
+    assert first["lost_blocks"].sum() > 0
+
+
+def test_the_spread_fit_gives_back_beta_binomial_draws():
+    """Meetings drawn with numpy (lossy with probability 0.6; then rate ~ Beta of mean 0.1,
+    ρ = 0.3, lost ~ Binomial, which loses nothing for a fifth of them): q, μ and ρ back
+    within 0.06, 10% and 15%; binomial draws (one rate) give no spread."""
+    rng = np.random.default_rng(3)
+    shared = rng.integers(500, 1000, size=1500).astype(np.float64)
+    rho, mean = 0.3, 0.1
+    rates = rng.beta(mean * (1 - rho) / rho, (1 - mean) * (1 - rho) / rho, size=shared.size)
+    drawn = rng.random(shared.size) < 0.6
+    lost = np.where(drawn, rng.binomial(shared.astype(np.int64), rates), 0)
+    assert 0.15 < np.mean(lost[drawn] == 0) < 0.3
+    fitted = lossy_spread(lost.astype(np.float64), shared)
+    assert fitted is not None
+    assert fitted[0] == pytest.approx(0.6, abs=0.06)
+    assert fitted[1] == pytest.approx(mean, rel=0.1)
+    assert fitted[2] == pytest.approx(rho, rel=0.15)
+    alike = np.where(drawn, rng.binomial(shared.astype(np.int64), mean), 0).astype(np.float64)
+    assert lossy_spread(alike, shared) is None
+    assert lossy_spread(alike[:40], shared[:40]) is None  # too few lossy meetings
+
+
+def test_calibration_recovers_the_spread_of_lossy_meetings(tmp_path):
+    """Passing writes losing 0.08 / 0.04 at a spread of 0.3 in six meetings of ten: the
+    spread, the shares and how often a meeting is drawn lossy come back, although a fifth
+    of the lossy draws lose nothing (the fit counts them back)."""
+    run = convoy_run(tmp_path, "spread", "timing.convoy_lost_leader=0.08",
+                     "timing.convoy_lost_joiner=0.04", "timing.convoy_lost_pairs=0.6",
+                     "timing.convoy_lost_spread=0.3", "run.updates=8000")
+    calibrated, report = calibrate(run, pool=True)
+    timing = calibrated.devices[0].timing
+    assert timing.convoy_lost_spread == pytest.approx(0.3, rel=0.25)
+    assert timing.convoy_lost_leader == pytest.approx(0.08, rel=0.2)
+    assert timing.convoy_lost_joiner == pytest.approx(0.04, rel=0.2)
+    assert timing.convoy_lost_pairs == pytest.approx(0.6, abs=0.1)
+    assert 0.1 < report["convoys"]["lossy_meetings_losing_nothing"] < 0.35
+    assert "spread ρ" in calibrated_toml(calibrated, report)
+
+
+def test_a_spread_of_one_is_refused(capsys):
+    from simulator.cli import main
+
+    assert main(["simulate", "--out", "/nonexistent/x", "--set",
+                 "timing.convoy_lost_leader=0.1", "--set", "timing.convoy_lost_spread=1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "timing.convoy_lost_spread" in err[0] and "1" in err[0]
