@@ -465,7 +465,9 @@ def _compare(args: argparse.Namespace) -> int:
               f"{ob['pairs_classified']} classified), share of the block lost per pair "
               f"{num(oa['lost_per_pair'], '.3g')} vs {num(ob['lost_per_pair'], '.3g')}, by a "
               f"pair that lost any (quartiles) {quartiles(oa['lost_per_lossy_pair'])} vs "
-              f"{quartiles(ob['lost_per_lossy_pair'])}")
+              f"{quartiles(ob['lost_per_lossy_pair'])}, their start lag over a lone write "
+              f"(quartiles) {quartiles(oa['pair_lag_over_lone_write'])} vs "
+              f"{quartiles(ob['pair_lag_over_lone_write'])}")
         ia, ib = report["interference"]["a"], report["interference"]["b"]
         print(f"  writes overlapping a write {num(ia['write_overlap_rate'], '.3f')} vs "
               f"{num(ib['write_overlap_rate'], '.3f')}, reads under a write "

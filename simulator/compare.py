@@ -25,7 +25,14 @@ import scipy.stats
 from matplotlib.figure import Figure
 
 from simulator.errors import AsyngradError, TraceError
-from simulator.metrics import PHASE_BINS, error_mask, interference, relative_error, trace_rhythm
+from simulator.metrics import (
+    PHASE_BINS,
+    error_mask,
+    interference,
+    relative_error,
+    trace_rhythm,
+    write_meetings,
+)
 from simulator.plots import draw_timeline
 from simulator.rundir import cpu_latency, placement
 from simulator.trace import Trace, convoy_pairs
@@ -169,19 +176,23 @@ def pair_losses(trace: Trace) -> dict[str, Any]:
     """What the trace's pairs of writes that met (and no third) lost, where they were
     classified (``extra_convoy_pairs``: a measure-mode real run, or a simulation with
     convoys or passing writes): how many pairs, the share that lost any coordinate, the
-    mean share of the block a pair lost (both writes' losses), and the quartiles of that
-    share over the pairs that lost anything (how unlike lossy meetings are); None where not
-    recorded."""
+    mean share of the block a pair lost (both writes' losses), the quartiles of that share
+    over the pairs that lost anything (how unlike lossy meetings are), and the quartiles of
+    the pairs' start lag over the median lone write (how far into the first sweep the second
+    began: meetings early in it lose most); None where not recorded."""
     pairs = convoy_pairs(trace)
     if pairs is None or not len(pairs):
         return {"pairs_classified": 0, "pairs_losing": None, "lost_per_pair": None,
-                "lost_per_lossy_pair": None}
+                "lost_per_lossy_pair": None, "pair_lag_over_lone_write": None}
     lost = pairs[:, 3] + pairs[:, 4]
     lossy = lost[lost > 0]
+    lone = write_meetings(trace)["lone_median_ns"]
     return {"pairs_classified": len(pairs), "pairs_losing": float(np.mean(lost > 0)),
             "lost_per_pair": float(lost.mean()),
             "lost_per_lossy_pair": (np.quantile(lossy, [0.25, 0.5, 0.75]).tolist()
-                                    if lossy.size else None)}
+                                    if lossy.size else None),
+            "pair_lag_over_lone_write": (np.quantile(pairs[:, 2] / lone, [0.25, 0.5, 0.75])
+                                         .tolist() if lone else None)}
 
 
 def _say(ax: Any, text: str) -> None:

@@ -237,6 +237,26 @@ def test_a_real_run_has_no_lost_blocks_but_its_classified_pairs(tmp_path, capsys
     assert report["b"]["pairs_losing"] == np.mean(lost > 0) > 0
 
 
+def test_pair_losses_give_the_lossy_shares_and_the_lags_quartiles():
+    """Worked by hand: four pairs, lags 1000–4000 ns against constant lone writes of
+    8000 ns, two of them lossy (shares 0.1 + 0.1 and 0.4)."""
+    from simulator.compare import pair_losses
+    from simulator.engine import simulate
+    from simulator.scenario import scenario_from_dict
+
+    trace = simulate(scenario_from_dict({
+        "run": {"threads": 1, "updates": 20},
+        "timing": {"write": {"dist": "constant", "mean": 8000}}}))
+    rows = [[0, 1, 1000, 0.1, 0.1], [2, 3, 2000, 0, 0], [4, 5, 3000, 0.4, 0],
+            [6, 7, 4000, 0, 0]]
+    trace.arrays["extra_convoy_pairs"] = np.asarray(rows, dtype=np.float64).ravel()
+    report = pair_losses(trace)
+    assert report["pairs_classified"] == 4 and report["pairs_losing"] == 0.5
+    assert report["lost_per_pair"] == pytest.approx(0.15)
+    assert report["lost_per_lossy_pair"] == pytest.approx([0.25, 0.3, 0.35])
+    assert report["pair_lag_over_lone_write"] == pytest.approx([0.21875, 0.3125, 0.40625])
+
+
 def test_compare_shows_how_far_apart_a_real_runs_cpus_were(runs, tmp_path, capsys):
     """A real run's ``real.cpu_latency`` goes into the report beside the other run's (None for
     a simulated one), and the printed report shows both."""
