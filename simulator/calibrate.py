@@ -114,7 +114,7 @@ import scipy.ndimage
 import scipy.optimize
 import scipy.stats
 
-from simulator.distributions import Duration
+from simulator.distributions import Duration, beta_shapes
 from simulator.errors import AsyngradError, TraceError
 from simulator.memory import block_bounds
 from simulator.metrics import overlaps, trace_rhythm, write_pairs
@@ -466,7 +466,7 @@ def lossy_spread(lost: np.ndarray, shared: np.ndarray) -> tuple[float, float, fl
 
     def beta_binomial(params: np.ndarray) -> float:
         q, rate, rho = unit(params)
-        a, b = rate * (1 - rho) / rho, (1 - rate) * (1 - rho) / rho
+        a, b = beta_shapes(rate, rho)
         return -loglik(q, scipy.stats.betabinom.logpmf(0, none, a, b),
                        scipy.stats.betabinom.logpmf(some, shared[lossy], a, b))
 
@@ -484,7 +484,7 @@ def lossy_spread(lost: np.ndarray, shared: np.ndarray) -> tuple[float, float, fl
 def _loses_anything(rate: float, rho: float, shared: float) -> float:
     """The chance that a meeting of ``shared`` coordinates, at a Beta(rate, ρ) draw of its
     own rate, loses at least one."""
-    a, b = rate * (1 - rho) / rho, (1 - rate) * (1 - rho) / rho
+    a, b = beta_shapes(rate, rho)
     return float(-math.expm1(scipy.stats.betabinom.logpmf(0, max(int(shared), 1), a, b)))
 
 

@@ -19,7 +19,7 @@ import numpy as np
 
 from simulator.errors import ScenarioError
 
-__all__ = ["KINDS", "Duration"]
+__all__ = ["KINDS", "Duration", "beta_shapes"]
 
 KINDS = ("constant", "uniform", "exponential", "lognormal", "gamma", "empirical")
 
@@ -131,6 +131,13 @@ class Duration:
 
 _SCORE_LIMIT = 8.0
 _SCORE_STEPS = 2048  # table points per unit of normal score
+
+
+def beta_shapes(mean: float, rho: float) -> tuple[float, float]:
+    """The shapes (a, b) of the Beta distribution of mean ``mean`` whose beta-binomial
+    counts correlate ``rho`` between two trials (ρ = 1 / (a + b + 1)); 0 < ρ < 1."""
+    scale = (1 - rho) / rho
+    return mean * scale, (1 - mean) * scale
 
 
 def _upper(x: float) -> float:

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import simpy
 
+from simulator.distributions import beta_shapes
 from simulator.errors import ScenarioError
 from simulator.inject import Injector
 from simulator.memory import BlockCopy, Grain, Op, SharedMemory, block_ops, grain_ops
@@ -813,7 +814,7 @@ class Engine:
     def _meeting_rate(self, mean: float, rho: float) -> float:
         """A lossy meeting's own loss rate (``convoy_lost_spread`` = ρ > 0): a Beta draw of
         mean ``mean`` in which two coordinates' losses correlate ρ."""
-        return float(self._convoy_rng.beta(mean * (1 - rho) / rho, (1 - mean) * (1 - rho) / rho))
+        return float(self._convoy_rng.beta(*beta_shapes(mean, rho)))
 
     def _pass(self, u: Update, block: int, size: int, now: int, duration: int) -> _Flight:
         """``u`` starts writing ``block`` (``size`` coordinates) at ``now`` for ``duration``
