@@ -27,11 +27,20 @@ What is fitted:
 * write convoys (one block per update): when writes that met end together (the median gap
   between their ends under half the median gap between their starts, over at least
   30 pairs of writes that met and no third), the time from the joiner's start to the
-  leader's end is fitted by least squares as ``convoy_join``·W + ``convoy_rest``·max(W −
-  lag, 0), and ``convoy_end_gap`` is the median end gap over the median start lag (the
-  joiner's end trails the leader's), W the mean duration of
-  writes that met no other (and the write distribution is fitted on those alone, so the
-  convoys are not counted twice); ``convoy_lost_pairs`` is the share of the pairs a
+  leader's end is fitted by least squares as ``convoy_join``·W + ``convoy_rest``·E[min(R,
+  D)] (the rule's min(E − t, W) in expectation: R the leader's time alone left at the lag,
+  given it had not ended, D a joiner's time alone; :func:`expected_rest`), and
+  ``convoy_end_gap`` is the median end gap over the median start lag (the joiner's end
+  trails the leader's). The time a write runs alone is survival data
+  (:func:`write_survival`): a write no other met shows it whole, a write another started
+  into shows only that it exceeds the lag (right-censored there), and writes that started
+  into another's are left out. The write distribution (so the convoys are not counted
+  twice) and W, its mean, are fitted on both: the families by censored maximum likelihood,
+  the empirical one from the Kaplan–Meier estimate. Writes that met no other are the
+  short ones (a long write is the likelier to be met: on a 2-core MLP run in write
+  lockstep their mean is 6.2 µs, the censored estimate's 16 µs, bench/README.md), so a fit
+  on them alone draws writes too short to meet as often as the run's did.
+  ``convoy_lost_pairs`` is the share of the pairs a
   measure-mode run classified (``extra_convoy_pairs``) that lost any coordinate, among those
   that met within half a write (lag ≤ W/2: half the block or more swept together), and the
   lost shares are the lossy pairs' lost coordinates over their shared part
@@ -167,6 +176,7 @@ class Fit:
     duration: Duration
     n: int
     candidates: dict[str, dict[str, float]]
+    censored: int = 0
 
     def describe(self) -> str:
         d = self.duration
@@ -174,14 +184,24 @@ class Fit:
                  else f"{len(d.values)} quantiles, mean {d.mean:.4g} ns")
         scores = ", ".join(f"{name} loglik {c['loglik']:.6g} KS {c['ks']:.3f}"
                            for name, c in self.candidates.items())
-        return f"{d.dist} ({shape}; n = {self.n}; {scores})"
+        count = (f"n = {self.n}" if not self.censored else
+                 f"n = {self.n}, {self.censored} of them met by another write first: "
+                 "censored there, Kaplan–Meier")
+        return f"{d.dist} ({shape}; {count}; {scores})"
 
 
-def fit_durations(values: np.ndarray) -> Fit:
+def fit_durations(values: np.ndarray, censored: np.ndarray | None = None) -> Fit:
     """Fit lognormal and gamma by maximum likelihood and choose (see the module docstring);
-    fewer than two distinct positive durations give a constant (0 when there are none)."""
+    fewer than two distinct positive durations give a constant (0 when there are none).
+    ``censored``: durations known only to exceed these values (writes met by another
+    before they ended, :func:`write_survival`), fitted with ``values`` as right-censored
+    data; the empirical candidate is then the Kaplan–Meier estimate's quantiles."""
     x = np.asarray(values, dtype=np.float64)
     x = x[x > 0]
+    right = (np.zeros(0) if censored is None else np.asarray(censored, dtype=np.float64))
+    right = right[right > 0]
+    if right.size and x.size >= 2 and not np.all(x == x[0]):
+        return _censored_fit(x, right)
     if x.size < 2 or np.all(x == x[0]):  # nothing to fit: no time, or a constant one
         return Fit(Duration("constant", float(x[0]) if x.size else 0.0), int(x.size), {})
     logs = np.log(x)
@@ -200,18 +220,54 @@ def fit_durations(values: np.ndarray) -> Fit:
         quantiles = np.quantile(x, (np.arange(points) + 0.5) / points)
         return Fit(Duration("empirical", values=tuple(float(q) for q in quantiles)),
                    int(x.size), candidates)
-    if best == "lognormal":
-        duration = Duration("lognormal", math.exp(mu + sigma**2 / 2),
-                            math.sqrt(math.expm1(sigma**2)))
-    else:
-        duration = Duration("gamma", float(shape * scale), float(1 / math.sqrt(shape)))
-    return Fit(duration, int(x.size), candidates)
+    return Fit(_family(best, (mu, sigma) if best == "lognormal" else (shape, scale)),
+               int(x.size), candidates)
 
 
-def operation_samples(trace: Trace, scenario: Scenario,
-                      rows: np.ndarray | None = None) -> dict[int, dict[str, np.ndarray]]:
+def _family(name: str, params: tuple[float, float]) -> Duration:
+    """The scenario's form of a fitted lognormal (μ, σ of the log) or gamma (shape, scale)."""
+    if name == "lognormal":
+        mu, sigma = params
+        return Duration("lognormal", math.exp(mu + sigma**2 / 2),
+                        math.sqrt(math.expm1(sigma**2)))
+    shape, scale = params
+    return Duration("gamma", float(shape * scale), float(1 / math.sqrt(shape)))
+
+
+def _censored_fit(x: np.ndarray, right: np.ndarray) -> Fit:
+    """:func:`fit_durations` with right-censored values: each family by maximum likelihood
+    (density at the values seen whole, survival function at the censored ones); KS is the
+    largest gap between the family's distribution function and the Kaplan–Meier estimate at
+    its times, its p-value taken for as many values as were seen whole."""
+    data = scipy.stats.CensoredData(uncensored=x, right=right)
+    times, cdf, _ = survival_cdf(x, right)
+    before = np.concatenate([[0.0], cdf[:-1]])
+    candidates: dict[str, dict[str, float]] = {}
+    params: dict[str, tuple[float, float]] = {}
+    for name, family in (("lognormal", scipy.stats.lognorm), ("gamma", scipy.stats.gamma)):
+        shape, _, scale = family.fit(data, floc=0)
+        params[name] = ((math.log(scale), float(shape)) if name == "lognormal"
+                        else (float(shape), float(scale)))
+        dist = family(shape, scale=scale)
+        model = dist.cdf(times)
+        gap = float(max(np.abs(model - cdf).max(), np.abs(model - before).max()))
+        candidates[name] = {"loglik": float(dist.logpdf(x).sum() + dist.logsf(right).sum()),
+                            "ks": gap, "p": float(scipy.stats.kstwo(x.size).sf(gap))}
+    best = max(candidates, key=lambda name: candidates[name]["loglik"])
+    n = int(x.size + right.size)
+    if x.size >= _MIN_FOR_TEST and all(c["p"] < _KS_LEVEL for c in candidates.values()):
+        quantiles = survival_quantiles(x, right, min(_QUANTILES, n))
+        return Fit(Duration("empirical", values=tuple(float(q) for q in quantiles)), n,
+                   candidates, int(right.size))
+    return Fit(_family(best, params[best]), n, candidates, int(right.size))
+
+
+def operation_samples(trace: Trace, scenario: Scenario, rows: np.ndarray | None = None,
+                      write_share: np.ndarray | None = None
+                      ) -> dict[int, dict[str, np.ndarray]]:
     """Per worker: whole-vector read and write durations (block durations over the fraction
-    of coordinates moved) and gradient durations, from ``rows`` (default: all)."""
+    of coordinates moved) and gradient durations, from ``rows`` (default: all); the write
+    durations times ``write_share`` (one per row of ``rows``) where given."""
     problem = make_problem(scenario.problem)
     dim = problem.dim
     bounds = block_bounds(dim, scenario.run.blocks)
@@ -233,6 +289,10 @@ def operation_samples(trace: Trace, scenario: Scenario,
     chosen[np.arange(len(trace)) if rows is None else rows] = True
     read = trace["op_read_ns"] / np.maximum(fraction, 1e-300)
     write = trace["op_write_ns"] / np.maximum(fraction, 1e-300)
+    if write_share is not None:
+        factor = np.ones(len(trace))
+        factor[np.arange(len(trace)) if rows is None else rows] = write_share
+        write = write * np.repeat(factor, np.diff(offsets))
     moved = (fraction > 0) & np.repeat(chosen, np.diff(offsets))
     out: dict[int, dict[str, np.ndarray]] = {}
     for worker in np.unique(trace["thread"]).tolist():
@@ -247,7 +307,27 @@ def operation_samples(trace: Trace, scenario: Scenario,
 def _pooled(samples: dict[int, dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
     """Every worker's samples of each operation together."""
     return {op: np.concatenate([ops[op] for ops in samples.values()])
-            for op in ("read", "grad", "write", "idle")}
+            for op in next(iter(samples.values()))}
+
+
+def _alone_samples(trace: Trace, scenario: Scenario, rows: np.ndarray
+                   ) -> dict[int, dict[str, np.ndarray]]:
+    """Per worker, the whole-vector write durations alone (``write``: writes no other met)
+    and the censored ones (``write_censored``: a met write's time before the other began),
+    from :func:`write_survival` over ``rows``. (Interference deflates the former only: it is
+    fitted on writes that met no other.)"""
+    kept, share = write_survival(trace, rows)
+    whole = share >= 1
+    alone = operation_samples(trace, scenario, kept[whole])
+    met = operation_samples(trace, scenario, kept[~whole], write_share=share[~whole])
+    return {worker: {"write": alone[worker]["write"],
+                     "write_censored": met[worker]["write"] if worker in met else np.zeros(0)}
+            for worker in alone}
+
+
+def _write_fit(ops: dict[str, np.ndarray], op: str) -> Fit:
+    """An operation's fit, the censored writes with the write (:func:`fit_durations`)."""
+    return fit_durations(ops[op], ops.get("write_censored") if op == "write" else None)
 
 
 def _overlaps(starts: np.ndarray, ends: np.ndarray, owners: np.ndarray) -> np.ndarray:
@@ -302,11 +382,88 @@ def alone_writes(trace: Trace, rows: np.ndarray) -> np.ndarray:
     return rows[overlaps(ws, we, ws, we) <= 1]
 
 
+def write_survival(trace: Trace, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """How long each write of ``rows`` ran alone, as survival data: the rows kept and the
+    share of each one's write that was alone — 1 for a write no other met (its duration is
+    its time alone), below 1 for a write another started into (its time alone was longer
+    than the lag: right-censored there). Writes that started into another's are left out:
+    from their first nanosecond they are not alone. A long write is far likelier to be met
+    than a short one, so the writes that met no other are the short ones (on a run in write
+    lockstep, their mean can be a third of the time a write runs alone); the survival
+    estimate counts the met ones too (:func:`survival_cdf`)."""
+    order = rows[np.argsort(trace["write_start"][rows], kind="stable")]
+    ws = trace["write_start"][order].astype(np.float64)
+    we = trace["write_end"][order].astype(np.float64)
+    in_flight = np.maximum.accumulate(np.concatenate([[-np.inf], we[:-1]]))
+    joiner = ws < in_flight
+    following = np.concatenate([ws[1:], [np.inf]])  # the next write to start, any worker
+    met = following < we
+    share = np.ones(order.size)
+    duration = we - ws
+    share[met] = (following[met] - ws[met]) / np.maximum(duration[met], 1.0)
+    return order[~joiner], share[~joiner]
+
+
+def survival_cdf(alone: np.ndarray, censored: np.ndarray) -> tuple[np.ndarray, np.ndarray,
+                                                                    float]:
+    """The Kaplan–Meier estimate of a duration's distribution from ``alone`` (seen whole)
+    and ``censored`` (known to exceed these values), values ≤ 0 left out: the times, the
+    distribution function just after each, and the longest value seen, where the mass the
+    estimate leaves undetermined (when the longest value is a censored one) is put."""
+    exact, right = alone[alone > 0], censored[censored > 0]
+    result = scipy.stats.ecdf(scipy.stats.CensoredData(uncensored=exact, right=right))
+    longest = float(max(exact.max(initial=0.0), right.max(initial=0.0)))
+    return result.cdf.quantiles, result.cdf.probabilities, longest
+
+
+def survival_quantiles(alone: np.ndarray, censored: np.ndarray, points: int) -> np.ndarray:
+    """``points`` quantiles, at (i + ½)/points, of :func:`survival_cdf`'s estimate."""
+    times, cdf, longest = survival_cdf(alone, censored)
+    levels = (np.arange(points) + 0.5) / points
+    at = np.searchsorted(cdf, levels, side="left")  # the first time the cdf reaches a level
+    return np.where(at < times.size, times[np.minimum(at, times.size - 1)], longest)
+
+
+def expected_rest(lags: np.ndarray, alone: np.ndarray, censored: np.ndarray) -> np.ndarray:
+    """For a write met ``lags`` ns after it began, E[min(R, D)] under :func:`survival_cdf`'s
+    estimate: R the rest of its time alone given that it had not ended by the lag (a met
+    write is the likelier the longer it is), D an independent draw of the time alone (the
+    joiner's). The convoy rule's min(E − t, W) term (``convoy_rest``), in expectation; exact
+    for the estimate's step function: ∫ S(lag + t)·S(t) dt / S(lag)."""
+    times, cdf, longest = survival_cdf(alone, censored)
+
+    def survival(t: np.ndarray) -> np.ndarray:
+        at = np.searchsorted(times, t, side="right") - 1
+        inside = np.where(at < 0, 1.0, 1 - cdf[np.maximum(at, 0)])
+        return np.where(t >= longest, 0.0, inside)
+
+    knots = np.concatenate([[0.0], times, [longest]])
+    out = np.zeros(lags.size)
+    for i, lag in enumerate(lags.tolist()):
+        left = survival(np.array([lag]))[0]
+        if left <= 0 or lag >= longest:
+            continue
+        edges = np.unique(np.concatenate([knots, knots - lag]))
+        edges = edges[(edges >= 0) & (edges <= longest - lag)]
+        if edges.size < 2:
+            continue
+        starts = edges[:-1]
+        out[i] = float(np.sum(survival(starts) * survival(lag + starts) * np.diff(edges))) / left
+    return out
+
+
+def survival_mean(alone: np.ndarray, censored: np.ndarray) -> float:
+    """The mean of :func:`survival_cdf`'s estimate."""
+    times, cdf, longest = survival_cdf(alone, censored)
+    mass = np.diff(np.concatenate([[0.0], cdf]))
+    return float(times @ mass + (1 - cdf[-1]) * longest)
+
+
 def fit_convoys(runs: list[tuple[Trace, np.ndarray]], mode: str = "auto") -> dict[str, Any]:
     """Write convoys from the rows of one or more traces (the module docstring): the
     ``timing.convoy_*`` values in ``"fields"`` when convoys are found (or forced with
     ``mode = "on"``), and what was measured."""
-    lags, durations, shares, gaps, fronts, flags = [], [], [], [], [], []
+    lags, durations, shares, rests, gaps, fronts, flags = [], [], [], [], [], [], []
     counts: list[np.ndarray] = []
     spans: list[np.ndarray] = []
     lost = np.zeros(2)
@@ -314,10 +471,13 @@ def fit_convoys(runs: list[tuple[Trace, np.ndarray]], mode: str = "auto") -> dic
     for trace, rows in runs:
         if len(trace) and int(np.diff(trace["op_offsets"]).max()) > 1:
             return {"pairs": 0, "fields": None, "why": "writes of more than one block"}
-        alone = alone_writes(trace, rows)
-        if not alone.size:
+        kept, share = write_survival(trace, rows)
+        if not np.any(share >= 1):
             continue
-        mean = float(np.mean(trace["write_end"][alone] - trace["write_start"][alone]))
+        # W: the mean time a write runs alone, the met ones counted as censored (a long
+        # write is the likelier to be met, so writes that met no other are the short ones).
+        whole = (trace["write_end"][kept] - trace["write_start"][kept]).astype(np.float64)
+        mean = survival_mean(whole[share >= 1], (whole * share)[share < 1])
         ws, we = trace["write_start"][rows], trace["write_end"][rows]
         lead, join, _, _ = write_pairs(ws, we, trace["thread"][rows])
         lags.append((ws[join] - ws[lead]).astype(np.float64))
@@ -325,6 +485,7 @@ def fit_convoys(runs: list[tuple[Trace, np.ndarray]], mode: str = "auto") -> dic
         # The convoy's end is the leader's: the joiner's own end trails it by the end gap.
         durations.append((we[lead] - ws[join]).astype(np.float64))
         shares.append(np.full(lead.size, mean))
+        rests.append(expected_rest(lags[-1], whole[share >= 1], (whole * share)[share < 1]))
         pairs = convoy_pairs(trace)
         if pairs is not None and pairs.size:
             # Shares given that the pair lost anything (most meetings lose nothing).
@@ -394,7 +555,7 @@ def fit_convoys(runs: list[tuple[Trace, np.ndarray]], mode: str = "auto") -> dic
         report["fields"] = {"convoy_join": 0.0, "convoy_rest": 0.0, **losses}
         return report
     alone_mean = np.concatenate(shares)
-    design = np.column_stack([alone_mean, np.maximum(alone_mean - lag, 0)])
+    design = np.column_stack([alone_mean, np.concatenate(rests)])
     solution = np.linalg.lstsq(design, np.concatenate(durations), rcond=None)[0]
     joined, rest = max(float(solution[0]), 1e-3), max(float(solution[1]), 0.0)
     report.update(fields={"convoy_join": joined, "convoy_rest": rest,
@@ -1099,9 +1260,9 @@ def calibrate(run_dir: str | Path | list[str | Path], pool: bool = False, cores:
             trace = _deflated(trace, slowed["deflate"][index])  # drawn with the others idle
         mine = operation_samples(trace, scenario, together)
         if alone_rows is not None:  # the write alone: convoys stretch it again
-            alone = operation_samples(trace, scenario, alone_rows)
+            alone = _alone_samples(trace, scenario, together)
             for worker, ops in mine.items():
-                ops["write"] = alone[worker]["write"]
+                ops.update(alone[worker])
         per_run.append(mine)
     samples = {worker: {op: np.concatenate([mine[worker][op] for mine in per_run])
                         for op in ops} for worker, ops in per_run[0].items()}
@@ -1113,7 +1274,7 @@ def calibrate(run_dir: str | Path | list[str | Path], pool: bool = False, cores:
         samples = {-1: _pooled(samples)}
     devices, report = [], {}
     for worker, ops in samples.items():
-        fits = {op: fit_durations(values) for op, values in ops.items()}
+        fits = {op: _write_fit(ops, op) for op in ("read", "grad", "write", "idle")}
         name = "all workers" if worker < 0 else f"worker {worker}"
         report[name] = {op: fit.describe() for op, fit in fits.items()}
         timing = _with_fitted(TimingSpec(read=fits["read"].duration, grad=fits["grad"].duration,
@@ -1195,8 +1356,9 @@ def calibrate_counts(run_dirs: list[str | Path], cores: int = 0, quantum: int = 
     the fewest-worker run with its draws divided by 1 + x·(k_min − 1), i.e. one worker
     alone. Everything lands on one device with ``cores`` cores (0: one per thread) and
     time slices of ``quantum`` ns (``slicing`` as in :func:`calibrate`). Write convoys are
-    fitted from the runs' pairs together; with convoys, the write means are those of
-    writes that met no other. Common factors are fitted from the runs' pairs of phases
+    fitted from the runs' pairs together; with convoys, the write means are those of the
+    time a write runs alone, met writes censored at the meeting (:func:`write_survival`).
+    Common factors are fitted from the runs' pairs of phases
     together (runs of one worker have none), and so is interference, whose fitted
     slowdowns are taken out of every duration before the means are compared.
 
@@ -1236,17 +1398,17 @@ def calibrate_counts(run_dirs: list[str | Path], cores: int = 0, quantum: int = 
             trace = _deflated(trace, slowed["deflate"][index])
         samples = _pooled(operation_samples(trace, scenario, together))
         if alone_rows is not None:
-            samples["write"] = _pooled(operation_samples(trace, scenario, alone_rows))["write"]
+            samples.update(_pooled(_alone_samples(trace, scenario, together)))
         pooled.append(samples)
     k = np.asarray(counts, dtype=np.float64) - 1
     contention: dict[str, Any] = {}
     timing: dict[str, Any] = {}
     fits: dict[str, str] = {}
     for op in ("read", "grad", "write", "idle"):
-        means = np.array([float(p[op].mean()) if p[op].size else 0.0 for p in pooled])
+        means = np.array([_mean(p, op) for p in pooled])
         slope, intercept = np.polyfit(k, means, 1)
         per_thread = max(float(slope / intercept), 0.0) if intercept > 0 else 0.0
-        fit = fit_durations(pooled[0][op])
+        fit = _write_fit(pooled[0], op)
         timing[op] = _scaled(fit.duration, 1 + per_thread * k[0])
         timing[f"{op}_per_thread"] = per_thread
         fits[op] = fit.describe()
@@ -1270,6 +1432,14 @@ def calibrate_counts(run_dirs: list[str | Path], cores: int = 0, quantum: int = 
                         "rows": sum(len(t) for _, t, _ in loaded), "worker_counts": counts,
                         "contention": contention, "convoys": convoy, "common": shared,
                         "interference": _public(slowed), "rhythm": rhythms}
+
+
+def _mean(samples: dict[str, np.ndarray], op: str) -> float:
+    """An operation's mean duration in one run's samples (writes: with the censored)."""
+    censored = samples.get("write_censored") if op == "write" else None
+    if censored is not None and censored.size and samples[op].size:
+        return survival_mean(samples[op], censored)
+    return float(samples[op].mean()) if samples[op].size else 0.0
 
 
 MARKER = "# asyngrad-lab calibrated scenario"
@@ -1384,8 +1554,9 @@ def _describe_convoys(report: dict[str, Any]) -> str:
                 f"writes pass each other; {losses}")
     return (f"{report['pairs']} pairs of writes that met ended together ({gap}); joiner "
             f"ends after {fields['convoy_join']:.3g} × its write + "
-            f"{fields['convoy_rest']:.3g} × the leader's rest (alone "
-            f"{report['alone_write_ns']:.4g} ns) and trails the leader's end by "
+            f"{fields['convoy_rest']:.3g} × the leader's rest (a write alone: "
+            f"{report['alone_write_ns']:.4g} ns, met writes censored at the meeting) and "
+            "trails the leader's end by "
             f"{fields['convoy_end_gap']:.3g} × its start lag; {losses}")
 
 

@@ -8,8 +8,17 @@ import numpy as np
 import pytest
 
 from realrun.rebuild import convoy_losses
-from simulator.calibrate import calibrate
+from simulator.calibrate import (
+    alone_writes,
+    calibrate,
+    expected_rest,
+    running_together,
+    survival_mean,
+    survival_quantiles,
+    write_survival,
+)
 from simulator.cli import main
+from simulator.compare import load_run
 from simulator.engine import simulate
 from simulator.errors import ScenarioError
 from simulator.metrics import write_pairs
@@ -189,6 +198,40 @@ def test_calibration_recovers_convoys_from_a_simulated_trace(tmp_path):
     assert timing.convoy_rest == pytest.approx(2.5, rel=0.1)
     off, report_off = calibrate(run, pool=True, convoys="off")
     assert not off.devices[0].timing.convoys and report_off["convoys"]["fields"] is None
+
+
+def test_writes_met_are_censored_so_long_writes_count(tmp_path):
+    """Writes drawn lognormal (mean 4 µs, cv 0.5): a long write is likelier to be met, so the
+    writes that met no other average well under 4 µs; counted as censored at the meeting,
+    the met ones bring the fit back to the drawn distribution, and with it the convoy rule."""
+    run = convoy_run(tmp_path, "wide", "timing.write={dist='lognormal', mean=4000, cv=0.5}",
+                     "timing.convoy_join=1.5", "timing.convoy_rest=2.5")
+    trace = load_run(run).trace
+    rows = running_together(trace)
+    alone = alone_writes(trace, rows)
+    assert np.mean(trace["write_end"][alone] - trace["write_start"][alone]) < 0.88 * 4000
+    calibrated, report = calibrate(run, pool=True)
+    timing = calibrated.devices[0].timing
+    assert timing.write.mean == pytest.approx(4000, rel=0.05)
+    assert timing.write.cv == pytest.approx(0.5, rel=0.1)
+    assert timing.convoy_join == pytest.approx(1.5, rel=0.1)
+    assert timing.convoy_rest == pytest.approx(2.5, rel=0.1)
+    assert "censored" in report["fits"]["all workers"]["write"]
+
+
+def test_write_survival_worked_by_hand():
+    """Four writes: 0 alone; 1 met by 2 after a quarter of it (censored there); 2 joined 1
+    (left out); 3 alone. Kaplan–Meier of alone {2, 4} and censored {1}: S = 1, then ½ at
+    2 (two at risk), 0 at 4: quantiles 2 and 4, mean 3."""
+    trace = {"write_start": np.array([0, 10, 11, 30]), "write_end": np.array([2, 14, 15, 34])}
+    kept, share = write_survival(trace, np.arange(4))  # type: ignore[arg-type]
+    assert kept.tolist() == [0, 1, 3] and share.tolist() == [1.0, 0.25, 1.0]
+    alone, censored = np.array([2.0, 4.0]), np.array([1.0])
+    assert survival_quantiles(alone, censored, 2).tolist() == [2.0, 4.0]
+    assert survival_mean(alone, censored) == pytest.approx(3.0)
+    # S(t) = 1 on [0, 2), ½ on [2, 4), 0 after. At lag 1, S(1) = 1: ∫₀³ S(1 + t)·S(t) dt =
+    # [0, 1): 1·1 + [1, 2): ½·1 + [2, 3): ½·½ = 1.75; at lag 3: S(3) = ½, ∫₀¹ ½·1 dt / ½ = 1.
+    assert expected_rest(np.array([1.0, 3.0]), alone, censored) == pytest.approx([1.75, 1.0])
 
 
 def test_calibration_recovers_how_often_a_meeting_loses_anything(tmp_path):
