@@ -29,7 +29,7 @@ What is fitted:
   30 pairs of writes that met and no third), the time from the joiner's start to the
   leader's end is fitted by least squares as ``convoy_join``·W + ``convoy_rest``·E[min(R,
   D)] (the rule's min(E − t, W) in expectation: R the leader's time alone left at the lag,
-  given it had not ended, D a joiner's time alone; :func:`expected_rest`), and
+  given it had not ended, D a joiner's time alone; :meth:`Survival.expected_rest`), and
   ``convoy_end_gap`` is the median end gap over the median start lag (the joiner's end
   trails the leader's). The time a write runs alone is survival data
   (:func:`write_survival`): a write no other met shows it whole, a write another started
@@ -132,10 +132,10 @@ from simulator.rundir import latency_line, placement
 from simulator.scenario import COMMON_FIELDS, DeviceSpec, Scenario, TimingSpec, scenario_from_dict
 from simulator.trace import Trace, convoy_pairs
 
-__all__ = ["CONVOYS", "Fit", "alone_writes", "calibrate", "calibrate_counts", "common_bins",
-           "fit_common", "fit_convoys", "fit_durations", "fit_interference",
+__all__ = ["CONVOYS", "Fit", "Survival", "alone_writes", "calibrate", "calibrate_counts",
+           "common_bins", "fit_common", "fit_convoys", "fit_durations", "fit_interference",
            "lossy_spread", "operation_samples", "phase_meetings", "run_workers", "under_times",
-           "undisturbed"]
+           "undisturbed", "write_survival"]
 
 _KS_LEVEL = 0.01
 _MIN_FOR_TEST = 50
@@ -240,7 +240,8 @@ def _censored_fit(x: np.ndarray, right: np.ndarray) -> Fit:
     largest gap between the family's distribution function and the Kaplan–Meier estimate at
     its times, its p-value taken for as many values as were seen whole."""
     data = scipy.stats.CensoredData(uncensored=x, right=right)
-    times, cdf, _ = survival_cdf(x, right)
+    estimate = Survival.of(x, right)
+    times, cdf = estimate.times, estimate.cdf
     before = np.concatenate([[0.0], cdf[:-1]])
     candidates: dict[str, dict[str, float]] = {}
     params: dict[str, tuple[float, float]] = {}
@@ -256,7 +257,7 @@ def _censored_fit(x: np.ndarray, right: np.ndarray) -> Fit:
     best = max(candidates, key=lambda name: candidates[name]["loglik"])
     n = int(x.size + right.size)
     if x.size >= _MIN_FOR_TEST and all(c["p"] < _KS_LEVEL for c in candidates.values()):
-        quantiles = survival_quantiles(x, right, min(_QUANTILES, n))
+        quantiles = estimate.quantiles(min(_QUANTILES, n))
         return Fit(Duration("empirical", values=tuple(float(q) for q in quantiles)), n,
                    candidates, int(right.size))
     return Fit(_family(best, params[best]), n, candidates, int(right.size))
@@ -286,12 +287,13 @@ def operation_samples(trace: Trace, scenario: Scenario, rows: np.ndarray | None 
             fraction[ops] = counts[blocks[ops]] / dim
     owner = np.repeat(trace["thread"], np.diff(offsets))
     chosen = np.zeros(len(trace), dtype=bool)
-    chosen[np.arange(len(trace)) if rows is None else rows] = True
+    selected = np.arange(len(trace)) if rows is None else rows
+    chosen[selected] = True
     read = trace["op_read_ns"] / np.maximum(fraction, 1e-300)
     write = trace["op_write_ns"] / np.maximum(fraction, 1e-300)
     if write_share is not None:
         factor = np.ones(len(trace))
-        factor[np.arange(len(trace)) if rows is None else rows] = write_share
+        factor[selected] = write_share
         write = write * np.repeat(factor, np.diff(offsets))
     moved = (fraction > 0) & np.repeat(chosen, np.diff(offsets))
     out: dict[int, dict[str, np.ndarray]] = {}
@@ -320,8 +322,7 @@ def _alone_samples(trace: Trace, scenario: Scenario, rows: np.ndarray
     whole = share >= 1
     alone = operation_samples(trace, scenario, kept[whole])
     met = operation_samples(trace, scenario, kept[~whole], write_share=share[~whole])
-    return {worker: {"write": alone[worker]["write"],
-                     "write_censored": met[worker]["write"] if worker in met else np.zeros(0)}
+    return {worker: {"write": alone[worker]["write"], "write_censored": met[worker]["write"]}
             for worker in alone}
 
 
@@ -390,7 +391,7 @@ def write_survival(trace: Trace, rows: np.ndarray) -> tuple[np.ndarray, np.ndarr
     from their first nanosecond they are not alone. A long write is far likelier to be met
     than a short one, so the writes that met no other are the short ones (on a run in write
     lockstep, their mean can be a third of the time a write runs alone); the survival
-    estimate counts the met ones too (:func:`survival_cdf`)."""
+    estimate counts the met ones too (:class:`Survival`)."""
     order = rows[np.argsort(trace["write_start"][rows], kind="stable")]
     ws = trace["write_start"][order].astype(np.float64)
     we = trace["write_end"][order].astype(np.float64)
@@ -404,59 +405,59 @@ def write_survival(trace: Trace, rows: np.ndarray) -> tuple[np.ndarray, np.ndarr
     return order[~joiner], share[~joiner]
 
 
-def survival_cdf(alone: np.ndarray, censored: np.ndarray) -> tuple[np.ndarray, np.ndarray,
-                                                                    float]:
-    """The Kaplan–Meier estimate of a duration's distribution from ``alone`` (seen whole)
-    and ``censored`` (known to exceed these values), values ≤ 0 left out: the times, the
+@dataclass(frozen=True)
+class Survival:
+    """The Kaplan–Meier estimate of a duration from values seen whole and values known only
+    to exceed what was seen (right-censored), values ≤ 0 left out: the times, the
     distribution function just after each, and the longest value seen, where the mass the
     estimate leaves undetermined (when the longest value is a censored one) is put."""
-    exact, right = alone[alone > 0], censored[censored > 0]
-    result = scipy.stats.ecdf(scipy.stats.CensoredData(uncensored=exact, right=right))
-    longest = float(max(exact.max(initial=0.0), right.max(initial=0.0)))
-    return result.cdf.quantiles, result.cdf.probabilities, longest
 
+    times: np.ndarray
+    cdf: np.ndarray
+    longest: float
 
-def survival_quantiles(alone: np.ndarray, censored: np.ndarray, points: int) -> np.ndarray:
-    """``points`` quantiles, at (i + ½)/points, of :func:`survival_cdf`'s estimate."""
-    times, cdf, longest = survival_cdf(alone, censored)
-    levels = (np.arange(points) + 0.5) / points
-    at = np.searchsorted(cdf, levels, side="left")  # the first time the cdf reaches a level
-    return np.where(at < times.size, times[np.minimum(at, times.size - 1)], longest)
+    @classmethod
+    def of(cls, alone: np.ndarray, censored: np.ndarray) -> Survival:
+        exact, right = alone[alone > 0], censored[censored > 0]
+        result = scipy.stats.ecdf(scipy.stats.CensoredData(uncensored=exact, right=right))
+        return cls(result.cdf.quantiles, result.cdf.probabilities,
+                   float(max(exact.max(initial=0.0), right.max(initial=0.0))))
 
+    def survival(self, t: np.ndarray) -> np.ndarray:
+        """P(duration > t), right-continuous."""
+        at = np.searchsorted(self.times, t, side="right") - 1
+        inside = np.where(at < 0, 1.0, 1 - self.cdf[np.maximum(at, 0)])
+        return np.where(t >= self.longest, 0.0, inside)
 
-def expected_rest(lags: np.ndarray, alone: np.ndarray, censored: np.ndarray) -> np.ndarray:
-    """For a write met ``lags`` ns after it began, E[min(R, D)] under :func:`survival_cdf`'s
-    estimate: R the rest of its time alone given that it had not ended by the lag (a met
-    write is the likelier the longer it is), D an independent draw of the time alone (the
-    joiner's). The convoy rule's min(E − t, W) term (``convoy_rest``), in expectation; exact
-    for the estimate's step function: ∫ S(lag + t)·S(t) dt / S(lag)."""
-    times, cdf, longest = survival_cdf(alone, censored)
+    def mean(self) -> float:
+        mass = np.diff(np.concatenate([[0.0], self.cdf]))
+        return float(self.times @ mass + (1 - self.cdf[-1]) * self.longest)
 
-    def survival(t: np.ndarray) -> np.ndarray:
-        at = np.searchsorted(times, t, side="right") - 1
-        inside = np.where(at < 0, 1.0, 1 - cdf[np.maximum(at, 0)])
-        return np.where(t >= longest, 0.0, inside)
+    def quantiles(self, points: int) -> np.ndarray:
+        """``points`` quantiles, at (i + ½)/points."""
+        levels = (np.arange(points) + 0.5) / points
+        at = np.searchsorted(self.cdf, levels, side="left")  # the first time a level is reached
+        return np.where(at < self.times.size,
+                        self.times[np.minimum(at, self.times.size - 1)], self.longest)
 
-    knots = np.concatenate([[0.0], times, [longest]])
-    out = np.zeros(lags.size)
-    for i, lag in enumerate(lags.tolist()):
-        left = survival(np.array([lag]))[0]
-        if left <= 0 or lag >= longest:
-            continue
-        edges = np.unique(np.concatenate([knots, knots - lag]))
-        edges = edges[(edges >= 0) & (edges <= longest - lag)]
-        if edges.size < 2:
-            continue
-        starts = edges[:-1]
-        out[i] = float(np.sum(survival(starts) * survival(lag + starts) * np.diff(edges))) / left
-    return out
-
-
-def survival_mean(alone: np.ndarray, censored: np.ndarray) -> float:
-    """The mean of :func:`survival_cdf`'s estimate."""
-    times, cdf, longest = survival_cdf(alone, censored)
-    mass = np.diff(np.concatenate([[0.0], cdf]))
-    return float(times @ mass + (1 - cdf[-1]) * longest)
+    def expected_rest(self, lags: np.ndarray) -> np.ndarray:
+        """For a write met ``lags`` ns after it began, E[min(R, D)]: R the rest of its time
+        alone given that it had not ended by the lag (a met write is the likelier the longer
+        it is), D an independent draw of the time alone (the joiner's). The convoy rule's
+        min(E − t, W) term (``convoy_rest``), in expectation; exact for the estimate's step
+        function: ∫ S(lag + t)·S(t) dt / S(lag)."""
+        knots = np.concatenate([[0.0], self.times, [self.longest]])
+        left = self.survival(lags)
+        out = np.zeros(lags.size)
+        for i, lag in enumerate(lags.tolist()):
+            if left[i] <= 0:
+                continue
+            edges = np.unique(np.concatenate([knots, knots - lag]))
+            edges = edges[(edges >= 0) & (edges <= self.longest - lag)]
+            starts = edges[:-1]
+            out[i] = float(np.sum(self.survival(starts) * self.survival(lag + starts)
+                                  * np.diff(edges))) / left[i]
+        return out
 
 
 def fit_convoys(runs: list[tuple[Trace, np.ndarray]], mode: str = "auto") -> dict[str, Any]:
@@ -477,7 +478,8 @@ def fit_convoys(runs: list[tuple[Trace, np.ndarray]], mode: str = "auto") -> dic
         # W: the mean time a write runs alone, the met ones counted as censored (a long
         # write is the likelier to be met, so writes that met no other are the short ones).
         whole = (trace["write_end"][kept] - trace["write_start"][kept]).astype(np.float64)
-        mean = survival_mean(whole[share >= 1], (whole * share)[share < 1])
+        alone_time = Survival.of(whole[share >= 1], (whole * share)[share < 1])
+        mean = alone_time.mean()
         ws, we = trace["write_start"][rows], trace["write_end"][rows]
         lead, join, _, _ = write_pairs(ws, we, trace["thread"][rows])
         lags.append((ws[join] - ws[lead]).astype(np.float64))
@@ -485,7 +487,7 @@ def fit_convoys(runs: list[tuple[Trace, np.ndarray]], mode: str = "auto") -> dic
         # The convoy's end is the leader's: the joiner's own end trails it by the end gap.
         durations.append((we[lead] - ws[join]).astype(np.float64))
         shares.append(np.full(lead.size, mean))
-        rests.append(expected_rest(lags[-1], whole[share >= 1], (whole * share)[share < 1]))
+        rests.append(alone_time.expected_rest(lags[-1]))
         pairs = convoy_pairs(trace)
         if pairs is not None and pairs.size:
             # Shares given that the pair lost anything (most meetings lose nothing).
@@ -1438,7 +1440,7 @@ def _mean(samples: dict[str, np.ndarray], op: str) -> float:
     """An operation's mean duration in one run's samples (writes: with the censored)."""
     censored = samples.get("write_censored") if op == "write" else None
     if censored is not None and censored.size and samples[op].size:
-        return survival_mean(samples[op], censored)
+        return Survival.of(samples[op], censored).mean()
     return float(samples[op].mean()) if samples[op].size else 0.0
 
 

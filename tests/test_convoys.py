@@ -9,12 +9,10 @@ import pytest
 
 from realrun.rebuild import convoy_losses
 from simulator.calibrate import (
+    Survival,
     alone_writes,
     calibrate,
-    expected_rest,
     running_together,
-    survival_mean,
-    survival_quantiles,
     write_survival,
 )
 from simulator.cli import main
@@ -227,11 +225,12 @@ def test_write_survival_worked_by_hand():
     kept, share = write_survival(trace, np.arange(4))  # type: ignore[arg-type]
     assert kept.tolist() == [0, 1, 3] and share.tolist() == [1.0, 0.25, 1.0]
     alone, censored = np.array([2.0, 4.0]), np.array([1.0])
-    assert survival_quantiles(alone, censored, 2).tolist() == [2.0, 4.0]
-    assert survival_mean(alone, censored) == pytest.approx(3.0)
+    estimate = Survival.of(alone, censored)
+    assert estimate.quantiles(2).tolist() == [2.0, 4.0]
+    assert estimate.mean() == pytest.approx(3.0)
     # S(t) = 1 on [0, 2), ½ on [2, 4), 0 after. At lag 1, S(1) = 1: ∫₀³ S(1 + t)·S(t) dt =
     # [0, 1): 1·1 + [1, 2): ½·1 + [2, 3): ½·½ = 1.75; at lag 3: S(3) = ½, ∫₀¹ ½·1 dt / ½ = 1.
-    assert expected_rest(np.array([1.0, 3.0]), alone, censored) == pytest.approx([1.75, 1.0])
+    assert estimate.expected_rest(np.array([1.0, 3.0])) == pytest.approx([1.75, 1.0])
 
 
 def test_calibration_recovers_how_often_a_meeting_loses_anything(tmp_path):
