@@ -212,6 +212,8 @@ def main() -> None:
     parser.add_argument("--common", default="off", help="calibrate --common (auto, on, off)")
     parser.add_argument("--interference", default="off",
                         help="calibrate --interference (auto, on, off)")
+    parser.add_argument("--shared", default="off",
+                        help="calibrate --shared (auto, on, off)")
     parser.add_argument("--speeds", default="off",
                         help="calibrate --speeds (auto, on, off): each core's own speed")
     parser.add_argument("--episodes", default="off",
@@ -241,6 +243,7 @@ def main() -> None:
           f"{args.mode}, {args.updates:,} updates, calibrated with --pool --cores {args.cores}"
           f" --quantum {args.quantum} --slicing {args.slicing} --convoys {args.convoys}"
           f" --common {args.common} --interference {args.interference}"
+          f" --shared {args.shared}"
           f" --speeds {args.speeds} --episodes {args.episodes}"
           + (", workers pinned" if args.pin else ""))
     if args.repeats < 1:
@@ -274,7 +277,7 @@ def main() -> None:
         _run("calibrate", *sources, "--out", str(work / f"cal{k}.toml"), "--cores",
              str(args.cores), "--quantum", args.quantum, "--slicing", args.slicing,
              "--convoys", args.convoys, "--common", args.common, "--interference",
-             args.interference,
+             args.interference, "--shared", args.shared,
              *(["--speeds", args.speeds] if one else []),
              *(["--episodes", args.episodes] if pooled else []),
              "--quiet")

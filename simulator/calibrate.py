@@ -84,9 +84,10 @@ What is fitted:
   by what the other workers were doing when the phase began, which its own duration cannot
   have chosen: all idle, or one in phase q with at least 10% of a typical duration to go
   (30 rows a group at least). The slowdowns solve "each group's median draw equals the
-  idle group's" (least squares, in [0, 20]); with convoys, writes are fitted on those that
-  met no other and a write is not slowed by another write. The durations' distributions
-  are then fitted on the draws;
+  idle group's" (least squares, in [0, 20]); with convoys, a write's duration is its time
+  alone (a met write's censored at the meeting, the groups' medians then Kaplan–Meier
+  ones) and a write is not slowed by another write. The durations' distributions are then
+  fitted on the draws;
 * core speeds (``speeds``; pooled, one worker per core): worker r's speed s_r is the
   geometric mean of all workers' median gradient times over its own (the gradient touches
   no shared memory, so its pace is the core's); every duration of worker r is multiplied by
@@ -134,8 +135,8 @@ from simulator.trace import Trace, convoy_pairs
 
 __all__ = ["CONVOYS", "Fit", "Survival", "alone_writes", "calibrate", "calibrate_counts",
            "common_bins", "fit_common", "fit_convoys", "fit_durations", "fit_interference",
-           "lossy_spread", "operation_samples", "phase_meetings", "run_workers", "under_times",
-           "undisturbed", "write_survival"]
+           "fit_shared", "lossy_spread", "operation_samples", "phase_meetings", "run_workers",
+           "shared_writes", "under_times", "undisturbed", "write_survival"]
 
 _KS_LEVEL = 0.01
 _MIN_FOR_TEST = 50
@@ -167,6 +168,7 @@ _MAX_SLOWDOWN = 20.0
 _MIN_UNDER = 0.1
 _COVER = 0.1  # rows under another's phase: for this share of a typical duration at least
 _FLOOR = 0.05  # the least share of a recorded duration its draw is taken to be
+_MIN_SHARED = 1.2  # write_shared: the least factor (or its inverse) "auto" keeps
 
 
 @dataclass(frozen=True)
@@ -316,8 +318,7 @@ def _alone_samples(trace: Trace, scenario: Scenario, rows: np.ndarray
                    ) -> dict[int, dict[str, np.ndarray]]:
     """Per worker, the whole-vector write durations alone (``write``: writes no other met)
     and the censored ones (``write_censored``: a met write's time before the other began),
-    from :func:`write_survival` over ``rows``. (Interference deflates the former only: it is
-    fitted on writes that met no other.)"""
+    from :func:`write_survival` over ``rows``."""
     kept, share = write_survival(trace, rows)
     whole = share >= 1
     alone = operation_samples(trace, scenario, kept[whole])
@@ -405,6 +406,72 @@ def write_survival(trace: Trace, rows: np.ndarray) -> tuple[np.ndarray, np.ndarr
     return order[~joiner], share[~joiner]
 
 
+def shared_writes(trace: Trace) -> np.ndarray:
+    """Per row: whether its write began on lines another worker read last — some other
+    worker's read ended after this row's read ended and before its write began, and no other
+    worker's write began in between (the rule of ``timing.write_shared``, judged per update:
+    exact for writes of one block)."""
+    owners = trace["thread"]
+    read_end = trace["read_end"].astype(np.int64)
+    write_start = trace["write_start"].astype(np.int64)
+    marked = np.zeros(len(trace), dtype=bool)
+    for worker in np.unique(owners).tolist():
+        mine, theirs = owners == worker, owners != worker
+        reads, writes = np.sort(read_end[theirs]), np.sort(write_start[theirs])
+        since, until = read_end[mine], write_start[mine]
+        read_since = (np.searchsorted(reads, until, side="left")
+                      - np.searchsorted(reads, since, side="right"))
+        written = (np.searchsorted(writes, until, side="left")
+                   - np.searchsorted(writes, since, side="right"))
+        marked[mine] = (read_since > 0) & (written == 0)
+    return marked
+
+
+def fit_shared(runs: list[tuple[Trace, np.ndarray]], mode: str = "off",
+               censor: bool = False) -> dict[str, Any]:
+    """``timing.write_shared`` from the rows of one or more traces with two or more workers:
+    the median time a write :func:`shared_writes` marks runs over the others' (each run's
+    write durations, or with ``censor`` (writes that meet form convoys) their times alone,
+    met writes censored at the meeting: :func:`write_survival`, Kaplan–Meier medians), in
+    ``"fields"`` when fitted (``auto``: when it is 1.2 or more, or 1/1.2 or less), and in
+    ``"deflate"`` (not for the report) each run's marked rows and the factor that takes
+    their writes to the draw."""
+    report: dict[str, Any] = {"fields": None, "deflate": None}
+    if mode == "off":
+        report["why"] = "--shared off"
+        return report
+    seen, cut, marked = [], [], []
+    for trace, rows in runs:
+        if np.unique(trace["thread"]).size < 2:
+            continue
+        kept, share = (write_survival(trace, rows) if censor else
+                       (rows, np.ones(rows.size)))
+        duration = (trace["write_end"][kept] - trace["write_start"][kept]) * share
+        use = duration > 0
+        seen.append(duration[use])
+        cut.append(share[use] < 1)
+        marked.append(shared_writes(trace)[kept][use])
+    flag = np.concatenate(marked) if marked else np.zeros(0, dtype=bool)
+    report.update(rows_shared=int(flag.sum()), rows_other=int((~flag).sum()))
+    if flag.sum() < _MIN_PAIRS or (~flag).sum() < _MIN_PAIRS:
+        report["why"] = (f"{int(flag.sum())} writes on lines another worker read last and "
+                         f"{int((~flag).sum())} others (fewer than {_MIN_PAIRS})")
+        return report
+    time, censored = np.concatenate(seen), np.concatenate(cut)
+    on, off = (_log_median(time[m], censored[m]) for m in (flag, ~flag))
+    factor = math.exp(on - off)
+    report.update(factor=factor, median_shared_ns=math.exp(on), median_other_ns=math.exp(off))
+    if mode == "auto" and abs(on - off) < math.log(_MIN_SHARED):
+        report["why"] = f"writes on lines another worker read last differ by under {_MIN_SHARED}x"
+        return report
+    report["fields"] = {"write_shared": factor}
+    report["deflate"] = []
+    for trace, rows in runs:
+        mark = rows[shared_writes(trace)[rows]]
+        report["deflate"].append({"write": (mark, np.full(mark.size, 1 / factor))})
+    return report
+
+
 @dataclass(frozen=True)
 class Survival:
     """The Kaplan–Meier estimate of a duration from values seen whole and values known only
@@ -440,30 +507,40 @@ class Survival:
         return np.where(at < self.times.size,
                         self.times[np.minimum(at, self.times.size - 1)], self.longest)
 
-    def expected_rest(self, lags: np.ndarray) -> np.ndarray:
+    def expected_rest(self, lags: np.ndarray, lead: np.ndarray | None = None,
+                      join: np.ndarray | None = None) -> np.ndarray:
         """For a write met ``lags`` ns after it began, E[min(R, D)]: R the rest of its time
         alone given that it had not ended by the lag (a met write is the likelier the longer
         it is), D an independent draw of the time alone (the joiner's). The convoy rule's
         min(E − t, W) term (``convoy_rest``), in expectation; exact for the estimate's step
-        function: ∫ S(lag + t)·S(t) dt / S(lag)."""
+        function: ∫ S(lag + t)·S(t) dt / S(lag). With ``lead`` and ``join`` (one each per
+        lag), the leader's time alone is ``lead`` times a draw and the joiner's ``join``
+        times one (``timing.write_shared``): ∫ S((lag + t)/a)·S(t/b) dt / S(lag/a)."""
         knots = np.concatenate([[0.0], self.times, [self.longest]])
-        left = self.survival(lags)
+        a = np.ones(lags.size) if lead is None else lead
+        b = np.ones(lags.size) if join is None else join
+        left = self.survival(lags / a)
         out = np.zeros(lags.size)
         for i, lag in enumerate(lags.tolist()):
             if left[i] <= 0:
                 continue
-            edges = np.unique(np.concatenate([knots, knots - lag]))
-            edges = edges[(edges >= 0) & (edges <= self.longest - lag)]
+            edges = np.unique(np.concatenate([a[i] * knots - lag, b[i] * knots]))
+            edges = edges[(edges >= 0) & (edges <= min(a[i] * self.longest - lag,
+                                                       b[i] * self.longest))]
             starts = edges[:-1]
-            out[i] = float(np.sum(self.survival(starts) * self.survival(lag + starts)
+            out[i] = float(np.sum(self.survival(starts / b[i])
+                                  * self.survival((lag + starts) / a[i])
                                   * np.diff(edges))) / left[i]
         return out
 
 
-def fit_convoys(runs: list[tuple[Trace, np.ndarray]], mode: str = "auto") -> dict[str, Any]:
+def fit_convoys(runs: list[tuple[Trace, np.ndarray]], mode: str = "auto",
+                shared: float = 1.0) -> dict[str, Any]:
     """Write convoys from the rows of one or more traces (the module docstring): the
     ``timing.convoy_*`` values in ``"fields"`` when convoys are found (or forced with
-    ``mode = "on"``), and what was measured."""
+    ``mode = "on"``), and what was measured. ``shared``: the fitted ``write_shared``, by
+    which the writes :func:`shared_writes` marks ran alone longer (their times alone are
+    divided by it, and each pair's leader and joiner scaled back by it where marked)."""
     lags, durations, shares, rests, gaps, fronts, flags = [], [], [], [], [], [], []
     counts: list[np.ndarray] = []
     spans: list[np.ndarray] = []
@@ -477,7 +554,8 @@ def fit_convoys(runs: list[tuple[Trace, np.ndarray]], mode: str = "auto") -> dic
             continue
         # W: the mean time a write runs alone, the met ones counted as censored (a long
         # write is the likelier to be met, so writes that met no other are the short ones).
-        whole = (trace["write_end"][kept] - trace["write_start"][kept]).astype(np.float64)
+        factor = np.where(shared_writes(trace), shared, 1.0)  # each row's time-alone factor
+        whole = (trace["write_end"][kept] - trace["write_start"][kept]) / factor[kept]
         alone_time = Survival.of(whole[share >= 1], (whole * share)[share < 1])
         mean = alone_time.mean()
         ws, we = trace["write_start"][rows], trace["write_end"][rows]
@@ -486,27 +564,31 @@ def fit_convoys(runs: list[tuple[Trace, np.ndarray]], mode: str = "auto") -> dic
         gaps.append(np.abs(we[join] - we[lead]).astype(np.float64))
         # The convoy's end is the leader's: the joiner's own end trails it by the end gap.
         durations.append((we[lead] - ws[join]).astype(np.float64))
-        shares.append(np.full(lead.size, mean))
-        rests.append(alone_time.expected_rest(lags[-1]))
+        shares.append(mean * factor[rows][join])
+        rests.append(alone_time.expected_rest(lags[-1], factor[rows][lead], factor[rows][join]))
         pairs = convoy_pairs(trace)
         if pairs is not None and pairs.size:
-            # Shares given that the pair lost anything (most meetings lose nothing).
+            # Shares given that the pair lost anything (most meetings lose nothing), in the
+            # leader's own time alone.
             lossy_rows = (pairs[:, 3] > 0) | (pairs[:, 4] > 0)
-            fronts.append(np.clip(pairs[:, 2] / mean, 0, 1))
+            by_uid = np.argsort(trace["uid"], kind="stable")
+            at = np.searchsorted(trace["uid"][by_uid], pairs[:, 0].astype(np.int64))
+            pair_mean = mean * factor[by_uid[np.minimum(at, len(trace) - 1)]]
+            fronts.append(np.clip(pairs[:, 2] / pair_mean, 0, 1))
             flags.append(lossy_rows)
-            shared = np.clip(1 - pairs[lossy_rows, 2] / mean, 0, 1)
-            shared_total += float(shared.sum())
+            part = np.clip(1 - pairs[lossy_rows, 2] / pair_mean[lossy_rows], 0, 1)
+            shared_total += float(part.sum())
             lost += pairs[lossy_rows, 3:5].sum(axis=0)
             classified += len(pairs)
             # Whether a meeting loses anything: pairs that swept at least half the block
             # together (a smaller shared part may lose nothing by chance alone).
-            half = pairs[:, 2] <= mean / 2
+            half = pairs[:, 2] <= pair_mean / 2
             close += int(half.sum())
             close_lossy += int((half & lossy_rows).sum())
             # How much each such meeting lost, in coordinates of its shared part.
             size = int(trace["w0"].size)
             counts.append(np.rint((pairs[half, 3] + pairs[half, 4]) * size))
-            spans.append(np.rint(np.clip(1 - pairs[half, 2] / mean, 0, 1) * size))
+            spans.append(np.rint(np.clip(1 - pairs[half, 2] / pair_mean[half], 0, 1) * size))
     lag, gap = np.concatenate(lags or [np.zeros(0)]), np.concatenate(gaps or [np.zeros(0)])
     report: dict[str, Any] = {"pairs": int(lag.size), "fields": None}
     if lag.size < _MIN_PAIRS or mode == "off":
@@ -684,13 +766,18 @@ def _covered(starts: np.ndarray, ends: np.ndarray, other_starts: np.ndarray,
 
 def phase_meetings(trace: Trace, rows: np.ndarray, phase: str,
                    windows: dict[str, tuple[np.ndarray, np.ndarray]] | None = None,
+                   lengths: np.ndarray | None = None,
                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """For ``rows``: the duration of ``phase`` (ns); how long of it the other workers spent
-    reading, computing and writing (columns of ``_OTHERS``, summed over the others); and per
-    other worker (columns) the phase it was in when this one began (an index into
-    ``_OTHERS``; -1: idle or not running) and how much longer that went on (ns)."""
+    """For ``rows``: the duration of ``phase`` (ns; ``lengths`` in its place where given:
+    the part of it seen, such as a met write's time before the meeting); how long of it the
+    other workers spent reading, computing and writing (columns of ``_OTHERS``, summed over
+    the others); and per other worker (columns) the phase it was in when this one began (an
+    index into ``_OTHERS``; -1: idle or not running) and how much longer that went on (ns)."""
     windows = windows if windows is not None else _phase_windows(trace)
     start, duration = (w.astype(np.float64) for w in windows[phase])
+    if lengths is not None:
+        duration = duration.copy()
+        duration[rows] = lengths
     owners = trace["thread"]
     workers = np.unique(owners).tolist()
     under = np.zeros((rows.size, len(_OTHERS)))
@@ -733,12 +820,17 @@ def undisturbed(duration: np.ndarray, under: np.ndarray, slowdown: np.ndarray) -
 
 
 def fit_interference(runs: list[tuple[Trace, np.ndarray, np.ndarray | None]],
-                     mode: str = "off") -> dict[str, Any]:
+                     mode: str = "off", write_scale: list[np.ndarray] | None = None
+                     ) -> dict[str, Any]:
     """Interference (``timing.*_under_*``) from the rows of one or more traces with two or
-    more workers (each run: trace, rows, the rows whose writes met no other, or None when
-    no convoys were fitted): the fitted fields in ``"fields"``, the per-phase fits, and in
-    ``"deflate"`` (not for the report) each run's rows and their durations with the
-    others idle, per phase (the module docstring)."""
+    more workers (each run: trace, rows, and None when no convoys were fitted; with convoys
+    the writes are their time alone, met ones censored at the meeting, from
+    :func:`write_survival`): the fitted fields in ``"fields"``, the per-phase fits, and in
+    ``"deflate"`` (not for the report) each run's rows and the factors that take their
+    recorded durations (a met write's: the part before the meeting) to the draws with the
+    others idle, per phase (the module docstring). ``write_scale``: per run, each row's
+    ``write_shared`` factor (1 where unmarked), by which its draws are divided besides
+    (the traces' recorded write durations already are)."""
     report: dict[str, Any] = {"fields": None, "deflate": None}
     if mode == "off":
         report["why"] = "--interference off"
@@ -749,18 +841,28 @@ def fit_interference(runs: list[tuple[Trace, np.ndarray, np.ndarray | None]],
     convoys = bool(runs) and runs[0][2] is not None
     windows = {id(trace): _phase_windows(trace) for trace, _, _ in runs}
     for phase in ("read", "grad", "write", "idle"):
-        states[phase], starts = [], []
-        for trace, rows, alone in runs:
-            use = alone if phase == "write" and alone is not None else rows
-            if np.unique(trace["thread"]).size > 1 and use.size:
-                duration, under, others, remaining = phase_meetings(trace, use, phase,
-                                                                    windows[id(trace)])
+        states[phase], starts, cuts, scales = [], [], [], []
+        for index, (trace, rows, alone) in enumerate(runs):
+            if np.unique(trace["thread"]).size < 2:
+                continue
+            use, lengths, cut = rows, None, np.zeros(rows.size, dtype=bool)
+            if phase == "write" and alone is not None:  # the time alone, censored when met
+                use, share = write_survival(trace, rows)
+                cut = share < 1
+                lengths = share * (trace["write_end"][use] - trace["write_start"][use])
+            if use.size:
+                duration, under, others, remaining = phase_meetings(
+                    trace, use, phase, windows[id(trace)], lengths)
                 states[phase].append((use, duration, under))
                 starts.append((others, remaining))
+                cuts.append(cut)
+                scales.append(write_scale[index][use] if write_scale is not None
+                              and phase == "write" else np.ones(use.size))
         if not states[phase]:
             continue
         duration = np.concatenate([d for _, d, _ in states[phase]])
         under = np.concatenate([u for _, _, u in states[phase]])
+        censored, scale = np.concatenate(cuts), np.concatenate(scales)
         width = max(o.shape[1] for o, _ in starts)
         others = np.concatenate([np.pad(o, ((0, 0), (0, width - o.shape[1])),
                                         constant_values=-1) for o, _ in starts])
@@ -768,6 +870,7 @@ def fit_interference(runs: list[tuple[Trace, np.ndarray, np.ndarray | None]],
                                     for _, r in starts])
         keep = duration > 0
         duration, under = duration[keep], under[keep]
+        censored, scale = censored[keep], scale[keep]
         others, remaining = others[keep], remaining[keep]
         # Rows grouped by what the others were doing when the phase began (which its own
         # duration cannot have chosen): all idle, or one in phase q for a while yet.
@@ -787,12 +890,14 @@ def fit_interference(runs: list[tuple[Trace, np.ndarray, np.ndarray | None]],
 
         def gaps(x: np.ndarray, free: list[int] = free, groups: dict = groups,
                  duration: np.ndarray = duration, under: np.ndarray = under,
-                 quiet: np.ndarray = quiet) -> np.ndarray:
+                 quiet: np.ndarray = quiet, censored: np.ndarray = censored,
+                 scale: np.ndarray = scale) -> np.ndarray:
             trial = np.zeros(len(_OTHERS))
             trial[free] = x
-            work = np.log(undisturbed(duration, under, trial))
-            base = float(np.median(work[quiet]))
-            return np.array([float(np.median(work[groups[q]])) - base for q in free])
+            work = undisturbed(duration, under, trial) / scale
+            base = _log_median(work[quiet], censored[quiet])
+            return np.array([_log_median(work[groups[q]], censored[groups[q]]) - base
+                             for q in free])
 
         # Each group's median draw equal to the quiet rows' (one equation per slowdown).
         fit = scipy.optimize.least_squares(gaps, np.full(len(free), 0.5),
@@ -826,6 +931,15 @@ def fit_interference(runs: list[tuple[Trace, np.ndarray, np.ndarray | None]],
             deflate[index][phase] = (use, work / np.maximum(duration, 1.0))
     report["deflate"] = deflate
     return report
+
+
+def _log_median(values: np.ndarray, censored: np.ndarray) -> float:
+    """The log of the median of positive ``values``; with right-censored values among them
+    (``censored``), of the Kaplan–Meier estimate's median (all censored: of the values',
+    a lower bound)."""
+    if not censored.any() or censored.all():
+        return float(np.median(np.log(values)))
+    return math.log(float(Survival.of(values[~censored], values[censored]).quantiles(1)[0]))
 
 
 def _deflated(trace: Trace, factors: dict[str, tuple[np.ndarray, np.ndarray]]) -> Trace:
@@ -1061,6 +1175,23 @@ def _public(report: dict[str, Any]) -> dict[str, Any]:
     return {key: value for key, value in report.items() if key != "deflate"}
 
 
+def _convoys_and_shared(runs: list[tuple[Trace, np.ndarray]], convoys: str, shared: str,
+                        cores: int, quantum: int
+                        ) -> tuple[dict[str, Any], dict[str, Any], list[np.ndarray] | None]:
+    """The convoy report (:func:`fit_convoys`), the ``write_shared`` one (:func:`fit_shared`,
+    on the writes' times alone when convoys form) and per run each row's write factor (None
+    when not fitted); with a factor the convoys are fitted again with it."""
+    convoy = fit_convoys(runs, convoys)
+    sharing = fit_shared(runs, shared, censor=_forms_convoys(convoy))
+    if not sharing["fields"]:
+        return _convoy_report(convoy, cores, quantum), sharing, None
+    factor = sharing["fields"]["write_shared"]
+    if _forms_convoys(convoy):
+        convoy = fit_convoys(runs, convoys, factor)
+    scales = [np.where(shared_writes(trace), factor, 1.0) for trace, _ in runs]
+    return _convoy_report(convoy, cores, quantum), sharing, scales
+
+
 def _convoy_report(report: dict[str, Any], cores: int, quantum: int) -> dict[str, Any]:
     """Convoys cannot be simulated on a core pool without time slices: say so, drop them."""
     if _forms_convoys(report) and cores and not quantum:
@@ -1201,7 +1332,7 @@ def calibrate(run_dir: str | Path | list[str | Path], pool: bool = False, cores:
               quantum: int = 0, slicing: str = "per_core",
               convoys: str = "auto", common: str = "off",
               interference: str = "off", speeds: str = "off",
-              episodes: str = "off") -> tuple[Scenario, dict[str, Any]]:
+              episodes: str = "off", shared: str = "off") -> tuple[Scenario, dict[str, Any]]:
     """The calibrated scenario of a run directory, or of repeats of one run (several run
     directories of one problem at one worker count, fitted together), and the fit report.
 
@@ -1219,7 +1350,9 @@ def calibrate(run_dir: str | Path | list[str | Path], pool: bool = False, cores:
     ``pool``, one worker per core, one run): each core's own speed (:func:`core_speeds`), so
     the simulation puts thread j on a device of one core with core j mod ``cores``'s speed;
     ``episodes``: the cores' speed episodes (:func:`fit_episodes`; ``auto`` keeps them when
-    found), taken out of every duration before the rest is fitted. Repeats add up: every
+    found), taken out of every duration before the rest is fitted; ``shared``: likewise for
+    ``timing.write_shared`` (:func:`fit_shared`; ``auto`` keeps a factor of 1.2 or more, or
+    1/1.2 or less), taken out of the marked writes before the rest is fitted. Repeats add up: every
     fit sees the updates of all of them (a core's pace that changes between runs but holds
     within one shows as long episodes).
 
@@ -1240,8 +1373,8 @@ def calibrate(run_dir: str | Path | list[str | Path], pool: bool = False, cores:
                             "changes between runs: --episodes fits that)")
     traces = [trace for _, trace, _ in loaded]
     spans = [running_together(trace) for trace in traces]
-    convoy = _convoy_report(fit_convoys(list(zip(traces, spans, strict=True)), convoys),
-                            cores, quantum)
+    convoy, sharing, scales = _convoys_and_shared(list(zip(traces, spans, strict=True)),
+                                                  convoys, shared, cores, quantum)
     alones = [alone_writes(trace, together) if _forms_convoys(convoy) else None
               for trace, together in zip(traces, spans, strict=True)]
     threads = scenario.run.threads
@@ -1253,9 +1386,12 @@ def calibrate(run_dir: str | Path | list[str | Path], pool: bool = False, cores:
         traces = [_deflated(trace, {phase: (rows, np.full(rows.size, own))
                                     for phase in ("read", "grad", "write", "idle")})
                   for trace, rows in zip(traces, episode["slow_rows"], strict=True)]
+    if sharing["fields"]:  # the marked writes as drawn
+        traces = [_deflated(trace, factors)
+                  for trace, factors in zip(traces, sharing["deflate"], strict=True)]
     runs = list(zip(traces, spans, alones, strict=True))
-    bins, shared = _common_fits(runs, common)
-    slowed = fit_interference(runs, interference)
+    bins, common_fit = _common_fits(runs, common)
+    slowed = fit_interference(runs, interference, scales)
     per_run = []
     for index, (trace, together, alone_rows) in enumerate(runs):
         if slowed["deflate"] and slowed["deflate"][index]:
@@ -1281,8 +1417,8 @@ def calibrate(run_dir: str | Path | list[str | Path], pool: bool = False, cores:
         report[name] = {op: fit.describe() for op, fit in fits.items()}
         timing = _with_fitted(TimingSpec(read=fits["read"].duration, grad=fits["grad"].duration,
                                          write=fits["write"].duration,
-                                         idle=fits["idle"].duration), convoy, shared,
-                              slowed)
+                                         idle=fits["idle"].duration), convoy, common_fit,
+                              slowed, sharing)
         devices.append(DeviceSpec(name=name.replace(" ", ""), cores=cores, quantum=quantum,
                                   slicing=slicing, preempt=quantum > 0, timing=timing,
                                   **(episode["fields"] or {})))
@@ -1294,7 +1430,7 @@ def calibrate(run_dir: str | Path | list[str | Path], pool: bool = False, cores:
                          inject=replace(scenario.inject, stragglers=()))
     if common == "rhythm":  # the repeats' mean rhythm, at the longest repeat's length
         couplings = [r["coupling"] for r in rhythms.values() if r["coupling"] is not None]
-        calibrated, shared = _with_rhythm(
+        calibrated, common_fit = _with_rhythm(
             calibrated, [(threads, max(len(t) for t in traces),
                           float(np.mean(couplings)) if couplings else None)], bins)
     return calibrated, {"source": traces[0].source,
@@ -1303,8 +1439,8 @@ def calibrate(run_dir: str | Path | list[str | Path], pool: bool = False, cores:
                         "rows": sum(len(trace) for trace in traces),
                         "contention": contention(list(zip(traces, spans, strict=True))),
                         "convoys": convoy,
-                        "common": shared, "interference": _public(slowed),
-                        "rhythm": rhythms, "speeds": pace,
+                        "common": common_fit, "interference": _public(slowed),
+                        "shared": _public(sharing), "rhythm": rhythms, "speeds": pace,
                         "episodes": {k: v for k, v in episode.items() if k != "slow_rows"}}
 
 
@@ -1346,7 +1482,7 @@ def _scaled(duration: Duration, factor: float) -> Duration:
 
 def calibrate_counts(run_dirs: list[str | Path], cores: int = 0, quantum: int = 0,
                      slicing: str = "per_core", convoys: str = "auto",
-                     common: str = "off", interference: str = "off",
+                     common: str = "off", interference: str = "off", shared: str = "off",
                      ) -> tuple[Scenario, dict[str, Any]]:
     """One pooled timing fitted from runs of one problem at two or more worker counts, with
     the contention between them as a slowdown per other worker.
@@ -1361,8 +1497,9 @@ def calibrate_counts(run_dirs: list[str | Path], cores: int = 0, quantum: int = 
     fitted from the runs' pairs together; with convoys, the write means are those of the
     time a write runs alone, met writes censored at the meeting (:func:`write_survival`).
     Common factors are fitted from the runs' pairs of phases
-    together (runs of one worker have none), and so is interference, whose fitted
-    slowdowns are taken out of every duration before the means are compared.
+    together (runs of one worker have none), and so are interference, whose fitted
+    slowdowns are taken out of every duration before the means are compared, and
+    ``write_shared`` (``shared``, :func:`fit_shared`), taken out of the marked writes.
 
     Raises:
         AsyngradError: fewer than two runs, a repeated worker count, runs of different
@@ -1386,14 +1523,18 @@ def calibrate_counts(run_dirs: list[str | Path], cores: int = 0, quantum: int = 
     for _, trace, _ in loaded:
         spans.append(running_together(trace))
         fitted_rows += int(spans[-1].size)
-    convoy = _convoy_report(fit_convoys([(trace, rows) for (_, trace, _), rows
-                                         in zip(loaded, spans, strict=True)], convoys),
-                            cores, quantum)
+    convoy, sharing, scales = _convoys_and_shared(
+        [(trace, rows) for (_, trace, _), rows in zip(loaded, spans, strict=True)],
+        convoys, shared, cores, quantum)
+    traces = [trace for _, trace, _ in loaded]
+    if sharing["fields"]:  # the marked writes as drawn
+        traces = [_deflated(trace, factors)
+                  for trace, factors in zip(traces, sharing["deflate"], strict=True)]
     runs = [(trace, together, alone_writes(trace, together) if _forms_convoys(convoy)
              else None)
-            for (_, trace, _), together in zip(loaded, spans, strict=True)]
-    bins, shared = _common_fits(runs, common)
-    slowed = fit_interference(runs, interference)
+            for trace, together in zip(traces, spans, strict=True)]
+    bins, common_fit = _common_fits(runs, common)
+    slowed = fit_interference(runs, interference, scales)
     for index, ((_, _, scenario), (trace, together, alone_rows)) in enumerate(
             zip(loaded, runs, strict=True)):
         if slowed["deflate"] and slowed["deflate"][index]:
@@ -1419,12 +1560,13 @@ def calibrate_counts(run_dirs: list[str | Path], cores: int = 0, quantum: int = 
                                                                           strict=True)}}
     device = DeviceSpec(name="allworkers", cores=cores, quantum=quantum, slicing=slicing,
                         preempt=quantum > 0,
-                        timing=_with_fitted(TimingSpec(**timing), convoy, shared, slowed))
+                        timing=_with_fitted(TimingSpec(**timing), convoy, common_fit, slowed,
+                                            sharing))
     calibrated = replace(base, name=f"{base.name}-calibrated", devices=(device,),
                          inject=replace(base.inject, stragglers=()))
     rhythms = {str(c): trace_rhythm(t) for c, (_, t, _) in zip(counts, loaded, strict=True)}
     if common == "rhythm":
-        calibrated, shared = _with_rhythm(
+        calibrated, common_fit = _with_rhythm(
             calibrated, [(c, len(t), rhythms[str(c)]["coupling"])
                          for c, (_, t, _) in zip(counts, loaded, strict=True)], bins)
     return calibrated, {"source": loaded[0][1].source, "run": ", ".join(str(d) for d in
@@ -1432,8 +1574,9 @@ def calibrate_counts(run_dirs: list[str | Path], cores: int = 0, quantum: int = 
                         "fits": {f"all workers at k = {counts[0]}": fits},
                         "rows_fitted": fitted_rows,
                         "rows": sum(len(t) for _, t, _ in loaded), "worker_counts": counts,
-                        "contention": contention, "convoys": convoy, "common": shared,
-                        "interference": _public(slowed), "rhythm": rhythms}
+                        "contention": contention, "convoys": convoy, "common": common_fit,
+                        "interference": _public(slowed), "shared": _public(sharing),
+                        "rhythm": rhythms}
 
 
 def _mean(samples: dict[str, np.ndarray], op: str) -> float:
@@ -1472,6 +1615,8 @@ def calibrated_toml(scenario: Scenario, report: dict[str, Any]) -> str:
     lines.append(f"#   write convoys: {_describe_convoys(report['convoys'])}")
     lines.append(f"#   common factors: {_describe_common(report['common'])}")
     lines.append(f"#   interference: {_describe_interference(report['interference'])}")
+    if "shared" in report:
+        lines.append(f"#   lines another worker read last: {_describe_shared(report['shared'])}")
     lines.append(f"#   rhythm: {_describe_rhythm(report['rhythm'], report['common'])}")
     if "speeds" in report:
         lines.append(f"#   core speeds: {_describe_speeds(report['speeds'])}")
@@ -1592,3 +1737,14 @@ def _describe_interference(report: dict[str, Any]) -> str:
         parts.append(f"{phase} under {slowed}")
     return ("slowdown per other worker in a phase, against "
             f"the others idle: {'; '.join(parts)}")
+
+
+def _describe_shared(report: dict[str, Any]) -> str:
+    measured = ""
+    if "factor" in report:
+        measured = (f"{report['rows_shared']} writes on lines another worker read last, "
+                    f"median {report['median_shared_ns']:.4g} ns, against "
+                    f"{report['median_other_ns']:.4g} ns for the {report['rows_other']} others")
+    if not report.get("fields"):
+        return f"none fitted ({report.get('why', '')})" + (f": {measured}" if measured else "")
+    return f"write_shared {report['factor']:.3g}: {measured}"

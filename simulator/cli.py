@@ -552,11 +552,13 @@ def _calibrate(args: argparse.Namespace) -> int:
                             "worker count, not several worker counts")
     if len(counts) > 1:
         scenario, report = calibrate_counts(args.run_dir, args.cores, quantum, args.slicing,
-                                            args.convoys, args.common, args.interference)
+                                            args.convoys, args.common, args.interference,
+                                            args.shared)
     else:  # one run, or repeats of one worker count fitted together
         scenario, report = calibrate(list(args.run_dir), args.pool, args.cores, quantum,
                                      args.slicing, args.convoys, args.common,
-                                     args.interference, args.speeds, args.episodes)
+                                     args.interference, args.speeds, args.episodes,
+                                     args.shared)
     if measured:
         report["time_slice"] = measured
     # Where the host put the runs' CPUs (real runs on a virtual machine): a scenario fitted
@@ -946,6 +948,10 @@ def _parser() -> argparse.ArgumentParser:
             ("--interference", "off", "slowdowns of a worker's phase under another's (a "
              "write while the other computes, say): fit them when one reaches 0.1 (auto), "
              "whenever two workers ran (on), or never (off, default)"),
+            ("--shared", "off", "writes slowed on lines another worker read last "
+             "(timing.write_shared: the worker still holds them from its own read, no one "
+             "wrote them since): fit the factor when it is 1.2x or more (or 1/1.2 or less) "
+             "(auto), whenever two workers ran (on), or never (off, default)"),
             ("--speeds", "off", "with --pool and one worker per core (--cores = the run's "
              "workers): each core's own speed, from each worker's median gradient time (a "
              "busy sibling hyperthread or a throttled core runs a worker slower for the whole "

@@ -184,11 +184,19 @@ class Engine:
         # to when. A starting phase needs every other thread's state at its start, so the
         # lookahead (threads running ahead of simpy's clock) is off.
         self._under, self._peers = self._interference_setup()
+        # Shared lines (timing.write_shared): per thread its factor (None: none, or replayed
+        # durations, which carry it); per block the threads holding a copy (a bit each) since
+        # the block's last write and the thread that read it last. It needs every thread's
+        # reads and writes in time order, so the lookahead is off.
+        self._shared_factor = self._shared_setup()
+        self._sharing = any(f is not None for f in self._shared_factor)
+        self._holders = [0] * run.blocks
+        self._last_reader = [-1] * run.blocks
         self._doing: list[tuple[int, int, int]] = [(IDLE, 0, 0)] * self.threads
         self._plan: list[list[tuple[float, float]]] = [[] for _ in range(self.threads)]
         self._fixed = [False] * self.threads  # writing in a convoy of two or more
         self._writing: list[_Convoy | None] = [None] * self.threads  # alone in a convoy
-        lookahead = lookahead and not any(self._under)
+        lookahead = lookahead and not any(self._under) and not self._sharing
         self._finished = [math.inf] * self.threads  # when each thread's loop ended
         self._blocked = [bool(p) or s is not None
                          for p, s in zip(self._pauses, self._slices, strict=True)]
@@ -278,6 +286,37 @@ class Engine:
         peers = [[j for j in range(self.threads) if j != t and devices[j] == devices[t]]
                  for t in range(self.threads)]
         return under, peers
+
+    def _shared_setup(self) -> list[float | None]:
+        """Per thread: its timing's ``write_shared`` factor, or None (1, or the durations
+        are replayed)."""
+        if not isinstance(self.source, SampledSource):
+            return [None] * self.threads
+        factors = [self.scenario.timing_of(self.scenario.device_of(t)).write_shared
+                   for t in range(self.threads)]
+        return [None if f == 1 else f for f in factors]
+
+    def _read_lines(self, thread: int, ops: Sequence[Op]) -> None:
+        """``thread`` copied the blocks of ``ops``: it holds them and read them last."""
+        bit = 1 << thread
+        for op in ops:
+            self._holders[op[0]] |= bit
+            self._last_reader[op[0]] = thread
+
+    def _write_lines(self, thread: int, ops: Sequence[Op], durations: list[int]) -> list[int]:
+        """``thread`` starts writing the blocks of ``ops``: each block's write ``durations``
+        times the thread's ``write_shared`` where it still holds the block from its read and
+        another thread read it since (``TimingSpec`` docstring); the writer then holds each
+        block alone."""
+        factor, bit = self._shared_factor[thread], 1 << thread
+        out = list(durations)
+        for i, op in enumerate(ops):
+            block = op[0]
+            if (factor is not None and self._holders[block] & bit
+                    and self._last_reader[block] != thread):
+                out[i] = round(out[i] * factor)
+            self._holders[block], self._last_reader[block] = bit, thread
+        return out
 
     def _interfered(self, thread: int, phase: int, durations: list[int]) -> list[int]:
         """``thread`` starts ``phase``: its actions' ``durations`` stretched, and the ends of
@@ -539,6 +578,7 @@ class Engine:
         source = self.source
         coupled = source.coupled(thread)  # durations drawn as each phase starts
         interfered = self._under[thread] is not None  # ... and stretched by the others'
+        sharing = self._sharing  # reads and writes change the blocks' holders
         delays = injector is not None and injector.max_delay > 0
         retires = type(protocol).active is not Protocol.active
         passes = self._passing is not None
@@ -582,6 +622,8 @@ class Engine:
                     run = self._uninterrupted(thread, u.read_ns, i) if n > 1 else i
                     if run > i:
                         copies.extend(mem.copy_run(ops[i:run], local))
+                        if sharing:
+                            self._read_lines(thread, ops[i:run])
                         i = run
                         continue
                     block, index, _, coords = ops[i]
@@ -594,6 +636,8 @@ class Engine:
                         if extra:
                             u.read_ns = [*u.read_ns[:-1], u.read_ns[-1] + extra]
                     copies.append(mem.copy(block, index, coords, local))
+                    if sharing:
+                        self._read_lines(thread, ops[i:i + 1])
                     i += 1
                 u.read_end = clock[thread]
                 u.read_overwrites, u.torn = mem.read_report(copies, u.start_versions)
@@ -659,6 +703,8 @@ class Engine:
             # WRITE: block by block, an atomic add or a load, wait, store.
             if coupled:
                 u.write_ns = source.at(thread, WRITE, clock[thread])
+            if sharing and not u.dropped:
+                u.write_ns = self._write_lines(thread, ops, u.write_ns)
             if interfered:
                 u.write_ns = self._interfered(thread, WRITE, u.write_ns)
             if u.dropped:  # lost in transit: its time passes, nothing is stored

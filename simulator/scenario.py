@@ -173,6 +173,16 @@ class TimingSpec:
     until when are known when the phase starts (the slowdown a starting phase adds to the
     phases already running is not modelled). The draws describe a phase with every other
     thread idle. ``asyngrad calibrate`` fits them from runs with two or more workers.
+
+    Shared lines (``write_shared`` = f, default 1): a write of a block takes f times its
+    draw when the writing thread still holds the block from its own read (no thread has
+    written it since) and another thread has read it since: judged for each block of the
+    update when its write begins. On hardware the block's cache lines are then shared with
+    the core that read them last, and each store waits for that copy to be invalidated; when
+    another core wrote them meanwhile, the store fetches them whole, which the prefetcher
+    hides (on the 2-core machine of bench/README.md, MLP writes 4× as long with the CPUs far
+    apart, 2× near). ``asyngrad calibrate --shared`` fits f from a run with two or more
+    workers.
     """
 
     read: Duration = Duration("lognormal", 2000.0, 0.3)
@@ -208,6 +218,7 @@ class TimingSpec:
     idle_under_read: float = 0.0
     idle_under_grad: float = 0.0
     idle_under_write: float = 0.0
+    write_shared: float = 1.0
 
     def __post_init__(self) -> None:
         for name in ("read_per_thread", "grad_per_thread", "write_per_thread",
@@ -253,6 +264,9 @@ class TimingSpec:
             value = getattr(self, name)
             _check(math.isfinite(value) and value >= 0, name, value,
                    "must be >= 0 (slowdown per other thread in that phase)")
+        _check(math.isfinite(self.write_shared) and self.write_shared > 0, "write_shared",
+               self.write_shared, "must be > 0 (a write's duration factor on lines another "
+               "thread read last; 1: none)")
 
     @property
     def common(self) -> tuple[float, float, float, float]:

@@ -1,0 +1,126 @@
+"""Shared lines (``timing.write_shared``): a write takes f times its draw when its thread
+still holds the block from its own read and another thread read it since. The engine's
+per-block state is checked against the rule read off the trace's timestamps alone
+(``calibrate.shared_writes``), and calibration recovers f, with and without convoys."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from simulator.calibrate import Survival, calibrate, fit_shared, running_together, shared_writes
+from simulator.cli import main
+from simulator.compare import load_run
+from simulator.engine import simulate
+from simulator.errors import ScenarioError
+
+from .conftest import convoy_run, same_every_way, scenario
+
+TIMING = ("timing.read={dist='lognormal', mean=2500, cv=0.3}",
+          "timing.grad={dist='lognormal', mean=9000, cv=0.4}",
+          "timing.idle={dist='lognormal', mean=3000, cv=0.5}")
+
+
+def _two(updates: int, *extra: str):
+    return scenario("run.threads=2", f"run.updates={updates}", "run.split=even",
+                    "metrics.exact=false", *TIMING, *extra)
+
+
+def test_writes_on_lines_another_thread_read_last_take_the_factor_exactly():
+    """With a constant write draw, every write the timestamp rule marks takes 3 × 2000 ns
+    and every other write 2000 ns: the engine's block state and the rule agree row by row."""
+    trace = simulate(_two(4000, "timing.write={dist='constant', mean=2000}",
+                          "timing.write_shared=3"))
+    marked = shared_writes(trace)
+    took = trace["write_end"] - trace["write_start"]
+    assert 0.1 < marked.mean() < 0.9  # both kinds occur
+    assert set(took[marked].tolist()) == {6000}
+    assert set(took[~marked].tolist()) == {2000}
+
+
+def test_one_thread_is_never_on_lines_another_read():
+    trace = simulate(scenario("run.threads=1", "run.updates=300", *TIMING,
+                              "timing.write={dist='constant', mean=2000}",
+                              "timing.write_shared=3", "metrics.exact=false"))
+    assert not shared_writes(trace).any()
+    assert set((trace["write_end"] - trace["write_start"]).tolist()) == {2000}
+
+
+def test_shared_lines_are_deterministic_and_replay_bit_for_bit():
+    same_every_way(_two(1200, "timing.write_shared=2.5", "metrics.exact=true"))
+
+
+def test_shared_lines_with_convoys_are_deterministic_and_replay_bit_for_bit():
+    same_every_way(_two(1200, "timing.write_shared=2.5", "timing.convoy_join=0.9",
+                        "timing.convoy_rest=2", "timing.convoy_lost_leader=0.02",
+                        "problem.dim=1000", "metrics.exact=true"))
+
+
+def test_calibration_recovers_the_factor_and_the_draw(tmp_path):
+    out = tmp_path / "run"
+    assert main(["simulate", "--out", str(out), "--quiet", "--set", "run.threads=2",
+                 "--set", "run.updates=6000", "--set", "run.split=even",
+                 "--set", "metrics.exact=false", *[a for t in TIMING for a in ("--set", t)],
+                 "--set", "timing.write={dist='lognormal', mean=3000, cv=0.3}",
+                 "--set", "timing.write_shared=3.5"]) == 0
+    calibrated, report = calibrate(out, pool=True, convoys="off", shared="on")
+    timing = calibrated.devices[0].timing
+    assert timing.write_shared == pytest.approx(3.5, rel=0.05)
+    assert timing.write.mean == pytest.approx(3000, rel=0.05)
+    assert report["shared"]["rows_shared"] > 1000
+    plain, _ = calibrate(out, pool=True, convoys="off")
+    assert plain.devices[0].timing.write_shared == 1
+    assert plain.devices[0].timing.write.mean > 1.3 * 3000  # the slow writes mixed in
+
+
+def test_auto_keeps_no_factor_where_there_is_none():
+    trace = simulate(_two(4000))
+    report = fit_shared([(trace, running_together(trace))], "auto")
+    assert report["fields"] is None and report["factor"] == pytest.approx(1, abs=0.1)
+    assert "differ by under" in report["why"]
+
+
+def test_with_convoys_the_factor_comes_from_the_times_alone(tmp_path):
+    """Writes that meet form convoys and the marked ones are 3× as long: most of them are
+    met (censored), so their median seen whole is short; the Kaplan–Meier medians give the
+    factor back, and with it the convoy rule."""
+    run = convoy_run(tmp_path, "shared", "timing.write={dist='lognormal', mean=4000, cv=0.3}",
+                     "timing.write_shared=3", "timing.convoy_join=1.5",
+                     "timing.convoy_rest=2.5")
+    trace = load_run(run).trace
+    rows = running_together(trace)
+    censored = fit_shared([(trace, rows)], "on", censor=True)
+    whole = fit_shared([(trace, rows)], "on", censor=False)
+    assert censored["factor"] == pytest.approx(3, rel=0.1)
+    assert abs(whole["factor"] - 3) > abs(censored["factor"] - 3)
+    calibrated, _ = calibrate(run, pool=True, shared="on")
+    timing = calibrated.devices[0].timing
+    assert timing.write_shared == pytest.approx(3, rel=0.1)
+    assert timing.write.mean == pytest.approx(4000, rel=0.1)
+    assert timing.convoy_join == pytest.approx(1.5, rel=0.15)
+    assert timing.convoy_rest == pytest.approx(2.5, rel=0.15)
+
+
+def test_expected_rest_with_scaled_writes_worked_by_hand():
+    """Writes alone X in {1, 2, 3, 4} (all seen whole). A leader of twice a draw met at
+    lag 3 had 2X > 3, so X in {2, 3, 4} and its rest R = 2X − 3 in {1, 3, 5}; a joiner's
+    time D is a plain draw: E[min(R, D)] = (1 + 9/4 + 10/4) / 3 = 23/12."""
+    estimate = Survival.of(np.array([1.0, 2.0, 3.0, 4.0]), np.zeros(0))
+    rest = estimate.expected_rest(np.array([3.0]), np.array([2.0]), np.array([1.0]))
+    assert rest == pytest.approx([23 / 12])
+    brute = np.mean([min(2 * x - 3, d) for x in (2, 3, 4) for d in (1, 2, 3, 4)])
+    assert rest[0] == pytest.approx(brute)
+    # Unscaled, it is the plain expected rest.
+    assert estimate.expected_rest(np.array([1.0]), np.ones(1), np.ones(1)) == pytest.approx(
+        estimate.expected_rest(np.array([1.0])))
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "nan"])
+def test_a_factor_that_is_not_positive_is_refused(value, capsys, tmp_path):
+    with pytest.raises(ScenarioError, match="write_shared"):
+        scenario(f"timing.write_shared={value}")
+    out = tmp_path / "unused"
+    assert main(["simulate", "--out", str(out), "--set", f"timing.write_shared={value}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "timing.write_shared" in err[0] and value in err[0]
+    assert not out.exists()
