@@ -84,10 +84,19 @@ What is fitted:
   by what the other workers were doing when the phase began, which its own duration cannot
   have chosen: all idle, or one in phase q with at least 10% of a typical duration to go
   (30 rows a group at least). The slowdowns solve "each group's median draw equals the
-  idle group's" (least squares, in [0, 20]); with convoys, a write's duration is its time
-  alone (a met write's censored at the meeting, the groups' medians then Kaplan–Meier
-  ones) and a write is not slowed by another write. The durations' distributions are then
-  fitted on the draws;
+  idle group's" (least squares, in [0, 20]); with convoys a write is not slowed by another
+  write, and the writes are those that met no other, or with ``write_shared`` fitted their
+  times alone (a met write's censored at the meeting, the groups' medians then Kaplan–Meier
+  ones). The durations' distributions are then fitted on the draws;
+* shared lines (``timing.write_shared``; ``shared``; two or more workers): a write whose
+  worker still holds the vector from its own read (no other write began since) while
+  another worker read it after that (:func:`shared_writes`) runs longer: on hardware its
+  cache lines are shared with the core that read them last and each store waits for that
+  copy's invalidation (on the 2-core machine of bench/README.md 4× far apart, 2× near).
+  The factor is the median time of the marked writes over the others' (with convoys, their
+  times alone, met writes censored: Kaplan–Meier medians); the marked writes are divided by
+  it before anything else is fitted, interference included, and the convoys are refitted
+  with each pair's leader and joiner scaled by it where marked;
 * core speeds (``speeds``; pooled, one worker per core): worker r's speed s_r is the
   geometric mean of all workers' median gradient times over its own (the gradient touches
   no shared memory, so its pace is the core's); every duration of worker r is multiplied by
@@ -823,14 +832,18 @@ def fit_interference(runs: list[tuple[Trace, np.ndarray, np.ndarray | None]],
                      mode: str = "off", write_scale: list[np.ndarray] | None = None
                      ) -> dict[str, Any]:
     """Interference (``timing.*_under_*``) from the rows of one or more traces with two or
-    more workers (each run: trace, rows, and None when no convoys were fitted; with convoys
-    the writes are their time alone, met ones censored at the meeting, from
-    :func:`write_survival`): the fitted fields in ``"fields"``, the per-phase fits, and in
+    more workers (each run: trace, rows, and the rows whose writes met no other, or None
+    when no convoys were fitted): the fitted fields in ``"fields"``, the per-phase fits, and in
     ``"deflate"`` (not for the report) each run's rows and the factors that take their
     recorded durations (a met write's: the part before the meeting) to the draws with the
     others idle, per phase (the module docstring). ``write_scale``: per run, each row's
     ``write_shared`` factor (1 where unmarked), by which its draws are divided besides
-    (the traces' recorded write durations already are)."""
+    (the traces' recorded write durations already are). With convoys, the writes are their
+    times alone, met ones censored at the meeting (:func:`write_survival`), when
+    ``write_scale`` is given, and the writes that met no other when it is not: without the
+    factor the writes on lines another worker read last, 4× as long alone on the far-CPU
+    runs of bench/README.md and mostly begun while the other computed, would count as
+    slowed by the other's gradient at every worker count."""
     report: dict[str, Any] = {"fields": None, "deflate": None}
     if mode == "off":
         report["why"] = "--interference off"
@@ -846,7 +859,10 @@ def fit_interference(runs: list[tuple[Trace, np.ndarray, np.ndarray | None]],
             if np.unique(trace["thread"]).size < 2:
                 continue
             use, lengths, cut = rows, None, np.zeros(rows.size, dtype=bool)
-            if phase == "write" and alone is not None:  # the time alone, censored when met
+            if phase == "write" and alone is not None and write_scale is None:
+                use = alone  # without write_shared: the writes that met no other (docstring)
+                cut = np.zeros(use.size, dtype=bool)
+            elif phase == "write" and alone is not None:  # the time alone, censored when met
                 use, share = write_survival(trace, rows)
                 cut = share < 1
                 lengths = share * (trace["write_end"][use] - trace["write_start"][use])
