@@ -450,7 +450,8 @@ def fit_shared(runs: list[tuple[Trace, np.ndarray]], mode: str = "off",
         report["why"] = "--shared off"
         return report
     seen, cut, marked = [], [], []
-    for trace, rows in runs:
+    marks = [shared_writes(trace) for trace, _ in runs]  # one worker: none marked
+    for (trace, rows), mark in zip(runs, marks, strict=True):
         if np.unique(trace["thread"]).size < 2:
             continue
         kept, share = (write_survival(trace, rows) if censor else
@@ -459,7 +460,7 @@ def fit_shared(runs: list[tuple[Trace, np.ndarray]], mode: str = "off",
         use = duration > 0
         seen.append(duration[use])
         cut.append(share[use] < 1)
-        marked.append(shared_writes(trace)[kept][use])
+        marked.append(mark[kept][use])
     flag = np.concatenate(marked) if marked else np.zeros(0, dtype=bool)
     report.update(rows_shared=int(flag.sum()), rows_other=int((~flag).sum()))
     if flag.sum() < _MIN_PAIRS or (~flag).sum() < _MIN_PAIRS:
@@ -474,10 +475,8 @@ def fit_shared(runs: list[tuple[Trace, np.ndarray]], mode: str = "off",
         report["why"] = f"writes on lines another worker read last differ by under {_MIN_SHARED}x"
         return report
     report["fields"] = {"write_shared": factor}
-    report["deflate"] = []
-    for trace, rows in runs:
-        mark = rows[shared_writes(trace)[rows]]
-        report["deflate"].append({"write": (mark, np.full(mark.size, 1 / factor))})
+    report["deflate"] = [{"write": (rows[mark[rows]], np.full(int(mark[rows].sum()), 1 / factor))}
+                         for (_, rows), mark in zip(runs, marks, strict=True)]
     return report
 
 
@@ -563,7 +562,9 @@ def fit_convoys(runs: list[tuple[Trace, np.ndarray]], mode: str = "auto",
             continue
         # W: the mean time a write runs alone, the met ones counted as censored (a long
         # write is the likelier to be met, so writes that met no other are the short ones).
-        factor = np.where(shared_writes(trace), shared, 1.0)  # each row's time-alone factor
+        # Each row's time-alone factor.
+        factor = (np.where(shared_writes(trace), shared, 1.0) if shared != 1
+                  else np.ones(len(trace)))
         whole = (trace["write_end"][kept] - trace["write_start"][kept]) / factor[kept]
         alone_time = Survival.of(whole[share >= 1], (whole * share)[share < 1])
         mean = alone_time.mean()
@@ -858,14 +859,14 @@ def fit_interference(runs: list[tuple[Trace, np.ndarray, np.ndarray | None]],
         for index, (trace, rows, alone) in enumerate(runs):
             if np.unique(trace["thread"]).size < 2:
                 continue
-            use, lengths, cut = rows, None, np.zeros(rows.size, dtype=bool)
+            use, share = rows, np.ones(rows.size)
             if phase == "write" and alone is not None and write_scale is None:
-                use = alone  # without write_shared: the writes that met no other (docstring)
-                cut = np.zeros(use.size, dtype=bool)
+                use, share = alone, np.ones(alone.size)  # the writes that met no other
             elif phase == "write" and alone is not None:  # the time alone, censored when met
                 use, share = write_survival(trace, rows)
-                cut = share < 1
-                lengths = share * (trace["write_end"][use] - trace["write_start"][use])
+            cut = share < 1
+            lengths = (share * (trace["write_end"][use] - trace["write_start"][use])
+                       if cut.any() else None)
             if use.size:
                 duration, under, others, remaining = phase_meetings(
                     trace, use, phase, windows[id(trace)], lengths)
@@ -1204,7 +1205,11 @@ def _convoys_and_shared(runs: list[tuple[Trace, np.ndarray]], convoys: str, shar
     factor = sharing["fields"]["write_shared"]
     if _forms_convoys(convoy):
         convoy = fit_convoys(runs, convoys, factor)
-    scales = [np.where(shared_writes(trace), factor, 1.0) for trace, _ in runs]
+    scales = []
+    for (trace, _), deflate in zip(runs, sharing["deflate"], strict=True):
+        scale = np.ones(len(trace))
+        scale[deflate["write"][0]] = factor
+        scales.append(scale)
     return _convoy_report(convoy, cores, quantum), sharing, scales
 
 

@@ -620,10 +620,8 @@ class Engine:
                 i = 0
                 while i < n:
                     run = self._uninterrupted(thread, u.read_ns, i) if n > 1 else i
-                    if run > i:
+                    if run > i:  # (never with shared lines: their lookahead is off)
                         copies.extend(mem.copy_run(ops[i:run], local))
-                        if sharing:
-                            self._read_lines(thread, ops[i:run])
                         i = run
                         continue
                     block, index, _, coords = ops[i]
