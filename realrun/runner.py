@@ -223,13 +223,16 @@ def run_real(scenario: Scenario, workers: int, mode: str, dtype: str = "float32"
     workers = 1 if mode == "serial" else workers
     # The embedded scenario states the closest simulator semantics: a per-block lock makes each
     # block's read-modify-write atomic (atomic_add); the whole-update lock is `locked`; each
-    # worker makes a fixed share of the updates (split = even).
+    # worker makes a fixed share of the updates (split = even); a copy of a dense vector made
+    # while another worker's in-place write sweeps it reads part of that write (read_view =
+    # sweep).
+    problem = problem if problem is not None else make_problem(scenario.problem)
     protocol = {"blocklock": "lockfree"}.get(mode, mode)
-    overrides = [f"run.threads={workers}", f"run.protocol={protocol}", "run.split=even"]
+    overrides = [f"run.threads={workers}", f"run.protocol={protocol}", "run.split=even",
+                 f"run.read_view={'end' if problem.sparse else 'sweep'}"]
     if mode == "blocklock":
         overrides.append("run.write_mode=atomic_add")
     scenario = with_overrides(scenario, overrides)
-    problem = problem if problem is not None else make_problem(scenario.problem)
     if scenario.run.blocks > problem.dim:
         raise ScenarioError("run.blocks", scenario.run.blocks,
                             f"must be <= the problem's dimension ({problem.dim})")

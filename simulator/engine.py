@@ -77,6 +77,24 @@ class _Flight:
         self.pair: list[Any] | None = None  # [leader uid, joiner uid, lag, shares ×2, valid]
 
 
+class _Writing:
+    """A block write in flight that a read sees part of (``run.read_view = "sweep"``): whose,
+    from when, until when as planned (a convoy member: its convoy's end plus its tail), the
+    values it lands (``loaded`` − ``step``, or ``step`` subtracted from the memory, less the
+    coordinates in ``lost`` under its uid)."""
+
+    __slots__ = ("convoy", "end", "loaded", "lost", "start", "step", "tail", "thread", "uid")
+
+    def __init__(self, u: Update, start: int, end: int, step: np.ndarray,
+                 loaded: np.ndarray | None = None, lost: dict[int, np.ndarray] | None = None,
+                 convoy: _Convoy | None = None, tail: int = 0) -> None:
+        self.thread, self.uid, self.start, self.end = u.thread, u.uid, start, end
+        self.step, self.loaded, self.lost, self.convoy, self.tail = step, loaded, lost, convoy, tail
+
+    def planned_end(self) -> int:
+        return self.end if self.convoy is None else self.convoy.end + self.tail
+
+
 class Update:
     """One update in flight: its sample, the blocks it moves and what happened to it."""
 
@@ -196,7 +214,15 @@ class Engine:
         self._plan: list[list[tuple[float, float]]] = [[] for _ in range(self.threads)]
         self._fixed = [False] * self.threads  # writing in a convoy of two or more
         self._writing: list[_Convoy | None] = [None] * self.threads  # alone in a convoy
-        lookahead = lookahead and not any(self._under) and not self._sharing
+        # Reads that see the writes in flight (run.read_view = "sweep"): per block, the
+        # writes sweeping it now. A read's copy needs them at its end: the lookahead is off.
+        self._sweeping = run.read_view == "sweep"
+        if self._sweeping and self._sparse:
+            raise ScenarioError("run.read_view", run.read_view,
+                                "sweeps dense blocks; the problem's updates are sparse")
+        self._in_write: list[list[_Writing]] = [[] for _ in range(run.blocks)]
+        lookahead = (lookahead and not any(self._under) and not self._sharing
+                     and not self._sweeping)
         self._finished = [math.inf] * self.threads  # when each thread's loop ended
         self._blocked = [bool(p) or s is not None
                          for p, s in zip(self._pauses, self._slices, strict=True)]
@@ -579,6 +605,7 @@ class Engine:
         coupled = source.coupled(thread)  # durations drawn as each phase starts
         interfered = self._under[thread] is not None  # ... and stretched by the others'
         sharing = self._sharing  # reads and writes change the blocks' holders
+        sweeping = self._sweeping  # reads see part of the writes in flight
         delays = injector is not None and injector.max_delay > 0
         retires = type(protocol).active is not Protocol.active
         passes = self._passing is not None
@@ -617,6 +644,7 @@ class Engine:
                     u.delay = min(injector.delay(thread), u.start_completed)
                     past = self._history[-1 - u.delay]
                 copies: list[BlockCopy] = []
+                swept: list[tuple[int, int]] = []  # (op, 1: part of a write seen, 2: torn)
                 i = 0
                 while i < n:
                     run = self._uninterrupted(thread, u.read_ns, i) if n > 1 else i
@@ -625,6 +653,7 @@ class Engine:
                         i = run
                         continue
                     block, index, _, coords = ops[i]
+                    begun = clock[thread]
                     wait = self._advance(thread, u.read_ns[i], True)
                     if wait is not None:
                         yield wait
@@ -634,11 +663,18 @@ class Engine:
                         if extra:
                             u.read_ns = [*u.read_ns[:-1], u.read_ns[-1] + extra]
                     copies.append(mem.copy(block, index, coords, local))
+                    if sweeping and self._in_write[block]:
+                        seen = self._swept(thread, block, index, local, begun, clock[thread])
+                        if seen:
+                            swept.append((i, seen))
                     if sharing:
                         self._read_lines(thread, ops[i:i + 1])
                     i += 1
                 u.read_end = clock[thread]
                 u.read_overwrites, u.torn = mem.read_report(copies, u.start_versions)
+                for i, seen in swept:  # a write's part in the copy: overwritten, maybe torn
+                    u.read_overwrites += copies[i][2] == u.start_versions[i]
+                    u.torn = u.torn or seen == 2
                 if delays:
                     np.copyto(local, past)
                 self._pulled[thread] = (u.start_completed, u.delay)
@@ -723,19 +759,25 @@ class Engine:
                             yield from self._catch_up(thread)
                     begun = clock[thread]
                     convoy, duration = self._join(thread, u, block, index, drawn[i])
+                    # A later write joined: end with it (a member that started lag ns after
+                    # the first write ends convoy_end_gap·lag after the convoy's end).
+                    tail = round(self._convoys.convoy_end_gap * (begun - convoy.first))
+                    if sweeping:
+                        writing = _Writing(u, begun, 0, step[vsel], lost=convoy.lost,
+                                           convoy=convoy, tail=tail)
+                        self._in_write[block].append(writing)
                     if interfered:  # alone, its end follows the others; met, the convoy's
                         self._convoy_moved(thread, convoy)
                     wait = self._advance(thread, duration, True)
                     if wait is not None:
                         yield wait
                         clock[thread] = int(self.env.now)
-                    # A later write joined: end with it (a member that started lag ns after
-                    # the first write ends convoy_end_gap·lag after the convoy's end).
-                    tail = round(self._convoys.convoy_end_gap * (begun - convoy.first))
                     while convoy.end + tail > clock[thread]:
                         yield self.env.timeout(convoy.end + tail - clock[thread])
                         clock[thread] = int(self.env.now)
                     self._sweep(convoy, u, block, index, step[vsel])
+                    if sweeping:
+                        self._in_write[block].remove(writing)
                     u.write_ns.append(clock[thread] - begun)
                     if interfered:
                         self._fixed[thread], self._writing[thread] = False, None
@@ -759,11 +801,18 @@ class Engine:
                                         write_ns[i])
                 loaded_at, loaded = (mem.count[block], None if self.atomic or passes
                                      else mem.load(index))
+                if sweeping and not self._grain:  # (grains land as they sweep)
+                    writing = _Writing(u, clock[thread], clock[thread] + write_ns[i],
+                                       step[vsel], loaded,
+                                       self._passing_lost[block] if passes else None)
+                    self._in_write[block].append(writing)
                 wait = self._advance(thread, write_ns[i], True)
                 if wait is not None:
                     yield wait
                     clock[thread] = int(self.env.now)
                 i += 1
+                if sweeping and not self._grain:
+                    self._in_write[block].remove(writing)
                 if interfered and i == n:
                     extra = yield from self._overrun(thread)
                     if extra:
@@ -892,6 +941,32 @@ class Engine:
         lost = self._passing_lost[block].pop(flight.u.uid, None)
         self.mem.add(block, index, None, -step if lost is None else np.where(lost, 0.0, -step),
                      flight.u.uid)
+
+    def _swept(self, thread: int, block: int, index: slice, local: np.ndarray, begun: int,
+               now: int) -> int:
+        """``thread``'s read of ``block`` (``begun`` to ``now``) just copied it into ``local``:
+        add the part of each other thread's write in flight that the write's sweep reached
+        before the read's (``RunSpec`` docstring, ``read_view``). Returns 0 (none seen), 1
+        (a write's part seen, all of the block) or 2 (a part of the block: torn)."""
+        size, seen = index.stop - index.start, 0
+        for writing in self._in_write[block]:
+            if writing.thread == thread or writing.start >= begun:
+                continue
+            span = writing.planned_end() - writing.start - (now - begun)  # W − R
+            if span <= 0:
+                continue
+            m = min(size, (begun - writing.start) * size // span)
+            if m == 0:
+                continue
+            part = slice(index.start, index.start + m)
+            step = writing.step[:m]
+            if writing.loaded is not None:
+                local[part] = writing.loaded[:m] - step
+            else:
+                lost = None if writing.lost is None else writing.lost.get(writing.uid)
+                local[part] -= step if lost is None else np.where(lost[:m], 0.0, step)
+            seen = max(seen, 1 if m == size else 2)
+        return seen
 
     def _convoy_moved(self, thread: int, convoy: _Convoy) -> None:
         """Interference and convoys: a write alone in its convoy is a phase like any other

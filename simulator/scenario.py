@@ -36,6 +36,7 @@ WRITE_MODES = ("load_store", "atomic_add")
 LR_SCHEDULES = ("constant", "inv_sqrt", "inverse")
 SPLITS = ("shared", "even")
 PLACEMENTS = ("round_robin", "shuffled")
+READ_VIEWS = ("end", "sweep")
 # Protocols without rounds or turns: their threads may stop at a fixed quota each.
 EVEN_SPLIT_PROTOCOLS = ("serial", "locked", "lockfree", "staleness_lr", "dcasgd")
 SLICINGS = ("global", "per_core")
@@ -385,6 +386,16 @@ class RunSpec:
     grains they race on, as in-place ``w -= step`` on hardware loses elements (8 float64 are
     one 64-byte cache line).
 
+    ``read_view`` says what a block's read copies: ``end`` — the block as it is when the read
+    ends (a write lands whole, at its end, so a read of one block is never torn); ``sweep`` —
+    reads and writes sweep the block from its first coordinate to its last, each at a constant
+    pace over its duration, so a read also copies the part of each other thread's write in
+    flight that the write's sweep reached before the read's: with the write's start s and
+    planned duration W, the read's start r and duration R, the first
+    min(1, max(0, (r − s) / (W − R))) of the block's coordinates (none when W ≤ R), as a copy
+    of ``w`` made while another core sweeps ``w -= step`` over it reads half of that step.
+    Dense problems; a write that landed during the read shows whole.
+
     ``placement`` says where threads go: ``round_robin`` — thread t in slot t; ``shuffled`` —
     the k threads in k distinct slots drawn from ``seed`` among D·⌈k/D⌉ (D devices), as an
     OS places unpinned processes (which of 3 processes on 2 cores runs alone, and on which
@@ -403,6 +414,7 @@ class RunSpec:
     split: str = "shared"
     store_grain: int = 0
     placement: str = "round_robin"
+    read_view: str = "end"
 
     def __post_init__(self) -> None:
         _check(self.protocol in PROTOCOLS, "protocol", self.protocol,
@@ -421,6 +433,8 @@ class RunSpec:
         _check(self.split in SPLITS, "split", self.split, f"must be one of {', '.join(SPLITS)}")
         _check(self.placement in PLACEMENTS, "placement", self.placement,
                f"must be one of {', '.join(PLACEMENTS)}")
+        _check(self.read_view in READ_VIEWS, "read_view", self.read_view,
+               f"must be one of {', '.join(READ_VIEWS)}")
         _check(self.split == "shared" or self.protocol in EVEN_SPLIT_PROTOCOLS, "split",
                self.split, f"needs a protocol without rounds or turns "
                f"({', '.join(EVEN_SPLIT_PROTOCOLS)}), not {self.protocol}")

@@ -166,6 +166,9 @@ def run_schedule(scenario: Scenario, scheduler: Scheduler | Callable[[int], Sche
     if run.store_grain:
         raise ScenarioError("run.store_grain", run.store_grain,
                             "controlled schedules write whole blocks: use run.blocks instead")
+    if run.read_view != "end":
+        raise ScenarioError("run.read_view", run.read_view,
+                            "controlled schedules copy a block at its read's end: use \"end\"")
     problem = problem if problem is not None else make_problem(scenario.problem)
     threads = 1 if run.protocol == "serial" else run.threads
     if callable(scheduler) and not isinstance(scheduler, Scheduler):
