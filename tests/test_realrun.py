@@ -63,9 +63,11 @@ def test_lock_free_workers_converge_and_merge_cleanly():
                  ("grad_end", "write_end")):
         assert np.all(trace[a] <= trace[b])
     assert np.all(np.diff(trace["write_end"]) >= 0)
-    # Each worker makes a fixed share, and the run's scenario says so for the simulator.
+    # Each worker makes a fixed share, and the run's scenario says so for the simulator, as
+    # it says that a copy of the dense vector sweeps it (reads part of a write in flight).
     assert np.bincount(trace["thread"]).tolist() == [3000, 3000]
-    assert scenario_from_dict(tomllib.loads(trace.scenario_toml)).run.split == "even"
+    recorded = scenario_from_dict(tomllib.loads(trace.scenario_toml)).run
+    assert (recorded.split, recorded.read_view) == ("even", "sweep")
     for rank in (0, 1):
         rows = np.flatnonzero(trace["thread"] == rank)
         mine = trace["sample"][rows[np.argsort(trace["thread_seq"][rows])]]
