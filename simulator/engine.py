@@ -606,6 +606,7 @@ class Engine:
         interfered = self._under[thread] is not None  # ... and stretched by the others'
         sharing = self._sharing  # reads and writes change the blocks' holders
         sweeping = self._sweeping  # reads see part of the writes in flight
+        sweeps_whole = sweeping and not self._grain  # (grains land as they sweep)
         delays = injector is not None and injector.max_delay > 0
         retires = type(protocol).active is not Protocol.active
         passes = self._passing is not None
@@ -644,11 +645,11 @@ class Engine:
                     u.delay = min(injector.delay(thread), u.start_completed)
                     past = self._history[-1 - u.delay]
                 copies: list[BlockCopy] = []
-                swept: list[tuple[int, int]] = []  # (op, 1: part of a write seen, 2: torn)
+                swept: list[tuple[int, bool]] = []  # (op, torn): a write's part in the copy
                 i = 0
                 while i < n:
                     run = self._uninterrupted(thread, u.read_ns, i) if n > 1 else i
-                    if run > i:  # (never with shared lines: their lookahead is off)
+                    if run > i:  # (never with shared lines or sweeping reads: no lookahead)
                         copies.extend(mem.copy_run(ops[i:run], local))
                         i = run
                         continue
@@ -665,16 +666,16 @@ class Engine:
                     copies.append(mem.copy(block, index, coords, local))
                     if sweeping and self._in_write[block]:
                         seen = self._swept(thread, block, index, local, begun, clock[thread])
-                        if seen:
+                        if seen is not None:
                             swept.append((i, seen))
                     if sharing:
                         self._read_lines(thread, ops[i:i + 1])
                     i += 1
                 u.read_end = clock[thread]
                 u.read_overwrites, u.torn = mem.read_report(copies, u.start_versions)
-                for i, seen in swept:  # a write's part in the copy: overwritten, maybe torn
+                for i, torn in swept:  # a write's part in the copy: overwritten, maybe torn
                     u.read_overwrites += copies[i][2] == u.start_versions[i]
-                    u.torn = u.torn or seen == 2
+                    u.torn = u.torn or torn
                 if delays:
                     np.copyto(local, past)
                 self._pulled[thread] = (u.start_completed, u.delay)
@@ -801,7 +802,7 @@ class Engine:
                                         write_ns[i])
                 loaded_at, loaded = (mem.count[block], None if self.atomic or passes
                                      else mem.load(index))
-                if sweeping and not self._grain:  # (grains land as they sweep)
+                if sweeps_whole:
                     writing = _Writing(u, clock[thread], clock[thread] + write_ns[i],
                                        step[vsel], loaded,
                                        self._passing_lost[block] if passes else None)
@@ -811,7 +812,7 @@ class Engine:
                     yield wait
                     clock[thread] = int(self.env.now)
                 i += 1
-                if sweeping and not self._grain:
+                if sweeps_whole:
                     self._in_write[block].remove(writing)
                 if interfered and i == n:
                     extra = yield from self._overrun(thread)
@@ -943,12 +944,12 @@ class Engine:
                      flight.u.uid)
 
     def _swept(self, thread: int, block: int, index: slice, local: np.ndarray, begun: int,
-               now: int) -> int:
+               now: int) -> bool | None:
         """``thread``'s read of ``block`` (``begun`` to ``now``) just copied it into ``local``:
         add the part of each other thread's write in flight that the write's sweep reached
-        before the read's (``RunSpec`` docstring, ``read_view``). Returns 0 (none seen), 1
-        (a write's part seen, all of the block) or 2 (a part of the block: torn)."""
-        size, seen = index.stop - index.start, 0
+        before the read's (``RunSpec`` docstring, ``read_view``). Returns None when no write's
+        part was seen, else whether the copy is torn (a write seen on part of the block)."""
+        size, torn = index.stop - index.start, None
         for writing in self._in_write[block]:
             if writing.thread == thread or writing.start >= begun:
                 continue
@@ -965,8 +966,8 @@ class Engine:
             else:
                 lost = None if writing.lost is None else writing.lost.get(writing.uid)
                 local[part] -= step if lost is None else np.where(lost[:m], 0.0, step)
-            seen = max(seen, 1 if m == size else 2)
-        return seen
+            torn = bool(torn) or m < size
+        return torn
 
     def _convoy_moved(self, thread: int, convoy: _Convoy) -> None:
         """Interference and convoys: a write alone in its convoy is a phase like any other
