@@ -210,9 +210,9 @@ def main() -> None:
     parser.add_argument("--set", action="append", default=[], help="scenario overrides")
     parser.add_argument("--convoys", default="auto", help="calibrate --convoys (auto, on, off)")
     parser.add_argument("--common", default="off", help="calibrate --common (auto, on, off)")
-    parser.add_argument("--interference", default="off",
+    parser.add_argument("--interference", default="auto",
                         help="calibrate --interference (auto, on, off)")
-    parser.add_argument("--shared", default="off",
+    parser.add_argument("--shared", default="auto",
                         help="calibrate --shared (auto, on, off)")
     parser.add_argument("--speeds", default="off",
                         help="calibrate --speeds (auto, on, off): each core's own speed")

@@ -945,13 +945,13 @@ def _parser() -> argparse.ArgumentParser:
              "(auto), whenever two workers ran (on), with one strength chosen so the "
              "simulation keeps the run's rhythm (rhythm: staleness over the independent-"
              "phase value, as compare reports it), or never (off, default)"),
-            ("--interference", "off", "slowdowns of a worker's phase under another's (a "
-             "write while the other computes, say): fit them when one reaches 0.1 (auto), "
-             "whenever two workers ran (on), or never (off, default)"),
-            ("--shared", "off", "writes slowed on lines another worker read last "
+            ("--interference", "auto", "slowdowns of a worker's phase under another's (a "
+             "write while the other computes, say): fit them when one reaches 0.1 (auto, "
+             "default), whenever two workers ran (on), or never (off)"),
+            ("--shared", "auto", "writes slowed on lines another worker read last "
              "(timing.write_shared: the worker still holds them from its own read, no one "
              "wrote them since): fit the factor when it is 1.2x or more (or 1/1.2 or less) "
-             "(auto), whenever two workers ran (on), or never (off, default)"),
+             "(auto, default), whenever two workers ran (on), or never (off)"),
             ("--speeds", "off", "with --pool and one worker per core (--cores = the run's "
              "workers): each core's own speed, from each worker's median gradient time (a "
              "busy sibling hyperthread or a throttled core runs a worker slower for the whole "
