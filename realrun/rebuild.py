@@ -31,7 +31,7 @@ from simulator.metrics import overlaps, write_pairs
 from simulator.problems import Problem
 from simulator.view import Measurement, SerializedView
 
-__all__ = ["Rebuild", "convoy_losses", "quiet_reads", "rebuild"]
+__all__ = ["Rebuild", "convoy_losses", "quiet_reads", "read_sweeps", "rebuild"]
 
 
 @dataclass(frozen=True)
@@ -94,6 +94,66 @@ def convoy_losses(times: np.ndarray, thread: np.ndarray, seq: np.ndarray, uid: n
         rows.append((float(uid[a]), float(uid[b]), float(ws[b] - ws[a]),
                      float(np.mean(clear & (w1 == only_b))),
                      float(np.mean(clear & (w1 == only_a)))))
+    return np.asarray(rows, dtype=np.float64).ravel()
+
+
+def read_sweeps(times: np.ndarray, thread: np.ndarray, seq: np.ndarray,
+                steps: list[np.ndarray], reads: list[np.ndarray], dtype: str) -> np.ndarray:
+    """What the read copies held of a write in flight, from the read copies (one block).
+
+    For each write that met no other write, the vector before it is the latest quiet read's
+    copy (:func:`quiet_reads`, ended by the write's start) less the steps of the writes that
+    ended in between (all of which met no other). Each other worker's read whose window
+    overlapped that write's, and no other write's, is compared with it coordinate by
+    coordinate: every coordinate the step changes must hold the value before the write or
+    after it (else the row is left out). Returns rows of
+    ``simulator.trace.READ_SWEEP_COLUMNS``, flat: how long before the read's end the write
+    began, the write's duration, the coordinates its step changes, how many of them the copy
+    holds after the write. ``times[i]`` = (read start, read end, write start, write end)."""
+    rs, re, ws, we = times.T
+    lone = overlaps(ws, we, ws, we) == 1
+    quiet = quiet_reads(rs, re, ws, we)
+    quiet = quiet[np.argsort(re[quiet], kind="stable")]
+    quiet_ends = re[quiet]
+    by_end = np.argsort(we, kind="stable")
+    ends = we[by_end]
+    starts = np.sort(ws)
+    by_read = np.argsort(rs, kind="stable")
+    read_starts = rs[by_read]
+    kind = np.dtype(dtype).type
+    rows: list[tuple[float, float, float, float]] = []
+    for x in np.flatnonzero(lone).tolist():
+        q = int(np.searchsorted(quiet_ends, ws[x], side="right")) - 1
+        if q < 0:
+            continue
+        source = int(quiet[q])
+        between = by_end[np.searchsorted(ends, re[source], side="right"):
+                         np.searchsorted(ends, ws[x], side="right")]
+        if not lone[between].all():
+            continue
+        before = reads[int(thread[source])][int(seq[source])].astype(kind)
+        for m in between.tolist():
+            before = before - steps[int(thread[m])][int(seq[m])].astype(kind)
+        after = before - steps[int(thread[x])][int(seq[x])].astype(kind)
+        changed = after != before
+        if not changed.any():
+            continue
+        earlier = int(np.searchsorted(ends, ws[x], side="right"))
+        previous_end = ends[earlier - 1] if earlier else np.iinfo(np.int64).min
+        later = int(np.searchsorted(starts, ws[x], side="right"))
+        next_start = starts[later] if later < starts.size else np.iinfo(np.int64).max
+        first = int(np.searchsorted(read_starts, previous_end, side="left"))
+        for k in by_read[first:].tolist():
+            if rs[k] >= we[x]:
+                break
+            if thread[k] == thread[x] or re[k] <= ws[x] or re[k] > next_start:
+                continue
+            copy = reads[int(thread[k])][int(seq[k])].astype(kind)
+            stored = copy == after
+            if not np.all(stored | (copy == before)):
+                continue
+            rows.append((float(re[k] - ws[x]), float(we[x] - ws[x]), float(changed.sum()),
+                         float((stored & changed).sum())))
     return np.asarray(rows, dtype=np.float64).ravel()
 
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from realrun.rebuild import convoy_losses, rebuild
+from realrun.rebuild import convoy_losses, read_sweeps, rebuild
 from simulator.problems import Problem
 from simulator.trace import COLUMNS, Trace
 
@@ -158,6 +158,9 @@ def merge(records: list[WorkerRecord], w0: np.ndarray, w_final: np.ndarray,
             arrays["extra_convoy_pairs"] = convoy_losses(
                 rel[order], arrays["thread"], arrays["thread_seq"], arrays["uid"],
                 measure.steps, measure.reads, measure.dtype)
+            arrays["extra_read_sweeps"] = read_sweeps(
+                rel[order], arrays["thread"], arrays["thread_seq"], measure.steps,
+                measure.reads, measure.dtype)
         curve = [(t, time + origin, f, d) for t, time, f, d, _ in built.curve]
         gap = built.w_final - np.asarray(w_final, dtype=np.float64)
         moved = float(np.linalg.norm(np.asarray(w_final, dtype=np.float64) - w0))

@@ -124,6 +124,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import tomllib
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -140,12 +141,13 @@ from simulator.metrics import overlaps, trace_rhythm, write_pairs
 from simulator.problems import make_problem
 from simulator.rundir import latency_line, placement
 from simulator.scenario import COMMON_FIELDS, DeviceSpec, Scenario, TimingSpec, scenario_from_dict
-from simulator.trace import Trace, convoy_pairs
+from simulator.trace import Trace, convoy_pairs, read_sweeps
 
 __all__ = ["CONVOYS", "Fit", "Survival", "alone_writes", "calibrate", "calibrate_counts",
            "common_bins", "fit_common", "fit_convoys", "fit_durations", "fit_interference",
-           "fit_shared", "lossy_spread", "operation_samples", "phase_meetings", "run_workers",
-           "shared_writes", "under_times", "undisturbed", "write_survival"]
+           "fit_shared", "fit_store_window", "lossy_spread", "operation_samples",
+           "phase_meetings", "run_workers", "shared_writes", "store_shares", "under_times",
+           "undisturbed", "write_survival"]
 
 _KS_LEVEL = 0.01
 _MIN_FOR_TEST = 50
@@ -1179,6 +1181,60 @@ def _with_rhythm(scenario: Scenario, targets: list[tuple[int, int, float | None]
     return _with_common(scenario, report["fields"]), report
 
 
+def store_shares(rows: np.ndarray, lead: float, tail: float) -> np.ndarray:
+    """Per row of ``simulator.trace.READ_SWEEP_COLUMNS``: the share of the write's
+    coordinates a read ending ``begun_ns`` after the write began copies when the write stores
+    them in order over its window less ``lead`` and ``tail`` ns (``timing.write_sweep_lead``,
+    ``write_sweep_tail``; the engine's rule)."""
+    begun, span, size = rows[:, 0], rows[:, 1], np.maximum(rows[:, 2], 1)
+    first = np.minimum(lead, span)
+    stores = np.maximum(span - lead - tail, 0.0)
+    reached = np.ceil(np.divide((begun - first) * size, stores, out=np.full(begun.size, np.inf),
+                                where=stores > 0))
+    return np.where(begun <= first, 0.0, np.minimum(reached, size) / size)
+
+
+def fit_store_window(traces: list[Trace]) -> dict[str, Any]:
+    """``timing.write_sweep_lead`` and ``write_sweep_tail`` from the traces' reads under a
+    write (:func:`simulator.trace.read_sweeps`: measure-mode real runs of one block record
+    them): the pair whose :func:`store_shares` are nearest the copied shares (least mean
+    absolute difference; a grid up to the writes' 95th percentile, refined once), in
+    ``"fields"`` when there are enough rows of a run that reads what writes in flight
+    stored (``run.read_view = "sweep"``)."""
+    report: dict[str, Any] = {"fields": None}
+    found = [read_sweeps(trace) for trace in traces if _reads_sweep(trace)]
+    rows = np.concatenate([r for r in found if r is not None]) if found else np.zeros((0, 4))
+    rows = rows[rows[:, 2] > 0]
+    report["rows"] = int(rows.shape[0])
+    if rows.shape[0] < _MIN_PAIRS:
+        report["why"] = (f"{rows.shape[0]} reads under a write recorded (fewer than "
+                         f"{_MIN_PAIRS}; a measure-mode real run of one block with read_view = "
+                         "sweep records them)")
+        return report
+    seen = rows[:, 3] / rows[:, 2]
+
+    def miss(lead: float, tail: float) -> float:
+        return float(np.mean(np.abs(store_shares(rows, lead, tail) - seen)))
+
+    top = float(np.percentile(rows[:, 1], 95))
+    grid = np.linspace(0.0, top, 33)
+    best = min(itertools.product(grid.tolist(), grid.tolist()), key=lambda p: miss(*p))
+    step = grid[1] - grid[0]
+    fine = [np.clip(v + np.linspace(-step, step, 17), 0.0, None).tolist() for v in best]
+    lead, tail = min(itertools.product(*fine), key=lambda p: miss(*p))
+    report.update(lead_ns=lead, tail_ns=tail, miss=miss(lead, tail), miss_whole=miss(0.0, 0.0),
+                  whole=float(np.mean(seen == 1)), none=float(np.mean(seen == 0)),
+                  write_median_ns=float(np.median(rows[:, 1])))
+    report["fields"] = {"write_sweep_lead": lead, "write_sweep_tail": tail}
+    return report
+
+
+def _reads_sweep(trace: Trace) -> bool:
+    """Whether the trace's run read what writes in flight had stored (its scenario's
+    ``run.read_view``)."""
+    return scenario_from_dict(tomllib.loads(trace.scenario_toml)).run.read_view == "sweep"
+
+
 def _with_fitted(timing: TimingSpec, *reports: dict[str, Any]) -> TimingSpec:
     """``timing`` with the fields each report (convoys, common factors) fitted."""
     for report in reports:
@@ -1401,6 +1457,7 @@ def calibrate(run_dir: str | Path | list[str | Path], pool: bool = False, cores:
     threads = scenario.run.threads
     rhythms = {(str(threads) if len(loaded) == 1 else f"{threads} ({path.name})"):
                trace_rhythm(trace) for path, trace, _ in loaded}
+    stores = fit_store_window(traces)
     episode = fit_episodes(traces, episodes)
     if episode["fields"]:  # the durations at the cores' own pace
         own = 1 / episode["fields"]["slow_factor"]
@@ -1439,7 +1496,7 @@ def calibrate(run_dir: str | Path | list[str | Path], pool: bool = False, cores:
         timing = _with_fitted(TimingSpec(read=fits["read"].duration, grad=fits["grad"].duration,
                                          write=fits["write"].duration,
                                          idle=fits["idle"].duration), convoy, common_fit,
-                              slowed, sharing)
+                              slowed, sharing, stores)
         devices.append(DeviceSpec(name=name.replace(" ", ""), cores=cores, quantum=quantum,
                                   slicing=slicing, preempt=quantum > 0, timing=timing,
                                   **(episode["fields"] or {})))
@@ -1461,7 +1518,8 @@ def calibrate(run_dir: str | Path | list[str | Path], pool: bool = False, cores:
                         "contention": contention(list(zip(traces, spans, strict=True))),
                         "convoys": convoy,
                         "common": common_fit, "interference": _public(slowed),
-                        "shared": _public(sharing), "rhythm": rhythms, "speeds": pace,
+                        "shared": _public(sharing), "stores": stores, "rhythm": rhythms,
+                        "speeds": pace,
                         "episodes": {k: v for k, v in episode.items() if k != "slow_rows"}}
 
 
@@ -1478,7 +1536,6 @@ def run_workers(run_dir: str | Path) -> int | None:
 
 
 def _load(path: Path) -> tuple[Trace, Scenario]:
-    import tomllib
 
     if not (path / "trace.npz").is_file():
         raise AsyngradError(f"calibrate: {path}: not a run directory (no trace.npz)")
@@ -1548,6 +1605,7 @@ def calibrate_counts(run_dirs: list[str | Path], cores: int = 0, quantum: int = 
         [(trace, rows) for (_, trace, _), rows in zip(loaded, spans, strict=True)],
         convoys, shared, cores, quantum)
     traces = [trace for _, trace, _ in loaded]
+    stores = fit_store_window(traces)
     if sharing["fields"]:  # the marked writes as drawn
         traces = [_deflated(trace, factors)
                   for trace, factors in zip(traces, sharing["deflate"], strict=True)]
@@ -1582,7 +1640,7 @@ def calibrate_counts(run_dirs: list[str | Path], cores: int = 0, quantum: int = 
     device = DeviceSpec(name="allworkers", cores=cores, quantum=quantum, slicing=slicing,
                         preempt=quantum > 0,
                         timing=_with_fitted(TimingSpec(**timing), convoy, common_fit, slowed,
-                                            sharing))
+                                            sharing, stores))
     calibrated = replace(base, name=f"{base.name}-calibrated", devices=(device,),
                          inject=replace(base.inject, stragglers=()))
     rhythms = {str(c): trace_rhythm(t) for c, (_, t, _) in zip(counts, loaded, strict=True)}
@@ -1597,7 +1655,7 @@ def calibrate_counts(run_dirs: list[str | Path], cores: int = 0, quantum: int = 
                         "rows": sum(len(t) for _, t, _ in loaded), "worker_counts": counts,
                         "contention": contention, "convoys": convoy, "common": common_fit,
                         "interference": _public(slowed), "shared": _public(sharing),
-                        "rhythm": rhythms}
+                        "stores": stores, "rhythm": rhythms}
 
 
 def _mean(samples: dict[str, np.ndarray], op: str) -> float:
@@ -1638,6 +1696,8 @@ def calibrated_toml(scenario: Scenario, report: dict[str, Any]) -> str:
     lines.append(f"#   interference: {_describe_interference(report['interference'])}")
     if "shared" in report:
         lines.append(f"#   lines another worker read last: {_describe_shared(report['shared'])}")
+    if "stores" in report:
+        lines.append(f"#   stores in a write's window: {_describe_stores(report['stores'])}")
     lines.append(f"#   rhythm: {_describe_rhythm(report['rhythm'], report['common'])}")
     if "speeds" in report:
         lines.append(f"#   core speeds: {_describe_speeds(report['speeds'])}")
@@ -1758,6 +1818,16 @@ def _describe_interference(report: dict[str, Any]) -> str:
         parts.append(f"{phase} under {slowed}")
     return ("slowdown per other worker in a phase, against "
             f"the others idle: {'; '.join(parts)}")
+
+
+def _describe_stores(report: dict[str, Any]) -> str:
+    if not report.get("fields"):
+        return f"the whole window ({report.get('why', '')})"
+    return (f"from {report['lead_ns']:.4g} ns after its start to {report['tail_ns']:.4g} ns "
+            f"before its end (median write {report['write_median_ns']:.4g} ns), from "
+            f"{report['rows']} reads under a write ({report['whole']:.2f} held all of it, "
+            f"{report['none']:.2f} none): copied share off by {report['miss']:.3f} on average, "
+            f"{report['miss_whole']:.3f} with the whole window")
 
 
 def _describe_shared(report: dict[str, Any]) -> str:

@@ -221,6 +221,10 @@ class Engine:
             raise ScenarioError("run.read_view", run.read_view,
                                 "sweeps dense blocks; the problem's updates are sparse")
         self._in_write: list[list[_Writing]] = [[] for _ in range(run.blocks)]
+        # Per thread, the part of its write windows its stores take: (lead, tail) in ns
+        # (timing.write_sweep_lead and write_sweep_tail of its device).
+        self._store_window = [self._store_setup(t) for t in range(self.threads)]
+        self._read_sweeps: list[tuple[int, int, int, int]] = []  # trace.READ_SWEEP_COLUMNS
         lookahead = (lookahead and not any(self._under) and not self._sharing
                      and not self._sweeping)
         self._finished = [math.inf] * self.threads  # when each thread's loop ended
@@ -654,7 +658,6 @@ class Engine:
                         i = run
                         continue
                     block, index, _, coords = ops[i]
-                    begun = clock[thread]
                     wait = self._advance(thread, u.read_ns[i], True)
                     if wait is not None:
                         yield wait
@@ -665,7 +668,7 @@ class Engine:
                             u.read_ns = [*u.read_ns[:-1], u.read_ns[-1] + extra]
                     copies.append(mem.copy(block, index, coords, local))
                     if sweeping and self._in_write[block]:
-                        seen = self._swept(thread, block, index, local, begun, clock[thread])
+                        seen = self._swept(thread, block, index, local, clock[thread])
                         if seen is not None:
                             swept.append((i, seen))
                     if sharing:
@@ -943,20 +946,28 @@ class Engine:
         self.mem.add(block, index, None, -step if lost is None else np.where(lost, 0.0, -step),
                      flight.u.uid)
 
-    def _swept(self, thread: int, block: int, index: slice, local: np.ndarray, begun: int,
+    def _store_setup(self, thread: int) -> tuple[int, int]:
+        """``thread``'s store window in its write windows: (lead, tail), whole ns."""
+        timing = self.scenario.timing_of(self.scenario.device_of(thread))
+        return round(timing.write_sweep_lead), round(timing.write_sweep_tail)
+
+    def _swept(self, thread: int, block: int, index: slice, local: np.ndarray,
                now: int) -> bool | None:
-        """``thread``'s read of ``block`` (``begun`` to ``now``) just copied it into ``local``:
-        add the part of each other thread's write in flight that the write's sweep reached
-        before the read's (``RunSpec`` docstring, ``read_view``). Returns None when no write's
-        part was seen, else whether the copy is torn (a write seen on part of the block)."""
+        """``thread``'s read of ``block`` just copied it into ``local`` at its end, ``now``:
+        add the coordinates each other thread's write in flight had stored by then (``RunSpec``
+        docstring, ``read_view``). Returns None when no write's part was seen, else whether
+        the copy is torn (a write seen on part of the block)."""
         size, torn = index.stop - index.start, None
         for writing in self._in_write[block]:
-            if writing.thread == thread or writing.start >= begun:
+            if writing.thread == thread:
                 continue
-            span = writing.planned_end() - writing.start - (now - begun)  # W − R
-            if span <= 0:
-                continue
-            m = min(size, (begun - writing.start) * size // span)
+            span = writing.planned_end() - writing.start  # W
+            lead, tail = self._store_window[writing.thread]
+            begins = writing.start + min(lead, span)  # the first store
+            stores = max(span - lead - tail, 0)  # from the first store to the last
+            m = (0 if now <= begins else size if stores == 0
+                 else min(size, -((begins - now) * size // stores)))
+            self._read_sweeps.append((now - writing.start, span, size, m))
             if m == 0:
                 continue
             part = slice(index.start, index.start + m)
@@ -1132,6 +1143,8 @@ class Engine:
             extras["write_drawn_ns"] = np.asarray(self._op_write_drawn, dtype=np.int64)
             extras["convoy_pairs"] = np.asarray(
                 [c.pair for c in self._paired if c.pair is not None], dtype=np.float64).ravel()
+        if self._sweeping:  # reads under a write and what they copied of it
+            extras["read_sweeps"] = np.asarray(self._read_sweeps, dtype=np.float64).ravel()
         if self._passing is not None:  # the pairs of writes that passed each other
             extras["convoy_pairs"] = np.asarray([p[:5] for p in self._passed if p[5]],
                                                 dtype=np.float64).ravel()

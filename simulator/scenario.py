@@ -184,6 +184,14 @@ class TimingSpec:
     hides (on the 2-core machine of bench/README.md, MLP writes 4× as long with the CPUs far
     apart, 2× near). ``asyngrad calibrate --shared`` fits f from a run with two or more
     workers.
+
+    Store windows (``write_sweep_lead`` = a, ``write_sweep_tail`` = b, ns, default 0; with
+    ``run.read_view = "sweep"``): a write of planned duration W stores its block's
+    coordinates in order, at a constant pace, from a after its start to b before its end
+    (at one instant, a after its start, when W ≤ a + b); the rest of its window is the call
+    around the stores. On hardware a timed ``w -= step`` of a cached vector spends most of
+    its window outside the stores (bench/README.md). ``asyngrad calibrate`` fits a and b
+    from a measure-mode real run's read copies.
     """
 
     read: Duration = Duration("lognormal", 2000.0, 0.3)
@@ -220,6 +228,8 @@ class TimingSpec:
     idle_under_grad: float = 0.0
     idle_under_write: float = 0.0
     write_shared: float = 1.0
+    write_sweep_lead: float = 0.0
+    write_sweep_tail: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("read_per_thread", "grad_per_thread", "write_per_thread",
@@ -268,6 +278,11 @@ class TimingSpec:
         _check(math.isfinite(self.write_shared) and self.write_shared > 0, "write_shared",
                self.write_shared, "must be > 0 (a write's duration factor on lines another "
                "thread read last; 1: none)")
+        for name in ("write_sweep_lead", "write_sweep_tail"):
+            value = getattr(self, name)
+            _check(math.isfinite(value) and value >= 0, name, value,
+                   "must be >= 0 (ns of a write's window before its first store, or after "
+                   "its last)")
 
     @property
     def common(self) -> tuple[float, float, float, float]:
@@ -388,13 +403,13 @@ class RunSpec:
 
     ``read_view`` says what a block's read copies: ``end`` — the block as it is when the read
     ends (a write lands whole, at its end, so a read of one block is never torn); ``sweep`` —
-    reads and writes sweep the block from its first coordinate to its last, each at a constant
-    pace over its duration, so a read also copies the part of each other thread's write in
-    flight that the write's sweep reached before the read's: with the write's start s and
-    planned duration W, the read's start r and duration R, the first
-    min(1, max(0, (r − s) / (W − R))) of the block's coordinates (none when W ≤ R), as a copy
-    of ``w`` made while another core sweeps ``w -= step`` over it reads half of that step.
-    Dense problems; a write that landed during the read shows whole.
+    the block when the read ends together with the coordinates each other thread's write in
+    flight has stored by then: a write stores its block's coordinates in order at a constant
+    pace over its store window (its whole window less ``timing.write_sweep_lead`` at the
+    start and ``write_sweep_tail`` at the end), so a read ending a share u of the way
+    through that window copies the first ⌈u·n⌉ of the n coordinates of its step, as a copy
+    of ``w`` made while another core runs ``w -= step`` over it holds part of that step. A
+    write that landed before the read's end shows whole. Dense problems.
 
     ``placement`` says where threads go: ``round_robin`` — thread t in slot t; ``shuffled`` —
     the k threads in k distinct slots drawn from ``seed`` among D·⌈k/D⌉ (D devices), as an

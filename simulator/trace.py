@@ -22,7 +22,8 @@ import numpy as np
 
 from simulator.errors import TraceError
 
-__all__ = ["COLUMNS", "CONVOY_PAIR_COLUMNS", "SCHEMA", "Trace", "convoy_pairs"]
+__all__ = ["COLUMNS", "CONVOY_PAIR_COLUMNS", "READ_SWEEP_COLUMNS", "SCHEMA", "Trace",
+           "convoy_pairs", "read_sweeps"]
 
 SCHEMA = 2
 
@@ -60,6 +61,12 @@ EXTRA = "extra_"  # protocol- and run-specific 1-d arrays (dead threads, residua
 # stored flat. Lost shares are of the block's coordinates; simulated with timing.convoy_*,
 # classified coordinate by coordinate in real measure-mode runs.
 CONVOY_PAIR_COLUMNS = ("leader_uid", "joiner_uid", "lag_ns", "leader_lost", "joiner_lost")
+# A read that another worker's write overlapped: one row per (read, write), stored flat. How
+# long before the read's end the write began, the write's duration (planned, in a
+# simulation), the coordinates its step changes and how many of them the read's copy holds
+# (``run.read_view = "sweep"``: recorded by simulations, and by measure-mode real runs from
+# the workers' read copies).
+READ_SWEEP_COLUMNS = ("begun_ns", "write_ns", "coordinates", "stored")
 
 
 @dataclass
@@ -152,3 +159,10 @@ def convoy_pairs(trace: Trace) -> np.ndarray | None:
     """The trace's write pairs as rows of :data:`CONVOY_PAIR_COLUMNS` (None: not recorded)."""
     flat = trace.arrays.get(f"{EXTRA}convoy_pairs")
     return None if flat is None else flat.reshape(-1, len(CONVOY_PAIR_COLUMNS))
+
+
+def read_sweeps(trace: Trace) -> np.ndarray | None:
+    """The trace's reads under a write as rows of :data:`READ_SWEEP_COLUMNS` (None: not
+    recorded)."""
+    flat = trace.arrays.get(f"{EXTRA}read_sweeps")
+    return None if flat is None else flat.reshape(-1, len(READ_SWEEP_COLUMNS))
