@@ -224,8 +224,8 @@ def run_real(scenario: Scenario, workers: int, mode: str, dtype: str = "float32"
     # The embedded scenario states the closest simulator semantics: a per-block lock makes each
     # block's read-modify-write atomic (atomic_add); the whole-update lock is `locked`; each
     # worker makes a fixed share of the updates (split = even); a copy of a dense vector made
-    # while another worker's in-place write sweeps it reads part of that write (read_view =
-    # sweep).
+    # while another worker's in-place write runs holds what that write has stored by then
+    # (read_view = sweep).
     problem = problem if problem is not None else make_problem(scenario.problem)
     protocol = {"blocklock": "lockfree"}.get(mode, mode)
     overrides = [f"run.threads={workers}", f"run.protocol={protocol}", "run.split=even",

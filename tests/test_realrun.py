@@ -20,6 +20,7 @@ from simulator.problems import make_problem
 from simulator.replay import replay
 from simulator.scenario import scenario_from_dict
 from simulator.timing import sample_stream
+from simulator.trace import read_sweeps
 
 from .conftest import scenario
 
@@ -221,6 +222,20 @@ def test_measure_mode_on_lock_free_workers():
     assert np.flatnonzero(trace["measured"]).tolist() == list(range(2, 3000, 3))
     assert np.isfinite(trace["delta_norm"][trace["measured"]]).all()
     assert run.hardware_loss is not None and run.hardware_loss["rebuilt_vs_real_norm"] >= 0
+
+
+def test_measure_mode_records_what_copies_held_of_writes_in_flight():
+    """One block, read copies kept: each read under another worker's lone write gives a row of
+    how long before the read's end the write began, its duration, the coordinates its step
+    changed and how many of them the copy held (realrun.rebuild.read_sweeps)."""
+    run = run_real(scenario(*TINY, "run.updates=6000"), 2, "lockfree", dtype="float64",
+                   measure_every=1)
+    rows = read_sweeps(run.trace)
+    assert run.failure is None and rows is not None and rows.shape[0] > 0
+    begun, span, size, held = rows.T
+    assert np.all(begun > 0) and np.all(span > 0)
+    assert np.all((size > 0) & (size <= run.problem.dim)) and np.all((held >= 0) & (held <= size))
+    assert np.array_equal(held, np.rint(held))
 
 
 def test_block_locks_keep_every_store():
