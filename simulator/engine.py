@@ -79,17 +79,19 @@ class _Flight:
 
 class _Writing:
     """A block write in flight that a read sees part of (``run.read_view = "sweep"``): whose,
-    from when, until when as planned (a convoy member: its convoy's end plus its tail), the
-    values it lands (``loaded`` − ``step``, or ``step`` subtracted from the memory, less the
-    coordinates in ``lost`` under its uid)."""
+    from when, until when as planned (a convoy member: its convoy's end plus its tail), and
+    the step its stores take off the memory, less the coordinates in ``lost`` under its uid.
+    A read sees the stores of an in-place sweep, each the value it replaces less the step,
+    even where the write itself lands as ``loaded − step`` at its end (``load_store``): a
+    write stopped by a time slice does not show the block as it was at the write's start."""
 
-    __slots__ = ("convoy", "end", "loaded", "lost", "start", "step", "tail", "thread", "uid")
+    __slots__ = ("convoy", "end", "lost", "start", "step", "tail", "thread", "uid")
 
     def __init__(self, u: Update, start: int, end: int, step: np.ndarray,
-                 loaded: np.ndarray | None = None, lost: dict[int, np.ndarray] | None = None,
-                 convoy: _Convoy | None = None, tail: int = 0) -> None:
+                 lost: dict[int, np.ndarray] | None = None, convoy: _Convoy | None = None,
+                 tail: int = 0) -> None:
         self.thread, self.uid, self.start, self.end = u.thread, u.uid, start, end
-        self.step, self.loaded, self.lost, self.convoy, self.tail = step, loaded, lost, convoy, tail
+        self.step, self.lost, self.convoy, self.tail = step, lost, convoy, tail
 
     def planned_end(self) -> int:
         return self.end if self.convoy is None else self.convoy.end + self.tail
@@ -807,8 +809,7 @@ class Engine:
                                      else mem.load(index))
                 if sweeps_whole:
                     writing = _Writing(u, clock[thread], clock[thread] + write_ns[i],
-                                       step[vsel], loaded,
-                                       self._passing_lost[block] if passes else None)
+                                       step[vsel], self._passing_lost[block] if passes else None)
                     self._in_write[block].append(writing)
                 wait = self._advance(thread, write_ns[i], True)
                 if wait is not None:
@@ -972,11 +973,8 @@ class Engine:
                 continue
             part = slice(index.start, index.start + m)
             step = writing.step[:m]
-            if writing.loaded is not None:
-                local[part] = writing.loaded[:m] - step
-            else:
-                lost = None if writing.lost is None else writing.lost.get(writing.uid)
-                local[part] -= step if lost is None else np.where(lost[:m], 0.0, step)
+            lost = None if writing.lost is None else writing.lost.get(writing.uid)
+            local[part] -= step if lost is None else np.where(lost[:m], 0.0, step)
             torn = bool(torn) or m < size
         return torn
 

@@ -205,3 +205,28 @@ def test_real_read_copies_give_the_share_they_hold():
     assert rows.tolist() == [[15.0, 20.0, 4.0, 3.0]]
     reads[1][0][0] = 7.0  # a coordinate that is neither before nor after: left out
     assert rebuild_read_sweeps(times, thread, seq, steps, reads, "float64").size == 0
+
+
+def test_a_load_store_write_in_flight_shows_its_stores_not_its_loads():
+    """load_store: a's write loads w0 at 7000 and lands w0 − a's step at 11000 (b's first step,
+    landed at 9000, is lost then). b's read ending at 10000 sees what an in-place sweep has
+    stored by then on a's first 30 coordinates — the memory less a's step — not the block
+    as a loaded it (which would take b's own landed step back)."""
+    sc = scenario(*_hand(), "run.read_view=sweep", "run.write_mode=load_store",
+                  "metrics.exact=true")
+    trace = simulate(sc)
+    rows = {(int(t), int(q)): i for i, (t, q) in enumerate(zip(trace["thread"],
+                                                              trace["thread_seq"], strict=True))}
+    a1, b1, b2 = rows[0, 0], rows[1, 0], rows[1, 1]
+    problem, lr, w0 = make_problem(sc.problem), sc.run.lr, trace["w0"]
+    step_a1 = lr * problem.grad(w0, int(trace["sample"][a1]))[0]
+    step_b1 = lr * problem.grad(w0, int(trace["sample"][b1]))[0]
+    stored = w0 - step_b1
+    stored[:30] -= step_a1[:30]
+    loads = w0 - step_b1
+    loads[:30] = w0[:30] - step_a1[:30]
+    # b2 completes third, on w0 − a's step: its serialized step is its own gradient.
+    at = {name: np.linalg.norm(problem.grad(copy, int(trace["sample"][b2]))[0])
+          for name, copy in (("stored", stored), ("loads", loads))}
+    assert trace["s_norm"][b2] == pytest.approx(at["stored"], rel=1e-12)
+    assert abs(at["stored"] - at["loads"]) > 1e-6
