@@ -1195,14 +1195,14 @@ def store_shares(rows: np.ndarray, lead: float, tail: float) -> np.ndarray:
 
 
 def fit_store_window(traces: list[Trace]) -> dict[str, Any]:
-    """``timing.write_sweep_lead`` and ``write_sweep_tail`` from the traces' reads under a
-    write (:func:`simulator.trace.read_sweeps`: measure-mode real runs of one block record
-    them): the pair whose :func:`store_shares` are nearest the copied shares (least mean
-    absolute difference; a grid up to the writes' 95th percentile, refined once), in
-    ``"fields"`` when there are enough rows of a run that reads what writes in flight
-    stored (``run.read_view = "sweep"``)."""
+    """``timing.write_sweep_lead`` and ``write_sweep_tail`` from the reads under a write
+    (:func:`simulator.trace.read_sweeps`: measure-mode real runs of one block record them)
+    of ``traces``, runs that read what writes in flight stored (``run.read_view =
+    "sweep"``): the pair whose :func:`store_shares` are nearest the copied shares (least
+    mean absolute difference; a grid up to the writes' 95th percentile, refined once), in
+    ``"fields"`` when there are enough rows."""
     report: dict[str, Any] = {"fields": None}
-    found = [read_sweeps(trace) for trace in traces if _reads_sweep(trace)]
+    found = [read_sweeps(trace) for trace in traces]
     rows = np.concatenate([r for r in found if r is not None]) if found else np.zeros((0, 4))
     rows = rows[rows[:, 2] > 0]
     report["rows"] = int(rows.shape[0])
@@ -1227,12 +1227,6 @@ def fit_store_window(traces: list[Trace]) -> dict[str, Any]:
                   write_median_ns=float(np.median(rows[:, 1])))
     report["fields"] = {"write_sweep_lead": lead, "write_sweep_tail": tail}
     return report
-
-
-def _reads_sweep(trace: Trace) -> bool:
-    """Whether the trace's run read what writes in flight had stored (its scenario's
-    ``run.read_view``)."""
-    return scenario_from_dict(tomllib.loads(trace.scenario_toml)).run.read_view == "sweep"
 
 
 def _with_fitted(timing: TimingSpec, *reports: dict[str, Any]) -> TimingSpec:
@@ -1457,7 +1451,8 @@ def calibrate(run_dir: str | Path | list[str | Path], pool: bool = False, cores:
     threads = scenario.run.threads
     rhythms = {(str(threads) if len(loaded) == 1 else f"{threads} ({path.name})"):
                trace_rhythm(trace) for path, trace, _ in loaded}
-    stores = fit_store_window(traces)
+    stores = fit_store_window([trace for _, trace, run in loaded
+                               if run.run.read_view == "sweep"])
     episode = fit_episodes(traces, episodes)
     if episode["fields"]:  # the durations at the cores' own pace
         own = 1 / episode["fields"]["slow_factor"]
@@ -1605,7 +1600,8 @@ def calibrate_counts(run_dirs: list[str | Path], cores: int = 0, quantum: int = 
         [(trace, rows) for (_, trace, _), rows in zip(loaded, spans, strict=True)],
         convoys, shared, cores, quantum)
     traces = [trace for _, trace, _ in loaded]
-    stores = fit_store_window(traces)
+    stores = fit_store_window([trace for _, trace, run in loaded
+                               if run.run.read_view == "sweep"])
     if sharing["fields"]:  # the marked writes as drawn
         traces = [_deflated(trace, factors)
                   for trace, factors in zip(traces, sharing["deflate"], strict=True)]

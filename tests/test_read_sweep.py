@@ -132,20 +132,20 @@ def test_sweeping_reads_are_deterministic_and_replay_bit_for_bit(extra):
     assert trace["torn"].any()
 
 
-def test_bad_read_view_names_the_field(tmp_path, capsys):
+@pytest.mark.parametrize(("setting", "field", "value"),
+                         [("run.read_view=halfway", "run.read_view", "halfway"),
+                          ("timing.write_sweep_tail=-5", "write_sweep_tail", "-5")])
+def test_a_bad_value_names_the_field(tmp_path, capsys, setting, field, value):
     out = tmp_path / "run"
-    assert main(["simulate", "--out", str(out), "--quiet", "--set",
-                 "run.read_view=halfway"]) == 2
+    assert main(["simulate", "--out", str(out), "--quiet", "--set", setting]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "run.read_view" in err[0] and "halfway" in err[0]
+    assert len(err) == 1 and field in err[0] and value in err[0]
     assert not out.exists()
+
+
+def test_sparse_problems_and_explore_refuse_sweeping_reads():
     with pytest.raises(ScenarioError, match=r"run\.read_view"):
         simulate(scenario("problem.name=sparse_logistic", "run.read_view=sweep"))
-    assert main(["simulate", "--out", str(out), "--quiet", "--set",
-                 "timing.write_sweep_tail=-5"]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "write_sweep_tail" in err[0] and "-5" in err[0]
-    assert not out.exists()
     with pytest.raises(ScenarioError, match=r"run\.read_view"):
         run_schedule(scenario("run.threads=2", "run.updates=4", "run.read_view=sweep"),
                      Scheduler("random", 2))
@@ -169,11 +169,9 @@ def test_the_recorded_reads_under_a_write_follow_the_store_window():
 @pytest.mark.parametrize(("lead", "tail"), [(2000, 1000), (0, 0), (4500, 300)])
 def test_calibrate_recovers_the_store_window(tmp_path, lead, tail):
     run = tmp_path / "run"
-    assert main(["simulate", "--quiet", "--out", str(run), "--set", *WINDOW[:1], "--set",
-                 *WINDOW[1:2], "--set", WINDOW[2], "--set", WINDOW[3],
-                 *[arg for pair in (("--set", o) for o in LOGNORMAL) for arg in pair],
-                 "--set", f"timing.write_sweep_lead={lead}",
-                 "--set", f"timing.write_sweep_tail={tail}"]) == 0
+    settings = (*WINDOW, f"timing.write_sweep_lead={lead}", f"timing.write_sweep_tail={tail}")
+    assert main(["simulate", "--quiet", "--out", str(run),
+                 *(arg for o in settings for arg in ("--set", o))]) == 0
     calibrated, report = calibrate(run)
     timing = calibrated.devices[0].timing
     assert abs(timing.write_sweep_lead - lead) <= 150
