@@ -83,11 +83,16 @@ What is fitted:
   (:func:`undisturbed`; exact for two workers, the shares add for more). Rows are grouped
   by what the other workers were doing when the phase began, which its own duration cannot
   have chosen: all idle, or one in phase q with at least 10% of a typical duration to go
-  (30 rows a group at least). The slowdowns solve "each group's median draw equals the
-  idle group's" (least squares, in [0, 20]); with convoys a write is not slowed by another
-  write, and the writes are those that met no other, or with ``write_shared`` fitted their
-  times alone (a met write's censored at the meeting, the groups' medians then Kaplan–Meier
-  ones). The durations' distributions are then fitted on the draws;
+  (30 rows a group at least). A group whose median duration is not above the idle
+  group's by three standard errors fits no slowdown (:func:`_slower`); the others' solve
+  "each group's median draw equals the idle group's" (least squares, in [0, 20], with a
+  pull of 0.05 per unit slowdown toward none: a phase that every group's rows spend under
+  the same other phase, as a long gradient under the other's, leaves its slowdown
+  undetermined, and it is then none, not the search's start); with convoys a write is
+  not slowed by another write, and the writes are those that met no other, or with
+  ``write_shared`` fitted their times alone (a met write's censored at the meeting, the
+  groups' medians then Kaplan–Meier ones). The durations' distributions are then fitted
+  on the draws;
 * shared lines (``timing.write_shared``; ``shared``; two or more workers): a write whose
   worker still holds the vector from its own read (no other write began since) while
   another worker read it after that (:func:`shared_writes`) runs longer: on hardware its
@@ -125,6 +130,7 @@ from __future__ import annotations
 import itertools
 import math
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -176,6 +182,10 @@ _MEDIAN_ABS = 0.6744897501960817  # median of |Z| for a standard normal Z
 # largest slowdown fitted, the weakest "auto" keeps, rounds of the coordinate-wise fit.
 _OTHERS = ("read", "grad", "write")
 _MAX_SLOWDOWN = 20.0
+_RIDGE = 0.05  # interference: log-median gap a unit slowdown must explain to be kept
+_SIGNIFICANT = 3.0  # interference: standard errors a group's median must lie above
+_MAD_TO_SD = 1.4826  # a normal sample's standard deviation over its median absolute deviation
+_MEDIAN_SE = 1.2533  # a normal sample's median's standard error over its mean's
 _MIN_UNDER = 0.1
 _COVER = 0.1  # rows under another's phase: for this share of a typical duration at least
 _FLOOR = 0.05  # the least share of a recorded duration its draw is taken to be
@@ -905,7 +915,8 @@ def fit_interference(runs: list[tuple[Trace, np.ndarray, np.ndarray | None]],
                 groups[q] = group
         if not groups:
             continue
-        free = list(groups)
+        free = [q for q, group in groups.items()
+                if _slower(duration / scale, censored, group, quiet)]
 
         def gaps(x: np.ndarray, free: list[int] = free, groups: dict = groups,
                  duration: np.ndarray = duration, under: np.ndarray = under,
@@ -918,10 +929,16 @@ def fit_interference(runs: list[tuple[Trace, np.ndarray, np.ndarray | None]],
             return np.array([_log_median(work[groups[q]], censored[groups[q]]) - base
                              for q in free])
 
-        # Each group's median draw equal to the quiet rows' (one equation per slowdown).
-        fit = scipy.optimize.least_squares(gaps, np.full(len(free), 0.5),
-                                           bounds=(0.0, _MAX_SLOWDOWN), diff_step=1e-2)
-        slowdown[free] = fit.x
+        # Each group's median draw equal to the quiet rows' (one equation per slowdown),
+        # and a small pull toward no slowdown that only a slowdown the groups leave
+        # undetermined feels.
+        def penalized(x: np.ndarray, gaps: Callable = gaps) -> np.ndarray:
+            return np.concatenate([gaps(x), _RIDGE * x])
+
+        if free:
+            fit = scipy.optimize.least_squares(penalized, np.full(len(free), 0.5),
+                                               bounds=(0.0, _MAX_SLOWDOWN), diff_step=1e-2)
+            slowdown[free] = fit.x
         slowed = {_OTHERS[q]: float(slowdown[q]) for q in groups}
         phases[phase] = {"slowdown": slowed, "rows": int(duration.size),
                          "rows_other_idle": int(quiet.sum()),
@@ -950,6 +967,20 @@ def fit_interference(runs: list[tuple[Trace, np.ndarray, np.ndarray | None]],
             deflate[index][phase] = (use, work / np.maximum(duration, 1.0))
     report["deflate"] = deflate
     return report
+
+
+def _slower(duration: np.ndarray, censored: np.ndarray, group: np.ndarray,
+            quiet: np.ndarray) -> bool:
+    """Whether the ``group`` rows' median duration is above the ``quiet`` rows' by more
+    than ``_SIGNIFICANT`` standard errors of the difference of the two log medians (the
+    median's standard error taken as for a normal sample of log durations, its spread from
+    the median absolute deviation): a group no slower than its noise fits no slowdown."""
+    logs = np.log(duration[group | quiet])
+    spread = _MAD_TO_SD * float(np.median(np.abs(logs - np.median(logs))))
+    error = _MEDIAN_SE * spread * math.sqrt(1 / group.sum() + 1 / quiet.sum())
+    gap = (_log_median(duration[group], censored[group])
+           - _log_median(duration[quiet], censored[quiet]))
+    return gap > _SIGNIFICANT * error
 
 
 def _log_median(values: np.ndarray, censored: np.ndarray) -> float:
