@@ -941,6 +941,7 @@ def fit_interference(runs: list[tuple[Trace, np.ndarray, np.ndarray | None]],
             slowdown[free] = fit.x
         slowed = {_OTHERS[q]: float(slowdown[q]) for q in groups}
         phases[phase] = {"slowdown": slowed, "rows": int(duration.size),
+                         "within_noise": [_OTHERS[q] for q in groups if q not in free],
                          "rows_other_idle": int(quiet.sum()),
                          "rows_under": {_OTHERS[q]: int(g.sum()) for q, g in groups.items()}}
         fields.update({f"{phase}_under_{q}": value for q, value in slowed.items()})
@@ -1840,7 +1841,9 @@ def _describe_interference(report: dict[str, Any]) -> str:
         return f"none fitted ({report.get('why', '')})"
     parts = []
     for phase, fit in report["phases"].items():
-        slowed = ", ".join(f"{q} {value:.3g} ({fit['rows_under'][q]} rows)"
+        noise = fit.get("within_noise", [])
+        slowed = ", ".join(f"{q} {value:.3g} ({fit['rows_under'][q]} rows"
+                           f"{', within noise' if q in noise else ''})"
                            for q, value in fit["slowdown"].items())
         parts.append(f"{phase} under {slowed}")
     return ("slowdown per other worker in a phase, against "

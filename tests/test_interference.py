@@ -4,10 +4,13 @@ the trace's timeline, for determinism and replay, and for calibration recovering
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
 from simulator.calibrate import (
+    _describe_interference,
     _slower,
     calibrate,
     calibrate_counts,
@@ -87,6 +90,11 @@ def test_calibration_recovers_the_slowdowns():
         for q, value in zip(("read", "grad", "write"), row, strict=True):
             if (phase, q) != ("write", "grad"):
                 assert fields[f"{phase}_under_{q}"] == pytest.approx(value, abs=0.1), (phase, q)
+            if value:  # a slowdown simulated is never taken for noise
+                assert q not in report["phases"][phase]["within_noise"], (phase, q)
+    assert "read" in report["phases"]["grad"]["within_noise"]  # simulated: none
+    assert re.search(r"grad under read 0 \(\d+ rows, within noise\)",
+                     _describe_interference(report))
 
 
 def test_no_interference_fits_none():
