@@ -182,7 +182,7 @@ _MEDIAN_ABS = 0.6744897501960817  # median of |Z| for a standard normal Z
 # largest slowdown fitted, the weakest "auto" keeps, rounds of the coordinate-wise fit.
 _OTHERS = ("read", "grad", "write")
 _MAX_SLOWDOWN = 20.0
-_RIDGE = 0.05  # interference: log-median gap a unit slowdown must explain to be kept
+_RIDGE = 0.05  # interference: pull toward none per unit slowdown, in log-median units
 _SIGNIFICANT = 3.0  # interference: standard errors a group's median must lie above
 _MAD_TO_SD = 1.4826  # a normal sample's standard deviation over its median absolute deviation
 _MEDIAN_SE = 1.2533  # a normal sample's median's standard error over its mean's
