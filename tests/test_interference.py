@@ -181,4 +181,3 @@ def test_worker_counts_without_interference_fit_none(tmp_path):
     assert timing.interference is None and report["interference"]["fields"] is None
     assert timing.grad.mean == pytest.approx(16000, rel=0.05)
     assert timing.grad_per_thread < 0.05
-
