@@ -267,7 +267,7 @@ def run_real(scenario: Scenario, workers: int, mode: str, dtype: str = "float32"
             snapshots = [(0, time.monotonic_ns(), _host(buffers.w))]
             go.set()
             failure = _watch(buffers, processes, scenario.run.updates, timeout, started,
-                             progress, snapshots)
+                             progress, snapshots, processes[0].release)
     except KeyboardInterrupt:
         failure = {"worker": None, "reason": "interrupted (Ctrl-C)"}
     finally:
@@ -286,7 +286,8 @@ def _workers(buffers: Buffers, workers: int, quotas: list[int], toml: str, mode:
              blocks: int, device: str | None, launch: str, accumulate: int,
              cpus: list[int] | None) -> list[Any]:
     """The worker processes or threads, not started; each carries the common start event
-    as ``.go`` and the locks as ``.shared``. ``device`` None: the numpy worker; else the
+    as ``.go``, the event that lets finished processes exit as ``.release`` (None for
+    threads) and the locks as ``.shared``. ``device`` None: the numpy worker; else the
     torch worker on that device. ``cpus``: worker r pins itself to ``cpus[r]``."""
     import threading
 
@@ -302,6 +303,7 @@ def _workers(buffers: Buffers, workers: int, quotas: list[int], toml: str, mode:
         block_locks: Any = ([threading.Lock() for _ in range(blocks)] if mode == "blocklock"
                             else None)
         go: Any = threading.Event()
+        release: Any = None  # a finished thread costs nothing more
         stop = threading.Event()
         made: list[Any] = [ThreadWorker(torch_worker_main, (
             spec, buffers, lock, block_locks, go, device, accumulate, stop), stop)
@@ -311,19 +313,19 @@ def _workers(buffers: Buffers, workers: int, quotas: list[int], toml: str, mode:
         lock = context.Lock() if mode == "locked" else None
         block_locks = ([context.Lock() for _ in range(blocks)] if mode == "blocklock"
                        else None)
-        go = context.Event()
+        go, release = context.Event(), context.Event()
         made = []
         for spec in specs:
-            target, args = ((worker_main, (spec, buffers, lock, block_locks, go))
+            target, args = ((worker_main, (spec, buffers, lock, block_locks, go, release))
                             if device is None else
                             (torch_worker_main, (spec, buffers, lock, block_locks, go, device,
-                                                 accumulate)))
+                                                 accumulate, None, release)))
             made.append(context.Process(target=target, args=args, daemon=True))
     for worker in made:
         # Process.start() drops its arguments; the parent must keep the locks and the event
         # alive until the workers end (a collected semaphore is unlinked before a spawned
         # child can open it).
-        worker.go, worker.shared = go, (lock, block_locks)
+        worker.go, worker.release, worker.shared = go, release, (lock, block_locks)
     return made
 
 
@@ -342,8 +344,10 @@ def _start_together(buffers: Buffers, processes: list[Any], timeout: float | Non
 
 def _watch(buffers: Buffers, processes: list[Any], total: int, timeout: float | None,
            started: float, progress: Callable[[int], object] | None,
-           snapshots: list[tuple[int, int, np.ndarray]]) -> dict[str, Any] | None:
-    """Poll until every worker is done; the failure that stopped the run, if any."""
+           snapshots: list[tuple[int, int, np.ndarray]],
+           release: Any = None) -> dict[str, Any] | None:
+    """Poll until every worker is done (then set ``release``, so they exit) and has exited;
+    the failure that stopped the run, if any."""
     reported, every = 0, max(1, total // _CURVE_POINTS)
     while True:
         done = int(buffers.progress.sum())
@@ -355,9 +359,11 @@ def _watch(buffers: Buffers, processes: list[Any], total: int, timeout: float | 
         failure = _failure(buffers, processes)
         if failure is not None:
             return failure
-        if all(int(s) == STATUS_DONE for s in buffers.status) and all(
-                p.exitcode is not None for p in processes):
-            return None
+        if all(int(s) == STATUS_DONE for s in buffers.status):
+            if release is not None:
+                release.set()
+            if all(p.exitcode is not None for p in processes):
+                return None
         if timeout is not None and time.monotonic() - started > timeout:
             return {"worker": None, "reason": f"timeout after {timeout:g} s"}
         time.sleep(_POLL_S)

@@ -61,11 +61,12 @@ class TorchGradient:
 
 def torch_worker_main(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any,
                       go: Any, device: str, accumulate: int,
-                      stop: threading.Event | None = None) -> None:
-    """Set up, wait for ``go``, run ``spec.quota`` updates on ``device``; record a failure
-    in the shared status and message and raise ``SystemExit(1)``. In a worker process
-    (``stop`` None) SIGINT is ignored (the parent decides how to stop); a worker thread
-    stops early when ``stop`` is set."""
+                      stop: threading.Event | None = None, release: Any = None) -> None:
+    """Set up, wait for ``go``, run ``spec.quota`` updates on ``device``, then wait for
+    ``release`` (as ``realrun.worker.worker_main``); record a failure in the shared status
+    and message and raise ``SystemExit(1)``. In a worker process (``stop`` None) SIGINT is
+    ignored (the parent decides how to stop); a worker thread stops early when ``stop`` is
+    set."""
     import torch
 
     if stop is None:
@@ -82,6 +83,8 @@ def torch_worker_main(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks
         else:
             _loop(spec, buffers, lock, block_locks, go, device, accumulate, stop)
         buffers.status[spec.rank] = STATUS_DONE
+        if release is not None:
+            release.wait()
     except BaseException as err:  # every failure, SystemExit included, must reach the parent
         record_failure(buffers, spec.rank, err)
         raise SystemExit(1) from None

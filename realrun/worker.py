@@ -70,9 +70,14 @@ class Buffers:
 
 
 def worker_main(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any = None,
-                go: Any = None) -> None:
+                go: Any = None, release: Any = None) -> None:
     """Set up, wait for ``go`` (an Event every worker waits on, so all start together), run
-    ``spec.quota`` updates; on any exception record it and exit with status 1.
+    ``spec.quota`` updates, then wait (asleep) for ``release``, which the parent sets once
+    every worker is done; on any exception record it and exit with status 1.
+
+    The wait keeps a finished worker's exit off the cores while the others still train: a
+    process that imported torch spends tens to hundreds of milliseconds of CPU on its way
+    out, and the OS gives that time slices on a core a worker is using (bench/README.md).
 
     Workers ignore SIGINT: Ctrl-C reaches the whole process group, and the parent decides how
     to stop (it terminates the workers and keeps what they completed)."""
@@ -82,6 +87,8 @@ def worker_main(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any 
     try:
         _loop(spec, buffers, lock, block_locks, go)
         buffers.status[spec.rank] = STATUS_DONE
+        if release is not None:
+            release.wait()
     except BaseException as err:  # every failure, SystemExit included, must reach the parent
         record_failure(buffers, spec.rank, err)
         raise SystemExit(1) from None

@@ -5,6 +5,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import tomllib
 from pathlib import Path
@@ -14,7 +15,7 @@ import pytest
 
 from realrun.probe import built, probe_cpus
 from realrun.runner import run_real
-from realrun.timeslice import measure_time_slice
+from realrun.timeslice import measure_migration, measure_time_slice
 from simulator.engine import simulate
 from simulator.problems import make_problem
 from simulator.replay import replay
@@ -297,6 +298,17 @@ def test_the_time_slice_of_this_machine_is_measured():
     assert 100_000 < quantum < 100_000_000
 
 
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs CPU affinity")
+def test_the_load_balancer_of_this_machine_is_measured():
+    """Three processes spin on two CPUs (or two on one): two of them share a core and take
+    turns; the mean interval between the balancer's moves is at least a time slice and at
+    most the time watched when none was seen."""
+    cores = min(2, len(os.sched_getaffinity(0)))
+    migrate, moves = measure_migration(cores, 4_000_000, seconds=1.0)
+    assert moves >= 0
+    assert 8_000_000 <= migrate <= 1_000_000_000
+
+
 def _seen_in_workers(pids: list[int], look, polls: int = 1) -> dict[int, object]:
     """``look(pid)`` for each worker, polled every 10 ms until it gave the same answer (not
     None) ``polls`` times in a row, or 20 s passed: workers are still starting while the
@@ -342,6 +354,51 @@ def test_pinned_workers_run_on_a_cpu_each_in_turn():
     assert run.failure is None and run.cpus == want
     assert [seen.get(r) for r in range(3)] == want
     assert run_real(scenario(*TINY), 2, "lockfree").cpus is None
+
+
+def _exited(pid: int) -> bool:
+    """Whether process ``pid`` has ended (gone, or a zombie its parent has not reaped)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return True
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or not Path("/proc").is_dir(),
+                    reason="needs CPU affinity and /proc")
+def test_a_finished_worker_exits_only_when_every_worker_is_done():
+    """A worker that made its updates waits, asleep, until every worker has made theirs:
+    a process that imported torch spends tens to hundreds of ms of CPU on its way out, which
+    would take time slices from the workers still training. Three pinned workers on this
+    machine's CPUs (on 2 CPUs, worker 1 runs alone and is done in half the time): no worker
+    process ends before the parent has seen all 300,000 updates."""
+    exits: dict[int, int] = {}
+    seen_all: list[int] = []
+    done = [0]
+
+    def watch(pids: list[int]) -> None:
+        def poll() -> None:
+            deadline = time.monotonic() + 120
+            while len(exits) < len(pids) and time.monotonic() < deadline:
+                for pid in pids:
+                    if pid not in exits and _exited(pid):
+                        exits[pid] = time.monotonic_ns()
+                time.sleep(0.0005)
+        threading.Thread(target=poll, daemon=True).start()
+
+    def progress(n: int) -> None:
+        done[0] += n
+        if done[0] >= 300_000 and not seen_all:
+            seen_all.append(time.monotonic_ns())
+
+    run = run_real(scenario(*TINY, "run.updates=300000"), 3, "lockfree", pin=True,
+                   on_start=watch, progress=progress)
+    assert run.failure is None and seen_all
+    deadline = time.monotonic() + 10
+    while len(exits) < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(exits) == 3
+    assert min(exits.values()) > seen_all[0]
 
 
 @pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs /proc")
