@@ -205,6 +205,9 @@ def main() -> None:
     parser.add_argument("--quantum", default="0",
                         help="time slice (ns; 0: none; auto: measure this machine's)")
     parser.add_argument("--slicing", default="per_core", help="per_core or global")
+    parser.add_argument("--migrate", default="0",
+                        help="calibrate --migrate (ns between load-balancer moves; 0: only to "
+                             "an idle core; auto: measure this machine's, once)")
     parser.add_argument("--updates", type=int, default=20_000)
     parser.add_argument("--mode", default="lockfree")
     parser.add_argument("--set", action="append", default=[], help="scenario overrides")
@@ -239,9 +242,17 @@ def main() -> None:
     work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="fidelity-"))
     work.mkdir(parents=True, exist_ok=True)
     overrides = [v for o in [f"run.updates={args.updates}", *args.set] for v in ("--set", o)]
+    if args.quantum == "auto" or args.migrate == "auto":  # measured once, used by every fit
+        from realrun.timeslice import measure_migration, measure_time_slice
+
+        if args.quantum == "auto":
+            args.quantum = str(measure_time_slice()[0])
+        if args.migrate == "auto":
+            args.migrate = str(measure_migration(args.cores, int(args.quantum))[0])
     print(f"# {time.strftime('%Y-%m-%d')}, {platform.machine()}, {os.cpu_count()} cores, "
           f"{args.mode}, {args.updates:,} updates, calibrated with --pool --cores {args.cores}"
-          f" --quantum {args.quantum} --slicing {args.slicing} --convoys {args.convoys}"
+          f" --quantum {args.quantum} --slicing {args.slicing} --migrate {args.migrate}"
+          f" --convoys {args.convoys}"
           f" --common {args.common} --interference {args.interference}"
           f" --shared {args.shared}"
           f" --speeds {args.speeds} --episodes {args.episodes}"
@@ -276,8 +287,8 @@ def main() -> None:
         one = pooled and len(sources) == 2  # one run: each core's speed can be fitted
         _run("calibrate", *sources, "--out", str(work / f"cal{k}.toml"), "--cores",
              str(args.cores), "--quantum", args.quantum, "--slicing", args.slicing,
-             "--convoys", args.convoys, "--common", args.common, "--interference",
-             args.interference, "--shared", args.shared,
+             "--migrate", args.migrate, "--convoys", args.convoys, "--common", args.common,
+             "--interference", args.interference, "--shared", args.shared,
              *(["--speeds", args.speeds] if one else []),
              *(["--episodes", args.episodes] if pooled else []),
              "--quiet")

@@ -1709,6 +1709,8 @@ def calibrated_toml(scenario: Scenario, report: dict[str, Any]) -> str:
             lines.append(f"#   {worker} {op}: {text}")
     if "time_slice" in report:
         lines.append(f"#   time slice: {report['time_slice']}")
+    if "migrate" in report:
+        lines.append(f"#   load balancer: {report['migrate']}")
     for phase, fit in report["contention"].items():
         if fit is not None and "per_thread" in fit:
             means = ", ".join(f"k = {k}: {m:.4g} ns" for k, m in fit["means_ns"].items())

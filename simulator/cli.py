@@ -519,6 +519,27 @@ def _quantum(text: str) -> tuple[int, str]:
     return quantum, ""
 
 
+def _migrate(text: str, cores: int, quantum: int, slicing: str) -> tuple[int, str]:
+    """``--migrate``: ns, or ``auto`` to measure this machine's load balancer (and say how)."""
+    if text == "0":
+        return 0, ""
+    if not (cores and quantum and slicing == "per_core"):
+        raise ScenarioError("--migrate", text, "needs --cores, --quantum and --slicing per_core")
+    if text == "auto":
+        from realrun.timeslice import measure_migration
+
+        migrate, moves = measure_migration(cores, quantum)
+        return migrate, (f"{migrate / 1e6:.3g} ms between moves, measured on this machine "
+                         f"({moves} moves of {cores + 1} processes spinning on {cores} cores)")
+    try:
+        migrate = int(text)
+    except ValueError:
+        raise ScenarioError("--migrate", text, "must be ns (an integer) or auto") from None
+    if migrate < 0:
+        raise ScenarioError("--migrate", migrate, "must be >= 0 ns")
+    return migrate, ""
+
+
 def _calibrate(args: argparse.Namespace) -> int:
     from simulator.calibrate import (
         MARKER,
@@ -536,6 +557,7 @@ def _calibrate(args: argparse.Namespace) -> int:
     if args.cores < 0:
         raise ScenarioError("--cores", args.cores, "must be >= 0 (0: one per thread)")
     quantum, measured = _quantum(args.quantum)
+    migrate, balancer = _migrate(args.migrate, args.cores, quantum, args.slicing)
     if args.common == "rhythm" and not args.quiet:
         print("fitting common factors to the runs' rhythm (up to 12 simulations of the calibrated "
               "scenario, at most 20,000 updates each)...", flush=True)
@@ -559,6 +581,11 @@ def _calibrate(args: argparse.Namespace) -> int:
                                      args.slicing, args.convoys, args.common,
                                      args.interference, args.speeds, args.episodes,
                                      args.shared)
+    if migrate:
+        scenario = dataclasses.replace(scenario, devices=tuple(
+            dataclasses.replace(d, migrate=migrate) if d.quantum and d.slicing == "per_core" else d
+            for d in scenario.devices))
+        report["migrate"] = balancer or f"{migrate / 1e6:.3g} ms between moves (given)"
     if measured:
         report["time_slice"] = measured
     # Where the host put the runs' CPUs (real runs on a virtual machine): a scenario fitted
@@ -935,6 +962,10 @@ def _parser() -> argparse.ArgumentParser:
                      help="time slices per core (each thread stays on one core, as Linux "
                           "keeps processes; default) or global (all threads rotate over all "
                           "cores)")
+    cal.add_argument("--migrate", default="0", metavar="NS",
+                     help="with --slicing per_core: the OS load balancer moves a waiting "
+                          "thread to another core every NS ns on average (0: only to a core "
+                          "left idle; auto: measure this machine's balancer)")
     for flag, default, what in (
             ("--convoys", "auto", "write convoys (overlapping writes that end together): fit "
              "them when the run shows them, or, when its overlapping writes end apart, "

@@ -36,6 +36,7 @@ from simulator.protocols import make_protocol
 from simulator.protocols.base import GROUPED, MEMBER, SINGLE, Protocol
 from simulator.rules import LR_FACTORS, mean_step
 from simulator.scenario import CONVOY_FIELDS, Scenario, TimingSpec, scenario_to_toml
+from simulator.slices import Migrating
 from simulator.timing import GRAD, IDLE, READ, WRITE, DurationSource, SampledSource
 from simulator.trace import COLUMNS, Trace
 from simulator.view import UNMEASURED, SerializedView
@@ -282,31 +283,34 @@ class Engine:
         devices = [scenario.device_of(t) for t in range(self.threads)]
         return [pools[d] for d in devices], [buses[d] for d in devices]
 
-    def _time_slices(self) -> list[tuple[list[int], int, int] | None]:
+    def _time_slices(self) -> list[tuple[list[int], int, int, Migrating | None] | None]:
         """Per thread on a time-sliced device: (the threads it rotates with, itself included;
-        the cores they share; quantum); None elsewhere and for a thread alone on its core.
+        the cores they share; quantum; the device's balancer moves, or None); None elsewhere
+        and for a thread alone on its core.
 
         ``global`` slicing rotates all the device's threads over its cores; ``per_core``
         puts its j-th thread (in slot order: ``run.placement``) on core j mod cores, where it
-        rotates with the core's others."""
+        rotates with the core's others; a core whose threads finished takes a waiting one,
+        and with ``migrate`` a balancer moves threads between the cores
+        (``simulator.slices``)."""
         scenario = self.scenario
         on: dict[int, list[int]] = {}
         for thread in range(self.threads):
             on.setdefault(scenario.device_of(thread), []).append(thread)
-        slices: list[tuple[list[int], int, int] | None] = [None] * self.threads
+        slices: list[tuple[list[int], int, int, Migrating | None] | None] = [None] * self.threads
         for device, threads in on.items():
             spec = scenario.devices[device]
             if not spec.quantum or not 0 < spec.cores < len(threads):
                 continue
-            if spec.slicing == "global":
-                rotations = [(threads, spec.cores)]
-            else:  # in slot order, the device's threads take its cores in turn
-                ordered = sorted(threads, key=scenario.slot_of)
-                rotations = [(ordered[core::spec.cores], 1) for core in range(spec.cores)]
-            for rotation, cores in rotations:
-                if len(rotation) > cores:
-                    for thread in rotation:
-                        slices[thread] = (rotation, cores, spec.quantum)
+            ordered = sorted(threads, key=scenario.slot_of)
+            if spec.slicing == "per_core":
+                moves = Migrating(ordered, spec.cores, spec.quantum, spec.migrate,
+                                  scenario.run.seed, device)
+                for thread in threads:
+                    slices[thread] = (ordered, spec.cores, spec.quantum, moves)
+                continue
+            for thread in threads:
+                slices[thread] = (threads, spec.cores, spec.quantum, None)
         return slices
 
     def _interference_setup(self) -> tuple[list[Slowdowns | None], list[list[int]]]:
@@ -518,7 +522,11 @@ class Engine:
 
     def _running_slot(self, thread: int, slot: int) -> int:
         """The first time slice from ``slot`` on in which ``thread`` runs."""
-        rotation, cores, quantum = self._slices[thread]  # type: ignore[misc]
+        rotation, cores, quantum, moves = self._slices[thread]  # type: ignore[misc]
+        if moves is not None:
+            while not moves.runs(thread, slot, self._finished):
+                slot += 1
+            return slot
         # Threads that finished their updates leave the rotation (a thread that ran ahead
         # of simpy's clock finished at its own clock, not before).
         live = [t for t in rotation if self._finished[t] > slot * quantum]

@@ -328,12 +328,18 @@ class DeviceSpec:
     When threads outnumber ``cores``, they take turns per action (FIFO), or, with
     ``quantum`` > 0, in time slices as an OS scheduler runs processes. ``slicing`` says how:
     ``global`` — in each slice of ``quantum`` ns, ``cores`` of the device's threads run (round
-    robin over all of them); ``per_core`` — the device's j-th thread stays on core j mod
+    robin over all of them); ``per_core`` — the device's j-th thread starts on core j mod
     ``cores`` and each core runs its own threads in turn, one slice each (as Linux keeps a
-    process on its CPU's run queue: with 3 processes on 2 cores one runs alone, two alternate).
+    process on its CPU's run queue: with 3 processes on 2 cores one runs alone, two alternate);
+    a core whose threads have all finished takes a waiting thread from the busiest core at
+    the next slice, as an idle Linux CPU pulls one.
     A thread outside its slice starts no action; an action already running finishes,
     unless ``preempt``: then the slice's end stops it, and the rest of it runs in the
-    thread's next slice (a timer interrupt preempts a process anywhere).
+    thread's next slice (a timer interrupt preempts a process anywhere). ``migrate`` > 0
+    (``per_core`` only) adds a load balancer: at exponential intervals of mean ``migrate`` ns
+    it moves a waiting thread from the busiest core to the least busy one (``simulator.slices``:
+    with 3 processes on 2 cores, which one runs alone changes; a core whose threads finished
+    takes one from the other).
 
     ``latency`` (ns per message) and ``bandwidth`` (bytes per ns, i.e. GB/s) describe the
     device's network link to a server; only protocols that communicate over a network
@@ -355,6 +361,7 @@ class DeviceSpec:
     quantum: int = 0
     slicing: str = "global"
     preempt: bool = False
+    migrate: int = 0
     timing: TimingSpec | None = None
     slow_factor: float = 1.0
     slow_ns: int = 0
@@ -380,6 +387,10 @@ class DeviceSpec:
                f"must be one of {', '.join(SLICINGS)}")
         _check(not self.preempt or self.quantum > 0, "preempt", self.preempt,
                "needs time slices (quantum > 0)")
+        _check(self.migrate >= 0, "migrate", self.migrate,
+               "must be >= 0 (mean ns between load-balancer moves; 0: none)")
+        _check(not self.migrate or (self.quantum > 0 and self.slicing == "per_core"),
+               "migrate", self.migrate, "needs per_core time slices (quantum > 0)")
 
 
 @dataclass(frozen=True)

@@ -83,7 +83,12 @@ def test_bad_input_is_one_line_and_nothing_is_overwritten(tmp_path, capsys):
                          (["calibrate", str(run), "--out", str(keep)],
                           "is not a calibrated scenario"),
                          (["calibrate", str(run), "--out", str(tmp_path / "x"), "--quantum",
-                           "4ms"], "--quantum = '4ms'")):
+                           "4ms"], "--quantum = '4ms'"),
+                         (["calibrate", str(run), "--out", str(tmp_path / "x"), "--migrate",
+                           "auto"], "--migrate = 'auto': needs --cores, --quantum"),
+                         (["calibrate", str(run), "--out", str(tmp_path / "x"), "--pool",
+                           "--cores", "2", "--quantum", "4000000", "--migrate", "80ms"],
+                          "--migrate = '80ms'")):
         assert main(args) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and needle in err[0]
@@ -102,6 +107,20 @@ def test_pooled_calibration_shares_cores_between_threads(tmp_path):
     assert not calibrate(run, pool=True, cores=2)[0].devices[0].preempt
     assert list(report["fits"]) == ["all workers"]
     assert scenario.devices[0].timing.grad.mean == pytest.approx(6000, rel=0.1)
+
+
+def test_calibrate_migrate_sets_the_balancer_of_sliced_devices(tmp_path):
+    """``--migrate NS`` puts the load balancer's mean interval on the per-core sliced device
+    and says so in the file's comments; a run simulated from the file has it."""
+    run = _source(tmp_path)
+    out = tmp_path / "cal.toml"
+    assert main(["calibrate", str(run), "--out", str(out), "--pool", "--cores", "2",
+                 "--quantum", "4000000", "--migrate", "80000000", "--quiet"]) == 0
+    text = out.read_text()
+    assert "#   load balancer: 80 ms between moves (given)" in text
+    device = load_scenario(out).devices[0]
+    assert (device.migrate, device.slicing, device.quantum) == (80_000_000, "per_core",
+                                                                4_000_000)
 
 
 def test_idle_time_between_updates_is_simulated_and_recovered(tmp_path):

@@ -1,0 +1,107 @@
+"""Per-core time slices with a load balancer that moves threads between cores.
+
+With ``devices.slicing = "per_core"`` each core runs its own queue of threads, one time slice
+(``quantum`` ns) each in turn. Without ``devices.migrate`` a thread stays on the core it was
+placed on for the whole run. Linux keeps per-core run queues too, but its load balancer moves
+waiting processes between them: with 3 busy processes on 2 cores the one running alone changes
+every few tens of milliseconds, and a core whose processes have all finished takes one from a
+busier core. ``Migrating`` models that: balancer moves come at exponential intervals of mean
+``migrate`` ns, drawn from the device's own stream of the run's seed; a move takes the thread
+waiting on the busiest core (most live threads; ties: the lower core) to the least busy one
+(ties: the lower core), where it runs from the next slice, whenever the busiest has two
+threads or more and at least one more than the least busy (so a move between 2 and 1 swaps
+which thread runs alone). With or without ``migrate``, a core left with no threads takes the
+waiting thread of the busiest core at the next slice boundary, as an idle Linux CPU pulls
+a waiting process at once (measured: bench/README.md).
+
+The queues at each slice follow from the move times and from when threads finished; the
+engine learns finish times as the run goes, so the slices after a new finish are worked out
+again (``Migrating.runs``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+__all__ = ["Migrating"]
+
+_MIGRATE_TAG = 0x316
+
+
+class Migrating:
+    """The per-core queues of one device's ``threads`` (in slot order: the j-th starts on core
+    j mod ``cores``) slice by slice, with balancer moves of mean interval ``migrate`` ns."""
+
+    def __init__(self, threads: Sequence[int], cores: int, quantum: int, migrate: int,
+                 seed: int, device: int) -> None:
+        self.threads, self.cores, self.quantum = list(threads), cores, quantum
+        self._rng = np.random.default_rng([seed, _MIGRATE_TAG, device])
+        self._mean = float(migrate)
+        self._moves: list[int] = []  # slice boundaries at which a move takes effect
+        self._next_move = float(self._rng.exponential(self._mean)) if migrate else math.inf
+        start = [self.threads[core::cores] for core in range(cores)]
+        self._start = start
+        # _queues[s]: per core, its live threads at slice s, the one running first.
+        self._queues: list[list[list[int]]] = []
+        self._seen: dict[int, float] = {}  # the finish times the cached slices assumed
+
+    def _moves_at(self, boundary: int) -> int:
+        """How many balancer moves take effect at slice ``boundary`` (moves drawn in the
+        slice before it act when it ends)."""
+        while self._next_move <= boundary * self.quantum:
+            self._moves.append(math.ceil(self._next_move / self.quantum))
+            self._next_move += float(self._rng.exponential(self._mean))
+        return sum(1 for b in self._moves if b == boundary)
+
+    def _advance(self, finished: dict[int, float]) -> None:
+        """Work out the queues of the next slice."""
+        s = len(self._queues)
+        t = s * self.quantum
+        if s == 0:
+            queues = [list(q) for q in self._start]
+        else:  # each core's runner of the last slice goes to the back of its queue
+            queues = [q[1:] + q[:1] for q in self._queues[-1]]
+        queues = [[j for j in q if finished.get(j, math.inf) > t] for q in queues]
+        while self._move(queues, 2):  # idle cores take waiting threads
+            pass
+        for _ in range(self._moves_at(s)):
+            self._move(queues, 1)
+        self._queues.append(queues)
+
+    def _move(self, queues: list[list[int]], apart: int) -> bool:
+        """Move the waiting thread of the busiest core to the least busy one, where it runs
+        next, if the busiest has two threads or more and ``apart`` more than the least busy.
+        """
+        sizes = [len(q) for q in queues]
+        busiest = max(range(self.cores), key=lambda c: (sizes[c], -c))
+        idlest = min(range(self.cores), key=lambda c: (sizes[c], c))
+        if sizes[busiest] < 2 or sizes[busiest] - sizes[idlest] < apart:
+            return False
+        # The waiting thread is the one that did not run in the last slice: after the
+        # rotation, the queue's head (a two-thread queue's other thread).
+        queues[idlest].insert(0, queues[busiest].pop(0))
+        return True
+
+    def runs(self, thread: int, slot: int, finished: Sequence[float]) -> bool:
+        """Whether ``thread`` runs in slice ``slot``, given when threads finished so far
+        (``math.inf``: still running)."""
+        now = {j: finished[j] for j in self.threads if finished[j] != math.inf}
+        if now != self._seen:  # a thread finished since: redo the slices after it
+            changed = [f for j, f in now.items() if self._seen.get(j) != f]
+            first = min(math.ceil(f / self.quantum) for f in changed)
+            del self._queues[max(first, 0):]
+            self._seen = now
+        while len(self._queues) <= slot:
+            self._advance(now)
+        return any(q and q[0] == thread for q in self._queues[slot])
+
+    def core_of(self, thread: int, slot: int) -> int | None:
+        """The core whose queue holds ``thread`` in slice ``slot`` (after ``runs`` reached
+        it), or None when the thread has finished."""
+        for core, queue in enumerate(self._queues[slot]):
+            if thread in queue:
+                return core
+        return None
