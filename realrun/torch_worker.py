@@ -22,6 +22,7 @@ problem's data copied there once.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 import tomllib
@@ -37,6 +38,7 @@ from realrun.worker import (
     pin,
     record_failure,
     touch_records,
+    wait_for_release,
 )
 
 __all__ = ["ThreadWorker", "TorchGradient", "torch_worker_main"]
@@ -69,6 +71,7 @@ def torch_worker_main(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks
     set."""
     import torch
 
+    parent = os.getppid()
     if stop is None:
         import signal
         signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -83,8 +86,7 @@ def torch_worker_main(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks
         else:
             _loop(spec, buffers, lock, block_locks, go, device, accumulate, stop)
         buffers.status[spec.rank] = STATUS_DONE
-        if release is not None:
-            release.wait()
+        wait_for_release(release, parent)
     except BaseException as err:  # every failure, SystemExit included, must reach the parent
         record_failure(buffers, spec.rank, err)
         raise SystemExit(1) from None

@@ -26,7 +26,7 @@ from realrun.records import recorder
 
 __all__ = ["ONE_THREAD_ENV", "STATUS_DONE", "STATUS_FAILED", "STATUS_RUNNING", "Buffers",
            "WorkerSpec", "one_thread_each", "one_thread_env", "pin", "pinned_cpus",
-           "record_failure", "touch_records", "worker_main"]
+           "record_failure", "touch_records", "wait_for_release", "worker_main"]
 
 STATUS_RUNNING, STATUS_DONE, STATUS_FAILED = 0, 1, 2
 MESSAGE_BYTES = 512
@@ -84,14 +84,25 @@ def worker_main(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any 
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    parent = os.getppid()
     try:
         _loop(spec, buffers, lock, block_locks, go)
         buffers.status[spec.rank] = STATUS_DONE
-        if release is not None:
-            release.wait()
+        wait_for_release(release, parent)
     except BaseException as err:  # every failure, SystemExit included, must reach the parent
         record_failure(buffers, spec.rank, err)
         raise SystemExit(1) from None
+
+
+def wait_for_release(release: Any, parent: int, poll_s: float = 0.5) -> None:
+    """Sleep until the parent (pid ``parent``, read when the worker started) sets
+    ``release`` (None: return at once), or until the parent is gone (a parent killed
+    outright cannot set it; the worker then exits, not orphaned)."""
+    if release is None:
+        return
+    while not release.wait(poll_s):
+        if os.getppid() != parent:
+            return
 
 
 def _flat(tensor: Any) -> memoryview:

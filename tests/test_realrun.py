@@ -16,6 +16,7 @@ import pytest
 from realrun.probe import built, probe_cpus
 from realrun.runner import run_real
 from realrun.timeslice import measure_migration, measure_time_slice
+from realrun.worker import wait_for_release
 from simulator.engine import simulate
 from simulator.problems import make_problem
 from simulator.replay import replay
@@ -399,6 +400,39 @@ def test_a_finished_worker_exits_only_when_every_worker_is_done():
         time.sleep(0.01)
     assert len(exits) == 3
     assert min(exits.values()) > seen_all[0]
+
+
+def _waits_for_release(release, parent: int) -> None:
+    wait_for_release(release, parent, poll_s=0.05)
+
+
+def _starts_a_waiter_and_dies(sender) -> None:
+    import multiprocessing as mp
+
+    context = mp.get_context("fork")
+    waiter = context.Process(target=_waits_for_release, args=(context.Event(), os.getpid()))
+    waiter.start()
+    sender.send(waiter.pid)  # a pipe writes at once (a queue's thread would not, below)
+    os._exit(0)  # gone outright: nobody will set the event
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="needs /proc")
+def test_a_waiting_worker_exits_when_its_parent_is_gone():
+    """A finished worker waits for the parent's release; if the parent dies without setting
+    it, the worker notices its parent is gone and exits instead of sleeping forever."""
+    import multiprocessing as mp
+
+    context = mp.get_context("fork")
+    receiver, sender = context.Pipe(duplex=False)
+    parent = context.Process(target=_starts_a_waiter_and_dies, args=(sender,))
+    parent.start()
+    assert receiver.poll(30)
+    waiter = receiver.recv()
+    parent.join(30)
+    deadline = time.monotonic() + 10
+    while not _exited(waiter) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert _exited(waiter)
 
 
 @pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs /proc")
