@@ -1026,6 +1026,8 @@ class Engine:
         u = Update(self.started, thread, seq, sample, ops)
         u.read_ns, u.grad_ns, u.write_ns = self.source.durations(thread, fractions)
         u.idle_ns = self.source.idle(thread)
+        if self._episodic:
+            self._follow_core(thread)
         slow = self.source.slowness(thread, self.clock[thread]) if self._episodic else 1.0
         if slow != 1.0:  # a slow episode of its core (coupled threads: applied by ``at``)
             u.read_ns = [int(d * slow + 0.5) for d in u.read_ns]
@@ -1034,6 +1036,16 @@ class Engine:
         self.started += 1
         self.active[thread] = u
         return u
+
+    def _follow_core(self, thread: int) -> None:
+        """Tell the source which core ``thread`` is on now, where per-core slices move
+        threads between cores (its speed episodes are that core's)."""
+        sliced = self._slices[thread]
+        if sliced is None or sliced[3] is None:
+            return
+        core = sliced[3].core_of(thread, self.clock[thread] // sliced[2], self._finished)
+        if core is not None:
+            self.source.place(thread, core)
 
     def _row(self, u: Update, step: int, m: tuple[Any, ...]) -> None:
         """Append ``u``'s trace row; ``step`` is its completion t (0: never applied)."""

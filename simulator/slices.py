@@ -85,9 +85,9 @@ class Migrating:
         queues[idlest].insert(0, queues[busiest].pop(0))
         return True
 
-    def runs(self, thread: int, slot: int, finished: Sequence[float]) -> bool:
-        """Whether ``thread`` runs in slice ``slot``, given when threads finished so far
-        (``math.inf``: still running)."""
+    def _through(self, slot: int, finished: Sequence[float]) -> list[list[int]]:
+        """The queues of slice ``slot``, given when threads finished so far (``math.inf``:
+        still running)."""
         now = {j: finished[j] for j in self.threads if finished[j] != math.inf}
         if now != self._seen:  # a thread finished since: redo the slices after it
             changed = [f for j, f in now.items() if self._seen.get(j) != f]
@@ -96,12 +96,16 @@ class Migrating:
             self._seen = now
         while len(self._queues) <= slot:
             self._advance(now)
-        return any(q and q[0] == thread for q in self._queues[slot])
+        return self._queues[slot]
 
-    def core_of(self, thread: int, slot: int) -> int | None:
-        """The core whose queue holds ``thread`` in slice ``slot`` (after ``runs`` reached
-        it), or None when the thread has finished."""
-        for core, queue in enumerate(self._queues[slot]):
+    def runs(self, thread: int, slot: int, finished: Sequence[float]) -> bool:
+        """Whether ``thread`` runs in slice ``slot`` (``finished`` as in ``_through``)."""
+        return any(q and q[0] == thread for q in self._through(slot, finished))
+
+    def core_of(self, thread: int, slot: int, finished: Sequence[float]) -> int | None:
+        """The core whose queue holds ``thread`` in slice ``slot``, or None when the thread
+        has finished."""
+        for core, queue in enumerate(self._through(slot, finished)):
             if thread in queue:
                 return core
         return None

@@ -147,6 +147,11 @@ class DurationSource(Protocol):
         (speed episodes; 1 without); ``at`` applies it itself."""
         ...
 
+    def place(self, thread: int, core: int) -> None:
+        """``thread`` now runs on ``core`` of its device (per-core slices move threads):
+        its speed episodes are that core's from now on."""
+        ...
+
     def at(self, thread: int, phase: int, t: int) -> list[int]:
         """The durations (one per block; one for gradient and idle) of ``phase`` of the
         update just begun, which starts at ``t`` ns (coupled threads only)."""
@@ -197,6 +202,7 @@ class SampledSource:
     def __init__(self, scenario: Scenario, threads: int, n_samples: int,
                  dense: Sequence[float], network: bool = False, dim: int = 0,
                  grad_work: int = 1) -> None:
+        self.scenario = scenario
         self.dense = dense
         self.grad_work = grad_work
         self.dim = dim
@@ -229,18 +235,14 @@ class SampledSource:
         self._asked = [0] * threads  # the last time each thread asked (for forgetting)
         self._asks = 0
         self._episodes: list[SpeedEpisodes | None] = []  # each thread's core's, if any
-        cores: dict[tuple[int, int], SpeedEpisodes] = {}
+        self._cores: dict[tuple[int, int], SpeedEpisodes] = {}
         for thread in range(threads):
             device = scenario.device_of(thread)
             timing = scenario.timing_of(device)
             gens = _thread_generators(scenario.run.seed, threads, thread)
             spec = scenario.devices[device]
-            if spec.slow_factor > 1:
-                core = (device, scenario.core_of(thread))
-                if core not in cores:
-                    cores[core] = SpeedEpisodes(scenario.run.seed, *core, spec.slow_factor,
-                                                spec.fast_ns, spec.slow_ns)
-            self._episodes.append(cores[core] if spec.slow_factor > 1 else None)
+            self._episodes.append(self._core_episodes(device, scenario.core_of(thread))
+                                  if spec.slow_factor > 1 else None)
             speed = spec.speed / slow[thread]
             self._speed.append(speed)
             # Contention grows with the workers that run at once: all of them, or as many
@@ -339,6 +341,20 @@ class SampledSource:
         episodes = self._episodes[thread]
         return 1.0 if episodes is None else episodes.factor(t)
 
+    def _core_episodes(self, device: int, core: int) -> SpeedEpisodes:
+        """The speed episodes of ``core`` of ``device`` (made once, on first use)."""
+        key = (device, core)
+        if key not in self._cores:
+            spec = self.scenario.devices[device]
+            self._cores[key] = SpeedEpisodes(self.scenario.run.seed, device, core,
+                                             spec.slow_factor, spec.fast_ns, spec.slow_ns)
+        return self._cores[key]
+
+    def place(self, thread: int, core: int) -> None:
+        if self._episodes[thread] is not None:
+            self._episodes[thread] = self._core_episodes(self.scenario.device_of(thread),
+                                                         core)
+
     def at(self, thread: int, phase: int, t: int) -> list[int]:
         coupling = self._coupling[thread]
         assert coupling is not None
@@ -421,6 +437,9 @@ class ReplaySource:
 
     def slowness(self, thread: int, t: int) -> float:
         return 1.0  # recorded durations carry whatever slowed them
+
+    def place(self, thread: int, core: int) -> None:
+        pass
 
     def at(self, thread: int, phase: int, t: int) -> list[int]:
         raise TraceError("replay: durations are recorded, never drawn at a phase's start")

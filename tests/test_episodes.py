@@ -68,6 +68,36 @@ def test_threads_on_one_core_share_its_episodes():
     assert source._episodes[1] is not source._episodes[0]
 
 
+def test_a_thread_moved_to_another_core_takes_that_cores_episodes():
+    """Per-core slices with balancer moves (``devices.migrate``): every update's durations
+    follow the episodes of the core its thread was on when the update began (when its
+    previous update ended; as ``simulator.slices`` placed it), not of the core it started
+    the run on."""
+    constant = ("timing.read={dist='constant', mean=500}",
+                "timing.grad={dist='constant', mean=3000}",
+                "timing.write={dist='constant', mean=1000}")
+    scenario = _scenario(*EPISODES, *constant, "run.threads=3", "run.updates=6000",
+                         "devices.0.cores=2", "devices.0.quantum=500000",
+                         "devices.0.slicing='per_core'", "devices.0.migrate=2000000")
+    trace = simulate(scenario)
+    cores = [SpeedEpisodes(0, 0, core, 1.7, fast_ns=2_000_000, slow_ns=1_000_000)
+             for core in range(2)]
+    from simulator.slices import Migrating
+
+    ends = [float(trace["write_end"][trace["thread"] == t].max()) for t in range(3)]
+    places = Migrating([0, 1, 2], 2, 500_000, 2_000_000, 0, 0)
+    moved, last = 0, [0, 0, 0]
+    for i in np.lexsort((trace["thread_seq"], trace["thread"])):
+        thread = int(trace["thread"][i])
+        begun, last[thread] = last[thread], int(trace["write_end"][i])
+        core = places.core_of(thread, begun // 500_000, ends)
+        assert core is not None
+        moved += core != scenario.core_of(thread)
+        slow = cores[core].slow(begun)
+        assert int(trace["grad_ns"][i]) == (5100 if slow else 3000), i
+    assert moved > 500  # many updates ran on a core other than their thread's first
+
+
 @pytest.mark.parametrize("field, value, said", [
     ("slow_factor", 0.5, "must be >= 1"), ("slow_ns", 0, "must be > 0"),
     ("fast_ns", -3, "must be >= 0")])
