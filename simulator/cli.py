@@ -959,9 +959,9 @@ def _parser() -> argparse.ArgumentParser:
                           "of NS ns (0: they take turns per action; auto: measure this "
                           "machine's slice)")
     cal.add_argument("--slicing", choices=SLICINGS, default="per_core",
-                     help="time slices per core (each thread stays on one core, as Linux "
-                          "keeps processes; default) or global (all threads rotate over all "
-                          "cores)")
+                     help="time slices per core (each thread keeps its core, as Linux keeps "
+                          "processes, until a core goes idle; default) or global (all threads "
+                          "rotate over all cores)")
     cal.add_argument("--migrate", default="0", metavar="NS",
                      help="with --slicing per_core: the OS load balancer moves a waiting "
                           "thread to another core every NS ns on average (0: only to a core "

@@ -285,8 +285,8 @@ class Engine:
 
     def _time_slices(self) -> list[tuple[list[int], int, int, Migrating | None] | None]:
         """Per thread on a time-sliced device: (the threads it rotates with, itself included;
-        the cores they share; quantum; the device's balancer moves, or None); None elsewhere
-        and for a thread alone on its core.
+        the cores they share; quantum; for ``per_core`` slicing the device's queues
+        (``simulator.slices``: they move threads), else None); None elsewhere.
 
         ``global`` slicing rotates all the device's threads over its cores; ``per_core``
         puts its j-th thread (in slot order: ``run.placement``) on core j mod cores, where it

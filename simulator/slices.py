@@ -1,9 +1,9 @@
 """Per-core time slices with a load balancer that moves threads between cores.
 
 With ``devices.slicing = "per_core"`` each core runs its own queue of threads, one time slice
-(``quantum`` ns) each in turn. Without ``devices.migrate`` a thread stays on the core it was
-placed on for the whole run. Linux keeps per-core run queues too, but its load balancer moves
-waiting processes between them: with 3 busy processes on 2 cores the one running alone changes
+(``quantum`` ns) each in turn; a thread stays on the core it was placed on until it moves.
+Linux keeps per-core run queues too, and its load balancer moves waiting processes between
+them: with 3 busy processes on 2 cores the one running alone changes
 every few tens of milliseconds, and a core whose processes have all finished takes one from a
 busier core. ``Migrating`` models that: balancer moves come at exponential intervals of mean
 ``migrate`` ns, drawn from the device's own stream of the run's seed; a move takes the thread
