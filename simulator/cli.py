@@ -502,6 +502,17 @@ def _compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _ns(flag: str, text: str) -> int:
+    """A flag's value in ns: a non-negative integer (``auto`` handled by the caller)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise ScenarioError(flag, text, "must be ns (an integer) or auto") from None
+    if value < 0:
+        raise ScenarioError(flag, value, "must be >= 0 ns")
+    return value
+
+
 def _quantum(text: str) -> tuple[int, str]:
     """``--quantum``: ns, or ``auto`` to measure this machine's time slice (and say how)."""
     if text == "auto":
@@ -510,13 +521,7 @@ def _quantum(text: str) -> tuple[int, str]:
         quantum, seen = measure_time_slice()
         return quantum, (f"{quantum / 1e6:.3g} ms, measured on this machine ({seen} turns "
                          "of two processes pinned to one core)")
-    try:
-        quantum = int(text)
-    except ValueError:
-        raise ScenarioError("--quantum", text, "must be ns (an integer) or auto") from None
-    if quantum < 0:
-        raise ScenarioError("--quantum", quantum, "must be >= 0 ns")
-    return quantum, ""
+    return _ns("--quantum", text), ""
 
 
 def _migrate(text: str, cores: int, quantum: int, slicing: str) -> tuple[int, str]:
@@ -531,13 +536,7 @@ def _migrate(text: str, cores: int, quantum: int, slicing: str) -> tuple[int, st
         migrate, moves = measure_migration(cores, quantum)
         return migrate, (f"{migrate / 1e6:.3g} ms between moves, measured on this machine "
                          f"({moves} moves of {cores + 1} processes spinning on {cores} cores)")
-    try:
-        migrate = int(text)
-    except ValueError:
-        raise ScenarioError("--migrate", text, "must be ns (an integer) or auto") from None
-    if migrate < 0:
-        raise ScenarioError("--migrate", migrate, "must be >= 0 ns")
-    return migrate, ""
+    return _ns("--migrate", text), ""
 
 
 def _calibrate(args: argparse.Namespace) -> int:
