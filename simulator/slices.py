@@ -40,10 +40,9 @@ class Migrating:
         self.threads, self.cores, self.quantum = list(threads), cores, quantum
         self._rng = np.random.default_rng([seed, _MIGRATE_TAG, device])
         self._mean = float(migrate)
-        self._moves: list[int] = []  # slice boundaries at which a move takes effect
+        self._moves: dict[int, int] = {}  # slice boundary → moves that take effect there
         self._next_move = float(self._rng.exponential(self._mean)) if migrate else math.inf
-        start = [self.threads[core::cores] for core in range(cores)]
-        self._start = start
+        self._start = [self.threads[core::cores] for core in range(cores)]
         # _queues[s]: per core, its live threads at slice s, the one running first.
         self._queues: list[list[list[int]]] = []
         self._seen: dict[int, float] = {}  # the finish times the cached slices assumed
@@ -52,9 +51,10 @@ class Migrating:
         """How many balancer moves take effect at slice ``boundary`` (moves drawn in the
         slice before it act when it ends)."""
         while self._next_move <= boundary * self.quantum:
-            self._moves.append(math.ceil(self._next_move / self.quantum))
+            at = math.ceil(self._next_move / self.quantum)
+            self._moves[at] = self._moves.get(at, 0) + 1
             self._next_move += float(self._rng.exponential(self._mean))
-        return sum(1 for b in self._moves if b == boundary)
+        return self._moves.get(boundary, 0)
 
     def _advance(self, finished: dict[int, float]) -> None:
         """Work out the queues of the next slice."""
