@@ -524,7 +524,7 @@ class Engine:
         """The first time slice from ``slot`` on in which ``thread`` runs."""
         rotation, cores, quantum, moves = self._slices[thread]  # type: ignore[misc]
         if moves is not None:
-            while not moves.runs(thread, slot, self._finished):
+            while not moves.runs(thread, slot):
                 slot += 1
             return slot
         # Threads that finished their updates leave the rotation (a thread that ran ahead
@@ -608,6 +608,9 @@ class Engine:
                     lost.pop(flight.u.uid, None)
         self.source.done(thread)
         self._finished[thread] = max(self.clock[thread], int(self.env.now))
+        sliced = self._slices[thread]
+        if sliced is not None and sliced[3] is not None:
+            sliced[3].finish(thread, self._finished[thread])
 
     def _loop(self, thread: int) -> Generator[Any, Any, None]:
         """The update loop of one thread (read and write inline: this is the hot path)."""
@@ -1043,7 +1046,7 @@ class Engine:
         sliced = self._slices[thread]
         if sliced is None or sliced[3] is None:
             return
-        core = sliced[3].core_of(thread, self.clock[thread] // sliced[2], self._finished)
+        core = sliced[3].core_of(thread, self.clock[thread] // sliced[2])
         if core is not None:
             self.source.place(thread, core)
 

@@ -15,8 +15,8 @@ waiting thread of the busiest core at the next slice boundary, as an idle Linux 
 a waiting process at once (measured: bench/README.md).
 
 The queues at each slice follow from the move times and from when threads finished; the
-engine learns finish times as the run goes, so the slices after a new finish are worked out
-again (``Migrating.runs``).
+engine learns finish times as the run goes and reports each (``Migrating.finish``), so the
+slices after it are worked out again.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ class Migrating:
         self._start = [self.threads[core::cores] for core in range(cores)]
         # _queues[s]: per core, its live threads at slice s, the one running first.
         self._queues: list[list[list[int]]] = []
-        self._seen: dict[int, float] = {}  # the finish times the cached slices assumed
+        self._finished: dict[int, float] = {}  # thread → when it finished
 
     def _moves_at(self, boundary: int) -> int:
         """How many balancer moves take effect at slice ``boundary`` (moves drawn in the
@@ -56,8 +56,9 @@ class Migrating:
             self._next_move += float(self._rng.exponential(self._mean))
         return self._moves.get(boundary, 0)
 
-    def _advance(self, finished: dict[int, float]) -> None:
+    def _advance(self) -> None:
         """Work out the queues of the next slice."""
+        finished = self._finished
         s = len(self._queues)
         t = s * self.quantum
         if s == 0:
@@ -85,27 +86,26 @@ class Migrating:
         queues[idlest].insert(0, queues[busiest].pop(0))
         return True
 
-    def _through(self, slot: int, finished: Sequence[float]) -> list[list[int]]:
-        """The queues of slice ``slot``, given when threads finished so far (``math.inf``:
-        still running)."""
-        now = {j: finished[j] for j in self.threads if finished[j] != math.inf}
-        if now != self._seen:  # a thread finished since: redo the slices after it
-            changed = [f for j, f in now.items() if self._seen.get(j) != f]
-            first = min(math.ceil(f / self.quantum) for f in changed)
-            del self._queues[max(first, 0):]
-            self._seen = now
+    def finish(self, thread: int, at: float) -> None:
+        """``thread`` finished at ``at`` ns: it leaves its queue from the next slice that
+        begins at or after ``at``, so the slices from there on are worked out again."""
+        self._finished[thread] = at
+        del self._queues[max(math.ceil(at / self.quantum), 0):]
+
+    def _through(self, slot: int) -> list[list[int]]:
+        """The queues of slice ``slot``, given the finishes reported so far."""
         while len(self._queues) <= slot:
-            self._advance(now)
+            self._advance()
         return self._queues[slot]
 
-    def runs(self, thread: int, slot: int, finished: Sequence[float]) -> bool:
-        """Whether ``thread`` runs in slice ``slot`` (``finished`` as in ``_through``)."""
-        return any(q and q[0] == thread for q in self._through(slot, finished))
+    def runs(self, thread: int, slot: int) -> bool:
+        """Whether ``thread`` runs in slice ``slot``."""
+        return any(q and q[0] == thread for q in self._through(slot))
 
-    def core_of(self, thread: int, slot: int, finished: Sequence[float]) -> int | None:
+    def core_of(self, thread: int, slot: int) -> int | None:
         """The core whose queue holds ``thread`` in slice ``slot``, or None when the thread
         has finished."""
-        for core, queue in enumerate(self._through(slot, finished)):
+        for core, queue in enumerate(self._through(slot)):
             if thread in queue:
                 return core
         return None

@@ -86,11 +86,13 @@ def test_a_thread_moved_to_another_core_takes_that_cores_episodes():
 
     ends = [float(trace["write_end"][trace["thread"] == t].max()) for t in range(3)]
     places = Migrating([0, 1, 2], 2, 500_000, 2_000_000, 0, 0)
+    for thread, end in enumerate(ends):
+        places.finish(thread, end)
     moved, last = 0, [0, 0, 0]
     for i in np.lexsort((trace["thread_seq"], trace["thread"])):
         thread = int(trace["thread"][i])
         begun, last[thread] = last[thread], int(trace["write_end"][i])
-        core = places.core_of(thread, begun // 500_000, ends)
+        core = places.core_of(thread, begun // 500_000)
         assert core is not None
         moved += core != scenario.core_of(thread)
         slow = cores[core].slow(begun)
