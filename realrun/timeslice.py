@@ -31,26 +31,27 @@ GAP_NS = 50_000
 TURN_NS = 1_000_000
 
 
-def _spin(cpus: set[int], seconds: float, start: Any, queue: Any,
-          spans: bool = False) -> None:
+def _spin(cpus: set[int], seconds: float, start: Any, queue: Any) -> None:
     os.sched_setaffinity(0, cpus)
     start.wait()
-    now = time.monotonic_ns()
+    began = now = time.monotonic_ns()
     stop, last, gaps = now + int(seconds * 1e9), now, []
     while now < stop:
         now = time.monotonic_ns()
         if now - last > GAP_NS:
-            gaps.append((last, now) if spans else now - last)
+            gaps.append((last, now))
         last = now
-    queue.put((now - int(seconds * 1e9), gaps) if spans else gaps)
+    queue.put((began, gaps))
 
 
-def _spinners(cpus: set[int], count: int, seconds: float, spans: bool) -> list[Any]:
-    """What ``count`` processes spinning on ``cpus`` for ``seconds`` saw."""
+def _spinners(cpus: set[int], count: int,
+              seconds: float) -> list[tuple[int, list[tuple[int, int]]]]:
+    """Per process of ``count`` spinning on ``cpus`` for ``seconds``: when it began, and
+    the gaps in its clock readings (from, to) in ns."""
     context = mp.get_context("spawn")
     start, queue = context.Event(), context.Queue()
-    spinners = [context.Process(target=_spin, args=(cpus, seconds, start, queue, spans),
-                                daemon=True) for _ in range(count)]
+    spinners = [context.Process(target=_spin, args=(cpus, seconds, start, queue), daemon=True)
+                for _ in range(count)]
     for process in spinners:
         process.start()
     try:
@@ -76,7 +77,7 @@ def measure_time_slice(seconds: float = 0.5, cpu: int | None = None) -> tuple[in
                             "give the time slice in ns")
     if cpu is None:
         cpu = min(os.sched_getaffinity(0))
-    gaps = [gap for seen in _spinners({cpu}, 2, seconds, False) for gap in seen]
+    gaps = [last - first for _, seen in _spinners({cpu}, 2, seconds) for first, last in seen]
     if not gaps:
         raise AsyngradError("--quantum auto: the two pinned processes never took turns; "
                             "give the time slice in ns")
@@ -106,7 +107,7 @@ def measure_migration(cores: int, quantum: int, seconds: float = 3.0) -> tuple[i
                             f"{len(allowed)} available)")
     if quantum <= 0:
         raise AsyngradError("--migrate auto: needs the time slice (--quantum)")
-    seen = _spinners(set(allowed[:cores]), cores + 1, seconds, True)
+    seen = _spinners(set(allowed[:cores]), cores + 1, seconds)
     window = 2 * quantum
     begin = max(start for start, _ in seen) + window  # all spinning, settled
     end = begin + int(seconds * 1e9) - 2 * window
