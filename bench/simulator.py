@@ -7,6 +7,7 @@ curve is off (curve_points=0) so the table shows the engine and the exact metric
     python bench/simulator.py            # full table
     python bench/simulator.py --quick    # fewer updates, for a smoke run
     python bench/simulator.py --protocols  # only the table of protocols (d = 100, k = 8)
+    python bench/simulator.py --schedules  # only controlled schedules (asyngrad explore)
 """
 
 from __future__ import annotations
@@ -84,16 +85,61 @@ def protocols(updates: int, repeats: int) -> None:
         print(f"| {protocol} | {b * 1e6:.2f} | {m * 1e6:.2f} | {m / b:.2f} |", flush=True)
 
 
+# Controlled-schedule cases: (label, overrides, scheduler), on the default problem at d = 4
+# with 20 samples (the test suite's tiny case) unless the overrides say otherwise.
+SCHEDULE_CASES = (
+    ("k = 2, T = 2, B = 1, random", ["run.updates=2"], "random"),
+    ("k = 8, d = 100, T = 80, B = 1, random, exact metrics on",
+     ["run.threads=8", "run.updates=80", "problem.dim=100"], "random"),
+    ("the same, exact metrics off",
+     ["run.threads=8", "run.updates=80", "problem.dim=100", "metrics.exact=false"], "random"),
+    ("k = 2, T = 2, B = 1, dfs (70 interleavings)", ["run.updates=2"], "dfs"),
+    ("k = 3, T = 3, B = 1, dfs (first 5,000 of 34,650), exact metrics off",
+     ["run.threads=3", "run.updates=3", "metrics.exact=false"], "dfs"),
+)
+
+
+def schedules(seconds: float) -> None:
+    """Controlled runs per second, and their cost per update against the bare loop."""
+    from simulator.schedule import enumerate_schedules, explore
+
+    print("| case | schedules/s | µs/update | bare SGD µs/update | ratio |")
+    print("|---|---:|---:|---:|---:|")
+    for label, extra, kind in SCHEDULE_CASES:
+        scenario = load_scenario(None, ["problem.dim=4", "problem.n_samples=20", "run.blocks=1",
+                                        "metrics.curve_points=0", *extra])
+        problem = make_problem(scenario.problem)
+        problem.optimum()
+        samples = np.random.default_rng(0).integers(0, problem.n_samples, 20_000)
+        base = statistics.median(bare_sgd(problem, samples, 0.02) for _ in range(3))
+        runs, started = 0, time.perf_counter()
+        while time.perf_counter() - started < seconds:
+            if kind == "dfs":
+                runs += enumerate_schedules(scenario, "lost_blocks", limit=5_000)["schedules"]
+            else:
+                explore(scenario, kind, 200, "lost_blocks", seed=runs)
+                runs += 200
+        per_run = (time.perf_counter() - started) / runs
+        per_update = per_run / scenario.run.updates
+        print(f"| {label} | {1 / per_run:,.0f} | {per_update * 1e6:.1f} | {base * 1e6:.2f} | "
+              f"{per_update / base:.0f} |", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer updates and repeats")
     parser.add_argument("--protocols", action="store_true", help="only the protocol table")
+    parser.add_argument("--schedules", action="store_true",
+                        help="only the table of controlled schedules")
     args = parser.parse_args()
     scale, repeats = (0.1, 1) if args.quick else (1.0, 3)
     print(f"# {time.strftime('%Y-%m-%d')}, {platform.processor() or platform.machine()}, "
           f"Python {platform.python_version()}, numpy {np.__version__}")
     if args.protocols:
         protocols(int(20_000 * scale), repeats)
+        return
+    if args.schedules:
+        schedules(3.0 * scale)
         return
     print("| d | k | B | exact metrics | bare SGD µs/update | simulator µs/update | ratio |")
     print("|---:|---:|---:|:---:|---:|---:|---:|")
@@ -110,6 +156,8 @@ def main() -> None:
                           flush=True)
     print()
     protocols(int(20_000 * scale), repeats)
+    print()
+    schedules(3.0 * scale)
 
 
 if __name__ == "__main__":

@@ -159,40 +159,65 @@ def run_schedule(scenario: Scenario, scheduler: Scheduler | Callable[[int], Sche
     Raises:
         ScenarioError: another protocol, or a schedule that does not fit the run.
     """
-    run = scenario.run
-    if run.protocol not in ("lockfree", "serial"):
-        raise ScenarioError("run.protocol", run.protocol,
-                            "controlled schedules support lockfree and serial")
-    if run.store_grain:
-        raise ScenarioError("run.store_grain", run.store_grain,
-                            "controlled schedules write whole blocks: use run.blocks instead")
-    if run.read_view != "end":
-        raise ScenarioError("run.read_view", run.read_view,
-                            "controlled schedules copy a block at its read's end: use \"end\"")
-    problem = problem if problem is not None else make_problem(scenario.problem)
-    threads = 1 if run.protocol == "serial" else run.threads
-    if callable(scheduler) and not isinstance(scheduler, Scheduler):
-        scheduler = scheduler(threads)
-    return _Controlled(scenario, problem, threads).run(scheduler)
+    return _Shared(scenario, problem).run(scheduler)
+
+
+class _Shared:
+    """What every controlled run of one scenario shares: the problem, the scenario text the
+    traces carry and each thread's samples (drawn once, then read by index: a thread's i-th
+    update takes its stream's i-th sample whatever the schedule)."""
+
+    def __init__(self, scenario: Scenario, problem: Problem | None = None) -> None:
+        run = scenario.run
+        if run.protocol not in ("lockfree", "serial"):
+            raise ScenarioError("run.protocol", run.protocol,
+                                "controlled schedules support lockfree and serial")
+        if run.store_grain:
+            raise ScenarioError("run.store_grain", run.store_grain,
+                                "controlled schedules write whole blocks: use run.blocks "
+                                "instead")
+        if run.read_view != "end":
+            raise ScenarioError("run.read_view", run.read_view,
+                                "controlled schedules copy a block at its read's end: use "
+                                "\"end\"")
+        self.scenario = scenario
+        self.problem = problem if problem is not None else make_problem(scenario.problem)
+        if run.blocks > self.problem.dim:
+            raise ScenarioError("run.blocks", run.blocks,
+                                f"must be <= the problem's dimension ({self.problem.dim})")
+        self.threads = 1 if run.protocol == "serial" else run.threads
+        self.text = scenario_to_toml(scenario)
+        self._streams = [sample_stream(run.seed, self.threads, t, self.problem.n_samples)
+                         for t in range(self.threads)]
+        self._samples: list[list[int]] = [[] for _ in range(self.threads)]
+
+    def sample(self, thread: int, seq: int) -> int:
+        """The sample of ``thread``'s ``seq``-th update."""
+        drawn = self._samples[thread]
+        while len(drawn) <= seq:
+            drawn.append(int(self._streams[thread].take()))
+        return drawn[seq]
+
+    def run(self, scheduler: Scheduler | Callable[[int], Scheduler]) -> ScheduledRun:
+        """One run under ``scheduler`` (or a factory of one, given the thread count)."""
+        if callable(scheduler) and not isinstance(scheduler, Scheduler):
+            scheduler = scheduler(self.threads)
+        return _Controlled(self).run(scheduler)
 
 
 class _Controlled:
     """The update loop of the engine as generators, one ``yield`` per atomic action."""
 
-    def __init__(self, scenario: Scenario, problem: Problem, threads: int) -> None:
-        self.scenario, self.problem, self.threads = scenario, problem, threads
-        run = scenario.run
-        if run.blocks > problem.dim:
-            raise ScenarioError("run.blocks", run.blocks,
-                                f"must be <= the problem's dimension ({problem.dim})")
+    def __init__(self, shared: _Shared) -> None:
+        self.shared, self.problem, self.threads = shared, shared.problem, shared.threads
+        run = shared.scenario.run
         self.lr, self.updates = run.lr, run.updates
         self.atomic = run.write_mode == "atomic_add"
-        w0 = problem.initial()
-        self.mem = SharedMemory(w0, run.blocks, track_coords=problem.sparse)
-        self.view = SerializedView(problem, self.lr, w0, run.updates, scenario.metrics.exact,
-                                   scenario.metrics.every, scenario.metrics.curve_points)
-        self.streams = [sample_stream(run.seed, threads, t, problem.n_samples)
-                        for t in range(threads)]
+        w0 = self.problem.initial()
+        self.mem = SharedMemory(w0, run.blocks, track_coords=self.problem.sparse)
+        metrics = shared.scenario.metrics
+        self.view = SerializedView(self.problem, self.lr, w0, run.updates, metrics.exact,
+                                   metrics.every, metrics.curve_points)
         self.step = 0
         self.started = self.completed = 0
         self.lost = [0] * run.updates
@@ -202,7 +227,7 @@ class _Controlled:
     def _thread(self, thread: int) -> Iterator[None]:
         mem, local, seq = self.mem, np.zeros(self.problem.dim), 0
         while self.started < self.updates:
-            uid, sample = self.started, int(self.streams[thread].take())
+            uid, sample = self.started, self.shared.sample(thread, seq)
             self.started += 1
             support = self.problem.support(sample)
             ops = block_ops(mem.bounds, support)
@@ -276,7 +301,7 @@ class _Controlled:
             op_write_ns=np.full(len(self.ops), 1 if self.atomic else 2, dtype=np.int64),
             w0=self.problem.initial(), w_final=self.mem.w.copy())
         arrays.update(self.view.curve_arrays())
-        return Trace(arrays, scenario_to_toml(self.scenario), source="scheduled")
+        return Trace(arrays, self.shared.text, source="scheduled")
 
 
 def _log_schedules(threads: int, steps: int) -> float:
@@ -301,13 +326,11 @@ OBJECTIVES: dict[str, Callable[[Trace, float], float]] = {
 }
 
 
-def _identical(scenario: Scenario, text: str, problem: Problem | None = None,
-               ) -> tuple[ScheduledRun, bool]:
+def _identical(shared: _Shared, text: str) -> tuple[ScheduledRun, bool]:
     """Run schedule ``text`` twice and compare every array of the two traces (a check for
     nondeterminism the schedule does not control); returns the run and the verdict."""
-    threads = 1 if scenario.run.protocol == "serial" else scenario.run.threads
-    runs = [run_schedule(scenario, Scheduler("fixed", threads, schedule=parse_schedule(text)),
-                         problem) for _ in range(2)]
+    runs = [shared.run(Scheduler("fixed", shared.threads, schedule=parse_schedule(text)))
+            for _ in range(2)]
     same = all(np.array_equal(values, runs[1].trace[name], equal_nan=True)
                for name, values in runs[0].trace.arrays.items())
     return runs[0], same and runs[0].text == runs[1].text == text
@@ -332,7 +355,7 @@ def explore(scenario: Scenario, kind: str, runs: int, objective: str, depth: int
                             "--schedule")
     if kind == "adversarial":
         result, value, tried = greedy_schedule(scenario, objective, progress)
-        again, same = _identical(scenario, result.text)
+        again, same = _identical(_Shared(scenario, result.problem), result.text)
         f_star = again.problem.optimum()[1]
         return {"scenario": scenario.name, "scheduler": kind, "objective": objective,
                 "runs": tried, "steps_per_run": len(result.schedule),
@@ -344,25 +367,24 @@ def explore(scenario: Scenario, kind: str, runs: int, objective: str, depth: int
         report = enumerate_schedules(scenario, objective, preemptions, runs, checkpoint,
                                      progress)
         text = report["worst"][0]["schedule"]
-        again, same = _identical(scenario, text)
+        again, same = _identical(_Shared(scenario), text)
         value = OBJECTIVES[objective](again.trace, again.problem.optimum()[1])
         report["replayed_identically"] = bool(same and value == report["worst"][0]["value"])
         return report, again
     for name, count in (("--runs", runs), ("--keep", keep)):
         if count < 1:
             raise ScenarioError(name, count, "must be >= 1")
-    problem = make_problem(scenario.problem)
-    f_star = problem.optimum()[1]
+    shared = _Shared(scenario)
+    f_star = shared.problem.optimum()[1]
     measure = OBJECTIVES[objective]
-    threads = 1 if scenario.run.protocol == "serial" else scenario.run.threads
+    threads = shared.threads
     # Steps of a run, for pct's change points: every update's actions.
-    probe = run_schedule(scenario, Scheduler("roundrobin", threads), problem)
+    probe = shared.run(Scheduler("roundrobin", threads))
     steps = len(probe.schedule)
     found: list[tuple[float, int, str]] = []
     values = []
     for run in range(runs):
-        result = run_schedule(scenario, Scheduler(kind, threads, seed + run, depth, steps),
-                              problem)
+        result = shared.run(Scheduler(kind, threads, seed + run, depth, steps))
         value = measure(result.trace, f_star)
         values.append(value)
         if all(text != result.text for _, _, text in found):
@@ -372,7 +394,7 @@ def explore(scenario: Scenario, kind: str, runs: int, objective: str, depth: int
         if progress:
             progress(1)
     worst_value, _, worst_text = found[0]
-    again, same = _identical(scenario, worst_text, problem)
+    again, same = _identical(shared, worst_text)
     deterministic = same and measure(again.trace, f_star) == worst_value
     spread = np.asarray(values)
     return {
@@ -409,10 +431,10 @@ def enumerate_schedules(scenario: Scenario, objective: str, preemptions: int | N
         raise ScenarioError("--preemptions", preemptions, "must be >= 0")
     if limit is not None and limit < 1:
         raise ScenarioError("--limit", limit, "must be >= 1")
-    problem = make_problem(scenario.problem)
-    f_star = problem.optimum()[1]
+    shared = _Shared(scenario)
+    f_star = shared.problem.optimum()[1]
     measure = OBJECTIVES[objective]
-    threads = 1 if scenario.run.protocol == "serial" else scenario.run.threads
+    threads = shared.threads
     # The DFS stack: per step of the current path, the runnable threads, the ones tried,
     # and the preemptions up to and including that step.
     stack: list[tuple[list[int], list[int], int]] = []
@@ -429,7 +451,7 @@ def enumerate_schedules(scenario: Scenario, objective: str, preemptions: int | N
     ran = 0
     while not done:
         scheduler = Scheduler("dfs", threads, schedule=prefix)
-        result = run_schedule(scenario, scheduler, problem)
+        result = shared.run(scheduler)
         path, seen = result.schedule, scheduler.seen
         count = stack[-1][2] if stack else 0
         for step in range(len(stack), len(path)):
@@ -542,14 +564,12 @@ def shrink(scenario: Scenario, prop: Property, schedule: list[int],
     Raises:
         ScenarioError: ``schedule`` does not violate ``prop``.
     """
-    problem = problem if problem is not None else make_problem(scenario.problem)
-    f_star = problem.optimum()[1]
-    threads = 1 if scenario.run.protocol == "serial" else scenario.run.threads
+    shared = _Shared(scenario, problem)
+    f_star = shared.problem.optimum()[1]
 
     def violates(prefix: list[int]) -> ScheduledRun | None:
         try:
-            result = run_schedule(scenario, Scheduler("dfs", threads, schedule=prefix),
-                                  problem)
+            result = shared.run(Scheduler("dfs", shared.threads, schedule=prefix))
         except ScenarioError:  # the prefix picks a thread that cannot act there
             return None
         return None if prop.holds(result.trace, f_star) else result
@@ -589,10 +609,10 @@ def search_violation(scenario: Scenario, prop: Property, kind: str, runs: int,
     """Run schedules of ``kind`` until one violates ``prop``; shrink it. The report holds the
     violating schedule, the minimal counterexample and its metric (``counterexample`` is
     None when every run satisfied the property)."""
-    problem = make_problem(scenario.problem)
-    f_star = problem.optimum()[1]
-    threads = 1 if scenario.run.protocol == "serial" else scenario.run.threads
-    probe = run_schedule(scenario, Scheduler("roundrobin", threads), problem)
+    shared = _Shared(scenario)
+    f_star = shared.problem.optimum()[1]
+    threads = shared.threads
+    probe = shared.run(Scheduler("roundrobin", threads))
     steps = len(probe.schedule)
     report: dict[str, Any] = {"scenario": scenario.name, "property": str(prop),
                               "scheduler": kind, "depth": depth, "counterexample": None}
@@ -600,12 +620,11 @@ def search_violation(scenario: Scenario, prop: Property, kind: str, runs: int,
         if kind == "dfs":
             raise ScenarioError("--scheduler", kind, "with --property: random, roundrobin "
                                 "or pct")
-        result = run_schedule(scenario, Scheduler(kind, threads, seed + run, depth, steps),
-                              problem)
+        result = shared.run(Scheduler(kind, threads, seed + run, depth, steps))
         if progress:
             progress(1)
         if not prop.holds(result.trace, f_star):
-            minimal, shrunk = shrink(scenario, prop, result.schedule, problem)
+            minimal, shrunk = shrink(scenario, prop, result.schedule, shared.problem)
             measure = OBJECTIVES[prop.metric]
             report.update(
                 runs_until_found=run + 1, found=result.text,
@@ -625,22 +644,21 @@ def greedy_schedule(scenario: Scenario, objective: str,
     """Build a schedule step by step, each time choosing the runnable thread that maximises
     ``objective`` of the run completed without further preemption (ties: the lowest thread).
     Returns the run, its objective and how many runs the search took."""
-    problem = make_problem(scenario.problem)
-    f_star = problem.optimum()[1]
+    shared = _Shared(scenario)
+    f_star = shared.problem.optimum()[1]
     measure = OBJECTIVES[objective]
-    threads = 1 if scenario.run.protocol == "serial" else scenario.run.threads
+    threads = shared.threads
     prefix: list[int] = []
     tried = 0
     while True:
         scheduler = Scheduler("dfs", threads, schedule=prefix)
-        current = run_schedule(scenario, scheduler, problem)
+        current = shared.run(scheduler)
         tried += 1
         if len(prefix) >= len(current.schedule):
             return current, measure(current.trace, f_star), tried
         best: tuple[float, int] | None = None
         for thread in scheduler.seen[len(prefix)]:
-            run = run_schedule(scenario, Scheduler("dfs", threads, schedule=[*prefix, thread]),
-                               problem)
+            run = shared.run(Scheduler("dfs", threads, schedule=[*prefix, thread]))
             tried += 1
             value = measure(run.trace, f_star)
             if best is None or value > best[0]:
