@@ -258,25 +258,50 @@ def test_block_locks_keep_every_store():
 
 
 def test_ctrl_c_stops_cleanly_and_keeps_partial_results(tmp_path):
-    """SIGINT to the process group (what Ctrl-C does): exit 1, partial trace and a summary that
-    says interrupted, and no worker left behind."""
+    """SIGINT to the process group (what Ctrl-C does) once the terminal's progress bar shows
+    updates: exit 1, partial trace and a summary that says interrupted, and no worker left
+    behind."""
+    import fcntl
     import json
-    children: list[str] = []  # every attempt's processes must be gone at the end
-    for wait in (6, 12, 24):  # start-up took 3-6 s on a slow day: wait longer until it ran
-        out = tmp_path / f"real{wait}"
-        process = subprocess.Popen(
-            [sys.executable, "-m", "simulator.cli", "real", "--out", str(out), "--workers",
-             "2", *[x for o in LONG for x in ("--set", o)]],
-            start_new_session=True, stderr=subprocess.PIPE, text=True)
-        time.sleep(wait)
-        children += Path(f"/proc/{process.pid}/task/{process.pid}/children").read_text().split()
-        os.killpg(process.pid, signal.SIGINT)
-        _, stderr = process.communicate(timeout=60)
-        assert process.returncode == 1 and "interrupted" in stderr
-        summary = json.loads((out / "summary.json").read_text())
-        assert summary["real"]["failure"]["reason"].startswith("interrupted")
-        if summary["updates"] > 0:
-            break
+    import pty
+    import re
+    import struct
+    import termios
+
+    out = tmp_path / "real"
+    main_fd, terminal = pty.openpty()  # the progress bar is drawn on a terminal only ...
+    fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))  # a wide one
+    process = subprocess.Popen(
+        [sys.executable, "-m", "simulator.cli", "real", "--out", str(out), "--workers", "2",
+         *[x for o in LONG for x in ("--set", o)]],
+        start_new_session=True, stderr=terminal, text=True)
+    os.close(terminal)
+    shown: list[str] = []  # read on: a full terminal buffer would block the bar's writes
+
+    def read() -> None:
+        while True:
+            try:
+                chunk = os.read(main_fd, 4096)
+            except OSError:  # the terminal closed: every process that held it exited
+                return
+            if not chunk:
+                return
+            shown.append(chunk.decode(errors="replace"))
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    deadline = time.monotonic() + 120
+    while not re.search(r"[1-9]\d*/1000000", "".join(shown)[-4000:]):
+        assert process.poll() is None and time.monotonic() < deadline, "".join(shown)
+        time.sleep(0.05)
+    children = Path(f"/proc/{process.pid}/task/{process.pid}/children").read_text().split()
+    os.killpg(process.pid, signal.SIGINT)
+    process.wait(timeout=60)
+    reader.join(timeout=10)
+    os.close(main_fd)
+    assert process.returncode == 1 and "interrupted" in "".join(shown)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["real"]["failure"]["reason"].startswith("interrupted")
     assert 0 < summary["updates"] < 1_000_000
     # How the real writes met, from the partial trace as from any other.
     from simulator.metrics import write_meetings
