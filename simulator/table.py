@@ -14,6 +14,7 @@ from typing import Any
 
 from simulator.engine import Engine
 from simulator.metrics import summarize
+from simulator.problems import Problem, make_problem
 from simulator.scenario import Scenario, load_scenario
 
 __all__ = ["COLUMNS", "paper_table", "table_markdown"]
@@ -29,8 +30,8 @@ COLUMNS: dict[str, tuple[str, ...]] = {
 ROWS = {"sync": "locked", "async": "lockfree"}
 
 
-def _run(scenario: Scenario) -> dict[str, Any]:
-    engine = Engine(scenario)
+def _run(scenario: Scenario, problem: Problem) -> dict[str, Any]:
+    engine = Engine(scenario, problem)
     trace = engine.run()
     summary = summarize(trace, engine.problem, scenario)
     summary["accuracy"] = engine.problem.accuracy(trace["w_final"])
@@ -45,12 +46,14 @@ def paper_table(updates: int = 20_000, threads: int = 8, seed: int = 0,
     for column, overrides in COLUMNS.items():
         base = [*overrides, f"run.updates={updates}", f"run.seed={seed}",
                 "metrics.curve_points=10"]
-        serial = _run(load_scenario(None, [*base, "run.protocol=serial"]))
+        # One problem (data and optimum) for the column's three runs: its spec is theirs.
+        problem = make_problem(load_scenario(None, base).problem)
+        serial = _run(load_scenario(None, [*base, "run.protocol=serial"]), problem)
         if progress:
             progress(1)
         for row, protocol in ROWS.items():
             s = _run(load_scenario(None, [*base, f"run.protocol={protocol}",
-                                          f"run.threads={threads}"]))
+                                          f"run.threads={threads}"]), problem)
             if progress:
                 progress(1)
             error = s["gradient_error"]
