@@ -299,9 +299,11 @@ def test_the_balancer_moves_threads_between_cores():
     slots = len(alone)
     assert slots > 1000
     assert 0.7 * slots / 10 < changes < 1.3 * slots / 10
-    assert np.array_equal(simulate(scenario(*base))["write_end"], trace["write_end"])
-    other = simulate(scenario(*base, "run.seed=1"))
-    assert not np.array_equal(other["write_end"], trace["write_end"])
+    short = (*base, "run.updates=3000")  # determinism needs no long run
+    again = simulate(scenario(*short))["write_end"]
+    assert np.array_equal(again, simulate(scenario(*short))["write_end"])
+    other = simulate(scenario(*short, "run.seed=1"))
+    assert not np.array_equal(other["write_end"], again)
     with pytest.raises(ScenarioError, match="migrate"):
         scenario(*base, "devices.0.slicing=global")
     with pytest.raises(ScenarioError, match="migrate"):
