@@ -526,17 +526,18 @@ def _quantum(text: str) -> tuple[int, str]:
 
 def _migrate(text: str, cores: int, quantum: int, slicing: str) -> tuple[int, str]:
     """``--migrate``: ns, or ``auto`` to measure this machine's load balancer (and say how)."""
-    if text == "0":
+    migrate = None if text == "auto" else _ns("--migrate", text)
+    if migrate == 0:
         return 0, ""
     if not (cores and quantum and slicing == "per_core"):
         raise ScenarioError("--migrate", text, "needs --cores, --quantum and --slicing per_core")
-    if text == "auto":
-        from realrun.timeslice import measure_migration
+    if migrate is not None:
+        return migrate, ""
+    from realrun.timeslice import measure_migration
 
-        migrate, moves = measure_migration(cores, quantum)
-        return migrate, (f"{migrate / 1e6:.3g} ms between moves, measured on this machine "
-                         f"({moves} moves of {cores + 1} processes spinning on {cores} cores)")
-    return _ns("--migrate", text), ""
+    migrate, moves = measure_migration(cores, quantum)
+    return migrate, (f"{migrate / 1e6:.3g} ms between moves, measured on this machine "
+                     f"({moves} moves of {cores + 1} processes spinning on {cores} cores)")
 
 
 def _calibrate(args: argparse.Namespace) -> int:

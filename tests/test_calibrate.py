@@ -88,7 +88,9 @@ def test_bad_input_is_one_line_and_nothing_is_overwritten(tmp_path, capsys):
                            "auto"], "--migrate = 'auto': needs --cores, --quantum"),
                          (["calibrate", str(run), "--out", str(tmp_path / "x"), "--pool",
                            "--cores", "2", "--quantum", "4000000", "--migrate", "80ms"],
-                          "--migrate = '80ms'")):
+                          "--migrate = '80ms': must be ns"),
+                         (["calibrate", str(run), "--out", str(tmp_path / "x"), "--migrate",
+                           "80ms"], "--migrate = '80ms': must be ns")):
         assert main(args) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and needle in err[0]
