@@ -68,7 +68,10 @@ What is fitted:
   (median/0.6745)²/2 (exact for normal scores of correlation c; robust to the rare long
   stalls that hit one worker and not the other, which a plain correlation weighs most), and
   c_p·exp(−Δt/τ) is fitted by least squares weighted by pairs, one τ for all phases and one
-  c_p per phase (in [0, 1]). With convoys, the write's bins use writes that met no other; a
+  c_p per phase (in [0, 1]). With convoys, the write's bins use writes that met no other,
+  which are the short ones, so two of them are less alike than two writes (a 2-core MLP
+  run's close pairs −1): the write then takes the other phases' c (their mean weighted by
+  pairs) and its bins are only reported; a
   phase with fewer than 8 distinct durations (no local work, say) gets c = 0. With
   ``common = "rhythm"`` the bins give τ only and one c for every phase is chosen so that the
   calibrated scenario, simulated at the run's worker count and seed (at most 20,000 updates,
@@ -1092,6 +1095,12 @@ def fit_common(runs: list[tuple[Trace, np.ndarray, np.ndarray | None]],
                               "correlation": r.tolist()}
                       for phase, (c, m, r) in measured.items()}
     usable = {phase: (c >= _MIN_BIN) for phase, (c, _, _) in measured.items()}
+    # Writes that met no other are the short ones: two of them, both selected so, are less
+    # alike than two writes (a simulated run with write c = 0.6 fits 0 from them, a 2-core
+    # MLP run's close pairs −1). With convoys the write takes the other phases' c instead.
+    borrowed = any(alone is not None for _, _, alone in runs)
+    if borrowed:
+        report["write_from_others"] = True
     if not any(u.any() for u in usable.values()):
         report["why"] = ("fewer than two workers ran together" if not any(
             c.any() for c, _, _ in measured.values()) else
@@ -1099,17 +1108,20 @@ def fit_common(runs: list[tuple[Trace, np.ndarray, np.ndarray | None]],
         return report
     best: tuple[float, float, dict[str, float]] | None = None
     for tau in _TAUS:
-        total, weights = 0.0, {}
+        total, weights, pairs = 0.0, {}, {}
         for phase, (count, middle, corr) in measured.items():
             keep = usable[phase]
-            if not keep.any():
+            if not keep.any() or (borrowed and phase == "write"):
                 weights[phase] = 0.0
                 continue
             decay = np.exp(-middle[keep] / tau)
             n = count[keep]
             c = float(np.clip(np.sum(n * decay * corr[keep]) / np.sum(n * decay**2), 0, 1))
-            weights[phase] = c
+            weights[phase], pairs[phase] = c, float(np.sum(n))
             total += float(np.sum(n * (corr[keep] - c * decay) ** 2))
+        if borrowed and pairs:
+            weights["write"] = sum(weights[q] * n for q, n in pairs.items()) / sum(
+                pairs.values())
         if best is None or total < best[0]:
             best = (total, float(tau), weights)
     assert best is not None
@@ -1831,7 +1843,9 @@ def _describe_common(report: dict[str, Any]) -> str:
                 f"{report['goal']:.3f} ({len(report['steps'])} simulations)")
     near = ", ".join(f"{phase} {bins['correlation'][0]:.2f} ({bins['pairs'][0]} pairs)"
                      for phase, bins in report["bins"].items())
-    weights = ", ".join(f"{phase} {fields[phase + '_common']:.3g}"
+    said = {"write": " (the others' mean: writes that met no other are the short ones)"
+            if report.get("write_from_others") else ""}
+    weights = ", ".join(f"{phase} {fields[phase + '_common']:.3g}{said.get(phase, '')}"
                         for phase in ("read", "grad", "write", "idle"))
     return (f"c·exp(−Δt/τ) with τ = {fields['common_ns']:.4g} ns, c: {weights} (phases "
             f"starting under 250 ns apart alike by {near})")

@@ -9,7 +9,7 @@ import pytest
 import scipy.special
 import scipy.stats
 
-from simulator.calibrate import calibrate, fit_common
+from simulator.calibrate import calibrate, calibrated_toml, fit_common
 from simulator.cli import main
 from simulator.distributions import Duration
 from simulator.engine import simulate
@@ -137,6 +137,35 @@ def test_calibrate_fits_common_factors_or_says_why_not(tmp_path):
     assert not off.devices[0].timing.coupled
     check_fit_choice(run, tmp_path, "common", "auto", "#   common factors: c·exp(−Δt/τ)")
     assert report["common"]["bins"]["grad"]["pairs"][0] > 0
+
+
+def test_with_convoys_the_write_takes_the_other_phases_common_factor(tmp_path):
+    """Writes that met no other are the short ones, so two of them are less alike than two
+    writes: long writes (8 µs) in convoys with c = 0.6 give pairs of them below the true
+    0.6·exp(−Δt/τ) at every offset. The write's factor is then the pair-weighted mean of the
+    other phases' (0.6–0.8 here)."""
+    run = tmp_path / "run"
+    overrides = ["run.threads=2", "run.updates=4000", "problem.dim=1000", "metrics.exact=false",
+                 "timing.common_ns=50000", "timing.write={dist='lognormal', mean=8000, cv=0.6}",
+                 "timing.read={dist='lognormal', mean=2000, cv=0.3}",
+                 "timing.grad={dist='gamma', mean=9000, cv=0.3}",
+                 "timing.idle={dist='lognormal', mean=3000, cv=0.5}", "timing.convoy_join=1.0",
+                 "timing.convoy_rest=1.5", "timing.write_common=0.6", *COMMON[:2], COMMON[3]]
+    assert main(["simulate", "--out", str(run), "--quiet",
+                 *(arg for o in overrides for arg in ("--set", o))]) == 0
+    calibrated, report = calibrate(run, pool=True, common="on")
+    fit = report["common"]
+    assert report["convoys"]["fields"] is not None and fit["write_from_others"]
+    bins = fit["bins"]["write"]
+    seen = [(c, m) for n, c, m in zip(bins["pairs"], bins["correlation"], bins["offset_ns"],
+                                      strict=True) if n >= 30]
+    assert len(seen) >= 4 and all(c < 0.6 * np.exp(-m / 50_000) for c, m in seen)
+    weights, timing = fit["weights"], calibrated.devices[0].timing
+    others = [weights[p] for p in ("read", "grad", "idle")]
+    assert min(others) <= timing.write_common == weights["write"] <= max(others)
+    assert timing.write_common == pytest.approx(0.6, abs=0.15)
+    assert (f"write {timing.write_common:.3g} (the others' mean"
+            in calibrated_toml(calibrated, report))
 
 
 def _rhythm_run(tmp_path, name, strength):
