@@ -70,8 +70,13 @@ def _print_summary(summary: dict[str, Any], out: Path, seconds: float) -> None:
 
 
 def _progress(total: int, quiet: bool) -> Any:
+    """A progress bar on stderr when it is a terminal. A terminal that reports no size (a
+    pseudo-terminal nobody sized) counts as 80 × 24: tqdm would draw nothing in 0 × 0."""
     from tqdm import tqdm
-    return tqdm(total=total, unit="upd", disable=quiet or not sys.stderr.isatty(), leave=False)
+    shown = not quiet and sys.stderr.isatty()
+    size = os.get_terminal_size(sys.stderr.fileno()) if shown else os.terminal_size((0, 0))
+    return tqdm(total=total, unit="upd", disable=not shown, leave=False,
+                ncols=size.columns or 80, nrows=size.lines or 24)
 
 
 def _simulate(args: argparse.Namespace) -> int:
