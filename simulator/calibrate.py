@@ -1096,8 +1096,8 @@ def fit_common(runs: list[tuple[Trace, np.ndarray, np.ndarray | None]],
                       for phase, (c, m, r) in measured.items()}
     usable = {phase: (c >= _MIN_BIN) for phase, (c, _, _) in measured.items()}
     # Writes that met no other are the short ones: two of them, both selected so, are less
-    # alike than two writes (a simulated run with write c = 0.6 fits 0 from them, a 2-core
-    # MLP run's close pairs −1). With convoys the write takes the other phases' c instead.
+    # alike than two writes (a simulated run with write c = 0.6 fits 0.23 from them, a
+    # 2-core MLP run's close pairs −1). With convoys the write takes the other phases' c.
     borrowed = any(alone is not None for _, _, alone in runs)
     if borrowed:
         report["write_from_others"] = True
@@ -1843,9 +1843,10 @@ def _describe_common(report: dict[str, Any]) -> str:
                 f"{report['goal']:.3f} ({len(report['steps'])} simulations)")
     near = ", ".join(f"{phase} {bins['correlation'][0]:.2f} ({bins['pairs'][0]} pairs)"
                      for phase, bins in report["bins"].items())
-    said = {"write": " (the others' mean: writes that met no other are the short ones)"
-            if report.get("write_from_others") else ""}
-    weights = ", ".join(f"{phase} {fields[phase + '_common']:.3g}{said.get(phase, '')}"
+    borrowed = (" (the others' mean: writes that met no other are the short ones)"
+                if report.get("write_from_others") else "")
+    weights = ", ".join(f"{phase} {fields[phase + '_common']:.3g}"
+                        f"{borrowed if phase == 'write' else ''}"
                         for phase in ("read", "grad", "write", "idle"))
     return (f"c·exp(−Δt/τ) with τ = {fields['common_ns']:.4g} ns, c: {weights} (phases "
             f"starting under 250 ns apart alike by {near})")

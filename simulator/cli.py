@@ -74,9 +74,9 @@ def _progress(total: int, quiet: bool) -> Any:
     pseudo-terminal nobody sized) counts as 80 × 24: tqdm would draw nothing in 0 × 0."""
     from tqdm import tqdm
     shown = not quiet and sys.stderr.isatty()
-    size = os.get_terminal_size(sys.stderr.fileno()) if shown else os.terminal_size((0, 0))
+    columns, lines = os.get_terminal_size(sys.stderr.fileno()) if shown else (0, 0)
     return tqdm(total=total, unit="upd", disable=not shown, leave=False,
-                ncols=size.columns or 80, nrows=size.lines or 24)
+                ncols=columns or 80, nrows=lines or 24)
 
 
 def _simulate(args: argparse.Namespace) -> int:
