@@ -171,10 +171,226 @@ line_latency(PyObject *module, PyObject *args, PyObject *kwargs)
     return result;
 }
 
+/* What a write costs on lines another CPU read last: the shared-line factor of
+ * `timing.write_shared`, measured at a vector's size before a run starts.
+ *
+ * A real worker writes its update as w[i] -= s[i] over the whole shared vector after copying
+ * it. When another worker copied the vector after it, every line is shared with that CPU's
+ * cache and each store waits for the copy there to be invalidated. Two threads pinned to the
+ * two CPUs take turns on one vector: in an "own" round the first copies it and writes it; in
+ * a "shared" round the first copies it, the second copies it, then the first writes it. Only
+ * the first's write is timed. Rounds alternate, so a change of pace hits both alike. */
+typedef struct {
+    _Alignas(64) _Atomic int64_t token;
+    _Alignas(64) _Atomic int stop;
+    int64_t rounds;
+    size_t count, itemsize;
+    char *w, *copy_a, *copy_b, *step;
+    int64_t *own_ns, *shared_ns;    /* per timed round */
+} Vector;
+
+typedef struct {
+    Vector *vector;
+    int cpu, first;
+    int error;
+} Writer;
+
+#define WARM_WRITES 20
+
+/* Spin until the token is at least `want` (the first thread may already have moved on). */
+static int
+wait_token(Vector *v, int64_t want, int64_t deadline)
+{
+    unsigned spins = 0;
+    while (atomic_load_explicit(&v->token, memory_order_acquire) < want) {
+        if (atomic_load_explicit(&v->stop, memory_order_relaxed))
+            return ECANCELED;
+        if ((++spins & 0xfff) == 0 && now() > deadline)
+            return ETIMEDOUT;
+    }
+    return 0;
+}
+
+static void
+write_step(Vector *v)
+{
+    if (v->itemsize == 4) {
+        float *w = (float *)v->w, *s = (float *)v->step;
+        for (size_t i = 0; i < v->count; i++)
+            w[i] -= s[i];
+    } else {
+        double *w = (double *)v->w, *s = (double *)v->step;
+        for (size_t i = 0; i < v->count; i++)
+            w[i] -= s[i];
+    }
+}
+
+static void *
+writer_main(void *arg)
+{
+    Writer *side = arg;
+    Vector *v = side->vector;
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(side->cpu, &set);
+    if (sched_setaffinity(0, sizeof set, &set) != 0) {
+        side->error = errno;
+        atomic_store(&v->stop, 1);
+        return NULL;
+    }
+    int64_t deadline = now() + TIMEOUT_NS;
+    size_t bytes = v->count * v->itemsize;
+    int64_t total = 2 * (WARM_WRITES + v->rounds);
+    int error = 0;
+    /* Round i: token 2i + 1 asks the second thread to copy (shared rounds, i odd); it answers
+     * 2i + 2. In own rounds the first sets 2i + 2 itself. */
+    for (int64_t i = 0; i < total && !error; i++) {
+        int shared = (int)(i & 1);
+        if (side->first) {
+            memcpy(v->copy_a, v->w, bytes);
+            if (shared) {
+                atomic_store_explicit(&v->token, 2 * i + 1, memory_order_release);
+                error = wait_token(v, 2 * i + 2, deadline);
+                if (error)
+                    break;
+            }
+            int64_t start = now();
+            write_step(v);
+            int64_t took = now() - start;
+            int64_t timed = i / 2 - WARM_WRITES;
+            if (timed >= 0)
+                (shared ? v->shared_ns : v->own_ns)[timed] = took;
+            if (!shared)
+                atomic_store_explicit(&v->token, 2 * i + 2, memory_order_release);
+        } else if (shared) {
+            error = wait_token(v, 2 * i + 1, deadline);
+            if (!error) {
+                memcpy(v->copy_b, v->w, bytes);
+                atomic_store_explicit(&v->token, 2 * i + 2, memory_order_release);
+            }
+        } else {
+            error = wait_token(v, 2 * i + 2, deadline);
+        }
+    }
+    if (error == ETIMEDOUT) {
+        side->error = error;
+        atomic_store(&v->stop, 1);
+    }
+    return NULL;
+}
+
+static PyObject *
+ns_list(const int64_t *values, Py_ssize_t n)
+{
+    PyObject *list = PyList_New(n);
+    for (Py_ssize_t i = 0; list != NULL && i < n; i++) {
+        PyObject *value = PyLong_FromLongLong(values[i]);
+        if (value == NULL)
+            Py_CLEAR(list);
+        else
+            PyList_SET_ITEM(list, i, value);
+    }
+    return list;
+}
+
+static PyObject *
+shared_write(PyObject *module, PyObject *args, PyObject *kwargs)
+{
+    (void)module;
+    static char *names[] = {"cpu_a", "cpu_b", "count", "itemsize", "rounds", NULL};
+    int cpu_a, cpu_b;
+    Py_ssize_t count, itemsize = 8, rounds = 200;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "iin|nn", names, &cpu_a, &cpu_b, &count,
+                                     &itemsize, &rounds))
+        return NULL;
+    if (cpu_a == cpu_b || cpu_a < 0 || cpu_b < 0 || cpu_a >= CPU_SETSIZE || cpu_b >= CPU_SETSIZE) {
+        PyErr_Format(PyExc_ValueError, "cpus: %d and %d must be two different CPU numbers",
+                     cpu_a, cpu_b);
+        return NULL;
+    }
+    if (count < 1 || rounds < 1 || (itemsize != 4 && itemsize != 8)) {
+        PyErr_Format(PyExc_ValueError, "count %zd, rounds %zd, itemsize %zd: count and rounds "
+                     "must be >= 1, itemsize 4 or 8", count, rounds, itemsize);
+        return NULL;
+    }
+    size_t bytes = (size_t)count * (size_t)itemsize;
+    Vector *v = NULL;
+    if (posix_memalign((void **)&v, 64, sizeof *v) != 0)
+        return PyErr_NoMemory();
+    memset(v, 0, sizeof *v);
+    v->rounds = rounds;
+    v->count = (size_t)count;
+    v->itemsize = (size_t)itemsize;
+    char **arrays[] = {&v->w, &v->copy_a, &v->copy_b, &v->step};
+    int failed = 0;
+    for (int i = 0; i < 4; i++)
+        failed |= posix_memalign((void **)arrays[i], 64, bytes) != 0;
+    v->own_ns = PyMem_RawCalloc((size_t)rounds, sizeof(int64_t));
+    v->shared_ns = PyMem_RawCalloc((size_t)rounds, sizeof(int64_t));
+    PyObject *result = NULL;
+    if (failed || v->own_ns == NULL || v->shared_ns == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    /* A tiny step keeps the values finite and normal for any number of rounds. */
+    for (size_t i = 0; i < v->count; i++) {
+        if (itemsize == 4) {
+            ((float *)v->w)[i] = 1.0f;
+            ((float *)v->step)[i] = 1e-7f;
+        } else {
+            ((double *)v->w)[i] = 1.0;
+            ((double *)v->step)[i] = 1e-12;
+        }
+    }
+    Writer sides[2] = {{v, cpu_a, 1, 0}, {v, cpu_b, 0, 0}};
+    pthread_t threads[2];
+    int started = 0, create_error = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (; started < 2; started++) {
+        create_error = pthread_create(&threads[started], NULL, writer_main, &sides[started]);
+        if (create_error) {
+            atomic_store(&v->stop, 1);
+            break;
+        }
+    }
+    for (int i = 0; i < started; i++)
+        pthread_join(threads[i], NULL);
+    Py_END_ALLOW_THREADS
+    if (create_error) {
+        errno = create_error;
+        PyErr_SetFromErrno(PyExc_OSError);
+    } else if (sides[0].error || sides[1].error) {
+        Writer *bad = sides[0].error ? &sides[0] : &sides[1];
+        if (bad->error == ETIMEDOUT)
+            PyErr_Format(PyExc_TimeoutError, "CPU %d: the probe thread got no time in %lld s",
+                         bad->cpu, TIMEOUT_NS / 1000000000LL);
+        else
+            PyErr_Format(PyExc_OSError, "CPU %d: cannot run there (%s)", bad->cpu,
+                         strerror(bad->error));
+    } else {
+        PyObject *own = ns_list(v->own_ns, rounds), *shared = ns_list(v->shared_ns, rounds);
+        if (own != NULL && shared != NULL)
+            result = PyTuple_Pack(2, own, shared);
+        Py_XDECREF(own);
+        Py_XDECREF(shared);
+    }
+done:
+    for (int i = 0; i < 4; i++)
+        free(*arrays[i]);
+    PyMem_RawFree(v->own_ns);
+    PyMem_RawFree(v->shared_ns);
+    free(v);
+    return result;
+}
+
 static PyMethodDef probe_methods[] = {
     {"line_latency", (PyCFunction)(void (*)(void))line_latency, METH_VARARGS | METH_KEYWORDS,
      "line_latency(cpu_a, cpu_b, rounds=4000, bursts=5) -> list of the bursts' mean one-way "
      "ns of a cache line handed between threads pinned to the two CPUs."},
+    {"shared_write", (PyCFunction)(void (*)(void))shared_write, METH_VARARGS | METH_KEYWORDS,
+     "shared_write(cpu_a, cpu_b, count, itemsize=8, rounds=200) -> (own, shared): per round, "
+     "the ns the first CPU's write w[i] -= s[i] of `count` items took after only it copied "
+     "the vector (own) and after the second CPU copied it too (shared)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -8,6 +8,13 @@ domains in hundreds, and every line of a dense model's shared vector that one wo
 must then cross from the other's cache (bench/README.md: "write lockstep"). A real run measures
 it just before its workers start and just after they finish (``summary.json``
 ``real.cpu_latency``).
+
+The second probe prices what that costs a write: a vector of the run's size and dtype, copied
+by one CPU and then by the other, then written (``w[i] -= s[i]``) by the first, against the
+same write when only the first copied it (``summary.json`` ``real.shared_write``, measured
+before the workers start, with one worker too). A run of one worker never shows a write on
+lines another worker read last; this tells ``asyngrad calibrate`` what such a write would cost
+on the run's machine and placement (``timing.write_shared``).
 """
 
 from __future__ import annotations
@@ -15,13 +22,21 @@ from __future__ import annotations
 import os
 import statistics
 from collections.abc import Sequence
+from typing import Any
 
-__all__ = ["built", "line_latency_ns", "probe_cpus"]
+__all__ = ["built", "line_latency_ns", "probe_cpus", "shared_write_cost"]
 
 try:
     from realrun._cpuprobe import line_latency as _line_latency
+    from realrun._cpuprobe import shared_write as _shared_write
 except ImportError:  # no C compiler at install, or not Linux
-    _line_latency = None
+    _line_latency = _shared_write = None
+
+# The probe's vector is at most this many bytes (four such buffers are allocated); a longer
+# vector's extra cost is scaled from it by length (every line pays the same invalidation).
+PROBE_BYTES = 1 << 24
+# Rounds are chosen so the two timed writes of all rounds move about this many bytes.
+PROBE_BUDGET_BYTES = 1 << 28
 
 
 def built() -> bool:
@@ -53,3 +68,32 @@ def line_latency_ns(cpus: Sequence[int], rounds: int = 4000, bursts: int = 5) ->
                                                      bursts)))
     except OSError:  # TimeoutError is one
         return None
+
+
+def shared_write_cost(cpus: Sequence[int], count: int, itemsize: int) -> dict[str, Any] | None:
+    """The cost of a write on lines the other CPU copied last, for a vector of ``count``
+    items of ``itemsize`` bytes (4 or 8): ``{"cpus", "count", "probed", "itemsize",
+    "rounds", "own_ns", "shared_ns", "extra_ns", "line_ns"}`` where ``own_ns`` and
+    ``shared_ns`` are the median write times of ``probed`` items after only the writer
+    copied the vector and after the other CPU copied it too, ``extra_ns`` their difference
+    scaled to ``count`` items, and ``line_ns`` the cache-line latency between the two just
+    before (placement). None when the probe was not built or could not run there.
+
+    Raises:
+        ValueError: the two CPUs are one, ``count`` < 1 or ``itemsize`` not 4 or 8."""
+    if _shared_write is None:
+        return None
+    if count < 1 or itemsize not in (4, 8):
+        raise ValueError(f"count {count}, itemsize {itemsize}: count must be >= 1, itemsize "
+                         "4 or 8")
+    probed = min(int(count), PROBE_BYTES // itemsize)
+    rounds = max(5, min(200, PROBE_BUDGET_BYTES // (2 * probed * itemsize)))
+    line = line_latency_ns(cpus, rounds=1000, bursts=3)
+    try:
+        own, shared = _shared_write(int(cpus[0]), int(cpus[1]), probed, itemsize, rounds)
+    except OSError:  # TimeoutError is one
+        return None
+    own_ns, shared_ns = float(statistics.median(own)), float(statistics.median(shared))
+    return {"cpus": [int(cpus[0]), int(cpus[1])], "count": int(count), "probed": probed,
+            "itemsize": itemsize, "rounds": rounds, "own_ns": own_ns, "shared_ns": shared_ns,
+            "extra_ns": (shared_ns - own_ns) * count / probed, "line_ns": line}

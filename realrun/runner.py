@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from realrun.probe import built, line_latency_ns, probe_cpus
+from realrun.probe import built, line_latency_ns, probe_cpus, shared_write_cost
 from realrun.records import compiled
 from realrun.timeline import Measure, WorkerRecord, merge
 from realrun.worker import (
@@ -73,6 +73,10 @@ class RealRun:
     # CPU-to-CPU cache-line latency just before the workers started and after they finished
     # (realrun/probe.py): {"cpus", "before_ns", "after_ns"}; None with one worker or no probe.
     cpu_latency: dict[str, Any] | None = None
+    # What a write of the run's vector costs on lines the other CPU copied last, measured
+    # before the workers started (realrun/probe.py ``shared_write_cost``; with one worker
+    # too, on the first two usable CPUs); None for sparse problems, CUDA or no probe.
+    shared_write: dict[str, Any] | None = None
 
 
 def _quotas(updates: int, workers: int) -> list[int]:
@@ -250,6 +254,9 @@ def run_real(scenario: Scenario, workers: int, mode: str, dtype: str = "float32"
     probed = probe_cpus(cpus) if workers > 1 and device == "cpu" and built() else None
     latency: dict[str, Any] | None = (None if probed is None else
                                       {"cpus": probed, "before_ns": None, "after_ns": None})
+    dense_cpu = device == "cpu" and built() and problem.support(0) is None
+    write_cpus = probe_cpus(cpus) if dense_cpu else None
+    shared_write = None
     started = time.monotonic()
     snapshots = [(0, time.monotonic_ns(), _host(buffers.w))]
     failure = None
@@ -263,6 +270,9 @@ def run_real(scenario: Scenario, workers: int, mode: str, dtype: str = "float32"
         if failure is None:
             if latency is not None:  # the workers wait on `go` without spinning
                 latency["before_ns"] = line_latency_ns(latency["cpus"])
+            if write_cpus is not None:
+                shared_write = shared_write_cost(write_cpus, problem.dim,
+                                                 buffers.w.element_size())
             started = time.monotonic()  # the run's time counts from the common start
             snapshots = [(0, time.monotonic_ns(), _host(buffers.w))]
             go.set()
@@ -279,7 +289,7 @@ def run_real(scenario: Scenario, workers: int, mode: str, dtype: str = "float32"
                          measure_every)
     return RealRun(scenario, problem, trace, workers, mode, dtype, seconds, failure, lost,
                    measure_every, device, launch, pattern, accumulate, cpus,
-                   "c" if compiled() and not torch_path else "python", latency)
+                   "c" if compiled() and not torch_path else "python", latency, shared_write)
 
 
 def _workers(buffers: Buffers, workers: int, quotas: list[int], toml: str, mode: str,
@@ -401,6 +411,7 @@ def summary_extra(run: RealRun) -> dict[str, Any]:
                      "device": run.device, "launch": run.launch, "pattern": run.pattern,
                      "accumulate": run.accumulate, "cpus": run.cpus,
                      "recorder": run.recorder, "cpu_latency": run.cpu_latency,
+                     "shared_write": run.shared_write,
                      "wall_seconds": run.seconds,
                      "updates_per_wall_second": len(run.trace) / max(run.seconds, 1e-9),
                      "failure": run.failure, "measure_every": run.measure_every,

@@ -148,7 +148,7 @@ from simulator.errors import AsyngradError, TraceError
 from simulator.memory import block_bounds
 from simulator.metrics import overlaps, trace_rhythm, write_pairs
 from simulator.problems import make_problem
-from simulator.rundir import latency_line, placement
+from simulator.rundir import latency_line, placement, run_shared_write
 from simulator.scenario import COMMON_FIELDS, DeviceSpec, Scenario, TimingSpec, scenario_from_dict
 from simulator.trace import Trace, convoy_pairs, read_sweeps
 
@@ -452,18 +452,22 @@ def shared_writes(trace: Trace) -> np.ndarray:
 
 
 def fit_shared(runs: list[tuple[Trace, np.ndarray]], mode: str = "off",
-               censor: bool = False) -> dict[str, Any]:
+               censor: bool = False,
+               probes: list[dict[str, Any] | None] | None = None) -> dict[str, Any]:
     """``timing.write_shared`` from the rows of one or more traces with two or more workers:
     the median time a write :func:`shared_writes` marks runs over the others' (each run's
     write durations, or with ``censor`` (writes that meet form convoys) their times alone,
     met writes censored at the meeting: :func:`write_survival`, Kaplan–Meier medians), in
     ``"fields"`` when fitted (``auto``: when it is 1.2 or more, or 1/1.2 or less), and in
     ``"deflate"`` (not for the report) each run's marked rows and the factor that takes
-    their writes to the draw."""
+    their writes to the draw. Runs of one worker alone show no such write: then the runs'
+    probes (``real.shared_write``, one per run or None) give it, by :func:`probed_shared`."""
     report: dict[str, Any] = {"fields": None, "deflate": None}
     if mode == "off":
         report["why"] = "--shared off"
         return report
+    if all(np.unique(trace["thread"]).size < 2 for trace, _ in runs):
+        return probed_shared(runs, mode, probes or [None] * len(runs))
     seen, cut, marked = [], [], []
     marks = [shared_writes(trace) for trace, _ in runs]  # one worker: none marked
     for (trace, rows), mark in zip(runs, marks, strict=True):
@@ -492,6 +496,40 @@ def fit_shared(runs: list[tuple[Trace, np.ndarray]], mode: str = "off",
     report["fields"] = {"write_shared": factor}
     report["deflate"] = [{"write": (rows[mark[rows]], np.full(int(mark[rows].sum()), 1 / factor))}
                          for (_, rows), mark in zip(runs, marks, strict=True)]
+    return report
+
+
+def probed_shared(runs: list[tuple[Trace, np.ndarray]], mode: str,
+                  probes: list[dict[str, Any] | None]) -> dict[str, Any]:
+    """``timing.write_shared`` for runs of one worker from what their probes measured
+    (realrun/probe.py ``shared_write_cost``): a write on lines the other CPU copied last
+    took ``extra_ns`` more there, so the factor is (m + extra) / m with m the runs' median
+    write and extra the probes' median; in ``"fields"`` as :func:`fit_shared` keeps it.
+    Nothing to take out of the runs' writes: none of them was such a write."""
+    report: dict[str, Any] = {"fields": None, "deflate": None}
+    probed = [p for p in probes if p is not None and p.get("extra_ns") is not None]
+    if not probed:
+        report["why"] = ("one worker: no write on lines another worker read last, and no "
+                         "probe in the runs (real.shared_write)")
+        return report
+    writes = np.concatenate([(trace["write_end"][rows] - trace["write_start"][rows])
+                             .astype(np.float64) for trace, rows in runs])
+    median = float(np.median(writes[writes > 0])) if (writes > 0).any() else 0.0
+    extra = float(np.median([p["extra_ns"] for p in probed]))
+    lines = [p["line_ns"] for p in probed if p.get("line_ns") is not None]
+    report.update(probes=len(probed), extra_ns=extra, median_write_ns=median,
+                  line_ns=float(np.median(lines)) if lines else None)
+    if median <= 0 or median + extra <= 0:
+        report["why"] = f"probe: extra {extra:.0f} ns on a median write of {median:.0f} ns"
+        return report
+    factor = (median + extra) / median
+    report["factor"] = factor
+    if mode == "auto" and abs(math.log(factor)) < math.log(_MIN_SHARED):
+        report["why"] = (f"probe: a write on lines another worker read last takes {factor:.2f}"
+                         f"x, under {_MIN_SHARED}x")
+        return report
+    report["fields"] = {"write_shared": factor}
+    report["deflate"] = [{"write": (np.zeros(0, dtype=np.int64), np.zeros(0))} for _ in runs]
     return report
 
 
@@ -1246,8 +1284,8 @@ def fit_store_window(traces: list[Trace]) -> dict[str, Any]:
     mean absolute difference; a grid up to the writes' 95th percentile, refined once), in
     ``"fields"`` when there are enough rows."""
     report: dict[str, Any] = {"fields": None}
-    found = [read_sweeps(trace) for trace in traces]
-    rows = np.concatenate([r for r in found if r is not None]) if found else np.zeros((0, 4))
+    found = [rows for rows in map(read_sweeps, traces) if rows is not None]
+    rows = np.concatenate(found) if found else np.zeros((0, 4))
     rows = rows[rows[:, 2] > 0]
     report["rows"] = int(rows.shape[0])
     if rows.shape[0] < _MIN_PAIRS:
@@ -1287,13 +1325,15 @@ def _public(report: dict[str, Any]) -> dict[str, Any]:
 
 
 def _convoys_and_shared(runs: list[tuple[Trace, np.ndarray]], convoys: str, shared: str,
-                        cores: int, quantum: int
+                        cores: int, quantum: int, paths: list[Path]
                         ) -> tuple[dict[str, Any], dict[str, Any], list[np.ndarray] | None]:
     """The convoy report (:func:`fit_convoys`), the ``write_shared`` one (:func:`fit_shared`,
-    on the writes' times alone when convoys form) and per run each row's write factor (None
-    when not fitted); with a factor the convoys are fitted again with it."""
+    on the writes' times alone when convoys form; from the runs' probes, read from ``paths``,
+    when every run has one worker) and per run each row's write factor (None when not
+    fitted); with a factor the convoys are fitted again with it."""
     convoy = fit_convoys(runs, convoys)
-    sharing = fit_shared(runs, shared, censor=_forms_convoys(convoy))
+    sharing = fit_shared(runs, shared, censor=_forms_convoys(convoy),
+                         probes=[run_shared_write(path) for path in paths])
     if not sharing["fields"]:
         return _convoy_report(convoy, cores, quantum), sharing, None
     factor = sharing["fields"]["write_shared"]
@@ -1489,7 +1529,7 @@ def calibrate(run_dir: str | Path | list[str | Path], pool: bool = False, cores:
     traces = [trace for _, trace, _ in loaded]
     spans = [running_together(trace) for trace in traces]
     convoy, sharing, scales = _convoys_and_shared(list(zip(traces, spans, strict=True)),
-                                                  convoys, shared, cores, quantum)
+                                                  convoys, shared, cores, quantum, paths)
     alones = [alone_writes(trace, together) if _forms_convoys(convoy) else None
               for trace, together in zip(traces, spans, strict=True)]
     threads = scenario.run.threads
@@ -1642,7 +1682,7 @@ def calibrate_counts(run_dirs: list[str | Path], cores: int = 0, quantum: int = 
         fitted_rows += int(spans[-1].size)
     convoy, sharing, scales = _convoys_and_shared(
         [(trace, rows) for (_, trace, _), rows in zip(loaded, spans, strict=True)],
-        convoys, shared, cores, quantum)
+        convoys, shared, cores, quantum, [path for path, _, _ in loaded])
     traces = [trace for _, trace, _ in loaded]
     stores = fit_store_window([trace for _, trace, run in loaded
                                if run.run.read_view == "sweep"])
@@ -1879,7 +1919,13 @@ def _describe_stores(report: dict[str, Any]) -> str:
 
 def _describe_shared(report: dict[str, Any]) -> str:
     measured = ""
-    if "factor" in report:
+    if "factor" in report and "probes" in report:
+        line = report.get("line_ns")
+        measured = (f"from the runs' probes ({report['probes']}): such a write took "
+                    f"{report['extra_ns']:.4g} ns more, on a median write of "
+                    f"{report['median_write_ns']:.4g} ns"
+                    + (f" (a cache line between the CPUs: {line:.0f} ns)" if line else ""))
+    elif "factor" in report:
         measured = (f"{report['rows_shared']} writes on lines another worker read last, "
                     f"median {report['median_shared_ns']:.4g} ns, against "
                     f"{report['median_other_ns']:.4g} ns for the {report['rows_other']} others")

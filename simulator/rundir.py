@@ -120,14 +120,29 @@ def cpu_latency(summary: dict[str, Any]) -> dict[str, Any] | None:
     return real.get("cpu_latency") if isinstance(real, dict) else None
 
 
-def run_cpu_latency(run_dir: str | Path) -> dict[str, Any] | None:
-    """:func:`cpu_latency` of the run directory's ``summary.json`` (None without a readable
-    one)."""
+def _real_field(run_dir: str | Path, key: str) -> dict[str, Any] | None:
+    """``real.<key>`` of the run directory's ``summary.json`` (None without a readable one,
+    for a simulated run, or where it was not measured)."""
     try:
         summary = json.loads((Path(run_dir) / "summary.json").read_text())
     except (OSError, ValueError):
         return None
-    return cpu_latency(summary) if isinstance(summary, dict) else None
+    real = summary.get("real") if isinstance(summary, dict) else None
+    value = real.get(key) if isinstance(real, dict) else None
+    return value if isinstance(value, dict) else None
+
+
+def run_cpu_latency(run_dir: str | Path) -> dict[str, Any] | None:
+    """:func:`cpu_latency` of the run directory's ``summary.json`` (None without a readable
+    one)."""
+    return _real_field(run_dir, "cpu_latency")
+
+
+def run_shared_write(run_dir: str | Path) -> dict[str, Any] | None:
+    """A real run's ``real.shared_write``: what a write of its vector cost on lines the other
+    CPU copied last, probed before its workers started (realrun/probe.py); None where not
+    measured."""
+    return _real_field(run_dir, "shared_write")
 
 
 FAR_NS = 150.0  # CPUs "far apart": a cache line takes at least this long between them

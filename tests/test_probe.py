@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from realrun.probe import built, line_latency_ns, probe_cpus
+from realrun.probe import built, line_latency_ns, probe_cpus, shared_write_cost
 from simulator.rundir import FAR_NS, latency_line, placement
 
 needs_probe = pytest.mark.skipif(not built(), reason="realrun._cpuprobe not built (no C "
@@ -93,3 +93,44 @@ def test_the_probe_is_built_where_a_compiler_and_headers_are():
     if not (Path(sysconfig.get_paths()["include"]) / "Python.h").is_file():
         pytest.skip("no Python headers here")
     assert built()
+
+
+@needs_probe
+@needs_two
+def test_the_write_probe_times_every_round_of_both_kinds():
+    from realrun._cpuprobe import shared_write
+
+    a, b = probe_cpus()
+    for itemsize in (4, 8):
+        own, shared = shared_write(a, b, 1000, itemsize, rounds=7)
+        # Each timed write of 1000 items takes some nanoseconds and far less than a second.
+        assert len(own) == len(shared) == 7
+        assert all(0 < ns < 1e9 for ns in own + shared)
+
+
+@needs_probe
+def test_the_write_probe_refuses_bad_arguments():
+    from realrun._cpuprobe import shared_write
+
+    with pytest.raises(ValueError, match="cpus: 1 and 1"):
+        shared_write(1, 1, 100)
+    for bad in ({"count": 0}, {"count": 10, "itemsize": 2}, {"count": 10, "rounds": 0}):
+        with pytest.raises(ValueError, match=r"count \d+, rounds \d+, itemsize \d+"):
+            shared_write(0, 1, **bad)
+    with pytest.raises(ValueError, match="itemsize 3"):
+        shared_write_cost([0, 1], 10, 3)
+
+
+@needs_probe
+@needs_two
+def test_the_write_cost_scales_a_long_vector_from_the_part_probed(monkeypatch):
+    """A vector longer than the probe's buffer is probed in part; the extra time is scaled
+    by length (every line pays the same invalidation)."""
+    import realrun.probe as probe
+
+    monkeypatch.setattr(probe, "PROBE_BYTES", 8 * 500)
+    cost = shared_write_cost(probe_cpus(), 2000, 8)
+    assert cost is not None and cost["probed"] == 500 and cost["count"] == 2000
+    assert cost["itemsize"] == 8 and 5 <= cost["rounds"] <= 200
+    assert cost["extra_ns"] == pytest.approx(4 * (cost["shared_ns"] - cost["own_ns"]))
+    assert cost["line_ns"] is None or cost["line_ns"] > 1

@@ -17,6 +17,7 @@ from realrun.probe import built, probe_cpus
 from realrun.runner import run_real
 from realrun.timeslice import measure_migration, measure_time_slice
 from realrun.worker import wait_for_release
+from simulator.compare import load_run
 from simulator.engine import simulate
 from simulator.problems import make_problem
 from simulator.replay import replay
@@ -163,6 +164,34 @@ def test_timeout_keeps_partial_results():
             break
         assert len(run.trace) == 0
     assert len(run.trace) > 0
+
+
+@pytest.mark.skipif(not built() or probe_cpus() is None,
+                    reason="needs realrun._cpuprobe and two usable CPUs")
+def test_a_one_worker_run_probes_its_shared_writes_and_calibrates_from_them(tmp_path):
+    """One worker never writes on lines another read; the run probes what such a write of
+    its vector costs (``real.shared_write``), and ``calibrate`` takes ``write_shared`` from
+    it: (m + extra) / m, m the run's median write. Sparse problems write a few coordinates:
+    no probe."""
+    from simulator.calibrate import calibrate
+
+    out = tmp_path / "one"
+    args = [sys.executable, "-m", "simulator.cli", "real", "--out", str(out), "--workers",
+            "1", "--quiet", "--dtype", "float32", *[x for o in TINY for x in ("--set", o)]]
+    assert subprocess.run(args, timeout=300).returncode == 0
+    probed = json.loads((out / "summary.json").read_text())["real"]["shared_write"]
+    assert probed["count"] == probed["probed"] == 20 and probed["itemsize"] == 4
+    assert probed["cpus"] == probe_cpus()
+    assert probed["extra_ns"] == probed["shared_ns"] - probed["own_ns"]
+    calibrated, report = calibrate(out, pool=True, cores=2, shared="on")
+    trace = load_run(out).trace
+    median = float(np.median(trace["write_end"] - trace["write_start"]))
+    assert report["shared"]["probes"] == 1 and report["shared"]["median_write_ns"] == median
+    assert calibrated.devices[0].timing.write_shared == pytest.approx(
+        (median + probed["extra_ns"]) / median)
+    sparse = run_real(scenario("problem.name=sparse_logistic", "run.updates=200"), 1,
+                      "lockfree")
+    assert sparse.failure is None and sparse.shared_write is None
 
 
 def test_cli_real_run_and_its_replay(tmp_path):

@@ -13,6 +13,7 @@ from simulator.cli import main
 from simulator.compare import load_run
 from simulator.engine import simulate
 from simulator.errors import ScenarioError
+from simulator.scenario import with_overrides
 
 from .conftest import convoy_run, same_every_way, scenario
 
@@ -124,3 +125,68 @@ def test_a_factor_that_is_not_positive_is_refused(value, capsys, tmp_path):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "timing.write_shared" in err[0] and value in err[0]
     assert not out.exists()
+
+
+def _with_probe(run, extra_ns: float, line_ns: float = 80.0) -> None:
+    """Give a run directory the probe record a real run writes (``real.shared_write``)."""
+    import json
+
+    path = run / "summary.json"
+    summary = json.loads(path.read_text())
+    summary["real"] = {"shared_write": {"cpus": [0, 1], "count": 100, "probed": 100,
+                                        "itemsize": 8, "rounds": 200, "own_ns": 500.0,
+                                        "shared_ns": 500.0 + extra_ns, "extra_ns": extra_ns,
+                                        "line_ns": line_ns}}
+    path.write_text(json.dumps(summary))
+
+
+def test_one_worker_takes_the_factor_from_its_probe_and_predicts_two(tmp_path):
+    """One worker never writes on lines another read: the run's probe says such a write
+    takes 3000 ns more, on writes of a constant 2000 ns, so the factor is 2.5, and the
+    calibrated scenario at two threads takes 5000 ns for exactly the writes the timestamp
+    rule marks."""
+    run = tmp_path / "one"
+    assert main(["simulate", "--out", str(run), "--quiet", "--set", "run.threads=1",
+                 "--set", "run.updates=500", "--set", "metrics.exact=false",
+                 *[a for t in TIMING for a in ("--set", t)],
+                 "--set", "timing.write={dist='constant', mean=2000}"]) == 0
+    plain, report = calibrate(run, pool=True, shared="auto")
+    assert plain.devices[0].timing.write_shared == 1
+    assert "no probe" in report["shared"]["why"]
+    _with_probe(run, 3000)
+    calibrated, report = calibrate(run, pool=True, shared="auto")
+    timing = calibrated.devices[0].timing
+    assert timing.write_shared == 2.5 and timing.write.mean == 2000
+    assert report["shared"]["probes"] == 1 and report["shared"]["median_write_ns"] == 2000
+    two = simulate(with_overrides(calibrated, ["run.threads=2", "run.updates=2000"]))
+    marked, took = shared_writes(two), two["write_end"] - two["write_start"]
+    assert marked.any() and set(took[marked].tolist()) == {5000}
+    assert set(took[~marked].tolist()) == {2000}
+
+
+def test_a_probe_under_the_threshold_is_kept_only_when_asked(tmp_path):
+    run = tmp_path / "one"
+    assert main(["simulate", "--out", str(run), "--quiet", "--set", "run.threads=1",
+                 "--set", "run.updates=200", "--set", "metrics.exact=false",
+                 *[a for t in TIMING for a in ("--set", t)],
+                 "--set", "timing.write={dist='constant', mean=2000}"]) == 0
+    _with_probe(run, 200)  # 1.1x
+    auto, report = calibrate(run, pool=True, shared="auto")
+    assert auto.devices[0].timing.write_shared == 1 and "under 1.2x" in report["shared"]["why"]
+    on, _ = calibrate(run, pool=True, shared="on")
+    assert on.devices[0].timing.write_shared == pytest.approx(1.1)
+    off, report = calibrate(run, pool=True, shared="off")
+    assert off.devices[0].timing.write_shared == 1 and report["shared"]["why"] == "--shared off"
+
+
+def test_two_workers_ignore_the_probe_and_fit_their_own_writes(tmp_path):
+    out = tmp_path / "two"
+    assert main(["simulate", "--out", str(out), "--quiet", "--set", "run.threads=2",
+                 "--set", "run.updates=3000", "--set", "run.split=even",
+                 "--set", "metrics.exact=false", *[a for t in TIMING for a in ("--set", t)],
+                 "--set", "timing.write={dist='lognormal', mean=3000, cv=0.3}",
+                 "--set", "timing.write_shared=3.5"]) == 0
+    _with_probe(out, 30000)  # would say 11x
+    calibrated, report = calibrate(out, pool=True, convoys="off", shared="on")
+    assert calibrated.devices[0].timing.write_shared == pytest.approx(3.5, rel=0.05)
+    assert "probes" not in report["shared"]
