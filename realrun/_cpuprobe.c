@@ -211,18 +211,27 @@ wait_token(Vector *v, int64_t want, int64_t deadline)
     return 0;
 }
 
+/* The worker's write: w[i] -= s[i] over the whole vector, one pass. */
+static void
+sweep(char *w, const char *s, size_t count, size_t itemsize)
+{
+    if (itemsize == 4) {
+        float *wf = (float *)w;
+        const float *sf = (const float *)s;
+        for (size_t i = 0; i < count; i++)
+            wf[i] -= sf[i];
+    } else {
+        double *wd = (double *)w;
+        const double *sd = (const double *)s;
+        for (size_t i = 0; i < count; i++)
+            wd[i] -= sd[i];
+    }
+}
+
 static void
 write_step(Vector *v)
 {
-    if (v->itemsize == 4) {
-        float *w = (float *)v->w, *s = (float *)v->step;
-        for (size_t i = 0; i < v->count; i++)
-            w[i] -= s[i];
-    } else {
-        double *w = (double *)v->w, *s = (double *)v->step;
-        for (size_t i = 0; i < v->count; i++)
-            w[i] -= s[i];
-    }
+    sweep(v->w, v->step, v->count, v->itemsize);
 }
 
 static void *
@@ -383,6 +392,241 @@ done:
     return result;
 }
 
+/* What two writes of one vector that meet lose: `timing.convoy_lost_*` for runs of one worker.
+ *
+ * Two workers' in-place writes w[i] -= s[i] that overlap in time are read-modify-writes of
+ * the same elements without a lock: where both read an element before either stored it, one
+ * store overwrites the other. Here the first thread starts its write at t0, the second at
+ * t0 + lag; both first copied the vector (their reads). The vector starts at 0 and the two
+ * steps are u and 2u (u = 2^-10, exact in float32 and float64), so each element ends at -3u
+ * (both landed), -u (the second's store lost) or -2u (the first's lost). */
+typedef struct {
+    _Alignas(64) _Atomic int64_t token;
+    _Alignas(64) _Atomic int stop;
+    _Alignas(64) _Atomic int64_t t0;
+    Py_ssize_t rounds;
+    const int64_t *lags;
+    size_t count, itemsize;
+    char *w, *copy_a, *copy_b, *step_a, *step_b;
+    int64_t *rows;                  /* per round: a start, a end, b start, b end, lost a, lost b */
+} Meeting;
+
+typedef struct {
+    Meeting *meeting;
+    int cpu, first;
+    int error;
+} Meeter;
+
+#define MEET_ROW 6
+#define MEET_LEAD_NS 3000           /* t0 is this far after the first thread set it */
+
+static int
+wait_meeting(Meeting *m, int64_t want, int64_t deadline)
+{
+    unsigned spins = 0;
+    while (atomic_load_explicit(&m->token, memory_order_acquire) < want) {
+        if (atomic_load_explicit(&m->stop, memory_order_relaxed))
+            return ECANCELED;
+        if ((++spins & 0xfff) == 0 && now() > deadline)
+            return ETIMEDOUT;
+    }
+    return 0;
+}
+
+static void
+count_lost(Meeting *m, int64_t *row)
+{
+    int64_t lost_a = 0, lost_b = 0;
+    for (size_t i = 0; i < m->count; i++) {
+        double value = m->itemsize == 4 ? (double)((float *)m->w)[i] : ((double *)m->w)[i];
+        lost_b += value == -1.0 / 1024;  /* only the first's u landed */
+        lost_a += value == -2.0 / 1024;
+    }
+    row[4] = lost_a;
+    row[5] = lost_b;
+}
+
+static void *
+meeter_main(void *arg)
+{
+    Meeter *side = arg;
+    Meeting *m = side->meeting;
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(side->cpu, &set);
+    if (sched_setaffinity(0, sizeof set, &set) != 0) {
+        side->error = errno;
+        atomic_store(&m->stop, 1);
+        return NULL;
+    }
+    size_t bytes = m->count * m->itemsize;
+    int error = 0;
+    for (Py_ssize_t i = 0; i < m->rounds && !error; i++) {
+        int64_t base = 4 * (int64_t)i, deadline = now() + TIMEOUT_NS;
+        int64_t *row = m->rows + MEET_ROW * i;
+        if (side->first) {
+            memset(m->w, 0, bytes);
+            atomic_store_explicit(&m->token, base + 1, memory_order_release);
+            if ((error = wait_meeting(m, base + 2, deadline)))
+                break;
+            memcpy(m->copy_a, m->w, bytes);
+            int64_t t0 = now() + MEET_LEAD_NS;
+            atomic_store_explicit(&m->t0, t0, memory_order_relaxed);
+            atomic_store_explicit(&m->token, base + 3, memory_order_release);
+            while (now() < t0)
+                ;
+            row[0] = now() - t0;
+            sweep(m->w, m->step_a, m->count, m->itemsize);
+            row[1] = now() - t0;
+            if ((error = wait_meeting(m, base + 4, deadline)))
+                break;
+            count_lost(m, row);
+        } else {
+            if ((error = wait_meeting(m, base + 1, deadline)))
+                break;
+            memcpy(m->copy_b, m->w, bytes);
+            atomic_store_explicit(&m->token, base + 2, memory_order_release);
+            if ((error = wait_meeting(m, base + 3, deadline)))
+                break;
+            int64_t t0 = atomic_load_explicit(&m->t0, memory_order_relaxed);
+            int64_t start = t0 + m->lags[i];
+            while (now() < start)
+                ;
+            row[2] = now() - t0;
+            sweep(m->w, m->step_b, m->count, m->itemsize);
+            row[3] = now() - t0;
+            atomic_store_explicit(&m->token, base + 4, memory_order_release);
+        }
+    }
+    if (error == ETIMEDOUT) {
+        side->error = error;
+        atomic_store(&m->stop, 1);
+    }
+    return NULL;
+}
+
+static PyObject *
+write_meetings(PyObject *module, PyObject *args, PyObject *kwargs)
+{
+    (void)module;
+    static char *names[] = {"cpu_a", "cpu_b", "count", "itemsize", "lags", NULL};
+    int cpu_a, cpu_b;
+    Py_ssize_t count, itemsize;
+    PyObject *lag_list;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "iinnO", names, &cpu_a, &cpu_b, &count,
+                                     &itemsize, &lag_list))
+        return NULL;
+    if (cpu_a == cpu_b || cpu_a < 0 || cpu_b < 0 || cpu_a >= CPU_SETSIZE || cpu_b >= CPU_SETSIZE) {
+        PyErr_Format(PyExc_ValueError, "cpus: %d and %d must be two different CPU numbers",
+                     cpu_a, cpu_b);
+        return NULL;
+    }
+    PyObject *seq = PySequence_Fast(lag_list, "lags must be a sequence of ns");
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t rounds = PySequence_Fast_GET_SIZE(seq);
+    if (count < 1 || rounds < 1 || (itemsize != 4 && itemsize != 8)) {
+        PyErr_Format(PyExc_ValueError, "count %zd, rounds %zd, itemsize %zd: count and rounds "
+                     "must be >= 1, itemsize 4 or 8", count, rounds, itemsize);
+        Py_DECREF(seq);
+        return NULL;
+    }
+    int64_t *lags = PyMem_RawCalloc((size_t)rounds, sizeof(int64_t));
+    int64_t *rows = PyMem_RawCalloc((size_t)rounds * MEET_ROW, sizeof(int64_t));
+    if (lags == NULL || rows == NULL) {
+        PyMem_RawFree(lags);
+        PyMem_RawFree(rows);
+        Py_DECREF(seq);
+        return PyErr_NoMemory();
+    }
+    for (Py_ssize_t i = 0; i < rounds; i++) {
+        lags[i] = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(seq, i));
+        if (lags[i] < 0 || (lags[i] == -1 && PyErr_Occurred())) {
+            if (!PyErr_Occurred())
+                PyErr_Format(PyExc_ValueError, "lags: %lld ns is negative", (long long)lags[i]);
+            PyMem_RawFree(lags);
+            PyMem_RawFree(rows);
+            Py_DECREF(seq);
+            return NULL;
+        }
+    }
+    Py_DECREF(seq);
+    size_t bytes = (size_t)count * (size_t)itemsize;
+    Meeting *m = NULL;
+    PyObject *result = NULL;
+    if (posix_memalign((void **)&m, 64, sizeof *m) != 0) {
+        PyMem_RawFree(lags);
+        PyMem_RawFree(rows);
+        return PyErr_NoMemory();
+    }
+    memset(m, 0, sizeof *m);
+    m->rounds = rounds;
+    m->lags = lags;
+    m->rows = rows;
+    m->count = (size_t)count;
+    m->itemsize = (size_t)itemsize;
+    char **arrays[] = {&m->w, &m->copy_a, &m->copy_b, &m->step_a, &m->step_b};
+    int failed = 0;
+    for (int i = 0; i < 5; i++)
+        failed |= posix_memalign((void **)arrays[i], 64, bytes) != 0;
+    if (failed) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (size_t i = 0; i < m->count; i++) {
+        if (itemsize == 4) {
+            ((float *)m->step_a)[i] = 1.0f / 1024;
+            ((float *)m->step_b)[i] = 2.0f / 1024;
+        } else {
+            ((double *)m->step_a)[i] = 1.0 / 1024;
+            ((double *)m->step_b)[i] = 2.0 / 1024;
+        }
+    }
+    Meeter sides[2] = {{m, cpu_a, 1, 0}, {m, cpu_b, 0, 0}};
+    pthread_t threads[2];
+    int started = 0, create_error = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (; started < 2; started++) {
+        create_error = pthread_create(&threads[started], NULL, meeter_main, &sides[started]);
+        if (create_error) {
+            atomic_store(&m->stop, 1);
+            break;
+        }
+    }
+    for (int i = 0; i < started; i++)
+        pthread_join(threads[i], NULL);
+    Py_END_ALLOW_THREADS
+    if (create_error) {
+        errno = create_error;
+        PyErr_SetFromErrno(PyExc_OSError);
+    } else if (sides[0].error || sides[1].error) {
+        Meeter *bad = sides[0].error ? &sides[0] : &sides[1];
+        if (bad->error == ETIMEDOUT)
+            PyErr_Format(PyExc_TimeoutError, "CPU %d: the probe thread got no time in %lld s",
+                         bad->cpu, TIMEOUT_NS / 1000000000LL);
+        else
+            PyErr_Format(PyExc_OSError, "CPU %d: cannot run there (%s)", bad->cpu,
+                         strerror(bad->error));
+    } else {
+        result = PyList_New(rounds);
+        for (Py_ssize_t i = 0; result != NULL && i < rounds; i++) {
+            PyObject *row = ns_list(rows + MEET_ROW * i, MEET_ROW);
+            if (row == NULL)
+                Py_CLEAR(result);
+            else
+                PyList_SET_ITEM(result, i, PyList_AsTuple(row));
+            Py_XDECREF(row);
+        }
+    }
+done:
+    for (int i = 0; i < 5; i++)
+        free(*arrays[i]);
+    free(m);
+    PyMem_RawFree(lags);
+    PyMem_RawFree(rows);
+    return result;
+}
+
 static PyMethodDef probe_methods[] = {
     {"line_latency", (PyCFunction)(void (*)(void))line_latency, METH_VARARGS | METH_KEYWORDS,
      "line_latency(cpu_a, cpu_b, rounds=4000, bursts=5) -> list of the bursts' mean one-way "
@@ -391,6 +635,12 @@ static PyMethodDef probe_methods[] = {
      "shared_write(cpu_a, cpu_b, count, itemsize=8, rounds=200) -> (own, shared): per round, "
      "the ns the first CPU's write w[i] -= s[i] of `count` items took after only it copied "
      "the vector (own) and after the second CPU copied it too (shared)."},
+    {"write_meetings", (PyCFunction)(void (*)(void))write_meetings,
+     METH_VARARGS | METH_KEYWORDS,
+     "write_meetings(cpu_a, cpu_b, count, itemsize, lags) -> per lag: (a start, a end, "
+     "b start, b end, lost a, lost b): the first CPU writes w[i] -= u at t0, the second "
+     "w[i] -= 2u at t0 + lag (ns from t0), and how many of each one's element stores the "
+     "other's overwrote."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -15,6 +15,12 @@ same write when only the first copied it (``summary.json`` ``real.shared_write``
 before the workers start, with one worker too). A run of one worker never shows a write on
 lines another worker read last; this tells ``asyngrad calibrate`` what such a write would cost
 on the run's machine and placement (``timing.write_shared``).
+
+The third probe makes two such writes meet: one CPU starts its write, the other starts its
+own a chosen lag later, and the probe counts the element stores each lost to the other's
+(``summary.json`` ``real.write_meetings``). A run of one worker has no meeting to fit write
+convoys from; this gives ``asyngrad calibrate`` the meetings the run's machine makes
+(``timing.convoy_*``).
 """
 
 from __future__ import annotations
@@ -24,13 +30,14 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["built", "line_latency_ns", "probe_cpus", "shared_write_cost"]
+__all__ = ["built", "line_latency_ns", "probe_cpus", "shared_write_cost", "write_meetings"]
 
 try:
     from realrun._cpuprobe import line_latency as _line_latency
     from realrun._cpuprobe import shared_write as _shared_write
+    from realrun._cpuprobe import write_meetings as _write_meetings
 except ImportError:  # no C compiler at install, or not Linux
-    _line_latency = _shared_write = None
+    _line_latency = _shared_write = _write_meetings = None
 
 # The probe's vector is at most this many bytes (four such buffers are allocated); a longer
 # vector's extra cost is scaled from it by length (every line pays the same invalidation).
@@ -97,3 +104,39 @@ def shared_write_cost(cpus: Sequence[int], count: int, itemsize: int) -> dict[st
     return {"cpus": [int(cpus[0]), int(cpus[1])], "count": int(count), "probed": probed,
             "itemsize": itemsize, "rounds": rounds, "own_ns": own_ns, "shared_ns": shared_ns,
             "extra_ns": (shared_ns - own_ns) * count / probed, "line_ns": line}
+
+
+# Meetings probed: lags spread evenly over [0, 1.5 D), D the time two writes that start
+# together take, each lag twice, in a fixed shuffled order (a change of pace during the probe
+# then hits every lag alike).
+MEETING_LAGS = 64
+MEETING_REPEATS = 2
+
+
+def write_meetings(cpus: Sequence[int], count: int, itemsize: int) -> dict[str, Any] | None:
+    """Pairs of writes ``w[i] -= s[i]`` of one vector (``count`` items of ``itemsize`` bytes,
+    at most :data:`PROBE_BYTES` of it probed) by the two ``cpus``, the second starting a lag
+    after the first, both having copied the vector first: ``{"cpus", "count", "probed",
+    "itemsize", "rows"}``, a row per meeting ``[first's start, first's end, second's start,
+    second's end, stores of the first lost, of the second lost]`` in ns from the first's
+    planned start and in elements. None when the probe was not built or could not run.
+
+    Raises:
+        ValueError: the two CPUs are one, ``count`` < 1 or ``itemsize`` not 4 or 8."""
+    if _write_meetings is None:
+        return None
+    if count < 1 or itemsize not in (4, 8):
+        raise ValueError(f"count {count}, itemsize {itemsize}: count must be >= 1, itemsize "
+                         "4 or 8")
+    probed = min(int(count), PROBE_BYTES // itemsize)
+    a, b = int(cpus[0]), int(cpus[1])
+    try:
+        together = _write_meetings(a, b, probed, itemsize, [0, 0, 0])
+        span = float(statistics.median(max(row[1], row[3]) for row in together))
+        lags = [int(1.5 * span * i / MEETING_LAGS) for i in range(MEETING_LAGS)]
+        order = [lags[(7 * i) % MEETING_LAGS] for i in range(MEETING_LAGS)] * MEETING_REPEATS
+        rows = _write_meetings(a, b, probed, itemsize, order)
+    except OSError:  # TimeoutError is one
+        return None
+    return {"cpus": [a, b], "count": int(count), "probed": probed, "itemsize": itemsize,
+            "rows": [list(row) for row in rows]}

@@ -19,7 +19,13 @@ from typing import Any
 
 import numpy as np
 
-from realrun.probe import built, line_latency_ns, probe_cpus, shared_write_cost
+from realrun.probe import (
+    built,
+    line_latency_ns,
+    probe_cpus,
+    shared_write_cost,
+    write_meetings,
+)
 from realrun.records import compiled
 from realrun.timeline import Measure, WorkerRecord, merge
 from realrun.worker import (
@@ -77,6 +83,9 @@ class RealRun:
     # before the workers started (realrun/probe.py ``shared_write_cost``; with one worker
     # too, on the first two usable CPUs); None for sparse problems, CUDA or no probe.
     shared_write: dict[str, Any] | None = None
+    # Two writes of the run's vector made to meet at chosen lags on the same two CPUs, with
+    # the stores each lost (realrun/probe.py ``write_meetings``); None as for shared_write.
+    write_meetings: dict[str, Any] | None = None
 
 
 def _quotas(updates: int, workers: int) -> list[int]:
@@ -256,7 +265,7 @@ def run_real(scenario: Scenario, workers: int, mode: str, dtype: str = "float32"
                                       {"cpus": probed, "before_ns": None, "after_ns": None})
     dense_cpu = device == "cpu" and built() and problem.support(0) is None
     write_cpus = probe_cpus(cpus) if dense_cpu else None
-    shared_write = None
+    shared_write = meetings = None
     started = time.monotonic()
     snapshots = [(0, time.monotonic_ns(), _host(buffers.w))]
     failure = None
@@ -273,6 +282,7 @@ def run_real(scenario: Scenario, workers: int, mode: str, dtype: str = "float32"
             if write_cpus is not None:
                 shared_write = shared_write_cost(write_cpus, problem.dim,
                                                  buffers.w.element_size())
+                meetings = write_meetings(write_cpus, problem.dim, buffers.w.element_size())
             started = time.monotonic()  # the run's time counts from the common start
             snapshots = [(0, time.monotonic_ns(), _host(buffers.w))]
             go.set()
@@ -289,7 +299,8 @@ def run_real(scenario: Scenario, workers: int, mode: str, dtype: str = "float32"
                          measure_every)
     return RealRun(scenario, problem, trace, workers, mode, dtype, seconds, failure, lost,
                    measure_every, device, launch, pattern, accumulate, cpus,
-                   "c" if compiled() and not torch_path else "python", latency, shared_write)
+                   "c" if compiled() and not torch_path else "python", latency, shared_write,
+                   meetings)
 
 
 def _workers(buffers: Buffers, workers: int, quotas: list[int], toml: str, mode: str,
@@ -411,7 +422,7 @@ def summary_extra(run: RealRun) -> dict[str, Any]:
                      "device": run.device, "launch": run.launch, "pattern": run.pattern,
                      "accumulate": run.accumulate, "cpus": run.cpus,
                      "recorder": run.recorder, "cpu_latency": run.cpu_latency,
-                     "shared_write": run.shared_write,
+                     "shared_write": run.shared_write, "write_meetings": run.write_meetings,
                      "wall_seconds": run.seconds,
                      "updates_per_wall_second": len(run.trace) / max(run.seconds, 1e-9),
                      "failure": run.failure, "measure_every": run.measure_every,

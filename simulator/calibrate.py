@@ -148,7 +148,7 @@ from simulator.errors import AsyngradError, TraceError
 from simulator.memory import block_bounds
 from simulator.metrics import overlaps, trace_rhythm, write_pairs
 from simulator.problems import make_problem
-from simulator.rundir import latency_line, placement, run_shared_write
+from simulator.rundir import latency_line, placement, run_shared_write, run_write_meetings
 from simulator.scenario import COMMON_FIELDS, DeviceSpec, Scenario, TimingSpec, scenario_from_dict
 from simulator.trace import Trace, convoy_pairs, read_sweeps
 
@@ -652,7 +652,103 @@ def fit_convoys(runs: list[tuple[Trace, np.ndarray]], mode: str = "auto",
             size = int(trace["w0"].size)
             counts.append(np.rint((pairs[half, 3] + pairs[half, 4]) * size))
             spans.append(np.rint(np.clip(1 - pairs[half, 2] / pair_mean[half], 0, 1) * size))
-    lag, gap = np.concatenate(lags or [np.zeros(0)]), np.concatenate(gaps or [np.zeros(0)])
+    def joined(parts: list[np.ndarray]) -> np.ndarray:
+        return np.concatenate(parts or [np.zeros(0)])
+
+    return fit_meetings(Meetings(
+        lag=joined(lags), gap=joined(gaps), duration=joined(durations), alone=joined(shares),
+        rest=joined(rests), fronts=joined(fronts), lossy=joined(flags).astype(bool),
+        lost=lost, shared_total=shared_total, classified=classified, close=close,
+        close_lossy=close_lossy, counts=joined(counts), spans=joined(spans)), mode)
+
+
+def probed_meetings(probes: list[dict[str, Any] | None], mode: str = "auto"
+                    ) -> dict[str, Any]:
+    """Write convoys for runs of one worker from the meetings their probes made
+    (realrun/probe.py ``write_meetings``: the first CPU's write at 0, the second's a lag
+    later, the stores each lost), fitted as :func:`fit_convoys` fits a trace's pairs. A
+    write's time alone is the median of the probe's writes that met none (the first's for
+    the leader's rest, the second's for the joiner); pairs are the rows where the second
+    started before the first ended."""
+    rows = [np.asarray(p["rows"], dtype=np.float64) for p in probes
+            if p is not None and len(p.get("rows", ()))]
+    if not rows:
+        return {"pairs": 0, "fields": None,
+                "why": "one worker: no writes that met, and no probe in the runs "
+                       "(real.write_meetings)"}
+    parts: list[dict[str, Any]] = []
+    for probe, table in zip([p for p in probes if p is not None and len(p.get("rows", ()))],
+                            rows, strict=True):
+        first = table[:, 0] <= table[:, 2]
+        lead = np.where(first[:, None], table[:, [0, 1, 4]], table[:, [2, 3, 5]])
+        join = np.where(first[:, None], table[:, [2, 3, 5]], table[:, [0, 1, 4]])
+        apart = join[:, 0] >= lead[:, 1]
+        if apart.sum() < 2 or (~apart).sum() < 2:
+            continue
+        leader_alone = float(np.median(lead[apart, 1] - lead[apart, 0]))
+        joiner_alone = float(np.median(join[apart, 1] - join[apart, 0]))
+        met = ~apart
+        size = float(probe["probed"])
+        lag = join[met, 0] - lead[met, 0]
+        front = np.clip(lag / leader_alone, 0, 1)
+        lost_lead, lost_join = lead[met, 2] / size, join[met, 2] / size
+        lossy = (lost_lead > 0) | (lost_join > 0)
+        half = lag <= leader_alone / 2
+        parts.append(dict(
+            lag=lag, gap=np.abs(join[met, 1] - lead[met, 1]), duration=lead[met, 1] - join[met, 0],
+            alone=np.full(lag.size, joiner_alone),
+            rest=np.maximum(lead[met, 0] + leader_alone - join[met, 0], 0.0), fronts=front,
+            lossy=lossy, lost=np.array([lost_lead[lossy].sum(), lost_join[lossy].sum()]),
+            shared_total=float((1 - front[lossy]).sum()), classified=int(lag.size),
+            close=int(half.sum()), close_lossy=int((half & lossy).sum()),
+            counts=(lead[met, 2] + join[met, 2])[half], spans=np.rint((1 - front[half]) * size)))
+    if not parts:
+        return {"pairs": 0, "fields": None,
+                "why": "the probes' writes all met, or none did (no time alone to fit from)"}
+    totals = ("lost", "shared_total", "classified", "close", "close_lossy")
+    merged: dict[str, Any] = {key: (sum(part[key] for part in parts) if key in totals else
+                                    np.concatenate([part[key] for part in parts]))
+                              for key in parts[0]}
+    meetings = Meetings(**merged)
+    report = fit_meetings(meetings, mode)
+    report["probes"] = len(parts)
+    return report
+
+
+@dataclass(frozen=True)
+class Meetings:
+    """Pairs of writes that met (a leader and the joiner that started ``lag`` ns after it),
+    as the convoy fit reads them, from a trace (:func:`fit_convoys`) or a probe
+    (:func:`probed_meetings`). Per pair: ``lag``; ``gap``, how far apart the two ended;
+    ``duration``, the leader's end less the joiner's start; ``alone``, the joiner's time
+    alone; ``rest``, the leader's expected time left at the join. Per classified pair:
+    ``fronts``, the share of the block the leader had swept at the join, and ``lossy``,
+    whether it lost any coordinate. ``lost``: the leader's and joiner's lost shares summed
+    over lossy pairs, ``shared_total`` their shared parts summed; ``close`` pairs that swept
+    at least half the block together, ``close_lossy`` of them lossy, and per close pair
+    ``counts`` lost coordinates of ``spans`` shared."""
+
+    lag: np.ndarray
+    gap: np.ndarray
+    duration: np.ndarray
+    alone: np.ndarray
+    rest: np.ndarray
+    fronts: np.ndarray
+    lossy: np.ndarray
+    lost: np.ndarray
+    shared_total: float
+    classified: int
+    close: int
+    close_lossy: int
+    counts: np.ndarray
+    spans: np.ndarray
+
+
+def fit_meetings(meetings: Meetings, mode: str = "auto") -> dict[str, Any]:
+    """The ``timing.convoy_*`` values from pairs of writes that met (:func:`fit_convoys`)."""
+    m = meetings
+    lag, gap, lost, shared_total = m.lag, m.gap, m.lost, m.shared_total
+    classified, close, close_lossy = m.classified, m.close, m.close_lossy
     report: dict[str, Any] = {"pairs": int(lag.size), "fields": None}
     if lag.size < _MIN_PAIRS or mode == "off":
         report["why"] = ("--convoys off" if mode == "off" else
@@ -678,12 +774,11 @@ def fit_convoys(runs: list[tuple[Trace, np.ndarray]], mode: str = "auto",
     losses = {"convoy_lost_leader": leader, "convoy_lost_joiner": joiner,
               "convoy_lost_pairs": close_lossy / close if close_lossy else 1.0,
               "convoy_lost_within": 0.0}
-    if fronts:
-        falling = lossy_falloff(np.concatenate(fronts), np.concatenate(flags))
+    if m.fronts.size:
+        falling = lossy_falloff(m.fronts, m.lossy)
         if falling is not None:
             losses["convoy_lost_pairs"], losses["convoy_lost_within"] = falling
-    close_lost = np.concatenate(counts or [np.zeros(0)])
-    close_shared = np.concatenate(spans or [np.zeros(0)])
+    close_lost, close_shared = m.counts, m.spans
     spread = lossy_spread(close_lost, close_shared)
     if spread is not None and leader + joiner > 0:
         # Each lossy meeting draws its own rate from the fitted law (mean μ, split between
@@ -701,9 +796,9 @@ def fit_convoys(runs: list[tuple[Trace, np.ndarray]], mode: str = "auto",
     if apart:  # they pass each other: their own durations, the losses as measured
         report["fields"] = {"convoy_join": 0.0, "convoy_rest": 0.0, **losses}
         return report
-    alone_mean = np.concatenate(shares)
-    design = np.column_stack([alone_mean, np.concatenate(rests)])
-    solution = np.linalg.lstsq(design, np.concatenate(durations), rcond=None)[0]
+    alone_mean = m.alone
+    design = np.column_stack([alone_mean, m.rest])
+    solution = np.linalg.lstsq(design, m.duration, rcond=None)[0]
     joined, rest = max(float(solution[0]), 1e-3), max(float(solution[1]), 0.0)
     report.update(fields={"convoy_join": joined, "convoy_rest": rest,
                           "convoy_end_gap": together, **losses},
@@ -1331,13 +1426,15 @@ def _convoys_and_shared(runs: list[tuple[Trace, np.ndarray]], convoys: str, shar
     on the writes' times alone when convoys form; from the runs' probes, read from ``paths``,
     when every run has one worker) and per run each row's write factor (None when not
     fitted); with a factor the convoys are fitted again with it."""
-    convoy = fit_convoys(runs, convoys)
+    alone = all(np.unique(trace["thread"]).size < 2 for trace, _ in runs)
+    convoy = (probed_meetings([run_write_meetings(path) for path in paths], convoys)
+              if alone and convoys != "off" else fit_convoys(runs, convoys))
     sharing = fit_shared(runs, shared, censor=_forms_convoys(convoy),
                          probes=[run_shared_write(path) for path in paths])
     if not sharing["fields"]:
         return _convoy_report(convoy, cores, quantum), sharing, None
     factor = sharing["fields"]["write_shared"]
-    if _forms_convoys(convoy):
+    if _forms_convoys(convoy) and not alone:
         convoy = fit_convoys(runs, convoys, factor)
     scales = []
     for (trace, _), deflate in zip(runs, sharing["deflate"], strict=True):
@@ -1850,6 +1947,8 @@ def _describe_convoys(report: dict[str, Any]) -> str:
         return f"none fitted ({report.get('why', '')})"
     measured = (f"lost coordinates from {report['classified']} classified pairs"
                 if report.get("classified") else "no classified pairs: nothing lost")
+    if report.get("probes"):
+        measured = f"from {report['classified']} meetings the runs' probes made"
     within = fields.get("convoy_lost_within", 0.0)
     falls = (f" (at lag 0, falling as exp(−f/{within:.3g}) with the share f the leader had "
              "swept)" if within else "")
@@ -1865,7 +1964,9 @@ def _describe_convoys(report: dict[str, Any]) -> str:
     return (f"{report['pairs']} pairs of writes that met ended together ({gap}); joiner "
             f"ends after {fields['convoy_join']:.3g} × its write + "
             f"{fields['convoy_rest']:.3g} × the leader's rest (a write alone: "
-            f"{report['alone_write_ns']:.4g} ns, met writes censored at the meeting) and "
+            f"{report['alone_write_ns']:.4g} ns, "
+            + ("in the probe" if report.get("probes") else "met writes censored at the meeting")
+            + ") and "
             "trails the leader's end by "
             f"{fields['convoy_end_gap']:.3g} × its start lag; {losses}")
 

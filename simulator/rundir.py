@@ -145,6 +145,13 @@ def run_shared_write(run_dir: str | Path) -> dict[str, Any] | None:
     return _real_field(run_dir, "shared_write")
 
 
+def run_write_meetings(run_dir: str | Path) -> dict[str, Any] | None:
+    """A real run's ``real.write_meetings``: two writes of its vector made to meet at chosen
+    lags before its workers started, with the stores each lost (realrun/probe.py); None
+    where not measured."""
+    return _real_field(run_dir, "write_meetings")
+
+
 FAR_NS = 150.0  # CPUs "far apart": a cache line takes at least this long between them
 
 

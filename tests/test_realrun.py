@@ -171,8 +171,8 @@ def test_timeout_keeps_partial_results():
 def test_a_one_worker_run_probes_its_shared_writes_and_calibrates_from_them(tmp_path):
     """One worker never writes on lines another read; the run probes what such a write of
     its vector costs (``real.shared_write``), and ``calibrate`` takes ``write_shared`` from
-    it: (m + extra) / m, m the run's median write. Sparse problems write a few coordinates:
-    no probe."""
+    it: (m + extra) / m, m the run's median write. It also makes two writes meet
+    (``real.write_meetings``). Sparse problems write a few coordinates: no probe."""
     from simulator.calibrate import calibrate
 
     out = tmp_path / "one"
@@ -183,6 +183,9 @@ def test_a_one_worker_run_probes_its_shared_writes_and_calibrates_from_them(tmp_
     assert probed["count"] == probed["probed"] == 20 and probed["itemsize"] == 4
     assert probed["cpus"] == probe_cpus()
     assert probed["extra_ns"] == probed["shared_ns"] - probed["own_ns"]
+    meetings = json.loads((out / "summary.json").read_text())["real"]["write_meetings"]
+    assert meetings["probed"] == 20 and meetings["itemsize"] == 4
+    assert len(meetings["rows"]) == 128 and all(len(row) == 6 for row in meetings["rows"])
     calibrated, report = calibrate(out, pool=True, cores=2, shared="on")
     trace = load_run(out).trace
     median = float(np.median(trace["write_end"] - trace["write_start"]))
@@ -191,7 +194,7 @@ def test_a_one_worker_run_probes_its_shared_writes_and_calibrates_from_them(tmp_
         (median + probed["extra_ns"]) / median)
     sparse = run_real(scenario("problem.name=sparse_logistic", "run.updates=200"), 1,
                       "lockfree")
-    assert sparse.failure is None and sparse.shared_write is None
+    assert sparse.failure is None and sparse.shared_write is sparse.write_meetings is None
 
 
 def test_cli_real_run_and_its_replay(tmp_path):

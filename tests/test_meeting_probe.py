@@ -1,0 +1,146 @@
+"""Runs of one worker have no writes that meet: the meetings a real run's probe makes (two
+writes of its vector on two CPUs, the second a lag after the first, the stores each lost:
+``real.write_meetings``) give ``calibrate`` the write convoys. The C probe is checked for
+what it must report whatever the machine; the fit on meetings made to a known rule."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from realrun.probe import built, probe_cpus, write_meetings
+from simulator.calibrate import calibrate, probed_meetings
+from simulator.cli import main
+from simulator.engine import simulate
+from simulator.scenario import with_overrides
+from simulator.trace import convoy_pairs
+
+needs_probe = pytest.mark.skipif(not built(), reason="realrun._cpuprobe not built (no C "
+                                 "compiler at install, or not Linux)")
+needs_two = pytest.mark.skipif(probe_cpus() is None, reason="needs two usable CPUs")
+
+
+@needs_probe
+@needs_two
+@pytest.mark.parametrize("itemsize", [4, 8])
+def test_each_meeting_reports_its_times_and_stores_lost(itemsize):
+    """Every element ends with both steps, or one: the lost stores are at most the vector.
+    A second write that starts after the first ended meets nothing and loses nothing."""
+    from realrun._cpuprobe import write_meetings as meet
+
+    a, b = probe_cpus()
+    lags = [0, 200, 1000, 50_000_000]  # the last starts 50 ms later: long after
+    rows = meet(a, b, 3000, itemsize, lags)
+    assert len(rows) == 4 and all(len(row) == 6 for row in rows)
+    for lag, (a0, a1, b0, b1, lost_a, lost_b) in zip(lags, rows, strict=True):
+        assert 0 <= a0 < a1 and lag <= b0 < b1
+        assert lost_a >= 0 and lost_b >= 0 and lost_a + lost_b <= 3000
+        if b0 >= a1:
+            assert lost_a == lost_b == 0
+    assert rows[-1][2] >= rows[-1][1]
+
+
+@needs_probe
+def test_the_meeting_probe_refuses_bad_arguments():
+    from realrun._cpuprobe import write_meetings as meet
+
+    with pytest.raises(ValueError, match="lags: -5 ns is negative"):
+        meet(0, 1, 10, 8, [0, -5])
+    with pytest.raises(ValueError, match=r"count 10, rounds 0, itemsize 8"):
+        meet(0, 1, 10, 8, [])
+    with pytest.raises(ValueError, match="cpus: 2 and 2"):
+        meet(2, 2, 10, 8, [0])
+    with pytest.raises(ValueError, match="itemsize 2"):
+        write_meetings([0, 1], 10, 2)
+
+
+@needs_probe
+@needs_two
+def test_the_probe_spreads_its_lags_over_the_meeting_and_past_it():
+    probed = write_meetings(probe_cpus(), 2000, 8)
+    assert probed is not None and probed["probed"] == probed["count"] == 2000
+    rows = np.asarray(probed["rows"])
+    assert rows.shape == (128, 6)
+    lags = np.sort(np.unique(rows[:, 2] - rows[:, 0]))
+    assert lags.size > 30  # the 64 lags, give or take the clock's reading
+    apart = rows[:, 2] >= rows[:, 1]
+    assert apart.any() and (~apart).any()  # the last lags start after the first ended
+
+
+def _meetings(join: float, rest: float, gap: float, leader: float, joiner: float,
+              lossy_below: float = 1.0) -> dict:
+    """Meetings made to a known rule: the first write alone takes 1000 ns, the second 800;
+    a second write that starts ``lag`` < 1000 ns after the first ends ``gap``·lag after the
+    first, which ends at lag + join·800 + rest·(1000 − lag); where the first had swept less
+    than ``lossy_below`` at the lag, they lose ``leader`` and ``joiner`` of the shared part
+    (1 − lag/1000 of the 10,000 elements)."""
+    rows = []
+    for lag in range(0, 2000, 25):
+        if lag >= 1000:
+            rows.append([0, 1000, lag, lag + 800, 0, 0])
+            continue
+        end = lag + join * 800 + rest * (1000 - lag)
+        part = (1 - lag / 1000) * 10_000
+        lossy = lag / 1000 < lossy_below
+        rows.append([0, round(end), lag, round(end + gap * lag),
+                     round(leader * part) if lossy else 0, round(joiner * part) if lossy else 0])
+    return {"cpus": [0, 1], "count": 10_000, "probed": 10_000, "itemsize": 8, "rows": rows}
+
+
+def test_meetings_made_to_a_known_rule_give_it_back():
+    report = probed_meetings([_meetings(0.5, 1.0, 0.1, 0.08, 0.02)], "auto")
+    fields = report["fields"]
+    assert report["probes"] == 1 and report["pairs"] == 40
+    assert fields["convoy_join"] == pytest.approx(0.5, abs=0.01)
+    assert fields["convoy_rest"] == pytest.approx(1.0, abs=0.01)
+    assert fields["convoy_end_gap"] == pytest.approx(0.1, abs=0.01)
+    assert fields["convoy_lost_pairs"] == pytest.approx(1.0)
+    assert fields["convoy_lost_leader"] == pytest.approx(0.08, rel=0.05)
+    assert fields["convoy_lost_joiner"] == pytest.approx(0.02, rel=0.05)
+
+
+def test_meetings_that_end_apart_are_passing_writes():
+    """A second write that ends long after the first (gap 2 × lag): they pass each other,
+    keep their own times, and lose as measured."""
+    report = probed_meetings([_meetings(0.5, 1.0, 2.0, 0.05, 0.05, lossy_below=0.5)], "auto")
+    fields = report["fields"]
+    assert fields["convoy_join"] == 0 and fields["convoy_rest"] == 0
+    assert fields["convoy_lost_leader"] > 0 and fields["convoy_lost_joiner"] > 0
+    # The late half of the lags lost nothing: losses fall with the share swept.
+    assert fields["convoy_lost_pairs"] == 1 and 0 < fields["convoy_lost_within"] < 1
+
+
+def test_no_probe_and_probes_without_a_write_alone_fit_nothing():
+    assert "no probe" in probed_meetings([None], "auto")["why"]
+    every = _meetings(0.5, 1.0, 0.1, 0.08, 0.02)
+    every["rows"] = [row for row in every["rows"] if row[2] < 1000]
+    assert "no time alone" in probed_meetings([every], "auto")["why"]
+
+
+def test_one_worker_takes_its_convoys_from_the_probe(tmp_path):
+    """A simulated run of one worker, given the probe record a real one writes: calibrate
+    fits the convoys the meetings follow, and the calibrated scenario at two threads forms
+    them (writes that meet end together)."""
+    run = tmp_path / "one"
+    assert main(["simulate", "--out", str(run), "--quiet", "--set", "run.threads=1",
+                 "--set", "run.updates=500", "--set", "metrics.exact=false",
+                 "--set", "problem.dim=1000",
+                 "--set", "timing.write={dist='constant', mean=4000}",
+                 "--set", "timing.grad={dist='lognormal', mean=9000, cv=0.3}"]) == 0
+    plain, report = calibrate(run, pool=True)
+    assert plain.devices[0].timing.convoy_join == 0
+    assert "no probe" in report["convoys"]["why"]
+    summary = json.loads((run / "summary.json").read_text())
+    summary["real"] = {"write_meetings": _meetings(0.5, 1.0, 0.1, 0.08, 0.02)}
+    (run / "summary.json").write_text(json.dumps(summary))
+    calibrated, report = calibrate(run, pool=True)
+    timing = calibrated.devices[0].timing
+    assert report["convoys"]["probes"] == 1
+    assert timing.convoy_join == pytest.approx(0.5, abs=0.01)
+    assert timing.convoy_lost_leader == pytest.approx(0.08, rel=0.05)
+    two = simulate(with_overrides(calibrated, ["run.threads=2", "run.updates=2000"]))
+    pairs = convoy_pairs(two)
+    assert pairs.shape[0] > 50 and (pairs[:, 3] > 0).any()  # they meet and lose stores
+    assert calibrate(run, pool=True, convoys="off")[0].devices[0].timing.convoy_join == 0
