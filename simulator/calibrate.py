@@ -662,14 +662,18 @@ def fit_convoys(runs: list[tuple[Trace, np.ndarray]], mode: str = "auto",
         close_lossy=close_lossy, counts=joined(counts), spans=joined(spans)), mode)
 
 
-def probed_meetings(probes: list[dict[str, Any] | None], mode: str = "auto"
-                    ) -> dict[str, Any]:
+def probed_meetings(probes: list[dict[str, Any] | None], mode: str = "auto",
+                    write_ns: float | None = None) -> dict[str, Any]:
     """Write convoys for runs of one worker from the meetings their probes made
     (realrun/probe.py ``write_meetings``: the first CPU's write at 0, the second's a lag
     later, the stores each lost), fitted as :func:`fit_convoys` fits a trace's pairs. A
     write's time alone is the median of the probe's writes that met none (the first's for
     the leader's rest, the second's for the joiner); pairs are the rows where the second
-    started before the first ended."""
+    started before the first ended. How long a convoy takes is fitted in the probe's own
+    time (a share of a write alone); what a meeting loses, by its lag in ns: the simulator
+    puts a meeting at the front lag / W of a write it drew as W, so the fronts and shared
+    parts are taken at ``write_ns`` (the runs' median write; the probe's own when None),
+    which makes a meeting at a given lag lose what the probe's lost."""
     rows = [np.asarray(p["rows"], dtype=np.float64) for p in probes
             if p is not None and len(p.get("rows", ()))]
     if not rows:
@@ -690,10 +694,11 @@ def probed_meetings(probes: list[dict[str, Any] | None], mode: str = "auto"
         met = ~apart
         size = float(probe["probed"])
         lag = join[met, 0] - lead[met, 0]
-        front = np.clip(lag / leader_alone, 0, 1)
+        planned = write_ns if write_ns else leader_alone
+        front = np.clip(lag / planned, 0, 1)
         lost_lead, lost_join = lead[met, 2] / size, join[met, 2] / size
         lossy = (lost_lead > 0) | (lost_join > 0)
-        half = lag <= leader_alone / 2
+        half = lag <= planned / 2
         parts.append(dict(
             lag=lag, gap=np.abs(join[met, 1] - lead[met, 1]), duration=lead[met, 1] - join[met, 0],
             alone=np.full(lag.size, joiner_alone),
@@ -1427,8 +1432,20 @@ def _convoys_and_shared(runs: list[tuple[Trace, np.ndarray]], convoys: str, shar
     when every run has one worker) and per run each row's write factor (None when not
     fitted); with a factor the convoys are fitted again with it."""
     alone = all(np.unique(trace["thread"]).size < 2 for trace, _ in runs)
-    convoy = (probed_meetings([run_write_meetings(path) for path in paths], convoys)
-              if alone and convoys != "off" else fit_convoys(runs, convoys))
+    if alone and convoys == "on":
+        writes = np.concatenate([trace["write_end"][rows] - trace["write_start"][rows]
+                                 for trace, rows in runs]).astype(np.float64)
+        convoy = probed_meetings([run_write_meetings(path) for path in paths], convoys,
+                                 float(np.median(writes)) if writes.size else None)
+    elif alone and convoys == "auto":
+        # The probe's meetings lose more, and more often, than a real run's (bench/README.md:
+        # "Runs of one worker"): fitted only when asked for.
+        made = sum(len((run_write_meetings(path) or {}).get("rows", ())) for path in paths)
+        convoy = {"pairs": 0, "fields": None, "why": (
+            "one worker: no writes that met" + (f" (the runs' probes made {made} meetings: "
+                                                "--convoys on fits them)" if made else ""))}
+    else:
+        convoy = fit_convoys(runs, convoys)
     sharing = fit_shared(runs, shared, censor=_forms_convoys(convoy),
                          probes=[run_shared_write(path) for path in paths])
     if not sharing["fields"]:

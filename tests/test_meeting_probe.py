@@ -101,6 +101,16 @@ def test_meetings_made_to_a_known_rule_give_it_back():
     assert fields["convoy_lost_joiner"] == pytest.approx(0.02, rel=0.05)
 
 
+def test_a_meeting_loses_by_its_lag_in_ns_at_the_runs_write():
+    """The run's writes take 4000 ns, the probe's 1000: a meeting at lag l sits at the front
+    l/4000 of a simulated write, whose shared part 1 − l/4000 must lose what the probe's
+    1 − l/1000 lost. Lags 0, 25, …, 975: the share is 0.08 · 20.5 / 35.125."""
+    fields = probed_meetings([_meetings(0.5, 1.0, 0.1, 0.08, 0.02)], "on", 4000.0)["fields"]
+    assert fields["convoy_lost_leader"] == pytest.approx(0.08 * 20.5 / 35.125)
+    assert fields["convoy_lost_joiner"] == pytest.approx(0.02 * 20.5 / 35.125)
+    assert fields["convoy_join"] == pytest.approx(0.5, abs=0.01)  # durations: the probe's
+
+
 def test_meetings_that_end_apart_are_passing_writes():
     """A second write that ends long after the first (gap 2 × lag): they pass each other,
     keep their own times, and lose as measured."""
@@ -121,25 +131,29 @@ def test_no_probe_and_probes_without_a_write_alone_fit_nothing():
 
 def test_one_worker_takes_its_convoys_from_the_probe(tmp_path):
     """A simulated run of one worker, given the probe record a real one writes: calibrate
-    fits the convoys the meetings follow, and the calibrated scenario at two threads forms
-    them (writes that meet end together)."""
+    ``--convoys on`` fits the convoys the meetings follow (the probe's own times: the
+    run's writes take 4000 ns, the probe's 1000, and a meeting loses by its lag in ns, so
+    the shares are the probe's), and the calibrated scenario at two threads forms them."""
     run = tmp_path / "one"
     assert main(["simulate", "--out", str(run), "--quiet", "--set", "run.threads=1",
                  "--set", "run.updates=500", "--set", "metrics.exact=false",
                  "--set", "problem.dim=1000",
                  "--set", "timing.write={dist='constant', mean=4000}",
                  "--set", "timing.grad={dist='lognormal', mean=9000, cv=0.3}"]) == 0
-    plain, report = calibrate(run, pool=True)
+    plain, report = calibrate(run, pool=True, convoys="on")
     assert plain.devices[0].timing.convoy_join == 0
     assert "no probe" in report["convoys"]["why"]
     summary = json.loads((run / "summary.json").read_text())
     summary["real"] = {"write_meetings": _meetings(0.5, 1.0, 0.1, 0.08, 0.02)}
     (run / "summary.json").write_text(json.dumps(summary))
-    calibrated, report = calibrate(run, pool=True)
+    auto, report = calibrate(run, pool=True)  # they lose more than real meetings: asked for
+    assert auto.devices[0].timing.convoy_join == 0
+    assert "the runs' probes made 80 meetings: --convoys on" in report["convoys"]["why"]
+    calibrated, report = calibrate(run, pool=True, convoys="on")
     timing = calibrated.devices[0].timing
     assert report["convoys"]["probes"] == 1
     assert timing.convoy_join == pytest.approx(0.5, abs=0.01)
-    assert timing.convoy_lost_leader == pytest.approx(0.08, rel=0.05)
+    assert timing.convoy_lost_leader == pytest.approx(0.08 * 20.5 / 35.125)
     two = simulate(with_overrides(calibrated, ["run.threads=2", "run.updates=2000"]))
     pairs = convoy_pairs(two)
     assert pairs.shape[0] > 50 and (pairs[:, 3] > 0).any()  # they meet and lose stores
