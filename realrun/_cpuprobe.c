@@ -29,26 +29,27 @@
 #define TIMEOUT_NS 5000000000LL /* a thread that never gets its CPU ends the probe */
 #define WARM_ROUNDS 1000
 
+/* Two threads pinned to two CPUs take turns through a token; each probe's state starts
+ * with one of these. */
 typedef struct {
     _Alignas(64) _Atomic int64_t token;
     _Alignas(64) _Atomic int stop;  /* set by a thread that failed: the other stops waiting */
-    int64_t rounds, bursts;
-    double *burst_ns;               /* per burst: mean one-way ns (filled by the first thread) */
-} Line;
+} Sync;
 
 typedef struct {
-    Line *line;
+    Sync *sync;                     /* the probe's state, which begins with its Sync */
     int cpu, first;
     int error;                      /* errno of sched_setaffinity, or ETIMEDOUT */
 } Side;
 
-/* Spin until the token is `want`; 0, or ETIMEDOUT / ECANCELED (the other side failed). */
+/* Spin until the token is at least `want` (the other thread may already have moved it on);
+ * 0, or ETIMEDOUT / ECANCELED (the other side failed). */
 static int
-wait_for(Line *line, int64_t want, int64_t deadline)
+wait_token(Sync *sync, int64_t want, int64_t deadline)
 {
     unsigned spins = 0;
-    while (atomic_load_explicit(&line->token, memory_order_acquire) != want) {
-        if (atomic_load_explicit(&line->stop, memory_order_relaxed))
+    while (atomic_load_explicit(&sync->token, memory_order_acquire) < want) {
+        if (atomic_load_explicit(&sync->stop, memory_order_relaxed))
             return ECANCELED;
         if ((++spins & 0xfff) == 0 && now() > deadline)
             return ETIMEDOUT;
@@ -56,19 +57,97 @@ wait_for(Line *line, int64_t want, int64_t deadline)
     return 0;
 }
 
+static void
+set_token(Sync *sync, int64_t value)
+{
+    atomic_store_explicit(&sync->token, value, memory_order_release);
+}
+
+/* Pin the calling thread to its side's CPU; nonzero (and the other side told) if it cannot. */
+static int
+pin(Side *side)
+{
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(side->cpu, &set);
+    if (sched_setaffinity(0, sizeof set, &set) == 0)
+        return 0;
+    side->error = errno;
+    atomic_store(&side->sync->stop, 1);
+    return 1;
+}
+
+/* A side's wait failed: a timeout is its own failure (the other side is told); ECANCELED
+ * means the other side failed and said so. */
+static void
+give_up(Side *side, int error)
+{
+    if (error == ETIMEDOUT) {
+        side->error = error;
+        atomic_store(&side->sync->stop, 1);
+    }
+}
+
+/* 0, or -1 with a ValueError naming the two CPUs. */
+static int
+two_cpus(int cpu_a, int cpu_b)
+{
+    if (cpu_a != cpu_b && cpu_a >= 0 && cpu_b >= 0 && cpu_a < CPU_SETSIZE && cpu_b < CPU_SETSIZE)
+        return 0;
+    PyErr_Format(PyExc_ValueError, "cpus: %d and %d must be two different CPU numbers", cpu_a,
+                 cpu_b);
+    return -1;
+}
+
+/* Run `body` on both sides (the first on CPU `cpu_a`) without the GIL and wait for both;
+ * 0, or -1 with the Python error of the side that failed. */
+static int
+run_pair(void *(*body)(void *), Sync *sync, int cpu_a, int cpu_b)
+{
+    Side sides[2] = {{sync, cpu_a, 1, 0}, {sync, cpu_b, 0, 0}};
+    pthread_t threads[2];
+    int started = 0, create_error = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (; started < 2; started++) {
+        create_error = pthread_create(&threads[started], NULL, body, &sides[started]);
+        if (create_error) {
+            atomic_store(&sync->stop, 1);
+            break;
+        }
+    }
+    for (int i = 0; i < started; i++)
+        pthread_join(threads[i], NULL);
+    Py_END_ALLOW_THREADS
+    if (create_error) {
+        errno = create_error;
+        PyErr_SetFromErrno(PyExc_OSError);
+        return -1;
+    }
+    if (!sides[0].error && !sides[1].error)
+        return 0;
+    Side *failed = sides[0].error ? &sides[0] : &sides[1];
+    if (failed->error == ETIMEDOUT)
+        PyErr_Format(PyExc_TimeoutError, "CPU %d: the probe thread got no time in %lld s",
+                     failed->cpu, TIMEOUT_NS / 1000000000LL);
+    else
+        PyErr_Format(PyExc_OSError, "CPU %d: cannot run there (%s)", failed->cpu,
+                     strerror(failed->error));
+    return -1;
+}
+
+typedef struct {
+    Sync sync;
+    int64_t rounds, bursts;
+    double *burst_ns;               /* per burst: mean one-way ns (filled by the first thread) */
+} Line;
+
 static void *
 side_main(void *arg)
 {
     Side *side = arg;
-    Line *line = side->line;
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    CPU_SET(side->cpu, &set);
-    if (sched_setaffinity(0, sizeof set, &set) != 0) {
-        side->error = errno;
-        atomic_store(&line->stop, 1);
+    Line *line = (Line *)side->sync;
+    if (pin(side))
         return NULL;
-    }
     int64_t deadline = now() + TIMEOUT_NS;
     int64_t total = WARM_ROUNDS + line->rounds * line->bursts;
     int64_t burst_start = 0;
@@ -78,21 +157,18 @@ side_main(void *arg)
             int64_t timed = i - WARM_ROUNDS;
             if (timed >= 0 && timed % line->rounds == 0)
                 burst_start = now();
-            atomic_store_explicit(&line->token, 2 * i + 1, memory_order_release);
-            error = wait_for(line, 2 * i + 2, deadline);
+            set_token(&line->sync, 2 * i + 1);
+            error = wait_token(&line->sync, 2 * i + 2, deadline);
             if (!error && timed >= 0 && (timed + 1) % line->rounds == 0)
                 line->burst_ns[timed / line->rounds] =
                     (double)(now() - burst_start) / (2.0 * (double)line->rounds);
         } else {
-            error = wait_for(line, 2 * i + 1, deadline);
+            error = wait_token(&line->sync, 2 * i + 1, deadline);
             if (!error)
-                atomic_store_explicit(&line->token, 2 * i + 2, memory_order_release);
+                set_token(&line->sync, 2 * i + 2);
         }
         if (error) {
-            if (error == ETIMEDOUT) {
-                side->error = error;
-                atomic_store(&line->stop, 1);
-            }
+            give_up(side, error);
             return NULL;
         }
     }
@@ -109,11 +185,8 @@ line_latency(PyObject *module, PyObject *args, PyObject *kwargs)
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "ii|nn", names, &cpu_a, &cpu_b, &rounds,
                                      &bursts))
         return NULL;
-    if (cpu_a == cpu_b || cpu_a < 0 || cpu_b < 0 || cpu_a >= CPU_SETSIZE || cpu_b >= CPU_SETSIZE) {
-        PyErr_Format(PyExc_ValueError, "cpus: %d and %d must be two different CPU numbers",
-                     cpu_a, cpu_b);
+    if (two_cpus(cpu_a, cpu_b))
         return NULL;
-    }
     if (rounds < 1 || bursts < 1) {
         PyErr_Format(PyExc_ValueError, "rounds %zd, bursts %zd: both must be >= 1", rounds,
                      bursts);
@@ -130,33 +203,8 @@ line_latency(PyObject *module, PyObject *args, PyObject *kwargs)
         free(line);
         return PyErr_NoMemory();
     }
-    Side sides[2] = {{line, cpu_a, 1, 0}, {line, cpu_b, 0, 0}};
-    pthread_t threads[2];
-    int started = 0, create_error = 0;
-    Py_BEGIN_ALLOW_THREADS
-    for (; started < 2; started++) {
-        create_error = pthread_create(&threads[started], NULL, side_main, &sides[started]);
-        if (create_error) {
-            atomic_store(&line->stop, 1);
-            break;
-        }
-    }
-    for (int i = 0; i < started; i++)
-        pthread_join(threads[i], NULL);
-    Py_END_ALLOW_THREADS
     PyObject *result = NULL;
-    if (create_error) {
-        errno = create_error;
-        PyErr_SetFromErrno(PyExc_OSError);
-    } else if (sides[0].error || sides[1].error) {
-        Side *failed = sides[0].error ? &sides[0] : &sides[1];
-        if (failed->error == ETIMEDOUT)
-            PyErr_Format(PyExc_TimeoutError, "CPU %d: the probe thread got no time in %lld s",
-                         failed->cpu, TIMEOUT_NS / 1000000000LL);
-        else
-            PyErr_Format(PyExc_OSError, "CPU %d: cannot run there (%s)", failed->cpu,
-                         strerror(failed->error));
-    } else {
+    if (run_pair(side_main, &line->sync, cpu_a, cpu_b) == 0) {
         result = PyList_New(bursts);
         for (Py_ssize_t i = 0; result != NULL && i < bursts; i++) {
             PyObject *value = PyFloat_FromDouble(line->burst_ns[i]);
@@ -181,35 +229,14 @@ line_latency(PyObject *module, PyObject *args, PyObject *kwargs)
  * a "shared" round the first copies it, the second copies it, then the first writes it. Only
  * the first's write is timed. Rounds alternate, so a change of pace hits both alike. */
 typedef struct {
-    _Alignas(64) _Atomic int64_t token;
-    _Alignas(64) _Atomic int stop;
+    Sync sync;
     int64_t rounds;
     size_t count, itemsize;
     char *w, *copy_a, *copy_b, *step;
     int64_t *own_ns, *shared_ns;    /* per timed round */
 } Vector;
 
-typedef struct {
-    Vector *vector;
-    int cpu, first;
-    int error;
-} Writer;
-
 #define WARM_WRITES 20
-
-/* Spin until the token is at least `want` (the first thread may already have moved on). */
-static int
-wait_token(Vector *v, int64_t want, int64_t deadline)
-{
-    unsigned spins = 0;
-    while (atomic_load_explicit(&v->token, memory_order_acquire) < want) {
-        if (atomic_load_explicit(&v->stop, memory_order_relaxed))
-            return ECANCELED;
-        if ((++spins & 0xfff) == 0 && now() > deadline)
-            return ETIMEDOUT;
-    }
-    return 0;
-}
 
 /* The worker's write: w[i] -= s[i] over the whole vector, one pass. */
 static void
@@ -237,16 +264,10 @@ write_step(Vector *v)
 static void *
 writer_main(void *arg)
 {
-    Writer *side = arg;
-    Vector *v = side->vector;
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    CPU_SET(side->cpu, &set);
-    if (sched_setaffinity(0, sizeof set, &set) != 0) {
-        side->error = errno;
-        atomic_store(&v->stop, 1);
+    Side *side = arg;
+    Vector *v = (Vector *)side->sync;
+    if (pin(side))
         return NULL;
-    }
     int64_t deadline = now() + TIMEOUT_NS;
     size_t bytes = v->count * v->itemsize;
     int64_t total = 2 * (WARM_WRITES + v->rounds);
@@ -258,8 +279,8 @@ writer_main(void *arg)
         if (side->first) {
             memcpy(v->copy_a, v->w, bytes);
             if (shared) {
-                atomic_store_explicit(&v->token, 2 * i + 1, memory_order_release);
-                error = wait_token(v, 2 * i + 2, deadline);
+                set_token(&v->sync, 2 * i + 1);
+                error = wait_token(&v->sync, 2 * i + 2, deadline);
                 if (error)
                     break;
             }
@@ -270,21 +291,18 @@ writer_main(void *arg)
             if (timed >= 0)
                 (shared ? v->shared_ns : v->own_ns)[timed] = took;
             if (!shared)
-                atomic_store_explicit(&v->token, 2 * i + 2, memory_order_release);
+                set_token(&v->sync, 2 * i + 2);
         } else if (shared) {
-            error = wait_token(v, 2 * i + 1, deadline);
+            error = wait_token(&v->sync, 2 * i + 1, deadline);
             if (!error) {
                 memcpy(v->copy_b, v->w, bytes);
-                atomic_store_explicit(&v->token, 2 * i + 2, memory_order_release);
+                set_token(&v->sync, 2 * i + 2);
             }
         } else {
-            error = wait_token(v, 2 * i + 2, deadline);
+            error = wait_token(&v->sync, 2 * i + 2, deadline);
         }
     }
-    if (error == ETIMEDOUT) {
-        side->error = error;
-        atomic_store(&v->stop, 1);
-    }
+    give_up(side, error);
     return NULL;
 }
 
@@ -310,13 +328,8 @@ shared_write(PyObject *module, PyObject *args, PyObject *kwargs)
     int cpu_a, cpu_b;
     Py_ssize_t count, itemsize = 8, rounds = 200;
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "iin|nn", names, &cpu_a, &cpu_b, &count,
-                                     &itemsize, &rounds))
+                                     &itemsize, &rounds) || two_cpus(cpu_a, cpu_b))
         return NULL;
-    if (cpu_a == cpu_b || cpu_a < 0 || cpu_b < 0 || cpu_a >= CPU_SETSIZE || cpu_b >= CPU_SETSIZE) {
-        PyErr_Format(PyExc_ValueError, "cpus: %d and %d must be two different CPU numbers",
-                     cpu_a, cpu_b);
-        return NULL;
-    }
     if (count < 1 || rounds < 1 || (itemsize != 4 && itemsize != 8)) {
         PyErr_Format(PyExc_ValueError, "count %zd, rounds %zd, itemsize %zd: count and rounds "
                      "must be >= 1, itemsize 4 or 8", count, rounds, itemsize);
@@ -351,32 +364,7 @@ shared_write(PyObject *module, PyObject *args, PyObject *kwargs)
             ((double *)v->step)[i] = 1e-12;
         }
     }
-    Writer sides[2] = {{v, cpu_a, 1, 0}, {v, cpu_b, 0, 0}};
-    pthread_t threads[2];
-    int started = 0, create_error = 0;
-    Py_BEGIN_ALLOW_THREADS
-    for (; started < 2; started++) {
-        create_error = pthread_create(&threads[started], NULL, writer_main, &sides[started]);
-        if (create_error) {
-            atomic_store(&v->stop, 1);
-            break;
-        }
-    }
-    for (int i = 0; i < started; i++)
-        pthread_join(threads[i], NULL);
-    Py_END_ALLOW_THREADS
-    if (create_error) {
-        errno = create_error;
-        PyErr_SetFromErrno(PyExc_OSError);
-    } else if (sides[0].error || sides[1].error) {
-        Writer *bad = sides[0].error ? &sides[0] : &sides[1];
-        if (bad->error == ETIMEDOUT)
-            PyErr_Format(PyExc_TimeoutError, "CPU %d: the probe thread got no time in %lld s",
-                         bad->cpu, TIMEOUT_NS / 1000000000LL);
-        else
-            PyErr_Format(PyExc_OSError, "CPU %d: cannot run there (%s)", bad->cpu,
-                         strerror(bad->error));
-    } else {
+    if (run_pair(writer_main, &v->sync, cpu_a, cpu_b) == 0) {
         PyObject *own = ns_list(v->own_ns, rounds), *shared = ns_list(v->shared_ns, rounds);
         if (own != NULL && shared != NULL)
             result = PyTuple_Pack(2, own, shared);
@@ -401,8 +389,7 @@ done:
  * steps are u and 2u (u = 2^-10, exact in float32 and float64), so each element ends at -3u
  * (both landed), -u (the second's store lost) or -2u (the first's lost). */
 typedef struct {
-    _Alignas(64) _Atomic int64_t token;
-    _Alignas(64) _Atomic int stop;
+    Sync sync;
     _Alignas(64) _Atomic int64_t t0;
     Py_ssize_t rounds;
     const int64_t *lags;
@@ -411,27 +398,8 @@ typedef struct {
     int64_t *rows;                  /* per round: a start, a end, b start, b end, lost a, lost b */
 } Meeting;
 
-typedef struct {
-    Meeting *meeting;
-    int cpu, first;
-    int error;
-} Meeter;
-
 #define MEET_ROW 6
 #define MEET_LEAD_NS 3000           /* t0 is this far after the first thread set it */
-
-static int
-wait_meeting(Meeting *m, int64_t want, int64_t deadline)
-{
-    unsigned spins = 0;
-    while (atomic_load_explicit(&m->token, memory_order_acquire) < want) {
-        if (atomic_load_explicit(&m->stop, memory_order_relaxed))
-            return ECANCELED;
-        if ((++spins & 0xfff) == 0 && now() > deadline)
-            return ETIMEDOUT;
-    }
-    return 0;
-}
 
 static void
 count_lost(Meeting *m, int64_t *row)
@@ -449,16 +417,10 @@ count_lost(Meeting *m, int64_t *row)
 static void *
 meeter_main(void *arg)
 {
-    Meeter *side = arg;
-    Meeting *m = side->meeting;
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    CPU_SET(side->cpu, &set);
-    if (sched_setaffinity(0, sizeof set, &set) != 0) {
-        side->error = errno;
-        atomic_store(&m->stop, 1);
+    Side *side = arg;
+    Meeting *m = (Meeting *)side->sync;
+    if (pin(side))
         return NULL;
-    }
     size_t bytes = m->count * m->itemsize;
     int error = 0;
     for (Py_ssize_t i = 0; i < m->rounds && !error; i++) {
@@ -466,27 +428,27 @@ meeter_main(void *arg)
         int64_t *row = m->rows + MEET_ROW * i;
         if (side->first) {
             memset(m->w, 0, bytes);
-            atomic_store_explicit(&m->token, base + 1, memory_order_release);
-            if ((error = wait_meeting(m, base + 2, deadline)))
+            set_token(&m->sync, base + 1);
+            if ((error = wait_token(&m->sync, base + 2, deadline)))
                 break;
             memcpy(m->copy_a, m->w, bytes);
             int64_t t0 = now() + MEET_LEAD_NS;
             atomic_store_explicit(&m->t0, t0, memory_order_relaxed);
-            atomic_store_explicit(&m->token, base + 3, memory_order_release);
+            set_token(&m->sync, base + 3);
             while (now() < t0)
                 ;
             row[0] = now() - t0;
             sweep(m->w, m->step_a, m->count, m->itemsize);
             row[1] = now() - t0;
-            if ((error = wait_meeting(m, base + 4, deadline)))
+            if ((error = wait_token(&m->sync, base + 4, deadline)))
                 break;
             count_lost(m, row);
         } else {
-            if ((error = wait_meeting(m, base + 1, deadline)))
+            if ((error = wait_token(&m->sync, base + 1, deadline)))
                 break;
             memcpy(m->copy_b, m->w, bytes);
-            atomic_store_explicit(&m->token, base + 2, memory_order_release);
-            if ((error = wait_meeting(m, base + 3, deadline)))
+            set_token(&m->sync, base + 2);
+            if ((error = wait_token(&m->sync, base + 3, deadline)))
                 break;
             int64_t t0 = atomic_load_explicit(&m->t0, memory_order_relaxed);
             int64_t start = t0 + m->lags[i];
@@ -495,13 +457,10 @@ meeter_main(void *arg)
             row[2] = now() - t0;
             sweep(m->w, m->step_b, m->count, m->itemsize);
             row[3] = now() - t0;
-            atomic_store_explicit(&m->token, base + 4, memory_order_release);
+            set_token(&m->sync, base + 4);
         }
     }
-    if (error == ETIMEDOUT) {
-        side->error = error;
-        atomic_store(&m->stop, 1);
-    }
+    give_up(side, error);
     return NULL;
 }
 
@@ -514,13 +473,8 @@ write_meetings(PyObject *module, PyObject *args, PyObject *kwargs)
     Py_ssize_t count, itemsize;
     PyObject *lag_list;
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "iinnO", names, &cpu_a, &cpu_b, &count,
-                                     &itemsize, &lag_list))
+                                     &itemsize, &lag_list) || two_cpus(cpu_a, cpu_b))
         return NULL;
-    if (cpu_a == cpu_b || cpu_a < 0 || cpu_b < 0 || cpu_a >= CPU_SETSIZE || cpu_b >= CPU_SETSIZE) {
-        PyErr_Format(PyExc_ValueError, "cpus: %d and %d must be two different CPU numbers",
-                     cpu_a, cpu_b);
-        return NULL;
-    }
     PyObject *seq = PySequence_Fast(lag_list, "lags must be a sequence of ns");
     if (seq == NULL)
         return NULL;
@@ -582,32 +536,7 @@ write_meetings(PyObject *module, PyObject *args, PyObject *kwargs)
             ((double *)m->step_b)[i] = 2.0 / 1024;
         }
     }
-    Meeter sides[2] = {{m, cpu_a, 1, 0}, {m, cpu_b, 0, 0}};
-    pthread_t threads[2];
-    int started = 0, create_error = 0;
-    Py_BEGIN_ALLOW_THREADS
-    for (; started < 2; started++) {
-        create_error = pthread_create(&threads[started], NULL, meeter_main, &sides[started]);
-        if (create_error) {
-            atomic_store(&m->stop, 1);
-            break;
-        }
-    }
-    for (int i = 0; i < started; i++)
-        pthread_join(threads[i], NULL);
-    Py_END_ALLOW_THREADS
-    if (create_error) {
-        errno = create_error;
-        PyErr_SetFromErrno(PyExc_OSError);
-    } else if (sides[0].error || sides[1].error) {
-        Meeter *bad = sides[0].error ? &sides[0] : &sides[1];
-        if (bad->error == ETIMEDOUT)
-            PyErr_Format(PyExc_TimeoutError, "CPU %d: the probe thread got no time in %lld s",
-                         bad->cpu, TIMEOUT_NS / 1000000000LL);
-        else
-            PyErr_Format(PyExc_OSError, "CPU %d: cannot run there (%s)", bad->cpu,
-                         strerror(bad->error));
-    } else {
+    if (run_pair(meeter_main, &m->sync, cpu_a, cpu_b) == 0) {
         result = PyList_New(rounds);
         for (Py_ssize_t i = 0; result != NULL && i < rounds; i++) {
             PyObject *row = ns_list(rows + MEET_ROW * i, MEET_ROW);

@@ -77,6 +77,17 @@ def line_latency_ns(cpus: Sequence[int], rounds: int = 4000, bursts: int = 5) ->
         return None
 
 
+def _probed(count: int, itemsize: int) -> int:
+    """How many of a vector's ``count`` items a probe uses: all, up to :data:`PROBE_BYTES`.
+
+    Raises:
+        ValueError: ``count`` < 1 or ``itemsize`` not 4 or 8."""
+    if count < 1 or itemsize not in (4, 8):
+        raise ValueError(f"count {count}, itemsize {itemsize}: count must be >= 1, itemsize "
+                         "4 or 8")
+    return min(int(count), PROBE_BYTES // itemsize)
+
+
 def shared_write_cost(cpus: Sequence[int], count: int, itemsize: int) -> dict[str, Any] | None:
     """The cost of a write on lines the other CPU copied last, for a vector of ``count``
     items of ``itemsize`` bytes (4 or 8): ``{"cpus", "count", "probed", "itemsize",
@@ -90,10 +101,7 @@ def shared_write_cost(cpus: Sequence[int], count: int, itemsize: int) -> dict[st
         ValueError: the two CPUs are one, ``count`` < 1 or ``itemsize`` not 4 or 8."""
     if _shared_write is None:
         return None
-    if count < 1 or itemsize not in (4, 8):
-        raise ValueError(f"count {count}, itemsize {itemsize}: count must be >= 1, itemsize "
-                         "4 or 8")
-    probed = min(int(count), PROBE_BYTES // itemsize)
+    probed = _probed(count, itemsize)
     rounds = max(5, min(200, PROBE_BUDGET_BYTES // (2 * probed * itemsize)))
     line = line_latency_ns(cpus, rounds=1000, bursts=3)
     try:
@@ -125,10 +133,7 @@ def write_meetings(cpus: Sequence[int], count: int, itemsize: int) -> dict[str, 
         ValueError: the two CPUs are one, ``count`` < 1 or ``itemsize`` not 4 or 8."""
     if _write_meetings is None:
         return None
-    if count < 1 or itemsize not in (4, 8):
-        raise ValueError(f"count {count}, itemsize {itemsize}: count must be >= 1, itemsize "
-                         "4 or 8")
-    probed = min(int(count), PROBE_BYTES // itemsize)
+    probed = _probed(count, itemsize)
     a, b = int(cpus[0]), int(cpus[1])
     try:
         together = _write_meetings(a, b, probed, itemsize, [0, 0, 0])

@@ -58,12 +58,9 @@ def test_shared_lines_with_convoys_are_deterministic_and_replay_bit_for_bit():
 
 
 def test_calibration_recovers_the_factor_and_the_draw(tmp_path):
-    out = tmp_path / "run"
-    assert main(["simulate", "--out", str(out), "--quiet", "--set", "run.threads=2",
-                 "--set", "run.updates=6000", "--set", "run.split=even",
-                 "--set", "metrics.exact=false", *[a for t in TIMING for a in ("--set", t)],
-                 "--set", "timing.write={dist='lognormal', mean=3000, cv=0.3}",
-                 "--set", "timing.write_shared=3.5"]) == 0
+    out = _simulated(tmp_path / "run", "run.threads=2", "run.updates=6000",
+                     "run.split=even", "timing.write={dist='lognormal', mean=3000, cv=0.3}",
+                     "timing.write_shared=3.5")
     calibrated, report = calibrate(out, pool=True, convoys="off", shared="on")
     timing = calibrated.devices[0].timing
     assert timing.write_shared == pytest.approx(3.5, rel=0.05)
@@ -127,6 +124,19 @@ def test_a_factor_that_is_not_positive_is_refused(value, capsys, tmp_path):
     assert not out.exists()
 
 
+def _simulated(out, *overrides: str):
+    """A simulated run directory with :data:`TIMING` and ``overrides``, metrics off."""
+    assert main(["simulate", "--out", str(out), "--quiet", "--set", "metrics.exact=false",
+                 *[a for o in (*TIMING, *overrides) for a in ("--set", o)]]) == 0
+    return out
+
+
+def _one_worker(tmp_path, updates: int):
+    """One worker, constant 2000 ns writes: no write on lines another read."""
+    return _simulated(tmp_path / "one", "run.threads=1", f"run.updates={updates}",
+                      "timing.write={dist='constant', mean=2000}")
+
+
 def _with_probe(run, extra_ns: float, line_ns: float = 80.0) -> None:
     """Give a run directory the probe record a real run writes (``real.shared_write``)."""
     import json
@@ -145,11 +155,7 @@ def test_one_worker_takes_the_factor_from_its_probe_and_predicts_two(tmp_path):
     takes 3000 ns more, on writes of a constant 2000 ns, so the factor is 2.5, and the
     calibrated scenario at two threads takes 5000 ns for exactly the writes the timestamp
     rule marks."""
-    run = tmp_path / "one"
-    assert main(["simulate", "--out", str(run), "--quiet", "--set", "run.threads=1",
-                 "--set", "run.updates=500", "--set", "metrics.exact=false",
-                 *[a for t in TIMING for a in ("--set", t)],
-                 "--set", "timing.write={dist='constant', mean=2000}"]) == 0
+    run = _one_worker(tmp_path, 500)
     plain, report = calibrate(run, pool=True, shared="auto")
     assert plain.devices[0].timing.write_shared == 1
     assert "no probe" in report["shared"]["why"]
@@ -165,11 +171,7 @@ def test_one_worker_takes_the_factor_from_its_probe_and_predicts_two(tmp_path):
 
 
 def test_a_probe_under_the_threshold_is_kept_only_when_asked(tmp_path):
-    run = tmp_path / "one"
-    assert main(["simulate", "--out", str(run), "--quiet", "--set", "run.threads=1",
-                 "--set", "run.updates=200", "--set", "metrics.exact=false",
-                 *[a for t in TIMING for a in ("--set", t)],
-                 "--set", "timing.write={dist='constant', mean=2000}"]) == 0
+    run = _one_worker(tmp_path, 200)
     _with_probe(run, 200)  # 1.1x
     auto, report = calibrate(run, pool=True, shared="auto")
     assert auto.devices[0].timing.write_shared == 1 and "under 1.2x" in report["shared"]["why"]
@@ -180,12 +182,9 @@ def test_a_probe_under_the_threshold_is_kept_only_when_asked(tmp_path):
 
 
 def test_two_workers_ignore_the_probe_and_fit_their_own_writes(tmp_path):
-    out = tmp_path / "two"
-    assert main(["simulate", "--out", str(out), "--quiet", "--set", "run.threads=2",
-                 "--set", "run.updates=3000", "--set", "run.split=even",
-                 "--set", "metrics.exact=false", *[a for t in TIMING for a in ("--set", t)],
-                 "--set", "timing.write={dist='lognormal', mean=3000, cv=0.3}",
-                 "--set", "timing.write_shared=3.5"]) == 0
+    out = _simulated(tmp_path / "two", "run.threads=2", "run.updates=3000",
+                     "run.split=even", "timing.write={dist='lognormal', mean=3000, cv=0.3}",
+                     "timing.write_shared=3.5")
     _with_probe(out, 30000)  # would say 11x
     calibrated, report = calibrate(out, pool=True, convoys="off", shared="on")
     assert calibrated.devices[0].timing.write_shared == pytest.approx(3.5, rel=0.05)
