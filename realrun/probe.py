@@ -119,21 +119,26 @@ def shared_write_cost(cpus: Sequence[int], count: int, itemsize: int) -> dict[st
 # then hits every lag alike).
 MEETING_LAGS = 64
 MEETING_REPEATS = 2
+# Meetings are probed for vectors up to this many bytes: each of the 131 rounds clears, copies
+# twice, writes twice and counts the whole vector (about 3 s for 8 MB, against 0.03 s for
+# 80 KB), and only a whole vector gives the lags in a run's own ns.
+MEETING_BYTES = 1 << 20
 
 
 def write_meetings(cpus: Sequence[int], count: int, itemsize: int) -> dict[str, Any] | None:
-    """Pairs of writes ``w[i] -= s[i]`` of one vector (``count`` items of ``itemsize`` bytes,
-    at most :data:`PROBE_BYTES` of it probed) by the two ``cpus``, the second starting a lag
-    after the first, both having copied the vector first: ``{"cpus", "count", "probed",
-    "itemsize", "rows"}``, a row per meeting ``[first's start, first's end, second's start,
-    second's end, stores of the first lost, of the second lost]`` in ns from the first's
-    planned start and in elements. None when the probe was not built or could not run.
+    """Pairs of writes ``w[i] -= s[i]`` of one vector (``count`` items of ``itemsize`` bytes)
+    by the two ``cpus``, the second starting a lag after the first, both having copied the
+    vector first: ``{"cpus", "count", "probed", "itemsize", "rows"}`` (``probed`` =
+    ``count``), a row per meeting ``[first's start, first's end, second's start, second's
+    end, stores of the first lost, of the second lost]`` in ns from the first's planned start
+    and in elements. None when the probe was not built or could not run, or
+    the vector is over :data:`MEETING_BYTES`.
 
     Raises:
         ValueError: the two CPUs are one, ``count`` < 1 or ``itemsize`` not 4 or 8."""
-    if _write_meetings is None:
-        return None
     probed = _probed(count, itemsize)
+    if _write_meetings is None or probed * itemsize > MEETING_BYTES or probed < count:
+        return None
     a, b = int(cpus[0]), int(cpus[1])
     try:
         together = _write_meetings(a, b, probed, itemsize, [0, 0, 0])

@@ -69,6 +69,16 @@ def test_the_probe_spreads_its_lags_over_the_meeting_and_past_it():
     assert apart.any() and (~apart).any()  # the last lags start after the first ended
 
 
+@needs_probe
+@needs_two
+def test_vectors_over_the_meeting_budget_are_not_probed(monkeypatch):
+    import realrun.probe as probe
+
+    monkeypatch.setattr(probe, "MEETING_BYTES", 8 * 1000)
+    assert probe.write_meetings(probe_cpus(), 1001, 8) is None
+    assert probe.write_meetings(probe_cpus(), 1000, 8)["probed"] == 1000
+
+
 def _meetings(join: float, rest: float, gap: float, leader: float, joiner: float,
               lossy_below: float = 1.0) -> dict:
     """Meetings made to a known rule: the first write alone takes 1000 ns, the second 800;
