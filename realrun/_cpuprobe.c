@@ -228,6 +228,31 @@ line_latency(PyObject *module, PyObject *args, PyObject *kwargs)
  * two CPUs take turns on one vector: in an "own" round the first copies it and writes it; in
  * a "shared" round the first copies it, the second copies it, then the first writes it. Only
  * the first's write is timed. Rounds alternate, so a change of pace hits both alike. */
+/* 0, or -1 with a ValueError naming the vector probes' arguments. */
+static int
+vector_args(Py_ssize_t count, Py_ssize_t rounds, Py_ssize_t itemsize)
+{
+    if (count >= 1 && rounds >= 1 && (itemsize == 4 || itemsize == 8))
+        return 0;
+    PyErr_Format(PyExc_ValueError, "count %zd, rounds %zd, itemsize %zd: count and rounds must "
+                 "be >= 1, itemsize 4 or 8", count, rounds, itemsize);
+    return -1;
+}
+
+/* Allocate `n` cache-line-aligned buffers of `bytes` each (NULL where one failed, so that
+ * all can be freed); nonzero if any failed. */
+static int
+aligned(char **buffers[], int n, size_t bytes)
+{
+    int failed = 0;
+    for (int i = 0; i < n; i++)
+        if (posix_memalign((void **)buffers[i], 64, bytes) != 0) {
+            *buffers[i] = NULL;
+            failed = 1;
+        }
+    return failed;
+}
+
 typedef struct {
     Sync sync;
     int64_t rounds;
@@ -330,11 +355,8 @@ shared_write(PyObject *module, PyObject *args, PyObject *kwargs)
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "iin|nn", names, &cpu_a, &cpu_b, &count,
                                      &itemsize, &rounds) || two_cpus(cpu_a, cpu_b))
         return NULL;
-    if (count < 1 || rounds < 1 || (itemsize != 4 && itemsize != 8)) {
-        PyErr_Format(PyExc_ValueError, "count %zd, rounds %zd, itemsize %zd: count and rounds "
-                     "must be >= 1, itemsize 4 or 8", count, rounds, itemsize);
+    if (vector_args(count, rounds, itemsize))
         return NULL;
-    }
     size_t bytes = (size_t)count * (size_t)itemsize;
     Vector *v = NULL;
     if (posix_memalign((void **)&v, 64, sizeof *v) != 0)
@@ -344,9 +366,7 @@ shared_write(PyObject *module, PyObject *args, PyObject *kwargs)
     v->count = (size_t)count;
     v->itemsize = (size_t)itemsize;
     char **arrays[] = {&v->w, &v->copy_a, &v->copy_b, &v->step};
-    int failed = 0;
-    for (int i = 0; i < 4; i++)
-        failed |= posix_memalign((void **)arrays[i], 64, bytes) != 0;
+    int failed = aligned(arrays, 4, bytes);
     v->own_ns = PyMem_RawCalloc((size_t)rounds, sizeof(int64_t));
     v->shared_ns = PyMem_RawCalloc((size_t)rounds, sizeof(int64_t));
     PyObject *result = NULL;
@@ -479,9 +499,7 @@ write_meetings(PyObject *module, PyObject *args, PyObject *kwargs)
     if (seq == NULL)
         return NULL;
     Py_ssize_t rounds = PySequence_Fast_GET_SIZE(seq);
-    if (count < 1 || rounds < 1 || (itemsize != 4 && itemsize != 8)) {
-        PyErr_Format(PyExc_ValueError, "count %zd, rounds %zd, itemsize %zd: count and rounds "
-                     "must be >= 1, itemsize 4 or 8", count, rounds, itemsize);
+    if (vector_args(count, rounds, itemsize)) {
         Py_DECREF(seq);
         return NULL;
     }
@@ -520,9 +538,7 @@ write_meetings(PyObject *module, PyObject *args, PyObject *kwargs)
     m->count = (size_t)count;
     m->itemsize = (size_t)itemsize;
     char **arrays[] = {&m->w, &m->copy_a, &m->copy_b, &m->step_a, &m->step_b};
-    int failed = 0;
-    for (int i = 0; i < 5; i++)
-        failed |= posix_memalign((void **)arrays[i], 64, bytes) != 0;
+    int failed = aligned(arrays, 5, bytes);
     if (failed) {
         PyErr_NoMemory();
         goto done;

@@ -137,7 +137,7 @@ def write_meetings(cpus: Sequence[int], count: int, itemsize: int) -> dict[str, 
     Raises:
         ValueError: the two CPUs are one, ``count`` < 1 or ``itemsize`` not 4 or 8."""
     probed = _probed(count, itemsize)
-    if _write_meetings is None or probed * itemsize > MEETING_BYTES or probed < count:
+    if _write_meetings is None or probed * itemsize > MEETING_BYTES:  # then probed = count
         return None
     a, b = int(cpus[0]), int(cpus[1])
     try:

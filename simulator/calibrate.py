@@ -499,6 +499,13 @@ def fit_shared(runs: list[tuple[Trace, np.ndarray]], mode: str = "off",
     return report
 
 
+def _median_write(runs: list[tuple[Trace, np.ndarray]]) -> float:
+    """The median write duration over the runs' rows (0 when none is positive)."""
+    writes = np.concatenate([(trace["write_end"][rows] - trace["write_start"][rows])
+                             .astype(np.float64) for trace, rows in runs])
+    return float(np.median(writes[writes > 0])) if (writes > 0).any() else 0.0
+
+
 def probed_shared(runs: list[tuple[Trace, np.ndarray]], mode: str,
                   probes: list[dict[str, Any] | None]) -> dict[str, Any]:
     """``timing.write_shared`` for runs of one worker from what their probes measured
@@ -512,9 +519,7 @@ def probed_shared(runs: list[tuple[Trace, np.ndarray]], mode: str,
         report["why"] = ("one worker: no write on lines another worker read last, and no "
                          "probe in the runs (real.shared_write)")
         return report
-    writes = np.concatenate([(trace["write_end"][rows] - trace["write_start"][rows])
-                             .astype(np.float64) for trace, rows in runs])
-    median = float(np.median(writes[writes > 0])) if (writes > 0).any() else 0.0
+    median = _median_write(runs)
     extra = float(np.median([p["extra_ns"] for p in probed]))
     lines = [p["line_ns"] for p in probed if p.get("line_ns") is not None]
     report.update(probes=len(probed), extra_ns=extra, median_write_ns=median,
@@ -674,15 +679,14 @@ def probed_meetings(probes: list[dict[str, Any] | None], mode: str = "auto",
     puts a meeting at the front lag / W of a write it drew as W, so the fronts and shared
     parts are taken at ``write_ns`` (the runs' median write; the probe's own when None),
     which makes a meeting at a given lag lose what the probe's lost."""
-    rows = [np.asarray(p["rows"], dtype=np.float64) for p in probes
-            if p is not None and len(p.get("rows", ()))]
-    if not rows:
+    present = [p for p in probes if p is not None and len(p.get("rows", ()))]
+    if not present:
         return {"pairs": 0, "fields": None,
                 "why": "one worker: no writes that met, and no probe in the runs "
                        "(real.write_meetings)"}
     parts: list[dict[str, Any]] = []
-    for probe, table in zip([p for p in probes if p is not None and len(p.get("rows", ()))],
-                            rows, strict=True):
+    for probe in present:
+        table = np.asarray(probe["rows"], dtype=np.float64)
         first = table[:, 0] <= table[:, 2]
         lead = np.where(first[:, None], table[:, [0, 1, 4]], table[:, [2, 3, 5]])
         join = np.where(first[:, None], table[:, [2, 3, 5]], table[:, [0, 1, 4]])
@@ -1433,10 +1437,8 @@ def _convoys_and_shared(runs: list[tuple[Trace, np.ndarray]], convoys: str, shar
     fitted); with a factor the convoys are fitted again with it."""
     alone = all(np.unique(trace["thread"]).size < 2 for trace, _ in runs)
     if alone and convoys == "on":
-        writes = np.concatenate([trace["write_end"][rows] - trace["write_start"][rows]
-                                 for trace, rows in runs]).astype(np.float64)
         convoy = probed_meetings([run_write_meetings(path) for path in paths], convoys,
-                                 float(np.median(writes)) if writes.size else None)
+                                 _median_write(runs) or None)
     elif alone and convoys == "auto":
         # The probe's meetings lose more, and more often, than a real run's (bench/README.md:
         # "Runs of one worker"): fitted only when asked for.
