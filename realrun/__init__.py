@@ -1,5 +1,18 @@
-"""asyngrad-lab real backend: lock-free training with real processes and shared memory."""
+"""asyngrad-lab real backend: lock-free training with real processes and shared memory.
 
-from realrun.runner import MODES, RealRun, run_real
+The names below load the runner (and torch) on first use: a process that needs only a light
+module of this package (the write-meeting probe's sides, realrun/probe.py) starts without it."""
+
+from __future__ import annotations
+
+from typing import Any
 
 __all__ = ["MODES", "RealRun", "run_real"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in __all__:
+        from realrun import runner
+
+        return getattr(runner, name)
+    raise AttributeError(f"module 'realrun' has no attribute {name!r}")

@@ -16,32 +16,40 @@ before the workers start, with one worker too). A run of one worker never shows 
 lines another worker read last; this tells ``asyngrad calibrate`` what such a write would cost
 on the run's machine and placement (``timing.write_shared``).
 
-The third probe makes two such writes meet: one CPU starts its write, the other starts its
-own a chosen lag later, and the probe counts the element stores each lost to the other's
-(``summary.json`` ``real.write_meetings``). A run of one worker has no meeting to fit write
+The third probe makes two such writes meet: one process, pinned to one CPU, starts its write
+(the numpy worker's own), another process on the other CPU starts its own a chosen lag later,
+and the probe counts the element stores each lost to the other's (``summary.json``
+``real.write_meetings``). A run of one worker has no meeting to fit write
 convoys from; this gives ``asyngrad calibrate`` the meetings the run's machine makes
 (``timing.convoy_*``).
 """
 
 from __future__ import annotations
 
+import ctypes
+import multiprocessing
+import multiprocessing.connection
 import os
 import statistics
+import sys
+import time
 from collections.abc import Sequence
 from typing import Any
+
+import numpy as np
 
 __all__ = ["built", "line_latency_ns", "probe_cpus", "shared_write_cost", "write_meetings"]
 
 try:
     from realrun._cpuprobe import line_latency as _line_latency
     from realrun._cpuprobe import shared_write as _shared_write
-    from realrun._cpuprobe import write_meetings as _write_meetings
 except ImportError:  # no C compiler at install, or not Linux
-    _line_latency = _shared_write = _write_meetings = None
+    _line_latency = _shared_write = None
 
 # The probe's vector is at most this many bytes (four such buffers are allocated); a longer
 # vector's extra cost is scaled from it by length (every line pays the same invalidation).
 PROBE_BYTES = 1 << 24
+PAGE = 4096
 # Rounds are chosen so the two timed writes of all rounds move about this many bytes.
 PROBE_BUDGET_BYTES = 1 << 28
 
@@ -115,38 +123,146 @@ def shared_write_cost(cpus: Sequence[int], count: int, itemsize: int) -> dict[st
 
 
 # Meetings probed: lags spread evenly over [0, 1.5 D), D the time two writes that start
-# together take, each lag twice, in a fixed shuffled order (a change of pace during the probe
-# then hits every lag alike).
+# together take (the median of TOGETHER such meetings, probed first), each lag twice, in a
+# fixed shuffled order (a change of pace during the probe then hits every lag alike).
 MEETING_LAGS = 64
 MEETING_REPEATS = 2
-# Meetings are probed for vectors up to this many bytes: each of the 131 rounds clears, copies
-# twice, writes twice and counts the whole vector (about 3 s for 8 MB, against 0.03 s for
-# 80 KB), and only a whole vector gives the lags in a run's own ns.
+TOGETHER = 3
+# Meetings are probed for vectors up to this many bytes: each round clears, copies twice,
+# writes twice and counts the whole vector, and only a whole vector gives the lags in a run's
+# own ns.
 MEETING_BYTES = 1 << 20
+# The first side plans each meeting this far ahead (ns): the second sees the plan in about a
+# microsecond.
+MEETING_LEAD_NS = 20_000
+# A side that waits this long for the other (ns) gives up; the parent, this long in all (s).
+MEETING_WAIT_NS = 5_000_000_000
+MEETING_TIMEOUT_S = 60.0
+# The control words, each on a line of its own (int64 index ×8): the turn, the first's
+# planned start t0, the second's planned start, the second's start and end, its readiness.
+_TURN, _T0, _START, _B0, _B1, _READY = (8 * i for i in range(6))
+_CONTROL = 48
+_ROW = 6
 
 
 def write_meetings(cpus: Sequence[int], count: int, itemsize: int) -> dict[str, Any] | None:
-    """Pairs of writes ``w[i] -= s[i]`` of one vector (``count`` items of ``itemsize`` bytes)
-    by the two ``cpus``, the second starting a lag after the first, both having copied the
-    vector first: ``{"cpus", "count", "probed", "itemsize", "rows"}`` (``probed`` =
-    ``count``), a row per meeting ``[first's start, first's end, second's start, second's
+    """Pairs of writes of one vector (``count`` items of ``itemsize`` bytes) by two processes
+    pinned to the two ``cpus``, the second starting a lag after the first, both having
+    copied the vector first: ``{"cpus", "count", "probed", "itemsize", "rows"}`` (``probed``
+    = ``count``), a row per meeting ``[first's start, first's end, second's start, second's
     end, stores of the first lost, of the second lost]`` in ns from the first's planned start
-    and in elements. None when the probe was not built or could not run, or
-    the vector is over :data:`MEETING_BYTES`.
+    and in elements. None when the CPUs cannot be pinned or the probe could not run there,
+    or the vector is over :data:`MEETING_BYTES`.
+
+    The write is the numpy worker's own (``w[:] -= s``, realrun/worker.py) in processes
+    of their own, as a real run's workers make it: the same write in C, from two threads of
+    one process, took 0.6 of its time and met otherwise (bench/README.md, "Runs of one
+    worker"). The vector starts at 0 and the steps are u and 2u (u = 2^-10, exact in
+    float32 and float64), so each element ends at −3u (both stores landed), −u (the
+    second's lost) or −2u (the first's lost).
 
     Raises:
         ValueError: the two CPUs are one, ``count`` < 1 or ``itemsize`` not 4 or 8."""
     probed = _probed(count, itemsize)
-    if _write_meetings is None or probed * itemsize > MEETING_BYTES:  # then probed = count
-        return None
-    a, b = int(cpus[0]), int(cpus[1])
+    if cpus[0] == cpus[1]:
+        raise ValueError(f"cpus: {cpus[0]} and {cpus[1]} are one CPU")
+    if not hasattr(os, "sched_setaffinity") or probed * itemsize > MEETING_BYTES:
+        return None  # then probed = count
+    rounds = TOGETHER + MEETING_LAGS * MEETING_REPEATS
+    context = multiprocessing.get_context("spawn")
+    # The vector starts on a page of its own (the control words and rows fill the first).
+    shared = context.RawArray("b", 2 * PAGE + _rows_at(count, itemsize) + 8 * _ROW * rounds)
+    offset = (-ctypes.addressof(shared)) % PAGE + PAGE
+    sides = [context.Process(target=_meeting_side, daemon=True, name=f"asyngrad-meet-{first}",
+                             args=(shared, offset, first, int(cpu), count, itemsize))
+             for first, cpu in ((1, cpus[0]), (0, cpus[1]))]
     try:
-        together = _write_meetings(a, b, probed, itemsize, [0, 0, 0])
-        span = float(statistics.median(max(row[1], row[3]) for row in together))
-        lags = [int(1.5 * span * i / MEETING_LAGS) for i in range(MEETING_LAGS)]
-        order = [lags[(7 * i) % MEETING_LAGS] for i in range(MEETING_LAGS)] * MEETING_REPEATS
-        rows = _write_meetings(a, b, probed, itemsize, order)
-    except OSError:  # TimeoutError is one
-        return None
-    return {"cpus": [a, b], "count": int(count), "probed": probed, "itemsize": itemsize,
-            "rows": [list(row) for row in rows]}
+        for side in sides:
+            side.start()
+        deadline = time.monotonic() + MEETING_TIMEOUT_S
+        running = list(sides)
+        while running and time.monotonic() < deadline:  # a side that fails ends the probe
+            multiprocessing.connection.wait([side.sentinel for side in running],
+                                            deadline - time.monotonic())
+            running = [side for side in running if side.exitcode is None]
+            if any(side.exitcode for side in sides):
+                break
+        if any(side.exitcode != 0 for side in sides):
+            return None
+    finally:
+        for side in sides:
+            if side.is_alive():
+                side.kill()
+                side.join()
+    table = np.frombuffer(shared, np.int64, _ROW * rounds,
+                          offset + _rows_at(count, itemsize)).reshape(rounds, _ROW)
+    return {"cpus": [int(cpus[0]), int(cpus[1])], "count": int(count), "probed": probed,
+            "itemsize": itemsize, "rows": table[TOGETHER:].tolist()}
+
+
+def _rows_at(count: int, itemsize: int) -> int:
+    """Where the rows start, in bytes after the vector's first: on the line after its last."""
+    return -(-count * itemsize // 64) * 64
+
+
+def _meeting_side(shared: Any, offset: int, first: int, cpu: int, count: int,
+                  itemsize: int) -> None:
+    """One side of :func:`write_meetings`, in a process of its own: exits 0 when done, 1 when
+    the other side stopped answering, 2 when the CPU cannot be had."""
+    try:
+        os.sched_setaffinity(0, {cpu})
+    except OSError:
+        sys.exit(2)
+    dtype = np.float64 if itemsize == 8 else np.float32
+    control = np.frombuffer(shared, np.int64, _CONTROL, offset - PAGE)
+    w = np.frombuffer(shared, dtype, count, offset)
+    rows = np.frombuffer(shared, np.int64, _ROW * (TOGETHER + MEETING_LAGS * MEETING_REPEATS),
+                         offset + _rows_at(count, itemsize)).reshape(-1, _ROW)
+    step = np.full(count, (1 if first else 2) / 1024, dtype=dtype)
+    copy = np.empty(count, dtype=dtype)
+    clock = time.monotonic_ns
+
+    def wait(slot: int, value: int) -> None:
+        deadline = clock() + MEETING_WAIT_NS
+        while control[slot] < value:
+            if clock() > deadline:
+                sys.exit(1)
+
+    if not first:
+        control[_READY] = 1
+        for i in range(rows.shape[0]):
+            wait(_TURN, 4 * i + 1)
+            copy[:] = w
+            control[_TURN] = 4 * i + 2
+            wait(_TURN, 4 * i + 3)
+            t0, start = int(control[_T0]), int(control[_START])
+            while clock() < start:
+                pass
+            b0 = clock() - t0
+            np.subtract(w, step, out=w)  # the worker's w[index] -= step[values]
+            b1 = clock() - t0
+            control[_B0], control[_B1] = b0, b1
+            control[_TURN] = 4 * i + 4
+        return
+    wait(_READY, 1)
+    lags = [0] * TOGETHER
+    for i in range(rows.shape[0]):
+        if i == TOGETHER:  # the span of two writes that start together sets the lags
+            span = float(np.median(np.maximum(rows[:TOGETHER, 1], rows[:TOGETHER, 3])))
+            spread = [int(1.5 * span * j / MEETING_LAGS) for j in range(MEETING_LAGS)]
+            lags += [spread[(7 * j) % MEETING_LAGS] for j in range(MEETING_LAGS)] * MEETING_REPEATS
+        w[:] = 0
+        control[_TURN] = 4 * i + 1
+        wait(_TURN, 4 * i + 2)
+        copy[:] = w
+        t0 = clock() + MEETING_LEAD_NS
+        control[_T0], control[_START] = t0, t0 + lags[i]
+        control[_TURN] = 4 * i + 3
+        while clock() < t0:
+            pass
+        a0 = clock() - t0
+        np.subtract(w, step, out=w)
+        a1 = clock() - t0
+        wait(_TURN, 4 * i + 4)
+        rows[i] = (a0, a1, int(control[_B0]), int(control[_B1]),
+                   np.count_nonzero(w == -2 / 1024), np.count_nonzero(w == -1 / 1024))

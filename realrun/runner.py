@@ -263,8 +263,8 @@ def run_real(scenario: Scenario, workers: int, mode: str, dtype: str = "float32"
     probed = probe_cpus(cpus) if workers > 1 and device == "cpu" and built() else None
     latency: dict[str, Any] | None = (None if probed is None else
                                       {"cpus": probed, "before_ns": None, "after_ns": None})
-    dense_cpu = device == "cpu" and built() and problem.support(0) is None
-    write_cpus = probe_cpus(cpus) if dense_cpu else None
+    write_cpus = (probe_cpus(cpus) if device == "cpu" and problem.support(0) is None
+                  else None)
     shared_write = meetings = None
     started = time.monotonic()
     snapshots = [(0, time.monotonic_ns(), _host(buffers.w))]
@@ -282,7 +282,9 @@ def run_real(scenario: Scenario, workers: int, mode: str, dtype: str = "float32"
             if write_cpus is not None:
                 shared_write = shared_write_cost(write_cpus, problem.dim,
                                                  buffers.w.element_size())
-                meetings = write_meetings(write_cpus, problem.dim, buffers.w.element_size())
+                with one_thread_env():  # two processes of their own
+                    meetings = write_meetings(write_cpus, problem.dim,
+                                              buffers.w.element_size())
             started = time.monotonic()  # the run's time counts from the common start
             snapshots = [(0, time.monotonic_ns(), _host(buffers.w))]
             go.set()

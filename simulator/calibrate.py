@@ -58,7 +58,9 @@ What is fitted:
   maximum likelihood, against one rate for all at 1%, ρ ≥ 0.01), ``convoy_lost_spread`` =
   ρ, the two shares are scaled to the fitted mean rate, and ``convoy_lost_pairs`` is raised
   by the fitted share of meetings drawn lossy over the share seen losing anything (a lossy
-  draw near 0 loses nothing);
+  draw near 0 loses nothing). Runs of one worker have no writes that meet: their convoys
+  are fitted the same way from the meetings the real run's probe made
+  (:func:`probed_meetings`, ``real.write_meetings``);
 * common factors (``timing.*_common``, ``common_ns``; two or more workers): how alike the
   durations of one phase are on two workers when the phases start Δt apart. Durations become
   normal scores per worker (from their ranks); for every update and every other worker, the
@@ -1431,21 +1433,15 @@ def _public(report: dict[str, Any]) -> dict[str, Any]:
 def _convoys_and_shared(runs: list[tuple[Trace, np.ndarray]], convoys: str, shared: str,
                         cores: int, quantum: int, paths: list[Path]
                         ) -> tuple[dict[str, Any], dict[str, Any], list[np.ndarray] | None]:
-    """The convoy report (:func:`fit_convoys`), the ``write_shared`` one (:func:`fit_shared`,
-    on the writes' times alone when convoys form; from the runs' probes, read from ``paths``,
+    """The convoy report (:func:`fit_convoys`; from the runs' probes, read from ``paths``,
+    when every run has one worker: :func:`probed_meetings`), the ``write_shared`` one
+    (:func:`fit_shared`, on the writes' times alone when convoys form; from the probes too
     when every run has one worker) and per run each row's write factor (None when not
     fitted); with a factor the convoys are fitted again with it."""
     alone = all(np.unique(trace["thread"]).size < 2 for trace, _ in runs)
-    if alone and convoys == "on":
+    if alone and convoys != "off":
         convoy = probed_meetings([run_write_meetings(path) for path in paths], convoys,
                                  _median_write(runs) or None)
-    elif alone and convoys == "auto":
-        # The probe's meetings lose more, and more often, than a real run's (bench/README.md:
-        # "Runs of one worker"): fitted only when asked for.
-        made = sum(len((run_write_meetings(path) or {}).get("rows", ())) for path in paths)
-        convoy = {"pairs": 0, "fields": None, "why": (
-            "one worker: no writes that met" + (f" (the runs' probes made {made} meetings: "
-                                                "--convoys on fits them)" if made else ""))}
     else:
         convoy = fit_convoys(runs, convoys)
     sharing = fit_shared(runs, shared, censor=_forms_convoys(convoy),

@@ -973,10 +973,10 @@ def _parser() -> argparse.ArgumentParser:
                           "left idle; auto: measure this machine's balancer)")
     for flag, default, what in (
             ("--convoys", "auto", "write convoys (overlapping writes that end together): fit "
-             "them when the run shows them, or, when its overlapping writes end apart, "
+             "them when the run shows them (for runs of one worker, in the meetings their "
+             "probe made: real.write_meetings), or, when its overlapping writes end apart, "
              "what their meetings lose (passing writes) (auto, default); convoys whenever "
-             "writes met, and for runs of one worker from the meetings their probe made "
-             "(real.write_meetings) (on); neither (off)"),
+             "writes met (on); neither (off)"),
             ("--common", "off", "common factors (durations of one phase alike on workers "
              "that start it together): fit them when some phase's correlation reaches 0.05 "
              "(auto), whenever two workers ran (on), with one strength chosen so the "
