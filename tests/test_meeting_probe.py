@@ -150,3 +150,22 @@ def test_one_worker_takes_its_convoys_from_the_probe(tmp_path):
     pairs = convoy_pairs(two)
     assert pairs.shape[0] > 50 and (pairs[:, 3] > 0).any()  # they meet and lose stores
     assert calibrate(run, pool=True, convoys="off")[0].devices[0].timing.convoy_join == 0
+
+
+def test_the_probe_sides_start_without_the_runner():
+    """Each side of the meeting probe is a spawned process that imports realrun.probe: the
+    package loads the runner (and the simulator behind it) only when its names are used."""
+    import subprocess
+    import sys
+
+    code = ("import sys, realrun.probe; assert 'realrun.runner' not in sys.modules; "
+            "import realrun; realrun.run_real; assert 'realrun.runner' in sys.modules; "
+            "print(sorted(realrun.__all__))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "['MODES', 'RealRun', 'run_real']"
+    import realrun
+
+    with pytest.raises(AttributeError, match="no attribute 'nothing'"):
+        realrun.nothing  # noqa: B018
