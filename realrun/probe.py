@@ -49,7 +49,6 @@ except ImportError:  # no C compiler at install, or not Linux
 # The probe's vector is at most this many bytes (four such buffers are allocated); a longer
 # vector's extra cost is scaled from it by length (every line pays the same invalidation).
 PROBE_BYTES = 1 << 24
-PAGE = 4096
 # Rounds are chosen so the two timed writes of all rounds move about this many bytes.
 PROBE_BUDGET_BYTES = 1 << 28
 
@@ -138,6 +137,8 @@ MEETING_LEAD_NS = 20_000
 # A side that waits this long for the other (ns) gives up; the parent, this long in all (s).
 MEETING_WAIT_NS = 5_000_000_000
 MEETING_TIMEOUT_S = 60.0
+# The meeting probe's vector starts on a page of its own, its control words on the page before.
+PAGE = 4096
 # The control words, each on a line of its own (int64 index ×8): the turn, the first's
 # planned start t0, the second's planned start, the second's start and end, its readiness.
 _TURN, _T0, _START, _B0, _B1, _READY = (8 * i for i in range(6))
