@@ -127,6 +127,7 @@ def shared_write_cost(cpus: Sequence[int], count: int, itemsize: int) -> dict[st
 MEETING_LAGS = 64
 MEETING_REPEATS = 2
 TOGETHER = 3
+_ROUNDS = TOGETHER + MEETING_LAGS * MEETING_REPEATS
 # Meetings are probed for vectors up to this many bytes: each round clears, copies twice,
 # writes twice and counts the whole vector, and only a whole vector gives the lags in a run's
 # own ns.
@@ -169,10 +170,9 @@ def write_meetings(cpus: Sequence[int], count: int, itemsize: int) -> dict[str, 
         raise ValueError(f"cpus: {cpus[0]} and {cpus[1]} are one CPU")
     if not hasattr(os, "sched_setaffinity") or probed * itemsize > MEETING_BYTES:
         return None  # then probed = count
-    rounds = TOGETHER + MEETING_LAGS * MEETING_REPEATS
     context = multiprocessing.get_context("spawn")
     # The vector starts on a page of its own (the control words and rows fill the first).
-    shared = context.RawArray("b", 2 * PAGE + _rows_at(count, itemsize) + 8 * _ROW * rounds)
+    shared = context.RawArray("b", 2 * PAGE + _rows_at(count, itemsize) + 8 * _ROW * _ROUNDS)
     offset = (-ctypes.addressof(shared)) % PAGE + PAGE
     sides = [context.Process(target=_meeting_side, daemon=True, name=f"asyngrad-meet-{first}",
                              args=(shared, offset, first, int(cpu), count, itemsize))
@@ -195,8 +195,7 @@ def write_meetings(cpus: Sequence[int], count: int, itemsize: int) -> dict[str, 
             if side.is_alive():
                 side.kill()
                 side.join()
-    table = np.frombuffer(shared, np.int64, _ROW * rounds,
-                          offset + _rows_at(count, itemsize)).reshape(rounds, _ROW)
+    table = _views(shared, offset, count, itemsize)[2]
     return {"cpus": [int(cpus[0]), int(cpus[1])], "count": int(count), "probed": probed,
             "itemsize": itemsize, "rows": table[TOGETHER:].tolist()}
 
@@ -204,6 +203,16 @@ def write_meetings(cpus: Sequence[int], count: int, itemsize: int) -> dict[str, 
 def _rows_at(count: int, itemsize: int) -> int:
     """Where the rows start, in bytes after the vector's first: on the line after its last."""
     return -(-count * itemsize // 64) * 64
+
+
+def _views(shared: Any, offset: int, count: int, itemsize: int
+           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The meeting probe's control words, vector and rows in its shared buffer."""
+    control = np.frombuffer(shared, np.int64, _CONTROL, offset - PAGE)
+    w = np.frombuffer(shared, np.float64 if itemsize == 8 else np.float32, count, offset)
+    rows = np.frombuffer(shared, np.int64, _ROW * _ROUNDS,
+                         offset + _rows_at(count, itemsize)).reshape(_ROUNDS, _ROW)
+    return control, w, rows
 
 
 def _meeting_side(shared: Any, offset: int, first: int, cpu: int, count: int,
@@ -214,13 +223,9 @@ def _meeting_side(shared: Any, offset: int, first: int, cpu: int, count: int,
         os.sched_setaffinity(0, {cpu})
     except OSError:
         sys.exit(2)
-    dtype = np.float64 if itemsize == 8 else np.float32
-    control = np.frombuffer(shared, np.int64, _CONTROL, offset - PAGE)
-    w = np.frombuffer(shared, dtype, count, offset)
-    rows = np.frombuffer(shared, np.int64, _ROW * (TOGETHER + MEETING_LAGS * MEETING_REPEATS),
-                         offset + _rows_at(count, itemsize)).reshape(-1, _ROW)
-    step = np.full(count, (1 if first else 2) / 1024, dtype=dtype)
-    copy = np.empty(count, dtype=dtype)
+    control, w, rows = _views(shared, offset, count, itemsize)
+    step = np.full(count, (1 if first else 2) / 1024, dtype=w.dtype)
+    copy = np.empty(count, dtype=w.dtype)
     clock = time.monotonic_ns
 
     def wait(slot: int, value: int) -> None:
@@ -231,7 +236,7 @@ def _meeting_side(shared: Any, offset: int, first: int, cpu: int, count: int,
 
     if not first:
         control[_READY] = 1
-        for i in range(rows.shape[0]):
+        for i in range(_ROUNDS):
             wait(_TURN, 4 * i + 1)
             copy[:] = w
             control[_TURN] = 4 * i + 2
@@ -247,7 +252,7 @@ def _meeting_side(shared: Any, offset: int, first: int, cpu: int, count: int,
         return
     wait(_READY, 1)
     lags = [0] * TOGETHER
-    for i in range(rows.shape[0]):
+    for i in range(_ROUNDS):
         if i == TOGETHER:  # the span of two writes that start together sets the lags
             span = float(np.median(np.maximum(rows[:TOGETHER, 1], rows[:TOGETHER, 3])))
             spread = [int(1.5 * span * j / MEETING_LAGS) for j in range(MEETING_LAGS)]
