@@ -1,15 +1,64 @@
-"""Shared helpers for the test suite."""
+"""Shared helpers for the test suite, and the machine's share between parallel test workers.
+
+Under pytest-xdist (``pytest -n 2``) the workers run side by side, except a test marked
+``alone``: it starts when the other workers' current tests end, and they start nothing until it
+ends. The marked tests are those that run real worker processes or probe the CPUs, whose
+timings, pinning and losses a neighbour's busy core would change. Two file locks between the
+workers do it (``fcntl.flock``): every test holds the machine lock shared, a test marked
+``alone`` holds it exclusive; a turnstile taken on the way in keeps a waiting ``alone`` test
+from being passed by the others' next tests. Without xdist nothing is locked.
+"""
 
 from __future__ import annotations
 
+import fcntl
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from simulator.engine import simulate
 from simulator.replay import replay
 from simulator.scenario import Scenario, load_scenario
 from simulator.trace import Trace
+
+_LOCKS = "ASYNGRAD_TEST_LOCKS"  # the folder of the two lock files, set by the controller
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The xdist controller makes the lock folder before its workers start (they inherit the
+    environment)."""
+    if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
+        os.environ[_LOCKS] = tempfile.mkdtemp(prefix="asyngrad-tests-")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if not hasattr(config, "workerinput") and _LOCKS in os.environ:
+        shutil.rmtree(os.environ.pop(_LOCKS), ignore_errors=True)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """Setup, call and teardown of ``item`` under the machine lock: shared, or exclusive for
+    a test marked ``alone``."""
+    folder = os.environ.get(_LOCKS) if hasattr(item.config, "workerinput") else None
+    if folder is None:
+        yield
+        return
+    alone = item.get_closest_marker("alone") is not None
+    with open(Path(folder) / "turnstile", "a") as turnstile, \
+            open(Path(folder) / "machine", "a") as machine:
+        fcntl.flock(turnstile, fcntl.LOCK_EX)
+        fcntl.flock(machine, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        fcntl.flock(turnstile, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(machine, fcntl.LOCK_UN)
 
 
 def scenario(*overrides: str) -> Scenario:

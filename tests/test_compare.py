@@ -208,6 +208,7 @@ def test_rhythm_under_a_lock_and_for_one_worker(tmp_path):
                      "coupling": None, "phase_profile": None, "phase_peak": None}
 
 
+@pytest.mark.alone  # a real run
 def test_a_real_run_has_no_lost_blocks_but_its_classified_pairs(tmp_path, capsys):
     """Hardware does not say which update lost a store: a real run's lost blocks are
     unknown (None, printed n/a), while what its classified pairs of writes lost is compared

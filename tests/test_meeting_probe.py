@@ -18,6 +18,8 @@ from simulator.engine import simulate
 from simulator.scenario import with_overrides
 from simulator.trace import convoy_pairs
 
+pytestmark = pytest.mark.alone  # real processes, or the CPUs probed: see conftest
+
 needs_two = pytest.mark.skipif(probe_cpus() is None, reason="needs two usable CPUs")
 
 

@@ -22,6 +22,7 @@ def _execute(name: str, parameters: dict[str, object], tmp_path: Path):
     return notebook
 
 
+@pytest.mark.alone  # real runs
 def test_sim_vs_hardware_notebook(tmp_path):
     notebook = _execute("03_sim_vs_hardware.py", {"UPDATES": 3000, "OUT": str(tmp_path / "nb")},
                         tmp_path)

@@ -9,6 +9,8 @@ import pytest
 from realrun.probe import built, line_latency_ns, probe_cpus, shared_write_cost
 from simulator.rundir import FAR_NS, latency_line, placement
 
+pytestmark = pytest.mark.alone  # real processes, or the CPUs probed: see conftest
+
 needs_probe = pytest.mark.skipif(not built(), reason="realrun._cpuprobe not built (no C "
                                  "compiler at install, or not Linux)")
 needs_two = pytest.mark.skipif(probe_cpus() is None, reason="needs two usable CPUs")

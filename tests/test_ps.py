@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from realrun.ps import _free_port, run_ps
 from simulator.cli import main
@@ -21,6 +22,8 @@ from simulator.problems import make_problem
 from simulator.timing import sample_stream
 
 from .conftest import scenario
+
+pytestmark = pytest.mark.alone  # real processes, or the CPUs probed: see conftest
 
 TINY = ("problem.dim=20", "problem.n_samples=200", "run.updates=400", "run.lr=0.05")
 

@@ -27,6 +27,8 @@ from simulator.trace import read_sweeps
 
 from .conftest import scenario
 
+pytestmark = pytest.mark.alone  # real processes, or the CPUs probed: see conftest
+
 TINY = ("problem.dim=20", "problem.n_samples=200", "run.updates=3000")
 # Far more work than any of the fault tests waits for (about 25 µs per update, 500,000 per
 # worker: over ten seconds), so the run is still going when it is stopped.

@@ -20,6 +20,8 @@ from simulator.timing import sample_stream
 
 from .conftest import scenario
 
+pytestmark = pytest.mark.alone  # real processes, or the CPUs probed: see conftest
+
 TINY = ("problem.dim=20", "problem.n_samples=200", "run.updates=600")
 CUDA = torch.cuda.is_available()
 gpu = pytest.mark.skipif(not CUDA, reason="needs CUDA")
