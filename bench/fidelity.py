@@ -8,7 +8,9 @@ real{k'} sim` — the fidelity targets
 of the simulation-vs-hardware table in bench/README.md (mean staleness gap, KS distance,
 gradient error rate gap, final suboptimality ratio, throughput), and how the updates met in
 time (the share of writes that overlapped another write, the error rate at staleness 0), and
-the workers' rhythm (measured staleness over what independent phases give).
+the workers' rhythm (measured staleness over what independent phases give). With repeats, a
+second table splits each error-rate gap into what the share of updates at staleness 0, their
+errors and the stale updates' errors each move it by (`asyngrad compare`'s ``gap_split``).
 
     python bench/fidelity.py --calibrate 2 --predict 4,8,16 --cores 16
     python bench/fidelity.py --calibrate 1,2 --predict 2,3 --cores 2 --quantum auto
@@ -92,12 +94,19 @@ def _targets(report: dict) -> dict:
     """The issue's four fidelity measures (and the loss curves' distance) of one comparison."""
     st, ge, loss = report["staleness"], report["gradient_error"], report["loss"]
     apart = loss["max_abs_log10_ratio"]
+    ia, ib = report["interference"]["a"], report["interference"]["b"]
+    split = ge.get("gap_split") or {}
     return {"staleness_a": st["mean_a"], "staleness_b": st["mean_b"],
             "gap": st["relative_mean_gap"], "ks": st["ks_distance"],
             "error_a": ge["a"]["rate"], "error_b": ge["b"]["rate"],
             "rate_gap": abs(ge["a"]["rate"] - ge["b"]["rate"]),
             "final_ratio": loss["final_ratio"],
-            "loss_apart": None if apart is None else 10 ** apart}
+            "loss_apart": None if apart is None else 10 ** apart,
+            # where the error-rate gap comes from (asyngrad compare's gap_split, b − a)
+            "fresh_a": ia.get("fresh_share"), "fresh_b": ib.get("fresh_share"),
+            "fresh_error_a": ia["error_rate_fresh"], "fresh_error_b": ib["error_rate_fresh"],
+            "stale_error_a": ia["error_rate_stale"], "stale_error_b": ib["error_rate_stale"],
+            **{f"from_{key}": value for key, value in split.items()}}
 
 
 def _spread_table(args: argparse.Namespace, work: Path,
@@ -146,9 +155,37 @@ def _spread_table(args: argparse.Namespace, work: Path,
                   f"{_spread([p['error_a'] for p in pairs])} / "
                   f"{_spread([p['error_b'] for p in pairs])} | {both('rate_gap')} | "
                   f"{both('final_ratio', '.2f')} | {both('loss_apart', '.2f')} |", flush=True)
+    _split_table(rows)
     if any(p["state"] is not None for row in rows for p in row["sim_vs_real"]):
         _state_tables(rows, floors)
     return rows
+
+
+def _split_table(rows: list[dict]) -> None:
+    """Where each prediction's error-rate gap comes from (`asyngrad compare`'s split of
+    sim − real): the share of updates at staleness 0, their error rate, the stale updates'
+    error rate, and what each moves the gap by; medians over the repeats."""
+    print("\nWhere the error-rate gap comes from (sim − real = the share of updates at "
+          "staleness 0 moving it + their errors + the stale updates' errors; medians over "
+          "the repeats).\n")
+    print("| calibrated at | predicted k' | share at staleness 0 real / sim | error rate at "
+          "staleness 0 real / sim | error rate above 0 real / sim | gap sim − real | from the "
+          "share | from errors at 0 | from errors above 0 |")
+    print("|---:|---:|---|---|---|---:|---:|---:|---:|")
+    for row in rows:
+        pairs = row["sim_vs_real"]
+
+        def median(key: str, spec: str = ".3f", sims: list = pairs) -> str:
+            kept = [p[key] for p in sims if p.get(key) is not None]
+            return "n/a" if not kept else format(_median(kept), spec)
+
+        gaps = [p["error_b"] - p["error_a"] for p in pairs]
+        print(f"| {row['calibrated']} | {row['predicted']} | {median('fresh_a')} / "
+              f"{median('fresh_b')} | {median('fresh_error_a')} / {median('fresh_error_b')} | "
+              f"{median('stale_error_a')} / {median('stale_error_b')} | "
+              f"{_median(gaps):+.3f} | {median('from_fresh_share', '+.3f')} | "
+              f"{median('from_fresh_errors', '+.3f')} | {median('from_stale_errors', '+.3f')} |",
+              flush=True)
 
 
 def _state(work: Path, k: int, repeat: int) -> str | None:

@@ -481,6 +481,13 @@ def _compare(args: argparse.Namespace) -> int:
               f"{num(ia['error_rate_fresh'], '.3f')} vs {num(ib['error_rate_fresh'], '.3f')}, "
               f"above 0 {num(ia['error_rate_stale'], '.3f')} vs "
               f"{num(ib['error_rate_stale'], '.3f')}")
+        split = report["gradient_error"]["gap_split"]
+        if split is not None:
+            print(f"  error-rate gap b − a {sum(split.values()):+.3f}: the share of updates at "
+                  f"staleness 0 ({num(ia['fresh_share'], '.3f')} vs "
+                  f"{num(ib['fresh_share'], '.3f')}) moves it {split['fresh_share']:+.3f}, "
+                  f"their errors {split['fresh_errors']:+.3f}, the stale updates' errors "
+                  f"{split['stale_errors']:+.3f}")
         print(f"  median write µs: met by another {us(ia['met_write_median_ns'])} vs "
               f"{us(ib['met_write_median_ns'])}, lone {us(ia['lone_write_median_ns'])} vs "
               f"{us(ib['lone_write_median_ns'])}")

@@ -145,6 +145,7 @@ def compare_runs(a: str | Path, b: str | Path) -> dict[str, Any]:
                 **pair_losses(trace)}
 
     ea, eb = errors(ta, ra.summary), errors(tb, rb.summary)
+    ia, ib = interference(ta), interference(tb)
     latency_a, latency_b = cpu_latency(ra.summary), cpu_latency(rb.summary)
     rate_gap = (abs(eb["rate"] - ea["rate"]) if ea["rate"] is not None
                 and eb["rate"] is not None else None)
@@ -158,9 +159,10 @@ def compare_runs(a: str | Path, b: str | Path) -> dict[str, Any]:
                                             else (0.0 if mean_b == 0 else math.inf)),
                       "p95_a": _quantile(sa, 0.95), "p95_b": _quantile(sb, 0.95),
                       "ks_distance": ks},
-        "gradient_error": {"a": ea, "b": eb, "rate_gap": rate_gap},
+        "gradient_error": {"a": ea, "b": eb, "rate_gap": rate_gap,
+                           "gap_split": error_gap_split(ia, ib)},
         "overwrites": {"a": overwrites(ra), "b": overwrites(rb)},
-        "interference": {"a": interference(ta), "b": interference(tb)},
+        "interference": {"a": ia, "b": ib},
         "rhythm": {"a": trace_rhythm(ta), "b": trace_rhythm(tb)},
         # Real runs: how far apart their two CPUs were (a different state of the host makes
         # a different machine: bench/README.md, write lockstep).
@@ -170,6 +172,31 @@ def compare_runs(a: str | Path, b: str | Path) -> dict[str, Any]:
                        "ratio": ups_b / ups_a if ups_a else None},
         "loss": _loss_agreement(ra.curve, rb.curve),
     }
+
+
+def error_gap_split(a: dict[str, Any], b: dict[str, Any]) -> dict[str, float] | None:
+    """Where the gradient error rate of run b differs from run a's (b − a, signed), from
+    their ``interference``: the rate is P·e0 + (1 − P)·e1, with P the share of measured
+    updates no other completion came between, e0 their error rate and e1 the others', so
+
+        rate_b − rate_a = (P_b − P_a)(e0_a − e1_a) + P_b (e0_b − e0_a) + (1 − P_b)(e1_b − e1_a)
+
+    exactly: ``fresh_share`` is what the share of fresh updates alone moves, ``fresh_errors``
+    what the fresh updates' own errors (lost stores, torn reads, copies of writes in flight)
+    move, ``stale_errors`` what the stale updates' do. A kind of update one run lacks takes
+    the other run's rate (its weight there is 0). None where either run measured nothing."""
+    if a["fresh_share"] is None or b["fresh_share"] is None:
+        return None
+
+    def rates(x: dict[str, Any], y: dict[str, Any]) -> tuple[float, float]:
+        e0 = x["error_rate_fresh"] if x["error_rate_fresh"] is not None else y["error_rate_fresh"]
+        e1 = x["error_rate_stale"] if x["error_rate_stale"] is not None else y["error_rate_stale"]
+        return e0 or 0.0, e1 or 0.0
+
+    (e0a, e1a), (e0b, e1b) = rates(a, b), rates(b, a)
+    pa, pb = a["fresh_share"], b["fresh_share"]
+    return {"fresh_share": (pb - pa) * (e0a - e1a), "fresh_errors": pb * (e0b - e0a),
+            "stale_errors": (1 - pb) * (e1b - e1a)}
 
 
 def pair_losses(trace: Trace) -> dict[str, Any]:

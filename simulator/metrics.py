@@ -95,7 +95,9 @@ def interference(trace: Trace) -> dict[str, float | None]:
     be lost), the share of reads a write overlapped (where a read can see a half-written
     vector), and the gradient error rate split by staleness — among updates no other
     completion came between (``fresh``: their errors are lost stores and torn reads, not
-    staleness) and among the others (``stale``); and the median duration of the writes another
+    staleness) and among the others (``stale``), with the share of the measured updates that
+    were fresh (so the error rate is ``fresh_share`` × the one rate plus the rest × the
+    other); and the median duration of the writes another
     write overlapped and of the others (``met_write_median_ns``, ``lone_write_median_ns``:
     on dense vectors writes that meet can take many times a lone one, bench/README.md)."""
     writes = trace["write_end"] > trace["write_start"]  # rows that stored something
@@ -111,6 +113,7 @@ def interference(trace: Trace) -> dict[str, float | None]:
     meetings = write_meetings(trace)
     return {"write_overlap_rate": meetings["met_rate"],
             "read_under_write_rate": share(overlaps(rs, re, ws, we)[re > rs] > 0),
+            "fresh_share": share(~stale[measured]),
             "error_rate_fresh": share(errors[measured & ~stale]),
             "error_rate_stale": share(errors[measured & stale]),
             "met_write_median_ns": meetings["met_median_ns"],

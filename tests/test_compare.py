@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from simulator.cli import main
-from simulator.compare import compare_runs, load_run
+from simulator.compare import compare_runs, error_gap_split, load_run
 from simulator.errors import AsyngradError
 from simulator.metrics import (
     PHASE_BINS,
@@ -55,6 +55,7 @@ def test_cli_writes_report_and_figure(runs, tmp_path, capsys):
     text = capsys.readouterr().out
     assert "KS distance" in text and "final suboptimality" in text
     assert "writes overlapping a write" in text and "error rate at staleness 0" in text
+    assert "error-rate gap b − a" in text
     report = json.loads((out / "compare.json").read_text())
     assert report["a"]["updates"] == 600
     assert (out / "compare.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -117,6 +118,7 @@ def test_interference_is_what_the_windows_and_errors_say(runs):
         got = compare_runs(runs / name, runs / name)["interference"]["a"]
         assert got["write_overlap_rate"] == pytest.approx(other_write.any(axis=1).mean())
         assert got["read_under_write_rate"] == pytest.approx(under.mean())
+        assert got["fresh_share"] == pytest.approx((~stale).mean())
         assert got["error_rate_fresh"] == pytest.approx(errors[~stale].mean())
         assert got["error_rate_stale"] == pytest.approx(errors[stale].mean())
         met = other_write.any(axis=1)
@@ -127,6 +129,30 @@ def test_interference_is_what_the_windows_and_errors_say(runs):
         assert got["error_rate_fresh"] == 0.0 and got["error_rate_stale"] > 0.5
     assert compare_runs(runs / "a", runs / "c")["interference"]["a"]["write_overlap_rate"] > (
         compare_runs(runs / "c", runs / "a")["interference"]["a"]["write_overlap_rate"])
+
+
+def test_the_error_rate_gap_splits_into_its_causes(runs):
+    """The split of rate_b − rate_a sums to it, is zero between identical runs, and moves
+    with the share of fresh updates alone where only that share differs."""
+    assert compare_runs(runs / "a", runs / "b")["gradient_error"]["gap_split"] == {
+        "fresh_share": 0.0, "fresh_errors": 0.0, "stale_errors": 0.0}
+    report = compare_runs(runs / "a", runs / "c")
+    ge, split = report["gradient_error"], report["gradient_error"]["gap_split"]
+    assert sum(split.values()) == pytest.approx(ge["b"]["rate"] - ge["a"]["rate"], abs=1e-12)
+    # 2 threads against 8: far more fresh updates, which carry no error (B = 1, block writes)
+    assert split["fresh_share"] < -0.1 and split["fresh_errors"] == 0.0
+    by_hand = {"fresh_share": 0.25, "error_rate_fresh": 0.1, "error_rate_stale": 0.9}
+    other = {"fresh_share": 0.15, "error_rate_fresh": 0.2, "error_rate_stale": 0.95}
+    assert error_gap_split(by_hand, other) == pytest.approx(
+        {"fresh_share": -0.1 * -0.8, "fresh_errors": 0.15 * 0.1, "stale_errors": 0.85 * 0.05})
+    only_share = {**by_hand, "fresh_share": 0.5}
+    assert error_gap_split(by_hand, only_share) == pytest.approx(
+        {"fresh_share": 0.25 * -0.8, "fresh_errors": 0.0, "stale_errors": 0.0})
+    # A run with no stale update takes the other's stale rate (its weight is 0 there).
+    fresh_only = {"fresh_share": 1.0, "error_rate_fresh": 0.1, "error_rate_stale": None}
+    assert error_gap_split(fresh_only, by_hand) == pytest.approx(
+        {"fresh_share": -0.75 * (0.1 - 0.9), "fresh_errors": 0.0, "stale_errors": 0.0})
+    assert error_gap_split({**by_hand, "fresh_share": None}, by_hand) is None
 
 
 def test_the_summary_says_how_writes_met(runs, tmp_path):
@@ -156,7 +182,7 @@ def test_a_serial_run_shows_no_interference(tmp_path):
     got = compare_runs(tmp_path / "s", tmp_path / "s")["interference"]["a"]
     trace = load_run(tmp_path / "s").trace
     assert got == {"write_overlap_rate": 0.0, "read_under_write_rate": 0.0,
-                   "error_rate_fresh": 0.0, "error_rate_stale": None,
+                   "fresh_share": 1.0, "error_rate_fresh": 0.0, "error_rate_stale": None,
                    "met_write_median_ns": None,
                    "lone_write_median_ns": np.median(trace["write_end"] - trace["write_start"])}
 

@@ -74,3 +74,22 @@ def test_state_tables_split_real_pairs_and_predictions_by_state(fidelity, capsys
         "[0.120–0.150], 0.070 [0.050–0.090] |" in out
     assert "| 2 | far | 2 | 1: 20.0%, 0.200, 0.100 | 1: 1.0%, 0.020, 0.030 |" in out
     assert "90.0%" not in out and "50.0%" not in out
+
+
+def test_split_table_gives_the_medians_of_each_part_of_the_gap(fidelity, capsys):
+    """Each part of the error-rate gap, and the shares and rates it comes from, as medians over
+    the repeats' comparisons (a part a comparison lacks is left out of its median)."""
+    def cmp(share, fresh, stale, parts):
+        error_a, error_b = 0.7, 0.7 + sum(parts)
+        return {"error_a": error_a, "error_b": error_b, "fresh_a": 0.25, "fresh_b": share,
+                "fresh_error_a": 0.1, "fresh_error_b": fresh, "stale_error_a": 0.9,
+                "stale_error_b": stale, **dict(zip(("from_fresh_share", "from_fresh_errors",
+                                                    "from_stale_errors"), parts, strict=True))}
+
+    rows = [{"calibrated": "1", "predicted": 2, "sim_vs_real": [
+        cmp(0.15, 0.2, 0.95, (0.08, 0.015, 0.0425)), cmp(0.17, 0.3, 0.9, (0.064, 0.033, 0.0)),
+        {**cmp(0.2, None, 0.9, (0.04, 0.0, 0.0)), "from_fresh_errors": None}]}]
+    fidelity._split_table(rows)
+    out = capsys.readouterr().out
+    assert ("| 1 | 2 | 0.250 / 0.170 | 0.100 / 0.250 | 0.900 / 0.900 | +0.097 | +0.064 | "
+            "+0.024 | +0.000 |") in out
