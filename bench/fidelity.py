@@ -10,7 +10,9 @@ gradient error rate gap, final suboptimality ratio, throughput), and how the upd
 time (the share of writes that overlapped another write, the error rate at staleness 0), and
 the workers' rhythm (measured staleness over what independent phases give). With repeats, a
 second table splits each error-rate gap into what the share of updates at staleness 0, their
-errors and the stale updates' errors each move it by (`asyngrad compare`'s ``gap_split``).
+errors and the stale updates' errors each move it by (`asyngrad compare`'s ``gap_split``),
+and a third how the pairs of writes that met were staggered (their start lags, and how often
+each lag lost stores), real against each prediction.
 
     python bench/fidelity.py --calibrate 2 --predict 4,8,16 --cores 16
     python bench/fidelity.py --calibrate 1,2 --predict 2,3 --cores 2 --quantum auto
@@ -49,7 +51,9 @@ if sys.path and Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
     sys.path.pop(0)
 
 from simulator.cli import main as asyngrad
+from simulator.compare import LAG_EDGES, meeting_lags
 from simulator.rundir import latency_pair, placement, run_cpu_latency
+from simulator.trace import Trace
 
 
 def _run(*argv: str) -> None:
@@ -156,6 +160,7 @@ def _spread_table(args: argparse.Namespace, work: Path,
                   f"{_spread([p['error_b'] for p in pairs])} | {both('rate_gap')} | "
                   f"{both('final_ratio', '.2f')} | {both('loss_apart', '.2f')} |", flush=True)
     _split_table(rows)
+    _lag_table(args, work, plans)
     if any(p["state"] is not None for row in rows for p in row["sim_vs_real"]):
         _state_tables(rows, floors)
     return rows
@@ -186,6 +191,35 @@ def _split_table(rows: list[dict]) -> None:
               f"{_median(gaps):+.3f} | {median('from_fresh_share', '+.3f')} | "
               f"{median('from_fresh_errors', '+.3f')} | {median('from_stale_errors', '+.3f')} |",
               flush=True)
+
+
+def _lag_table(args: argparse.Namespace, work: Path,
+               plans: list[tuple[str, list[str]]]) -> None:
+    """How the pairs of writes that met were staggered, pooled over the repeats: the real runs
+    at each k' and each prediction's simulations (`simulator.compare.meeting_lags`)."""
+    edges = "/".join(f"{e:g}" for e in LAG_EDGES[1:-1])
+    print(f"\nHow the writes that met were staggered (classified pairs pooled over the "
+          f"repeats; lag: the second write's start after the first's, over the median lone "
+          f"write W; bins split at {edges} W).\n")
+    print("| runs | k' | pairs per update | lossy | median lag | share of pairs by lag | "
+          "lossy by lag |")
+    print("|---|---:|---:|---:|---:|---|---|")
+
+    def row(label: str, target: int, dirs: list[Path]) -> None:
+        lags = meeting_lags([Trace.load(d / "trace.npz") for d in dirs])
+        if lags is None:
+            print(f"| {label} | {target} | n/a | | | | |")
+            return
+        print(f"| {label} | {target} | {lags['pairs_per_update']:.3f} | "
+              f"{_share(lags['lossy'], '.2f')} | {_share(lags['median_lag'], '.2f')} W | "
+              f"{' / '.join(_share(v, '.2f') for v in lags['shares'])} | "
+              f"{' / '.join(_share(v, '.2f') for v in lags['lossy_by_lag'])} |", flush=True)
+
+    for target in args.predict:
+        row("real", target, [_real_dir(work, target, r) for r in range(args.repeats)])
+        for k, _ in plans:
+            row(f"calibrated at {k}", target,
+                [work / f"sim{k}_{target}.{r}" for r in range(args.repeats)])
 
 
 def _state(work: Path, k: int, repeat: int) -> str | None:

@@ -473,6 +473,14 @@ def _compare(args: argparse.Namespace) -> int:
               f"{quartiles(ob['lost_per_lossy_pair'])}, their start lag over a lone write "
               f"(quartiles) {quartiles(oa['pair_lag_over_lone_write'])} vs "
               f"{quartiles(ob['pair_lag_over_lone_write'])}")
+        la, lb = oa["meeting_lags"], ob["meeting_lags"]
+        if la is not None or lb is not None:
+            def bins(lags: dict[str, Any] | None, key: str) -> str:
+                return "n/a" if lags is None else "/".join(num(v, ".2f") for v in lags[key])
+
+            print(f"  pairs that met by start lag over a lone write (bins 0, 0.05, 0.1, 0.2, "
+                  f"0.4, 0.7, 1 W): shares {bins(la, 'shares')} vs {bins(lb, 'shares')}, "
+                  f"lossy {bins(la, 'lossy_by_lag')} vs {bins(lb, 'lossy_by_lag')}")
         ia, ib = report["interference"]["a"], report["interference"]["b"]
         print(f"  writes overlapping a write {num(ia['write_overlap_rate'], '.3f')} vs "
               f"{num(ib['write_overlap_rate'], '.3f')}, reads under a write "

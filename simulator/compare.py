@@ -142,7 +142,7 @@ def compare_runs(a: str | Path, b: str | Path) -> dict[str, Any]:
         return {"lost_blocks_per_update": lost,
                 "torn_read_fraction": float(trace["torn"].sum()) / n,
                 "read_overwrite_blocks_per_update": float(trace["read_overwrites"].sum()) / n,
-                **pair_losses(trace)}
+                **pair_losses(trace), "meeting_lags": meeting_lags([trace])}
 
     ea, eb = errors(ta, ra.summary), errors(tb, rb.summary)
     ia, ib = interference(ta), interference(tb)
@@ -197,6 +197,40 @@ def error_gap_split(a: dict[str, Any], b: dict[str, Any]) -> dict[str, float] | 
     pa, pb = a["fresh_share"], b["fresh_share"]
     return {"fresh_share": (pb - pa) * (e0a - e1a), "fresh_errors": pb * (e0b - e0a),
             "stale_errors": (1 - pb) * (e1b - e1a)}
+
+
+# Bins of a pair's start lag over the median lone write (meeting_lags).
+LAG_EDGES = (0.0, 0.05, 0.1, 0.2, 0.4, 0.7, 1.0, math.inf)
+
+
+def meeting_lags(traces: list[Trace]) -> dict[str, Any] | None:
+    """How the classified pairs of writes that met (``extra_convoy_pairs``) of one or more
+    traces of one kind (the repeats of a real run, the seeds of a simulation) were staggered,
+    pooled: pairs per update, the share that lost anything, the median start lag over the
+    trace's median lone write, and for each bin of that lag (:data:`LAG_EDGES`) the share of
+    the pairs in it and the share of those that lost anything (None for an empty bin). Where
+    two workers keep in step, the lags say how: together (near 0, where meetings lose most)
+    or staggered. None where no trace recorded pairs."""
+    lags, lossy, updates = [], [], 0
+    for trace in traces:
+        pairs, lone = convoy_pairs(trace), write_meetings(trace)["lone_median_ns"]
+        if pairs is None or not lone:
+            continue
+        updates += len(trace)
+        lags.append(pairs[:, 2] / lone)
+        lossy.append(pairs[:, 3] + pairs[:, 4] > 0)
+    if not updates:
+        return None
+    lag, lost = np.concatenate(lags), np.concatenate(lossy)
+    which = np.digitize(lag, LAG_EDGES[1:-1])  # bin i: LAG_EDGES[i] <= lag < LAG_EDGES[i+1]
+    counts = np.bincount(which, minlength=len(LAG_EDGES) - 1)
+    losing = np.bincount(which, weights=lost, minlength=len(LAG_EDGES) - 1)
+    return {"pairs_per_update": len(lag) / updates,
+            "lossy": float(lost.mean()) if lag.size else None,
+            "median_lag": float(np.median(lag)) if lag.size else None,
+            "shares": (counts / max(len(lag), 1)).tolist(),
+            "lossy_by_lag": [float(n / c) if c else None for n, c in zip(losing, counts,
+                                                                          strict=True)]}
 
 
 def pair_losses(trace: Trace) -> dict[str, Any]:

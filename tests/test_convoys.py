@@ -16,7 +16,7 @@ from simulator.calibrate import (
     write_survival,
 )
 from simulator.cli import main
-from simulator.compare import load_run
+from simulator.compare import LAG_EDGES, load_run, meeting_lags
 from simulator.engine import simulate
 from simulator.errors import ScenarioError
 from simulator.metrics import write_pairs
@@ -314,3 +314,39 @@ def test_a_chain_of_joiners_lengthens_a_convoy_linearly():
     assert trace["op_write_ns"].max() <= 16 * 3.5 * drawn.max()
     assert np.mean(trace["op_write_ns"] > drawn) > 0.5  # the writes do meet
     assert trace["write_end"].max() < 1600 / 16 * (1000 + 6000 + 3.5 * 4000) * 1.5
+
+
+def test_meeting_lags_show_how_the_loss_falls_with_the_lag(tmp_path, capsys):
+    """Constant 4 µs writes whose meetings lose anything with probability 0.9·exp(−f / 0.2),
+    f the second write's start lag over the write: in each bin of the lag, the share of
+    lossy pairs is that probability averaged over the bin's pairs; the shares of the bins sum
+    to 1, and two copies of a trace pool to the same profile."""
+    run = convoy_run(tmp_path, "falling", "timing.write={dist='constant', mean=4000}",
+                     "timing.convoy_join=1.5", "timing.convoy_rest=2.5",
+                     "timing.convoy_lost_leader=0.08", "timing.convoy_lost_joiner=0.04",
+                     "timing.convoy_lost_pairs=0.9", "timing.convoy_lost_within=0.2")
+    trace = load_run(run).trace
+    lags = meeting_lags([trace])
+    pairs = convoy_pairs(trace)
+    assert lags is not None and pairs is not None and len(pairs) > 300
+    assert lags["pairs_per_update"] == len(pairs) / len(trace)
+    assert sum(lags["shares"]) == pytest.approx(1.0)
+    f = pairs[:, 2] / 4000
+    assert lags["median_lag"] == pytest.approx(np.median(f))
+    for low, high, share, lossy in zip(LAG_EDGES[:-1], LAG_EDGES[1:], lags["shares"],
+                                       lags["lossy_by_lag"], strict=True):
+        inside = (f >= low) & (f < high)
+        assert share == pytest.approx(inside.mean())
+        if inside.sum() >= 40 and high <= 0.7:
+            expected = np.mean(0.9 * np.exp(-f[inside] / 0.2))
+            noise = np.sqrt(expected * (1 - expected) / inside.sum())
+            assert abs(lossy - expected) < 4 * noise + 0.02, (low, lossy, expected)
+    twice = meeting_lags([trace, trace])
+    assert twice is not None
+    assert twice["shares"] == lags["shares"] and twice["lossy_by_lag"] == lags["lossy_by_lag"]
+    assert twice["pairs_per_update"] == lags["pairs_per_update"]
+    assert meeting_lags([simulate(scenario("run.updates=200"))]) is None  # no pairs recorded
+    assert main(["compare", str(run), str(run), "--out", str(tmp_path / "cmp")]) == 0
+    shares = "/".join(format(v, ".2f") for v in lags["shares"])
+    assert f"pairs that met by start lag over a lone write (bins 0, 0.05, 0.1, 0.2, 0.4, 0.7, " \
+        f"1 W): shares {shares} vs {shares}" in capsys.readouterr().out

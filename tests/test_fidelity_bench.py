@@ -3,6 +3,7 @@
 import importlib.util
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -93,3 +94,24 @@ def test_split_table_gives_the_medians_of_each_part_of_the_gap(fidelity, capsys)
     out = capsys.readouterr().out
     assert ("| 1 | 2 | 0.250 / 0.170 | 0.100 / 0.250 | 0.900 / 0.900 | +0.097 | +0.064 | "
             "+0.024 | +0.000 |") in out
+
+
+def test_lag_table_pools_the_repeats_of_each_kind(fidelity, capsys, monkeypatch, tmp_path):
+    """One row for the real runs at each k' and one per calibration, each pooling its runs
+    over the repeats (seed 0's real run is realK, the others realK.R)."""
+    pooled = []
+    monkeypatch.setattr(fidelity.Trace, "load", staticmethod(lambda path: Path(path).parent.name))
+
+    def lags(traces):
+        pooled.append(traces)
+        return None if traces[0].startswith("sim2") else {
+            "pairs_per_update": 0.147, "lossy": 0.16, "median_lag": 0.27,
+            "shares": [0.1, 0.9], "lossy_by_lag": [0.51, None]}
+
+    monkeypatch.setattr(fidelity, "meeting_lags", lags)
+    args = SimpleNamespace(predict=[2], repeats=2)
+    fidelity._lag_table(args, tmp_path, [("1", []), ("2", [])])
+    assert pooled == [["real2", "real2.1"], ["sim1_2.0", "sim1_2.1"], ["sim2_2.0", "sim2_2.1"]]
+    out = capsys.readouterr().out
+    assert "| real | 2 | 0.147 | 0.16 | 0.27 W | 0.10 / 0.90 | 0.51 / n/a |" in out
+    assert "| calibrated at 2 | 2 | n/a | | | | |" in out
