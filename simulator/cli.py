@@ -430,7 +430,7 @@ def _tausweep(args: argparse.Namespace) -> int:
 def _compare(args: argparse.Namespace) -> int:
     import json
 
-    from simulator.compare import compare_figure, compare_runs
+    from simulator.compare import LAG_EDGES, compare_figure, compare_runs
     from simulator.rundir import check_out, latency_pair, publish
 
     out = Path(args.out or "runs/compare")
@@ -450,6 +450,9 @@ def _compare(args: argparse.Namespace) -> int:
 
         def quartiles(values: list[float] | None) -> str:
             return "n/a" if values is None else "/".join(format(v, ".3g") for v in values)
+
+        def bins(lags: dict[str, Any] | None, key: str) -> str:
+            return "n/a" if lags is None else "/".join(num(v, ".2f") for v in lags[key])
 
         def us(ns: float | None) -> str:
             return num(None if ns is None else ns / 1e3, ".1f")
@@ -475,12 +478,10 @@ def _compare(args: argparse.Namespace) -> int:
               f"{quartiles(ob['pair_lag_over_lone_write'])}")
         la, lb = oa["meeting_lags"], ob["meeting_lags"]
         if la is not None or lb is not None:
-            def bins(lags: dict[str, Any] | None, key: str) -> str:
-                return "n/a" if lags is None else "/".join(num(v, ".2f") for v in lags[key])
-
-            print(f"  pairs that met by start lag over a lone write (bins 0, 0.05, 0.1, 0.2, "
-                  f"0.4, 0.7, 1 W): shares {bins(la, 'shares')} vs {bins(lb, 'shares')}, "
-                  f"lossy {bins(la, 'lossy_by_lag')} vs {bins(lb, 'lossy_by_lag')}")
+            edges = ", ".join(f"{e:g}" for e in LAG_EDGES[:-1])
+            print(f"  pairs that met by start lag over a lone write (bins {edges} W): shares "
+                  f"{bins(la, 'shares')} vs {bins(lb, 'shares')}, lossy "
+                  f"{bins(la, 'lossy_by_lag')} vs {bins(lb, 'lossy_by_lag')}")
         ia, ib = report["interference"]["a"], report["interference"]["b"]
         print(f"  writes overlapping a write {num(ia['write_overlap_rate'], '.3f')} vs "
               f"{num(ib['write_overlap_rate'], '.3f')}, reads under a write "
