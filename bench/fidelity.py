@@ -107,7 +107,7 @@ def _targets(report: dict) -> dict:
             "final_ratio": loss["final_ratio"],
             "loss_apart": None if apart is None else 10 ** apart,
             # where the error-rate gap comes from (asyngrad compare's gap_split, b − a)
-            "fresh_a": ia.get("fresh_share"), "fresh_b": ib.get("fresh_share"),
+            "fresh_a": ia["fresh_share"], "fresh_b": ib["fresh_share"],
             "fresh_error_a": ia["error_rate_fresh"], "fresh_error_b": ib["error_rate_fresh"],
             "stale_error_a": ia["error_rate_stale"], "stale_error_b": ib["error_rate_stale"],
             **{f"from_{key}": value for key, value in split.items()}}

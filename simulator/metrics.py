@@ -97,9 +97,9 @@ def interference(trace: Trace) -> dict[str, float | None]:
     completion came between (``fresh``: their errors are lost stores and torn reads, not
     staleness) and among the others (``stale``), with the share of the measured updates that
     were fresh (so the error rate is ``fresh_share`` × the one rate plus the rest × the
-    other); and the median duration of the writes another
-    write overlapped and of the others (``met_write_median_ns``, ``lone_write_median_ns``:
-    on dense vectors writes that meet can take many times a lone one, bench/README.md)."""
+    other); and the median duration of the writes another write overlapped and of the others
+    (``met_write_median_ns``, ``lone_write_median_ns``: on dense vectors writes that meet can
+    take many times a lone one, bench/README.md)."""
     writes = trace["write_end"] > trace["write_start"]  # rows that stored something
     ws, we = trace["write_start"][writes], trace["write_end"][writes]
     rs, re = trace["read_start"], trace["read_end"]
