@@ -777,8 +777,10 @@ class Engine:
                     begun = clock[thread]
                     convoy, duration = self._join(thread, u, block, index, drawn[i])
                     # A later write joined: end with it (a member that started lag ns after
-                    # the first write ends convoy_end_gap·lag after the convoy's end).
-                    tail = round(self._convoys.convoy_end_gap * (begun - convoy.first))
+                    # the first write ends convoy_end_gap·max(0, lag − convoy_end_catch_up)
+                    # after the convoy's end).
+                    tail = round(self._convoys.convoy_end_gap * max(
+                        0, begun - convoy.first - self._convoys.convoy_end_catch_up))
                     if sweeping:
                         writing = _Writing(u, begun, 0, step[vsel], lost=convoy.lost,
                                            convoy=convoy, tail=tail)

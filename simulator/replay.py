@@ -28,7 +28,8 @@ FIXED_SECTIONS = {"paramserver": ("staleness_limit", "accumulate", "warm_start",
                                   "rebalance", "rebalance_after"),
                   "admm": ("local_steps",),
                   "inject": ("stragglers", "pauses", "deaths"),
-                  "timing": ("convoy_join", "convoy_rest", "convoy_end_gap", "write_shared")}
+                  "timing": ("convoy_join", "convoy_rest", "convoy_end_gap",
+                               "convoy_end_catch_up", "write_shared")}
 
 
 def load_trace(path: str | Path) -> Trace:

@@ -43,7 +43,7 @@ SLICINGS = ("global", "per_core")
 # Writes that meet: convoys (convoy_join > 0) or passing writes, and what they lose.
 CONVOY_FIELDS = ("convoy_join", "convoy_rest", "convoy_lost_leader", "convoy_lost_joiner",
                  "convoy_lost_pairs", "convoy_lost_within", "convoy_lost_spread",
-                 "convoy_end_gap")
+                 "convoy_end_gap", "convoy_end_catch_up")
 COMMON_FIELDS = ("read_common", "grad_common", "write_common", "idle_common")
 PHASES = ("read", "grad", "write", "idle")  # in the order of simulator.timing.READ ... IDLE
 # Interference: the slowdown of phase p per other thread of the device in phase q (an other
@@ -140,9 +140,13 @@ class TimingSpec:
     a member that started its write ``lag`` ns after the convoy's first write ends g·lag
     after the convoy's end (0: all end together), as the follower of two real sweeps in
     lockstep ends a little after the leader (the leader's next read then runs under the
-    follower's write). ``asyngrad calibrate`` fits all of them from a real run when its
-    overlapping writes end together (``convoy_lost_within`` too when the lossy meetings fall
-    with the lag; g as the median end gap over the median start lag).
+    follower's write). ``convoy_end_catch_up`` = a ns: it ends g·max(0, lag − a) after
+    instead, a member makes up the first a ns of its lag (0, the default: g·lag), as on a
+    2-core MLP run whose met writes end together up to a lag of about a microsecond and
+    apart by the rest of the lag beyond it. ``asyngrad calibrate`` fits all of them from a
+    real run when its overlapping writes end together (``convoy_lost_within`` too when the
+    lossy meetings fall with the lag; g as the median end gap over the median start lag, or
+    g and a together where that fits the end gaps better).
 
     Passing writes (``convoy_join`` = 0 and ``convoy_lost_leader`` + ``convoy_lost_joiner``
     > 0; ``load_store`` writes of whole blocks): writes that meet keep their own durations
@@ -210,6 +214,7 @@ class TimingSpec:
     convoy_lost_within: float = 0.0
     convoy_lost_spread: float = 0.0
     convoy_end_gap: float = 0.0
+    convoy_end_catch_up: float = 0.0
     read_common: float = 0.0
     grad_common: float = 0.0
     write_common: float = 0.0
@@ -252,6 +257,9 @@ class TimingSpec:
                "convoy_end_gap", self.convoy_end_gap,
                "must be >= 0 (a convoy member's end after the convoy's, per ns of its start "
                "after the first write's)")
+        _check(math.isfinite(self.convoy_end_catch_up) and self.convoy_end_catch_up >= 0,
+               "convoy_end_catch_up", self.convoy_end_catch_up,
+               "must be >= 0 (ns of its start lag a convoy member makes up by the end)")
         _check(math.isfinite(self.convoy_lost_within) and self.convoy_lost_within >= 0,
                "convoy_lost_within", self.convoy_lost_within,
                "must be >= 0 (share of the block swept over which lossy meetings fall by e; "

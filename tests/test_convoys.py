@@ -12,6 +12,7 @@ from simulator.calibrate import (
     Survival,
     alone_writes,
     calibrate,
+    end_gap_hinge,
     running_together,
     write_survival,
 )
@@ -192,6 +193,7 @@ def test_calibration_recovers_convoys_from_a_simulated_trace(tmp_path):
                         "timing.convoy_lost_joiner=0.04", "timing.convoy_end_gap=0.1")
     timing = calibrate(gapped, pool=True)[0].devices[0].timing
     assert timing.convoy_end_gap == pytest.approx(0.1, rel=0.1)
+    assert timing.convoy_end_catch_up == 0.0  # a gap in proportion to the lag keeps none
     assert timing.convoy_join == pytest.approx(1.5, rel=0.1)
     assert timing.convoy_rest == pytest.approx(2.5, rel=0.1)
     off, report_off = calibrate(run, pool=True, convoys="off")
@@ -350,3 +352,65 @@ def test_meeting_lags_show_how_the_loss_falls_with_the_lag(tmp_path, capsys):
     shares = "/".join(format(v, ".2f") for v in lags["shares"])
     assert f"pairs that met by start lag over a lone write (bins 0, 0.05, 0.1, 0.2, 0.4, 0.7, " \
         f"1 W): shares {shares} vs {shares}" in capsys.readouterr().out
+
+
+def test_a_joiner_makes_up_the_catch_up_before_its_end_gap():
+    """convoy_end_gap = 0.25 with convoy_end_catch_up = 600: the joiner, 1000 ns after the
+    leader, ends 0.25·(1000 − 600) = 100 ns after the convoy's end (20000); with a catch-up
+    over its lag it ends with the convoy."""
+    for catch_up, ends in ((600, [20000, 20100]), (1500, [20000, 20000])):
+        trace = simulate(two_writers("convoy_end_gap=0.25", f"convoy_end_catch_up={catch_up}"))
+        rows = {int(t): i for i, t in enumerate(trace["thread"])}
+        assert [int(trace["write_end"][rows[t]]) for t in (0, 1)] == ends
+
+
+def test_convoys_with_a_catch_up_are_deterministic_and_replay_bit_for_bit():
+    trace = same_every_way(_random_convoys("run.threads=2", "timing.convoy_end_gap=0.5",
+                                           "timing.convoy_end_catch_up=700"))
+    ws, we = trace["write_start"], trace["write_end"]
+    lead, join, _, _ = write_pairs(ws, we, trace["thread"])
+    lag = (ws[join] - ws[lead]).astype(np.float64)
+    assert lead.size > 50 and (lag < 700).any() and (lag > 700).any()
+    gap = (we[join] - we[lead]).astype(np.float64)
+    assert np.allclose(gap, np.round(0.5 * np.maximum(lag - 700, 0)), atol=1)
+
+
+def test_a_negative_catch_up_is_refused(capsys):
+    assert main(["simulate", "--out", "unused", "--set",
+                 "timing.convoy_end_catch_up=-5"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "timing.convoy_end_catch_up" in err[0] and "-5" in err[0]
+
+
+def test_the_end_gap_hinge_gives_back_a_known_rule():
+    """Gaps made as 0.7·max(0, lag − 500) (+ noise in a tenth of the pairs) give back 0.7
+    and 500 and are kept; gaps made as 0.3·lag give a = 0 back, and the hinge is not kept."""
+    rng = np.random.default_rng(3)
+    lag = rng.uniform(0, 3000, 2000)
+    gap = 0.7 * np.maximum(lag - 500, 0)
+    noisy = rng.random(lag.size) < 0.1
+    gap[noisy] += rng.exponential(300, noisy.sum())
+    hinge = end_gap_hinge(lag, gap)
+    assert hinge["kept"] and hinge["slope"] == pytest.approx(0.7, rel=0.02)
+    assert hinge["catch_up_ns"] == pytest.approx(500, rel=0.05)
+    assert hinge["error"] < 0.5 * hinge["proportional_error"]
+    plain = end_gap_hinge(lag, 0.3 * lag)
+    assert not plain["kept"] and plain["catch_up_ns"] == 0
+    assert plain["slope"] == pytest.approx(0.3)
+    assert plain["error"] == pytest.approx(0, abs=1e-6)
+
+
+def test_calibration_recovers_a_catch_up_from_a_simulated_trace(tmp_path):
+    """Convoys whose joiner ends 0.8·max(0, lag − 1000 ns) after the leader: the calibration
+    gives both back within 10%, and its report says how much better they fit the end gaps
+    than a gap in proportion to the lag."""
+    run = convoy_run(tmp_path, "catch_up", "timing.convoy_join=1.5", "timing.convoy_rest=2.5",
+                     "timing.convoy_lost_leader=0.08", "timing.convoy_lost_joiner=0.04",
+                     "timing.convoy_end_gap=0.8", "timing.convoy_end_catch_up=1000")
+    calibrated, report = calibrate(run, pool=True)
+    timing = calibrated.devices[0].timing
+    assert report["convoys"]["end_gap_hinge"]["kept"]
+    assert timing.convoy_end_gap == pytest.approx(0.8, rel=0.1)
+    assert timing.convoy_end_catch_up == pytest.approx(1000, rel=0.1)
+    assert timing.convoy_join == pytest.approx(1.5, rel=0.1)
+    assert timing.convoy_rest == pytest.approx(2.5, rel=0.1)
