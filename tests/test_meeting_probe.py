@@ -66,12 +66,13 @@ def test_vectors_over_the_meeting_budget_are_not_probed(monkeypatch):
 
 
 def _meetings(join: float, rest: float, gap: float, leader: float, joiner: float,
-              lossy_below: float = 1.0) -> dict:
+              lossy_below: float = 1.0, catch_up: float = 0.0) -> dict:
     """Meetings made to a known rule: the first write alone takes 1000 ns, the second 800;
     a second write that starts ``lag`` < 1000 ns after the first ends ``gap``·lag after the
     first, which ends at lag + join·800 + rest·(1000 − lag); where the first had swept less
     than ``lossy_below`` at the lag, they lose ``leader`` and ``joiner`` of the shared part
-    (1 − lag/1000 of the 10,000 elements)."""
+    (1 − lag/1000 of the 10,000 elements). With ``catch_up`` the second ends
+    gap·max(0, lag − catch_up) after the first."""
     rows = []
     for lag in range(0, 2000, 25):
         if lag >= 1000:
@@ -80,7 +81,7 @@ def _meetings(join: float, rest: float, gap: float, leader: float, joiner: float
         end = lag + join * 800 + rest * (1000 - lag)
         part = (1 - lag / 1000) * 10_000
         lossy = lag / 1000 < lossy_below
-        rows.append([0, round(end), lag, round(end + gap * lag),
+        rows.append([0, round(end), lag, round(end + gap * max(0, lag - catch_up)),
                      round(leader * part) if lossy else 0, round(joiner * part) if lossy else 0])
     return {"cpus": [0, 1], "count": 10_000, "probed": 10_000, "itemsize": 8, "rows": rows}
 
@@ -95,6 +96,17 @@ def test_meetings_made_to_a_known_rule_give_it_back():
     assert fields["convoy_lost_pairs"] == pytest.approx(1.0)
     assert fields["convoy_lost_leader"] == pytest.approx(0.08, rel=0.05)
     assert fields["convoy_lost_joiner"] == pytest.approx(0.02, rel=0.05)
+
+
+def test_meetings_that_end_together_up_to_a_lag_give_the_catch_up_back():
+    report = probed_meetings([_meetings(0.5, 1.0, 0.9, 0.08, 0.02, catch_up=300)], "auto")
+    fields = report["fields"]
+    assert report["end_gap_hinge"]["kept"]
+    assert fields["convoy_end_gap"] == pytest.approx(0.9, abs=0.02)
+    assert fields["convoy_end_catch_up"] == pytest.approx(300, abs=10)
+    assert fields["convoy_join"] == pytest.approx(0.5, abs=0.01)
+    plain = probed_meetings([_meetings(0.5, 1.0, 0.1, 0.08, 0.02)], "auto")["fields"]
+    assert plain["convoy_end_catch_up"] == 0.0
 
 
 def test_a_meeting_loses_by_its_lag_in_ns_at_the_runs_write():
