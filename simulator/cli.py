@@ -430,7 +430,7 @@ def _tausweep(args: argparse.Namespace) -> int:
 def _compare(args: argparse.Namespace) -> int:
     import json
 
-    from simulator.compare import LAG_EDGES, compare_figure, compare_runs
+    from simulator.compare import LAG_EDGES, OFFSET_EDGES, compare_figure, compare_runs
     from simulator.rundir import check_out, latency_pair, publish
 
     out = Path(args.out or "runs/compare")
@@ -506,6 +506,14 @@ def _compare(args: argparse.Namespace) -> int:
               f"{num(rh_b['independent_staleness'])} independent), others' completions peak "
               f"at {num(rh_a['phase_peak'], '.2f')}× vs {num(rh_b['phase_peak'], '.2f')}× uniform "
               f"in a worker's cycle")
+        fa, fb = report["offsets"]["a"], report["offsets"]["b"]
+        if fa is not None or fb is not None:
+            edges = ", ".join(f"{e:g}" for e in OFFSET_EDGES[:-1])
+            print(f"  write starts' offset to another worker's over a lone write (bins {edges} "
+                  f"W): shares {bins(fa, 'shares')} vs {bins(fb, 'shares')}; next offset over "
+                  f"this one (below 2 W) {bins(fa, 'next_over_now')} vs "
+                  f"{bins(fb, 'next_over_now')}; end gap of writes that met (W, below 1 W) "
+                  f"{bins(fa, 'end_gap')} vs {bins(fb, 'end_gap')}")
         print(f"  updates/s {report['throughput']['updates_per_second_a']:.4g} vs "
               f"{report['throughput']['updates_per_second_b']:.4g}")
         ca, cb = report["cpu_latency"]["a"], report["cpu_latency"]["b"]

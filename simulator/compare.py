@@ -32,12 +32,14 @@ from simulator.metrics import (
     relative_error,
     trace_rhythm,
     write_meetings,
+    write_pairs,
 )
 from simulator.plots import draw_timeline
 from simulator.rundir import cpu_latency, placement
 from simulator.trace import Trace, convoy_pairs
 
-__all__ = ["Run", "compare_figure", "compare_runs", "load_run", "pair_losses"]
+__all__ = ["OFFSET_EDGES", "Run", "compare_figure", "compare_runs", "load_run", "offsets",
+           "pair_losses"]
 
 
 class Run:
@@ -164,6 +166,7 @@ def compare_runs(a: str | Path, b: str | Path) -> dict[str, Any]:
         "overwrites": {"a": overwrites(ra), "b": overwrites(rb)},
         "interference": {"a": ia, "b": ib},
         "rhythm": {"a": trace_rhythm(ta), "b": trace_rhythm(tb)},
+        "offsets": {"a": offsets([ta]), "b": offsets([tb])},
         # Real runs: how far apart their two CPUs were (a different state of the host makes
         # a different machine: bench/README.md, write lockstep).
         "cpu_latency": {"a": latency_a, "b": latency_b},
@@ -231,6 +234,68 @@ def meeting_lags(traces: list[Trace]) -> dict[str, Any] | None:
             "shares": (counts / max(len(lag), 1)).tolist(),
             "lossy_by_lag": [float(n / c) if c else None for n, c in zip(losing, counts,
                                                                           strict=True)]}
+
+
+# Bins of a write's start offset to the nearest other worker's write start, over the median
+# lone write (offsets): the meetings' bins, then writes too far apart to meet.
+OFFSET_EDGES = (0.0, 0.05, 0.1, 0.2, 0.4, 0.7, 1.0, 2.0, 4.0, math.inf)
+_MIN_IN_BIN = 5  # offsets: a bin's median from at least this many rows
+
+
+def offsets(traces: list[Trace]) -> dict[str, Any] | None:
+    """How far apart the workers start their writes, and how that offset moves, pooled over
+    one or more traces of one kind (the repeats of a real run, a simulation's seeds), all
+    over each trace's median lone write W. Per write, its offset is the time to the nearest
+    write start of another worker. ``shares``: the share of writes in each offset bin
+    (:data:`OFFSET_EDGES`). ``next_over_now``: per bin below 2 W, the median ratio of a
+    worker's next offset to this one (< 1: the offset shrinks, as when meetings pull the
+    workers together; > 1: it spreads). ``end_gap``: per bin below 1 W, the median time
+    between the ends of two writes that met (no third), second start's after the first's,
+    by their start lag (how a meeting moves the offset). A bin with fewer than 5 rows:
+    None. None where no trace has two workers' writes."""
+    shares_of: list[np.ndarray] = []
+    ratio_bins: list[list[np.ndarray]] = [[] for _ in OFFSET_EDGES[:-3]]  # offsets < 2 W
+    gap_bins: list[list[np.ndarray]] = [[] for _ in OFFSET_EDGES[:-4]]  # start lags < 1 W
+    writes = 0
+    for trace in traces:
+        lone = write_meetings(trace)["lone_median_ns"]
+        thread = trace["thread"]
+        if not lone or len(np.unique(thread)) < 2:
+            continue
+        ws, we = trace["write_start"].astype(np.int64), trace["write_end"].astype(np.int64)
+        offset = np.empty(len(ws))
+        for worker in np.unique(thread):
+            own, other = thread == worker, np.sort(ws[thread != worker])
+            at = np.searchsorted(other, ws[own])
+            before = np.abs(ws[own] - other[np.maximum(at - 1, 0)])
+            after = np.abs(other[np.minimum(at, other.size - 1)] - ws[own])
+            offset[own] = np.minimum(before, after) / lone
+        shares_of.append(offset)
+        writes += offset.size
+        for worker in np.unique(thread):
+            rows = np.flatnonzero(thread == worker)
+            mine = offset[rows[np.argsort(ws[rows], kind="stable")]]
+            now, later = mine[:-1], mine[1:]
+            which = np.digitize(now, OFFSET_EDGES[1:-1])
+            for i, kept in enumerate(ratio_bins):
+                kept.append(later[which == i] / np.maximum(now[which == i], 1e-3))
+        lead, join, _, _ = write_pairs(ws, we, thread)
+        lag = (ws[join] - ws[lead]) / lone
+        which = np.digitize(lag, OFFSET_EDGES[1:-1])
+        for i, kept in enumerate(gap_bins):
+            kept.append((we[join] - we[lead])[which == i] / lone)
+    if not writes:
+        return None
+
+    def medians(bins: list[list[np.ndarray]]) -> list[float | None]:
+        pooled = [np.concatenate(b) for b in bins]
+        return [float(np.median(v)) if v.size >= _MIN_IN_BIN else None for v in pooled]
+
+    every = np.concatenate(shares_of)
+    counts = np.bincount(np.digitize(every, OFFSET_EDGES[1:-1]),
+                         minlength=len(OFFSET_EDGES) - 1)
+    return {"shares": (counts / every.size).tolist(), "next_over_now": medians(ratio_bins),
+            "end_gap": medians(gap_bins)}
 
 
 def pair_losses(trace: Trace) -> dict[str, Any]:

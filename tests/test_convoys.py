@@ -4,6 +4,8 @@ classification of what two writes that met lost."""
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 
@@ -17,7 +19,7 @@ from simulator.calibrate import (
     write_survival,
 )
 from simulator.cli import main
-from simulator.compare import LAG_EDGES, load_run, meeting_lags
+from simulator.compare import LAG_EDGES, OFFSET_EDGES, load_run, meeting_lags, offsets
 from simulator.engine import simulate
 from simulator.errors import ScenarioError
 from simulator.metrics import write_pairs
@@ -414,3 +416,47 @@ def test_calibration_recovers_a_catch_up_from_a_simulated_trace(tmp_path):
     assert timing.convoy_end_catch_up == pytest.approx(1000, rel=0.1)
     assert timing.convoy_join == pytest.approx(1.5, rel=0.1)
     assert timing.convoy_rest == pytest.approx(2.5, rel=0.1)
+
+
+def test_offsets_follow_the_writes_and_the_catch_up(tmp_path, capsys):
+    """Constant 4 µs writes whose convoys end 0.8·max(0, lag − 1000 ns) apart: the end gap
+    of met writes is 0 below a lag of 0.25 W and that rule's median above it; the offsets'
+    shares and next-over-now ratios agree with a brute-force nearest other start; one
+    worker has none."""
+    run = convoy_run(tmp_path, "offsets", "timing.write={dist='constant', mean=4000}",
+                     "timing.convoy_join=1.5", "timing.convoy_rest=2.5",
+                     "timing.convoy_end_gap=0.8", "timing.convoy_end_catch_up=1000")
+    trace = load_run(run).trace
+    found = offsets([trace])
+    assert found is not None
+    ws, we, thread = trace["write_start"], trace["write_end"], trace["thread"]
+    lead, join, _, _ = write_pairs(ws, we, thread)
+    lag = (ws[join] - ws[lead]) / 4000
+    for low, high, gap in zip(OFFSET_EDGES[:6], OFFSET_EDGES[1:7], found["end_gap"], strict=True):
+        inside = (lag >= low) & (lag < high)
+        if inside.sum() >= 5:
+            assert gap == pytest.approx(np.median(0.8 * np.maximum(lag[inside] - 0.25, 0)),
+                                        abs=1e-3), low
+            if high <= 0.25:
+                assert gap == 0
+    assert found["end_gap"][4] > 0.1  # lags of 0.4–0.7 W end apart
+    brute = np.array([np.abs(ws[thread != thread[i]] - ws[i]).min() for i in range(len(ws))])
+    brute = brute / 4000
+    counts = np.histogram(brute, bins=np.array((*OFFSET_EDGES[:-1], 1e18)))[0]
+    assert found["shares"] == pytest.approx((counts / len(ws)).tolist())
+    ratios: list[list[float]] = [[] for _ in OFFSET_EDGES[:-3]]
+    for worker in (0, 1):
+        rows = np.flatnonzero(thread == worker)
+        mine = brute[rows[np.argsort(ws[rows], kind="stable")]]
+        for now, later in itertools.pairwise(mine):
+            i = int(np.searchsorted(OFFSET_EDGES, now, side="right")) - 1
+            if i < len(ratios):
+                ratios[i].append(later / max(now, 1e-3))
+    assert found["next_over_now"] == pytest.approx(
+        [float(np.median(r)) if len(r) >= 5 else None for r in ratios])
+    assert offsets([simulate(scenario("run.threads=1", "run.updates=50"))]) is None
+    assert main(["compare", str(run), str(run), "--out", str(tmp_path / "cmp")]) == 0
+    shares = "/".join(format(v, ".2f") for v in found["shares"])
+    assert (f"write starts' offset to another worker's over a lone write (bins 0, 0.05, 0.1, "
+            f"0.2, 0.4, 0.7, 1, 2, 4 W): shares {shares} vs {shares}"
+            in capsys.readouterr().out)

@@ -28,18 +28,26 @@ needs_two = pytest.mark.skipif(probe_cpus() is None, reason="needs two usable CP
 def test_each_meeting_reports_its_times_and_stores_lost(itemsize):
     """Every element ends with both steps, or one: the lost stores are at most the vector.
     A second write that starts after the first ended meets nothing and loses nothing; the
-    lags run past the meeting."""
-    probed = write_meetings(probe_cpus(), 3000, itemsize)
-    assert probed is not None and probed["probed"] == probed["count"] == 3000
-    rows = np.asarray(probed["rows"])
-    assert rows.shape == (128, 6)
-    a0, a1, b0, b1, lost_a, lost_b = rows.T
-    assert (a0 >= 0).all() and (a0 < a1).all() and (b0 >= 0).all() and (b0 < b1).all()
-    assert (lost_a >= 0).all() and (lost_b >= 0).all() and (lost_a + lost_b <= 3000).all()
-    apart = b0 >= a1
-    assert (lost_a[apart] == 0).all() and (lost_b[apart] == 0).all()
-    assert apart.any() and (~apart).any()
-    assert np.unique(b0 - a0).size > 30  # the 64 lags, give or take the clock's reading
+    lags run past the meeting (on one of two probes: the lags are set from the first three
+    rounds, and a host that slows the CPUs after them can make every later write outlast
+    them, as it once did in CI)."""
+    apart_seen = False
+    for _ in range(2):
+        probed = write_meetings(probe_cpus(), 3000, itemsize)
+        assert probed is not None and probed["probed"] == probed["count"] == 3000
+        rows = np.asarray(probed["rows"])
+        assert rows.shape == (128, 6)
+        a0, a1, b0, b1, lost_a, lost_b = rows.T
+        assert (a0 >= 0).all() and (a0 < a1).all() and (b0 >= 0).all() and (b0 < b1).all()
+        assert (lost_a >= 0).all() and (lost_b >= 0).all() and (lost_a + lost_b <= 3000).all()
+        apart = b0 >= a1
+        assert (lost_a[apart] == 0).all() and (lost_b[apart] == 0).all()
+        assert (~apart).any()
+        assert np.unique(b0 - a0).size > 30  # the 64 lags, give or take the clock's reading
+        if apart.any():
+            apart_seen = True
+            break
+    assert apart_seen
 
 
 def test_the_meeting_probe_refuses_bad_arguments():
