@@ -51,7 +51,7 @@ if sys.path and Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
     sys.path.pop(0)
 
 from simulator.cli import main as asyngrad
-from simulator.compare import LAG_EDGES, meeting_lags
+from simulator.compare import LAG_EDGES, OFFSET_EDGES, meeting_lags, offsets
 from simulator.rundir import latency_pair, placement, run_cpu_latency
 from simulator.trace import Trace
 
@@ -161,6 +161,7 @@ def _spread_table(args: argparse.Namespace, work: Path,
                   f"{both('final_ratio', '.2f')} | {both('loss_apart', '.2f')} |", flush=True)
     _split_table(rows)
     _lag_table(args, work, plans)
+    _offset_table(args, work, plans)
     if any(p["state"] is not None for row in rows for p in row["sim_vs_real"]):
         _state_tables(rows, floors)
     return rows
@@ -214,6 +215,36 @@ def _lag_table(args: argparse.Namespace, work: Path,
               f"{_share(lags['lossy'], '.2f')} | {_share(lags['median_lag'], '.2f')} W | "
               f"{' / '.join(_share(v, '.2f') for v in lags['shares'])} | "
               f"{' / '.join(_share(v, '.2f') for v in lags['lossy_by_lag'])} |", flush=True)
+
+    for target in args.predict:
+        row("real", target, [_real_dir(work, target, r) for r in range(args.repeats)])
+        for k, _ in plans:
+            row(f"calibrated at {k}", target,
+                [work / f"sim{k}_{target}.{r}" for r in range(args.repeats)])
+
+
+def _offset_table(args: argparse.Namespace, work: Path,
+                  plans: list[tuple[str, list[str]]]) -> None:
+    """How far apart the workers start their writes and how that moves, pooled over the
+    repeats: the real runs at each k' and each prediction's simulations
+    (`simulator.compare.offsets`)."""
+    edges = "/".join(f"{e:g}" for e in OFFSET_EDGES[1:-1])
+    print(f"\nHow far apart the workers start their writes (pooled over the repeats; offset: "
+          f"the time to another worker's nearest write start, over the median lone write W; "
+          f"bins split at {edges} W; next / now: the median ratio of a worker's next offset "
+          f"to this one, bins below 2 W; end gap: of two writes that met, by their start "
+          f"lag, bins below 1 W).\n")
+    print("| runs | k' | share of writes by offset | next / now | end gap (W) |")
+    print("|---|---:|---|---|---|")
+
+    def row(label: str, target: int, dirs: list[Path]) -> None:
+        found = offsets([Trace.load(d / "trace.npz") for d in dirs])
+        if found is None:
+            print(f"| {label} | {target} | n/a | | |")
+            return
+        cells = [" / ".join(_share(v, ".2f") for v in found[key])
+                 for key in ("shares", "next_over_now", "end_gap")]
+        print(f"| {label} | {target} | {' | '.join(cells)} |", flush=True)
 
     for target in args.predict:
         row("real", target, [_real_dir(work, target, r) for r in range(args.repeats)])

@@ -115,3 +115,23 @@ def test_lag_table_pools_the_repeats_of_each_kind(fidelity, capsys, monkeypatch,
     out = capsys.readouterr().out
     assert "| real | 2 | 0.147 | 0.16 | 0.27 W | 0.10 / 0.90 | 0.51 / n/a |" in out
     assert "| calibrated at 2 | 2 | n/a | | | | |" in out
+
+
+def test_offset_table_pools_the_repeats_of_each_kind(fidelity, capsys, monkeypatch, tmp_path):
+    """One row for the real runs at each k' and one per calibration, each pooling its runs
+    over the repeats; a kind without two workers' writes says n/a."""
+    pooled = []
+    monkeypatch.setattr(fidelity.Trace, "load", staticmethod(lambda path: Path(path).parent.name))
+
+    def found(traces):
+        pooled.append(traces)
+        return None if traces[0].startswith("sim2") else {
+            "shares": [0.25, 0.75], "next_over_now": [1.8, None], "end_gap": [0.01, 0.33]}
+
+    monkeypatch.setattr(fidelity, "offsets", found)
+    args = SimpleNamespace(predict=[2], repeats=2)
+    fidelity._offset_table(args, tmp_path, [("1", []), ("2", [])])
+    assert pooled == [["real2", "real2.1"], ["sim1_2.0", "sim1_2.1"], ["sim2_2.0", "sim2_2.1"]]
+    out = capsys.readouterr().out
+    assert "| real | 2 | 0.25 / 0.75 | 1.80 / n/a | 0.01 / 0.33 |" in out
+    assert "| calibrated at 2 | 2 | n/a | | |" in out
