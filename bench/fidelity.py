@@ -45,6 +45,7 @@ import platform
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 if sys.path and Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
@@ -216,6 +217,13 @@ def _lag_table(args: argparse.Namespace, work: Path,
               f"{' / '.join(_share(v, '.2f') for v in lags['shares'])} | "
               f"{' / '.join(_share(v, '.2f') for v in lags['lossy_by_lag'])} |", flush=True)
 
+    _pooled_rows(args, work, plans, row)
+
+
+def _pooled_rows(args: argparse.Namespace, work: Path, plans: list[tuple[str, list[str]]],
+                 row: Callable[[str, int, list[Path]], None]) -> None:
+    """``row`` for the real runs at each k' and for each prediction's simulations, each
+    given its run directories over the repeats."""
     for target in args.predict:
         row("real", target, [_real_dir(work, target, r) for r in range(args.repeats)])
         for k, _ in plans:
@@ -246,11 +254,7 @@ def _offset_table(args: argparse.Namespace, work: Path,
                  for key in ("shares", "next_over_now", "end_gap")]
         print(f"| {label} | {target} | {' | '.join(cells)} |", flush=True)
 
-    for target in args.predict:
-        row("real", target, [_real_dir(work, target, r) for r in range(args.repeats)])
-        for k, _ in plans:
-            row(f"calibrated at {k}", target,
-                [work / f"sim{k}_{target}.{r}" for r in range(args.repeats)])
+    _pooled_rows(args, work, plans, row)
 
 
 def _state(work: Path, k: int, repeat: int) -> str | None:
