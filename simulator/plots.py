@@ -65,7 +65,7 @@ def draw_timeline(ax: Axes, trace: Trace, window: int | None = None,
     ax.invert_yaxis()
     ax.set_xlabel("step" if steps else "time (µs)")
     ax.set_title(f"Thread timeline: {shown} of {len(trace)} updates"
-                 + (f", from {begin * scale:.0f} µs (all threads running)" if begin else ""))
+                 + (f", from {begin * scale:.0f} µs (all running)" if begin else ""))
 
 
 def loss_figure(updates: Sequence[float] | np.ndarray,
