@@ -47,6 +47,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 if sys.path and Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
     sys.path.pop(0)
@@ -207,23 +208,26 @@ def _lag_table(args: argparse.Namespace, work: Path,
           "lossy by lag |")
     print("|---|---:|---:|---:|---:|---|---|")
 
-    def row(label: str, target: int, dirs: list[Path]) -> None:
-        lags = meeting_lags([Trace.load(d / "trace.npz") for d in dirs])
-        if lags is None:
-            print(f"| {label} | {target} | n/a | | | | |")
-            return
-        print(f"| {label} | {target} | {lags['pairs_per_update']:.3f} | "
-              f"{_share(lags['lossy'], '.2f')} | {_share(lags['median_lag'], '.2f')} W | "
-              f"{' / '.join(_share(v, '.2f') for v in lags['shares'])} | "
-              f"{' / '.join(_share(v, '.2f') for v in lags['lossy_by_lag'])} |", flush=True)
+    def cells(lags: dict[str, Any]) -> list[str]:
+        return [f"{lags['pairs_per_update']:.3f}", _share(lags["lossy"], ".2f"),
+                f"{_share(lags['median_lag'], '.2f')} W",
+                " / ".join(_share(v, ".2f") for v in lags["shares"]),
+                " / ".join(_share(v, ".2f") for v in lags["lossy_by_lag"])]
 
-    _pooled_rows(args, work, plans, row)
+    _pooled_rows(args, work, plans, meeting_lags, cells, 5)
 
 
 def _pooled_rows(args: argparse.Namespace, work: Path, plans: list[tuple[str, list[str]]],
-                 row: Callable[[str, int, list[Path]], None]) -> None:
-    """``row`` for the real runs at each k' and for each prediction's simulations, each
-    given its run directories over the repeats."""
+                 measure: Callable[[list[Trace]], dict[str, Any] | None],
+                 cells: Callable[[dict[str, Any]], list[str]], columns: int) -> None:
+    """One table row for the real runs at each k' and for each prediction's simulations:
+    ``measure`` of their traces pooled over the repeats, printed as ``columns`` ``cells``
+    (n/a where ``measure`` gives None)."""
+    def row(label: str, target: int, dirs: list[Path]) -> None:
+        found = measure([Trace.load(d / "trace.npz") for d in dirs])
+        shown = " | ".join(cells(found)) if found is not None else "n/a" + " |" * (columns - 1)
+        print(f"| {label} | {target} | {shown} |", flush=True)
+
     for target in args.predict:
         row("real", target, [_real_dir(work, target, r) for r in range(args.repeats)])
         for k, _ in plans:
@@ -245,16 +249,11 @@ def _offset_table(args: argparse.Namespace, work: Path,
     print("| runs | k' | share of writes by offset | next / now | end gap (W) |")
     print("|---|---:|---|---|---|")
 
-    def row(label: str, target: int, dirs: list[Path]) -> None:
-        found = offsets([Trace.load(d / "trace.npz") for d in dirs])
-        if found is None:
-            print(f"| {label} | {target} | n/a | | |")
-            return
-        cells = [" / ".join(_share(v, ".2f") for v in found[key])
-                 for key in ("shares", "next_over_now", "end_gap")]
-        print(f"| {label} | {target} | {' | '.join(cells)} |", flush=True)
+    def cells(found: dict[str, Any]) -> list[str]:
+        return [" / ".join(_share(v, ".2f") for v in found[key])
+                for key in ("shares", "next_over_now", "end_gap")]
 
-    _pooled_rows(args, work, plans, row)
+    _pooled_rows(args, work, plans, offsets, cells, 3)
 
 
 def _state(work: Path, k: int, repeat: int) -> str | None:

@@ -256,26 +256,22 @@ def offsets(traces: list[Trace]) -> dict[str, Any] | None:
     shares_of: list[np.ndarray] = []
     ratio_bins: list[list[np.ndarray]] = [[] for _ in OFFSET_EDGES[:-3]]  # offsets < 2 W
     gap_bins: list[list[np.ndarray]] = [[] for _ in OFFSET_EDGES[:-4]]  # start lags < 1 W
-    writes = 0
     for trace in traces:
         lone = write_meetings(trace)["lone_median_ns"]
         thread = trace["thread"]
-        if not lone or len(np.unique(thread)) < 2:
+        workers = np.unique(thread)
+        if not lone or workers.size < 2:
             continue
         ws, we = trace["write_start"].astype(np.int64), trace["write_end"].astype(np.int64)
-        offset = np.empty(len(ws))
-        for worker in np.unique(thread):
-            own, other = thread == worker, np.sort(ws[thread != worker])
-            at = np.searchsorted(other, ws[own])
-            before = np.abs(ws[own] - other[np.maximum(at - 1, 0)])
-            after = np.abs(other[np.minimum(at, other.size - 1)] - ws[own])
-            offset[own] = np.minimum(before, after) / lone
-        shares_of.append(offset)
-        writes += offset.size
-        for worker in np.unique(thread):
-            rows = np.flatnonzero(thread == worker)
-            mine = offset[rows[np.argsort(ws[rows], kind="stable")]]
-            now, later = mine[:-1], mine[1:]
+        for worker in workers:
+            rows, other = np.flatnonzero(thread == worker), np.sort(ws[thread != worker])
+            mine = ws[rows[np.argsort(ws[rows], kind="stable")]]  # in the worker's order
+            at = np.searchsorted(other, mine)
+            before = np.abs(mine - other[np.maximum(at - 1, 0)])
+            after = np.abs(other[np.minimum(at, other.size - 1)] - mine)
+            offset = np.minimum(before, after) / lone
+            shares_of.append(offset)
+            now, later = offset[:-1], offset[1:]
             which = np.digitize(now, OFFSET_EDGES[1:-1])
             for i, kept in enumerate(ratio_bins):
                 kept.append(later[which == i] / np.maximum(now[which == i], 1e-3))
@@ -284,7 +280,7 @@ def offsets(traces: list[Trace]) -> dict[str, Any] | None:
         which = np.digitize(lag, OFFSET_EDGES[1:-1])
         for i, kept in enumerate(gap_bins):
             kept.append((we[join] - we[lead])[which == i] / lone)
-    if not writes:
+    if not shares_of:
         return None
 
     def medians(bins: list[list[np.ndarray]]) -> list[float | None]:
