@@ -12,6 +12,8 @@ from being passed by the others' next tests. Without xdist nothing is locked.
 from __future__ import annotations
 
 import fcntl
+import hashlib
+import json
 import os
 import shutil
 import tempfile
@@ -27,6 +29,11 @@ from simulator.scenario import Scenario, load_scenario
 from simulator.trace import Trace
 
 _LOCKS = "ASYNGRAD_TEST_LOCKS"  # the folder of the two lock files, set by the controller
+# Golden traces: with ASYNGRAD_GOLDEN=FILE every simulated trace a test builds is hashed,
+# array by array, into FILE (JSON lines, appended under a file lock by each xdist worker).
+# Two such files, one recorded before a change and one after, are compared by
+# tests/goldens.py: a refactor must leave every trace of every test bit-identical.
+_GOLDEN = "ASYNGRAD_GOLDEN"
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -39,6 +46,44 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_unconfigure(config: pytest.Config) -> None:
     if not hasattr(config, "workerinput") and _LOCKS in os.environ:
         shutil.rmtree(os.environ.pop(_LOCKS), ignore_errors=True)
+
+
+@pytest.fixture(autouse=True)
+def _golden_traces(request: pytest.FixtureRequest) -> Iterator[None]:
+    """With ``ASYNGRAD_GOLDEN`` set, record a hash of every simulated trace the test builds."""
+    path = os.environ.get(_GOLDEN)
+    if not path:
+        yield
+        return
+    built: list[Trace] = []
+    original = Trace.__post_init__
+
+    def record(self: Trace) -> None:
+        original(self)
+        if self.source == "simulated":
+            built.append(self)
+
+    Trace.__post_init__ = record  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        Trace.__post_init__ = original  # type: ignore[method-assign]
+    lines = [json.dumps({"test": request.node.nodeid, "index": i,
+                         "scenario": _digest(t.scenario_toml.encode()),
+                         "arrays": {name: _digest(_array_bytes(a))
+                                    for name, a in sorted(t.arrays.items())}}) + "\n"
+             for i, t in enumerate(built)]
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        handle.writelines(lines)
+
+
+def _digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()[:24]
+
+
+def _array_bytes(array: np.ndarray) -> bytes:
+    return f"{array.dtype.str}{array.shape}".encode() + np.ascontiguousarray(array).tobytes()
 
 
 @pytest.hookimpl(hookwrapper=True)
