@@ -28,6 +28,7 @@ import simpy
 
 from simulator.protocols.base import GROUPED, MEMBER, Protocol
 from simulator.protocols.rounds import Rounds
+from simulator.rules import retirements, too_stale, warmed_up
 
 if TYPE_CHECKING:
     from simulator.engine import Engine, Update
@@ -88,15 +89,15 @@ class ParamServer(Protocol):
                 u.role = MEMBER
                 return None
             u.role, u.group, self.pending[u.thread] = GROUPED, pending, []
-        limit = self.options.staleness_limit
-        if limit and engine.completed - u.start_completed + u.delay > limit:
+        if too_stale(engine.completed - u.start_completed + u.delay,
+                     self.options.staleness_limit):
             u.discard = True
         return None
 
     def after_write(self, engine: Engine, u: Update) -> None:
         if self.rounds:
             self.rounds.after_write(u)
-        if not self.warm.triggered and engine.completed >= self.options.warm_start:
+        if not self.warm.triggered and warmed_up(engine.completed, self.options.warm_start):
             self.warm.succeed()
         if not u.discard:
             for member in u.group or [u]:
@@ -105,19 +106,12 @@ class ParamServer(Protocol):
             self._rebalance(engine)
 
     def _rebalance(self, engine: Engine) -> None:
-        r = self.options.rebalance
-        if not r:
+        if not self.options.rebalance:
             return
         working = [t for t in range(engine.threads)
                    if t not in self.retired and t not in self.finished]
-        if len(working) < 2 or any(self.count[t] < self.options.rebalance_after
-                                   for t in working):
-            return
-        means = self.busy[working] / self.count[working]
-        median = float(np.median(means))
-        for thread, mean in zip(working, means.tolist(), strict=True):
-            if mean > r * median and len(working) - len(self.retired) > 1:
-                self.retired.append(thread)
+        self.retired += retirements(self.busy, self.count, working, len(self.retired),
+                                    self.options.rebalance, self.options.rebalance_after)
 
     def finish(self, engine: Engine, thread: int) -> None:
         self.finished.add(thread)
