@@ -16,7 +16,7 @@ row per gradient, as the simulator's. The options are the simulator's ``paramser
 * ``accumulate`` n: n gradients per push (lr/n per gradient); a trainer's last push with
   fewer (the budget ran out) is dropped, as the simulator discards gradients left unpushed;
 * ``warm_start`` W: trainer 0 alone is answered until W pushes were applied (or it
-  finished); the others' pulls wait;
+  finished); the others' pulls wait (with rounds, each of its pushes closes one);
 * ``fraction`` p > 0: synchronous rounds with backup workers: a round applies the mean of
   the first ceil(p·K) pushes computed on its vector (fewer once trainers have finished),
   later pushes of that round are dropped, and a trainer that pushed waits for the next round
@@ -269,12 +269,17 @@ def _pull(state: _Server, source: int, arrived: int) -> None:
     """Answer a pull, or defer it: a trainer other than the first during the warm start,
     or one that already pushed for the open round."""
     options = state.scenario.paramserver
-    warming = source != 1 and 1 not in state.done and not warmed_up(state.version,
-                                                                    options.warm_start)
-    if warming or (options.fraction > 0 and state.pushed_round.get(source) == state.version):
+    if (source != 1 and _warming(state)) or (
+            options.fraction > 0 and state.pushed_round.get(source) == state.version):
         state.waiting.append((source, arrived))
         return
     _answer(state, source, arrived)
+
+
+def _warming(state: _Server) -> bool:
+    """Whether the warm start holds every trainer but the first back."""
+    return 1 not in state.done and not warmed_up(state.version,
+                                                 state.scenario.paramserver.warm_start)
 
 
 def _release(state: _Server) -> None:
@@ -341,9 +346,10 @@ def _push(state: _Server, push: _Push) -> None:
 
 def _close_round(state: _Server) -> None:
     """Apply the round's mean step once its quota of pushes arrived (the simulator's
-    ``round_quota``), then answer the pulls that waited for the new round."""
-    quota = round_quota(state.scenario.paramserver.fraction, state.trainers,
-                        state.trainers - len(state.done))
+    ``round_quota``; during a warm start trainer 0 is the one that may arrive), then answer
+    the pulls that waited for the new round."""
+    live = 1 if _warming(state) else state.trainers - len(state.done)
+    quota = round_quota(state.scenario.paramserver.fraction, state.trainers, live)
     if not state.round_pushes or len(state.round_pushes) < quota:
         return
     group = state.round_pushes

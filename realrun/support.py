@@ -54,7 +54,7 @@ SUPPORT: tuple[tuple[str, str, str], ...] = (
      "recorded: as for shm"),
     ("`metrics.curve_points`", "honoured", "honoured"),
     ("`[inject]`", "refused unless default", "refused unless default"),
-    ("`[paramserver]`", "inert", "honoured (`warm_start` with `fraction` > 0 refused)"),
+    ("`[paramserver]`", "inert", "honoured"),
     ("`[dcasgd]`, `[admm]`", "inert", "inert"),
 )
 
@@ -100,10 +100,6 @@ def _unsupported(scenario: Scenario, backend: str, mode: str) -> tuple[str, Any,
         if run.split != "shared":
             return ("run.split", run.split, "the server hands out the updates to whichever "
                     "trainer asks (shared)")
-        options = scenario.paramserver
-        if options.warm_start and options.fraction:
-            return ("paramserver.warm_start", options.warm_start, "a warm start with "
-                    "synchronous rounds (fraction > 0) stalls the first round")
     return (_changed("timing", scenario.timing, TimingSpec())
             or _devices(scenario)
             or _changed("inject", scenario.inject, InjectSpec(), _NO_INJECTION))

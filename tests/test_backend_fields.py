@@ -53,8 +53,7 @@ REFUSED = [
     ((), "timing.grad.mean=9000", "timing.grad = {'dist': 'lognormal', 'mean': 9000.0", "shm"),
     ((), "devices.0.speed=2", "devices.0.speed = 2.0", "shm"),
     (("--backend", "ps"), "run.blocks=2", "run.blocks = 2", "ps"),
-    (("--backend", "ps"), ("paramserver.warm_start=10", "paramserver.fraction=0.5"),
-     "paramserver.warm_start = 10", "ps"),
+    (("--backend", "ps"), ("run.split=even",), "run.split = 'even'", "ps"),
 ]
 
 
@@ -155,7 +154,7 @@ def test_a_round_of_25_trainers_at_fraction_056_closes_at_14_on_both_paths(monke
     closed = []
     monkeypatch.setattr(ps, "_complete", lambda state, group: closed.append(len(group)))
     state = SimpleNamespace(scenario=scenario("paramserver.fraction=0.56"), trainers=25,
-                            done=set(), round_pushes=[], w=np.zeros(3))
+                            done=set(), round_pushes=[], w=np.zeros(3), version=0)
     for _ in range(13):
         state.round_pushes.append(SimpleNamespace(step=np.ones(3)))
         ps._close_round(state)

@@ -228,6 +228,20 @@ def test_warm_start_lets_trainer_0_alone_make_the_first_pushes():
     assert run.scenario.paramserver.warm_start == 40
 
 
+def test_warm_start_with_rounds_closes_a_round_per_push_of_trainer_0():
+    """With rounds, the warm start's pushes (trainer 0 is the one that may arrive) close a
+    round each on both paths; then rounds of all the trainers (fraction 1)."""
+    overrides = (*TINY, "run.updates=120", "paramserver.warm_start=10",
+                 "paramserver.fraction=1")
+    run = run_ps(scenario(*overrides), 3, "float64", timeout=60)
+    simulated = simulate(scenario(*overrides, "run.protocol=paramserver", "run.threads=3"))
+    for trace in (run.trace, simulated):
+        sizes = np.bincount(trace["step"][trace["step"] > 0])[1:]
+        assert sizes[:10].tolist() == [1] * 10 and np.all(sizes[10:-1] == 3), sizes
+        assert np.all(trace["thread"][(trace["step"] > 0) & (trace["step"] <= 10)] == 0)
+    assert run.failure is None and len(run.trace) == len(simulated) == 120
+
+
 _SLOW_TRAINER = """
 import sys, time
 import realrun.ps as ps
