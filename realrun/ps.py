@@ -390,15 +390,15 @@ def _rows(p: _Push) -> dict[str, list[int]]:
     gradient reads (the pull), the next ones start where the previous one's compute ended
     (on the trainer's clock, placed in the pull's answer to push's arrival window); the last
     one's gradient ends at the push's arrival and writes until it was applied (or dropped),
-    the others' writes are empty at that end."""
-    n = len(p.samples)
+    the others' writes are empty at that end (at its arrival for a push still waiting for
+    its round when the run stopped)."""
+    n, end = len(p.samples), p.write_end or p.arrival
     starts = [min(p.read_end + sum(p.grad_ns[:j]), p.arrival) for j in range(n)]
     ends = [*(min(s + ns, p.arrival) for s, ns in zip(starts[:-1], p.grad_ns, strict=False)),
             p.arrival]
     return {"read_start": [p.read_start, *starts[1:]], "read_end": [p.read_end, *starts[1:]],
             "grad_start": starts, "grad_end": ends,
-            "write_start": [*[p.write_end] * (n - 1), p.arrival],
-            "write_end": [p.write_end] * n}
+            "write_start": [*[end] * (n - 1), p.arrival], "write_end": [end] * n}
 
 
 def _trace(state: _Server, origin: int) -> Trace:
@@ -407,8 +407,8 @@ def _trace(state: _Server, origin: int) -> Trace:
     for p in state.pushes:
         times = _rows(p)
         for j, sample in enumerate(p.samples):
-            rows.append((p.write_end, p.thread, p.seq + j, sample, p.applied, p.staleness,
-                         p.grad_ns[j], *(times[name][j] for name in _TIMES),
+            rows.append((times["write_end"][j], p.thread, p.seq + j, sample, p.applied,
+                         p.staleness, p.grad_ns[j], *(times[name][j] for name in _TIMES),
                          p.measurement if j == len(p.samples) - 1 else UNMEASURED))
     rows.sort(key=lambda r: r[:3])
     start = min([r[7] for r in rows], default=origin)

@@ -112,7 +112,9 @@ def _changed(section: str, spec: Any, default: Any,
         value = getattr(spec, f.name)
         if value != getattr(default, f.name):
             shown = ([dataclasses.asdict(v) for v in value] if isinstance(value, tuple)
-                     else value.to_dict() if hasattr(value, "to_dict") else value)
+                     else value.to_dict() if hasattr(value, "to_dict")
+                     else dataclasses.asdict(value) if isinstance(value, TimingSpec)
+                     else value)
             return f"{section}.{f.name}", shown, reason
     return None
 
@@ -120,7 +122,7 @@ def _changed(section: str, spec: Any, default: Any,
 def _devices(scenario: Scenario) -> tuple[str, Any, str] | None:
     default = Scenario().devices
     if len(scenario.devices) != len(default):
-        return "devices", len(scenario.devices), f"{_SIMULATED_MACHINE} (one default device)"
+        return "devices", len(scenario.devices), _SIMULATED_MACHINE
     return _changed("devices.0", scenario.devices[0], default[0])
 
 

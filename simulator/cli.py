@@ -831,8 +831,9 @@ def _real_ps(args: argparse.Namespace, scenario: Any) -> int:
     summary = write_run(args.out, run.scenario, run.trace, run.problem,
                         extra=summary_extra(run))
     if run.failure is not None:
-        print(f"asyngrad: parameter server stopped after {len(run.trace)} pushes "
-              f"({run.failure['reason']}); partial results in {args.out}/", file=sys.stderr)
+        print(f"asyngrad: parameter server stopped after {run.pushes} pushes "
+              f"({len(run.trace)} gradients; {run.failure['reason']}); partial results in "
+              f"{args.out}/", file=sys.stderr)
         return 1
     if not args.quiet:
         _print_summary(summary, Path(args.out), run.seconds)
