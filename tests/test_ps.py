@@ -284,13 +284,17 @@ def test_rebalance_retires_a_slow_trainer(tmp_path):
 
 
 def test_cli_ps_summary_says_backend_and_mode(tmp_path, capsys):
-    """summary.json's real block names the backend and mode; the header prints them."""
+    """summary.json's real block names the backend and mode, the header prints them, and
+    the resolved metrics say what was measured."""
     out = tmp_path / "run"
-    assert main(["real", "--backend", "ps", "--workers", "2", "--out", str(out),
-                 "--set", "run.updates=200", "--set", "paramserver.accumulate=2"]) == 0
+    assert main(["real", "--backend", "ps", "--workers", "2", "--out", str(out), "--measure",
+                 "--set", "run.updates=200", "--set", "paramserver.accumulate=2",
+                 "--set", "metrics.every=4"]) == 0
     header = capsys.readouterr().out.splitlines()[0]
     assert header.startswith("ps paramserver k=2 T=200 ")
     summary = json.loads((out / "summary.json").read_text())
     assert summary["real"]["backend"] == "ps" and summary["real"]["mode"] == "paramserver"
     assert summary["updates"] == 200 and summary["real"]["pushes"] == 100
     assert summary["real"]["paramserver"]["accumulate"] == 2
+    # --measure measured every metrics.every-th of the 100 completions, and says so.
+    assert summary["exact_metrics"] == {"enabled": True, "every": 4, "measured_updates": 25}
