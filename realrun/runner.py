@@ -230,8 +230,8 @@ def run_real(scenario: Scenario, workers: int, mode: str, dtype: str = "float32"
     _one_of("--pattern", pattern, PATTERNS)
     if accumulate < 1:
         raise ScenarioError("--accumulate", accumulate, "must be >= 1")
-    refuse_unsupported(scenario, "shm" if device == "cpu" else "cuda", mode)
     _check_device(device)
+    refuse_unsupported(scenario, "shm" if device == "cpu" else "cuda", mode)
     torch_path = device != "cpu" or launch == "threads" or accumulate > 1
     workers = 1 if mode == "serial" else workers
     # The embedded scenario states the closest simulator semantics (realrun.support.recorded):

@@ -18,6 +18,7 @@ from realrun import support
 from simulator import rules
 from simulator.cli import main
 from simulator.engine import simulate
+from simulator.errors import ScenarioError
 from simulator.scenario import load_scenario
 
 from .conftest import scenario
@@ -30,7 +31,6 @@ TINY_SETS = [a for o in TINY for a in ("--set", o)]
 REFUSED = [
     ((), "inject.delay=3", "inject.delay = 3", "shm"),
     (("--backend", "ps"), "inject.delay=3", "inject.delay = 3", "ps"),
-    (("--device", "cuda"), "inject.drop=0.1", "inject.drop = 0.1", "cuda"),
     ((), "inject.stragglers=[{thread=1, factor=3.0}]", "inject.stragglers = [{'thread': 1",
      "shm"),
     ((), "inject.deaths=[{thread=0, at=5}]", "inject.deaths = [{'thread': 0", "shm"),
@@ -108,6 +108,14 @@ def test_ps_refuses_the_shared_memory_flags(tmp_path, capsys, flag, value):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"asyngrad: error: {flag} = ")
     assert not out.exists()
+
+
+def test_the_cuda_backend_refuses_as_the_others():
+    """The same table for CUDA workers (checked after the device, so without a GPU the
+    command line says that first)."""
+    with pytest.raises(ScenarioError, match=r"^inject\.drop = 0\.1: .*refused by the cuda "
+                       r"backend$"):
+        support.refuse_unsupported(scenario("inject.drop=0.1"), "cuda", "lockfree")
 
 
 def test_what_a_backend_runs_is_accepted_and_recorded():
