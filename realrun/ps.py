@@ -1,20 +1,30 @@
 """A parameter server on torch.distributed (gloo): one server, K trainers, point to point.
 
 Rank 0 is the server and holds the parameters; ranks 1..K are trainers. A trainer pulls
-(sends ``PULL``, receives the version and the vector), computes ``accumulate`` gradients at
-that vector, and pushes lr times their mean (``PUSH`` with the version it read, its samples
-and its compute time, then the step). The server serves messages in arrival order, from any
+(sends ``PULL``, receives the version, how many gradients it may compute and the vector),
+computes them at that vector, and pushes lr times their mean (``PUSH`` with the version it
+read, its samples and each gradient's compute time, then the step). The server hands out the
+``run.updates`` gradients to whichever trainer pulls (at most ``accumulate`` at a time; a
+pull answered with none ends the trainer), serves messages in arrival order, from any
 trainer (``irecv`` from any source), and applies each push in full before the next message,
-so pushes are atomic and the serialized view is the server's own vector. The options are the
-simulator's ``paramserver`` ones (``[paramserver]`` of the scenario):
+so pushes are atomic and the serialized view is the server's own vector. The trace has one
+row per gradient, as the simulator's. The options are the simulator's ``paramserver`` ones
+(``[paramserver]`` of the scenario), decided by the same rules (``simulator.rules``):
 
 * ``staleness_limit`` S > 0: a push whose staleness (pushes applied since its pull) exceeds S
-  is dropped (trace row ``step`` 0; the summary's ``discarded``);
-* ``accumulate`` n: n gradients per push (lr/n per gradient);
+  is dropped (its rows have ``step`` 0; the summary's ``discarded``);
+* ``accumulate`` n: n gradients per push (lr/n per gradient); a trainer's last push with
+  fewer (the budget ran out) is dropped, as the simulator discards gradients left unpushed;
+* ``warm_start`` W: trainer 0 alone is answered until W pushes were applied (or it
+  finished); the others' pulls wait (with rounds, each of its pushes closes one);
 * ``fraction`` p > 0: synchronous rounds with backup workers: a round applies the mean of
   the first ceil(p·K) pushes computed on its vector (fewer once trainers have finished),
   later pushes of that round are dropped, and a trainer that pushed waits for the next round
-  before its pull is answered.
+  before its pull is answered;
+* ``rebalance`` r > 1: once every working trainer made ``rebalance_after`` applied gradients,
+  one whose mean time per gradient (pull arrival to application) exceeds r times the
+  median is retired: its next pull is answered with no gradients, and the others make the
+  rest of the budget (``retired_threads`` in the trace and summary).
 
 Every timestamp is the server's ``time.monotonic_ns()`` (a pull's arrival and answer, a
 push's arrival and application; the trainer reports only its compute time), so traces from
@@ -41,8 +51,8 @@ sets them; rank 0 serves and writes DIR).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
-import math
 import os
 import socket
 import sys
@@ -54,12 +64,14 @@ from typing import Any
 
 import numpy as np
 
-from realrun.runner import DTYPES, _one_of, _quotas, check_constant_lr
+from realrun.runner import DTYPES, _one_of
+from realrun.support import recorded, refuse_unsupported
 from realrun.worker import one_thread_each, one_thread_env
 from simulator.errors import AsyngradError, ScenarioError
 from simulator.problems import Problem, make_problem
+from simulator.rules import mean_step, retirements, round_quota, too_stale, warmed_up
 from simulator.scenario import Scenario, scenario_from_dict, scenario_to_toml, with_overrides
-from simulator.trace import COLUMNS, Trace
+from simulator.trace import COLUMNS, EXTRA, Trace
 from simulator.view import UNMEASURED, Measurement, SerializedView
 
 __all__ = ["PSRun", "run_ps", "serve", "train"]
@@ -71,7 +83,7 @@ _POLL_S = 0.25  # how often a local server looks at its trainer processes
 #: and reports, not a healthy trainer that waited for its answer.
 TRAINER_PATIENCE = 2.0
 SERVER_GONE = 3  # a local trainer's exit status when it lost the server
-_HEADER = 5  # kind, sender rank, version read, compute ns, samples in the push; then samples
+_HEADER = 4  # kind, sender rank, version read, gradients in the push; then samples, then ns
 DEFAULT_ADDR = "127.0.0.1"
 
 
@@ -80,12 +92,12 @@ class _Push:
     """One received push, as the server saw it."""
 
     thread: int
-    seq: int
+    seq: int  # the thread's count of gradients before this push's
     samples: list[int]
     read_start: int
     read_end: int
     arrival: int
-    grad_ns: int
+    grad_ns: list[int]  # each gradient's compute time
     version: int
     step: np.ndarray
     applied: int = 0  # completion t (0: dropped)
@@ -114,21 +126,26 @@ class _Server:
     round_pushes: list[_Push] = field(default_factory=list)
     waiting: list[tuple[int, int]] = field(default_factory=list)  # deferred pulls: rank, time
     pushed_round: dict[int, int] = field(default_factory=dict)
+    granted: int = 0  # gradients handed out
+    busy: list[int] = field(default_factory=list)  # per thread: summed time per gradient (ns)
+    count: list[int] = field(default_factory=list)  # per thread: applied gradients
+    retired: list[int] = field(default_factory=list)  # threads retired by rebalancing
 
 
 def _header_size(accumulate: int) -> int:
-    return _HEADER + accumulate
+    return _HEADER + 2 * accumulate
 
 
 def serve(problem: Problem, scenario: Scenario, trainers: int, timeout: float,
           progress: Callable[[int], object] | None = None, measure: bool = False,
           dtype: str = "float32",
           dead: Callable[[], dict[str, Any] | None] | None = None,
-          ) -> tuple[Trace, dict[str, Any] | None]:
+          ) -> tuple[Trace, dict[str, Any] | None, int]:
     """Run the server (rank 0 of an initialised gloo group) until every trainer is done, a
     receive fails or times out, or ``dead`` (polled every ``_POLL_S`` seconds between
     messages, and when a receive fails; a local run passes one that looks at its trainer
-    processes) reports a dead trainer; the trace of every push and the failure, if any."""
+    processes) reports a dead trainer; the trace of every gradient, the failure, if any,
+    and the number of pushes."""
     import torch
     import torch.distributed as dist
 
@@ -138,7 +155,8 @@ def serve(problem: Problem, scenario: Scenario, trainers: int, timeout: float,
     state = _Server(problem, scenario, trainers, np.dtype(dtype), w0.astype(dtype),
                     SerializedView(problem, scenario.run.lr, w0, scenario.run.updates, measure,
                                    every, scenario.metrics.curve_points),
-                    datetime.timedelta(seconds=timeout))
+                    datetime.timedelta(seconds=timeout), busy=[0] * trainers,
+                    count=[0] * trainers)
     header = torch.zeros(_header_size(options.accumulate), dtype=torch.int64)
     step = torch.zeros(problem.dim, dtype=getattr(torch, dtype))
     origin = polled = time.monotonic_ns()
@@ -175,27 +193,29 @@ def serve(problem: Problem, scenario: Scenario, trainers: int, timeout: float,
                     receive(step, source)
                 except RuntimeError as err:
                     raise _PeerFailed(source, err, "sent no step after its push") from None
-                n = int(header[4])
+                n, ns = int(header[3]), _HEADER + options.accumulate
                 push = _Push(source - 1, state.seq.get(source, 0),
                              [int(s) for s in header[_HEADER:_HEADER + n]],
-                             *state.pulled[source][:2], arrived, int(header[3]),
-                             int(header[2]), step.numpy().astype(dtype))
-                state.seq[source] = push.seq + 1
+                             *state.pulled[source][:2], arrived,
+                             [int(t) for t in header[ns:ns + n]], int(header[2]),
+                             step.numpy().astype(dtype))
+                state.seq[source] = push.seq + n
                 state.gradients += n
                 _push(state, push)
                 if progress:
-                    progress(1)
+                    progress(n)
             elif kind == DONE:
                 state.done.add(source)
                 if options.fraction > 0:
                     _close_round(state)
+                _release(state)
     except _PeerFailed as err:  # one trainer stopped in the middle of an exchange
         failure = (None if _timed_out(err.cause) else _settled(dead)) or {
             "worker": err.rank - 1, "reason": f"trainer {err.rank} {err.what} for "
             f"{timeout:g} s ({_first_line(err.cause)})"}
     except RuntimeError as err:  # a connection closed under a receive
         failure = {"worker": None, "reason": f"server: {_first_line(err)}"}
-    return _trace(state, origin), failure
+    return _trace(state, origin), failure, len(state.pushes)
 
 
 def _silent(state: _Server, heard: dict[int, int], now: int,
@@ -246,11 +266,27 @@ def _first_line(err: BaseException) -> str:
 
 
 def _pull(state: _Server, source: int, arrived: int) -> None:
-    if state.scenario.paramserver.fraction > 0 and state.pushed_round.get(source) == \
-            state.version:
-        state.waiting.append((source, arrived))  # already pushed for this round: wait
+    """Answer a pull, or defer it: a trainer other than the first during the warm start,
+    or one that already pushed for the open round."""
+    options = state.scenario.paramserver
+    if (source != 1 and _warming(state)) or (
+            options.fraction > 0 and state.pushed_round.get(source) == state.version):
+        state.waiting.append((source, arrived))
         return
     _answer(state, source, arrived)
+
+
+def _warming(state: _Server) -> bool:
+    """Whether the warm start holds every trainer but the first back."""
+    return 1 not in state.done and not warmed_up(state.version,
+                                                 state.scenario.paramserver.warm_start)
+
+
+def _release(state: _Server) -> None:
+    """Answer the deferred pulls that need wait no longer (the others wait on)."""
+    waiting, state.waiting = state.waiting, []
+    for source, arrived in waiting:
+        _pull(state, source, arrived)
 
 
 class _PeerFailed(Exception):
@@ -263,14 +299,22 @@ class _PeerFailed(Exception):
 
 
 def _answer(state: _Server, source: int, arrived: int) -> None:
-    """Send the version and the vector to a trainer that pulled; a send waits at most the
-    receive timeout (gloo's sends wait for the receiver, so a hung trainer blocks them)."""
+    """Send a trainer that pulled the version, the gradients it may compute (at most
+    ``accumulate`` of the budget left; none for a retired trainer, and then no vector) and
+    the vector; a send waits at most the receive timeout (gloo's sends wait for the
+    receiver, so a hung trainer blocks them)."""
     import torch
     import torch.distributed as dist
 
+    left = state.scenario.run.updates - state.granted
+    grant = 0 if source - 1 in state.retired else min(state.scenario.paramserver.accumulate,
+                                                      left)
+    state.granted += grant
+    tensors = [torch.tensor([state.version, grant], dtype=torch.int64)]
+    if grant:
+        tensors.append(torch.from_numpy(state.w))
     try:
-        for tensor in (torch.tensor([state.version, 0], dtype=torch.int64),
-                       torch.from_numpy(state.w)):
+        for tensor in tensors:
             work: Any = dist.isend(tensor, source)
             work.wait(state.wait)
     except RuntimeError as err:
@@ -281,16 +325,19 @@ def _answer(state: _Server, source: int, arrived: int) -> None:
 def _push(state: _Server, push: _Push) -> None:
     options = state.scenario.paramserver
     state.pushes.append(push)
+    push.staleness = state.version - push.version
+    if len(push.samples) < options.accumulate:  # gradients the budget left unpushed
+        push.write_end = push.arrival
+        return
     if options.fraction > 0:
         if push.version != state.version:  # computed on a closed round's vector
-            push.write_end, push.staleness = push.arrival, state.version - push.version
+            push.write_end = push.arrival
             return
         state.pushed_round[push.thread + 1] = state.version
         state.round_pushes.append(push)
         _close_round(state)
         return
-    push.staleness = state.version - push.version
-    if options.staleness_limit and push.staleness > options.staleness_limit:
+    if too_stale(push.staleness, options.staleness_limit):
         push.write_end = push.arrival
         return
     state.w -= push.step
@@ -298,22 +345,21 @@ def _push(state: _Server, push: _Push) -> None:
 
 
 def _close_round(state: _Server) -> None:
-    """Apply the round's mean step once its quota of pushes arrived, then answer the pulls
-    that waited for the new round."""
-    live = state.trainers - len(state.done)
-    quota = min(math.ceil(state.scenario.paramserver.fraction * state.trainers), max(live, 1))
+    """Apply the round's mean step once its quota of pushes arrived (the simulator's
+    ``round_quota``; during a warm start trainer 0 is the one that may arrive), then answer
+    the pulls that waited for the new round."""
+    live = 1 if _warming(state) else state.trainers - len(state.done)
+    quota = round_quota(state.scenario.paramserver.fraction, state.trainers, live)
     if not state.round_pushes or len(state.round_pushes) < quota:
         return
     group = state.round_pushes
-    state.w -= np.mean([p.step for p in group], axis=0).astype(state.dtype)
+    state.w -= mean_step([p.step for p in group])
     _complete(state, group)
     state.round_pushes = []
-    waiting, state.waiting = state.waiting, []
-    for source, arrived in waiting:
-        _answer(state, source, arrived)
 
 
 def _complete(state: _Server, group: list[_Push]) -> None:
+    """Count the completion, measure it, rebalance, and answer the pulls it releases."""
     state.version += 1
     now = time.monotonic_ns()
     w = state.w.astype(np.float64)
@@ -322,53 +368,82 @@ def _complete(state: _Server, group: list[_Push]) -> None:
     for p in group:
         p.applied, p.write_end = state.version, now
         p.staleness = state.version - 1 - p.version
+        for read_start in _rows(p)["read_start"]:
+            state.busy[p.thread] += now - read_start
+            state.count[p.thread] += 1
     group[-1].measurement = m
+    _rebalance(state)
+    _release(state)
+
+
+def _rebalance(state: _Server) -> None:
+    """Retire the trainers the simulator's rebalancing rule picks now."""
+    options = state.scenario.paramserver
+    working = [t for t in range(state.trainers)
+               if t not in state.retired and t + 1 not in state.done]
+    state.retired += retirements(state.busy, state.count, working, len(state.retired),
+                                 options.rebalance, options.rebalance_after)
+
+
+def _rows(p: _Push) -> dict[str, list[int]]:
+    """The times of a push's gradient rows, as the simulator keeps a group's: the first
+    gradient reads (the pull), the next ones start where the previous one's compute ended
+    (on the trainer's clock, placed in the pull's answer to push's arrival window); the last
+    one's gradient ends at the push's arrival and writes until it was applied (or dropped),
+    the others' writes are empty at that end (at its arrival for a push still waiting for
+    its round when the run stopped)."""
+    n, end = len(p.samples), p.write_end or p.arrival
+    starts = [min(p.read_end + sum(p.grad_ns[:j]), p.arrival) for j in range(n)]
+    ends = [*(min(s + ns, p.arrival) for s, ns in zip(starts[:-1], p.grad_ns, strict=False)),
+            p.arrival]
+    return {"read_start": [p.read_start, *starts[1:]], "read_end": [p.read_end, *starts[1:]],
+            "grad_start": starts, "grad_end": ends,
+            "write_start": [*[end] * (n - 1), p.arrival], "write_end": [end] * n}
 
 
 def _trace(state: _Server, origin: int) -> Trace:
-    pushes = sorted(state.pushes, key=lambda p: (p.write_end, p.thread))
-    start = min([p.read_start for p in pushes], default=origin)
-    n = len(pushes)
+    """One row per gradient, in the order of their write ends (a group's writer last)."""
+    rows: list[tuple[Any, ...]] = []
+    for p in state.pushes:
+        times = _rows(p)
+        for j, sample in enumerate(p.samples):
+            rows.append((times["write_end"][j], p.thread, p.seq + j, sample, p.applied,
+                         p.staleness, p.grad_ns[j], *(times[name][j] for name in _TIMES),
+                         p.measurement if j == len(p.samples) - 1 else UNMEASURED))
+    rows.sort(key=lambda r: r[:3])
+    start = min([r[7] for r in rows], default=origin)
+    n = len(rows)
+    columns = list(zip(*rows, strict=True)) if rows else [()] * (7 + len(_TIMES) + 1)
 
-    def col(values: list[Any], name: str) -> np.ndarray:
-        return np.asarray(values, dtype=COLUMNS[name]).reshape(n)
+    def col(i: int, name: str) -> np.ndarray:
+        return np.asarray(columns[i], dtype=COLUMNS[name]).reshape(n)
 
-    rel = {name: [getattr(p, name) - start for p in pushes]
-           for name in ("read_start", "read_end", "arrival", "write_end")}
-    by_start = np.argsort(np.asarray(rel["read_start"], dtype=np.int64), kind="stable")
+    rel = {name: col(7 + i, name) - start for i, name in enumerate(_TIMES)}
     uid = np.empty(n, dtype=np.int64)
-    uid[by_start] = np.arange(n)
+    uid[np.argsort(rel["read_start"], kind="stable")] = np.arange(n)
+    thread = col(1, "thread")
     previous: dict[int, int] = {}
-    idle = []
-    for p, read_start in zip(pushes, rel["read_start"], strict=True):
-        idle.append(max(read_start - previous.get(p.thread, 0), 0))
-        previous[p.thread] = p.write_end - start
-    measured = [p.measurement for p in pushes]
+    idle: np.ndarray = np.zeros(n, dtype=COLUMNS["idle_ns"])
+    for i, t in enumerate(thread.tolist()):  # a thread's rows in its own order
+        idle[i] = max(int(rel["read_start"][i]) - previous.get(t, 0), 0)
+        previous[t] = int(rel["write_end"][i])
+    measured = columns[-1]
     arrays = {
-        "uid": uid, "thread": col([p.thread for p in pushes], "thread"),
-        "thread_seq": col([p.seq for p in pushes], "thread_seq"),
-        "sample": col([p.samples[0] for p in pushes], "sample"),
-        "step": col([p.applied for p in pushes], "step"),
-        "read_start": col(rel["read_start"], "read_start"),
-        "read_end": col(rel["read_end"], "read_end"),
-        "grad_start": col(rel["read_end"], "grad_start"),
-        "grad_end": col(rel["arrival"], "grad_end"),
-        "write_start": col(rel["arrival"], "write_start"),
-        "write_end": col(rel["write_end"], "write_end"),
-        "grad_ns": col([p.grad_ns for p in pushes], "grad_ns"),
-        "idle_ns": col(idle, "idle_ns"),
-        "staleness": col([p.staleness for p in pushes], "staleness"),
+        "uid": uid, "thread": thread, "thread_seq": col(2, "thread_seq"),
+        "sample": col(3, "sample"), "step": col(4, "step"), "staleness": col(5, "staleness"),
+        "grad_ns": col(6, "grad_ns"), **rel, "idle_ns": idle,
         "read_overwrites": np.zeros(n, np.int32), "torn": np.zeros(n, bool),
         "lost_blocks": np.zeros(n, np.int32), "overwrote": np.zeros(n, np.int32),
         "delay": np.zeros(n, np.int32), "error_norm": np.zeros(n),
         "dropped": np.zeros(n, bool), "lr_scale": np.ones(n),
-        **{name: col([getattr(m, name) for m in measured], name)
-           for name in ("measured", "s_norm", "g_norm", "delta_norm", "delta_dot")},
+        **{name: np.asarray([getattr(m, name) for m in measured], dtype=COLUMNS[name])
+           .reshape(n) for name in ("measured", "s_norm", "g_norm", "delta_norm", "delta_dot")},
         "op_offsets": np.arange(n + 1, dtype=np.int64), "op_block": np.zeros(n, np.int32),
-        "op_read_ns": col(rel["read_end"], "read_end") - col(rel["read_start"], "read_start"),
-        "op_write_ns": col(rel["write_end"], "write_end") - col(rel["arrival"], "write_start"),
+        "op_read_ns": rel["read_end"] - rel["read_start"],
+        "op_write_ns": rel["write_end"] - rel["write_start"],
         "w0": state.problem.initial().astype(np.float64),
         "w_final": state.w.astype(np.float64),
+        f"{EXTRA}retired_threads": np.asarray(state.retired, dtype=np.int64),
     }
     state.view.finish(state.version, state.w.astype(np.float64),
                       max(int(arrays["write_end"].max()) if n else 0, 0), state.gradients)
@@ -378,10 +453,14 @@ def _trace(state: _Server, origin: int) -> Trace:
     return Trace(arrays, scenario_to_toml(state.scenario), source="real")
 
 
+_TIMES = ("read_start", "read_end", "grad_start", "grad_end", "write_start", "write_end")
+
+
 def train(problem: Problem, scenario: Scenario, rank: int, trainers: int, timeout: float,
-          quota: int, dtype: str = "float32") -> None:
-    """A trainer's loop (rank ≥ 1 of an initialised gloo group): pull, compute, push
-    ``quota`` times, then say done. Raises RuntimeError when the server is gone."""
+          dtype: str = "float32") -> None:
+    """A trainer's loop (rank ≥ 1 of an initialised gloo group): pull, compute the gradients
+    the server granted, push their mean step, until a pull is granted none; then say done.
+    Raises RuntimeError when the server is gone."""
     import torch
     import torch.distributed as dist
 
@@ -399,21 +478,27 @@ def train(problem: Problem, scenario: Scenario, rank: int, trainers: int, timeou
         work: Any = dist.irecv(tensor, 0)
         work.wait(wait)
 
-    for _ in range(quota):
+    while True:
         header.zero_()
         header[:2] = torch.tensor([PULL, rank])
         dist.send(header, 0)
         receive(reply)
+        granted = int(reply[1])
+        if not granted:
+            break
         receive(w)
-        began = time.monotonic_ns()
         local = w.numpy().astype(np.float64)
-        drawn = [int(stream.take()) for _ in range(options.accumulate)]
-        g = problem.dense_grad(local, drawn[0])
-        for sample in drawn[1:]:
-            g += problem.dense_grad(local, sample)
-        step = torch.from_numpy(lr * g / len(drawn)).to(torch_dtype)
-        header[:] = torch.tensor([PUSH, rank, int(reply[0]), time.monotonic_ns() - began,
-                                  len(drawn), *drawn], dtype=torch.int64)
+        drawn, steps, spent = [], [], []
+        for _ in range(granted):  # each step lr·g, as the simulator's update computes it
+            began = time.monotonic_ns()
+            drawn.append(int(stream.take()))
+            steps.append(lr * problem.dense_grad(local, drawn[-1]))
+            spent.append(time.monotonic_ns() - began)
+        step = torch.from_numpy(mean_step(steps)).to(torch_dtype)
+        header.zero_()
+        header[:_HEADER + granted] = torch.tensor([PUSH, rank, int(reply[0]), granted, *drawn])
+        ns = _HEADER + options.accumulate
+        header[ns:ns + granted] = torch.tensor(spent)
         dist.send(header, 0)
         dist.send(step, 0)
     header.zero_()
@@ -432,11 +517,20 @@ class PSRun:
     dtype: str
     seconds: float
     failure: dict[str, Any] | None
+    pushes: int = 0
 
 
-def _ps_scenario(scenario: Scenario, trainers: int) -> Scenario:
-    """The embedded scenario: the simulator's paramserver protocol at K threads."""
-    return with_overrides(scenario, [f"run.threads={trainers}", "run.protocol=paramserver"])
+def _ps_scenario(scenario: Scenario, trainers: int, measure: bool) -> Scenario:
+    """The embedded scenario: what the server ran (``realrun.support.recorded``), after
+    refusing what it would not honour.
+
+    Raises:
+        ScenarioError: a field the ps backend does not honour.
+    """
+    refuse_unsupported(scenario, "ps", "paramserver")
+    every = scenario.metrics.every
+    return with_overrides(scenario, recorded("paramserver", trainers, False,
+                                             every if measure else None, every))
 
 
 def _group_timeout(timeout: float) -> datetime.timedelta:
@@ -452,20 +546,20 @@ def _free_port() -> int:
 
 
 def _trainer_main(rank: int, world: int, address: str, port: int, toml: str, dtype: str,
-                  timeout: float, quota: int) -> None:
+                  timeout: float) -> None:
     """A spawned local trainer: join the group, train, leave; one line if the server went."""
     import signal
 
     import torch.distributed as dist
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    scenario = _ps_scenario(scenario_from_dict(tomllib.loads(toml)), world - 1)
+    scenario = scenario_from_dict(tomllib.loads(toml))  # resolved by the server
     problem = make_problem(scenario.problem)
     one_thread_each()
     dist.init_process_group("gloo", init_method=f"tcp://{address}:{port}", rank=rank,
                             world_size=world, timeout=_group_timeout(timeout))
     try:
-        train(problem, scenario, rank, world - 1, TRAINER_PATIENCE * timeout, quota, dtype)
+        train(problem, scenario, rank, world - 1, TRAINER_PATIENCE * timeout, dtype)
     except RuntimeError as err:
         print(f"asyngrad ps trainer {rank}: the server is gone ({_first_line(err)}); "
               "exiting", file=sys.stderr)
@@ -482,7 +576,8 @@ def run_ps(scenario: Scenario, trainers: int, dtype: str = "float32",
     127.0.0.1 and a free port). ``timeout`` is the receive timeout (default 60 s).
 
     Raises:
-        ScenarioError: trainers < 1, an unknown dtype, timeout <= 0.
+        ScenarioError: trainers < 1, an unknown dtype, timeout <= 0, or a scenario field
+            the ps backend does not honour (``realrun.support``).
     """
     import torch.distributed as dist
     import torch.multiprocessing as mp
@@ -493,17 +588,15 @@ def run_ps(scenario: Scenario, trainers: int, dtype: str = "float32",
     if timeout is not None and not timeout > 0:
         raise ScenarioError("--timeout", timeout, "must be > 0 seconds")
     timeout = 60.0 if timeout is None else timeout
-    check_constant_lr(scenario)
-    scenario = _ps_scenario(scenario, trainers)
+    scenario = _ps_scenario(scenario, trainers, measure)
     problem = problem if problem is not None else make_problem(scenario.problem)
     problem.optimum()
     address = os.environ.get("MASTER_ADDR", DEFAULT_ADDR)
     port = int(os.environ.get("MASTER_PORT", 0)) or _free_port()
     toml = scenario_to_toml(scenario)
     context = mp.get_context("spawn")
-    quotas = _quotas(scenario.run.updates, trainers)
     processes = [context.Process(target=_trainer_main, daemon=True, args=(
-        rank, trainers + 1, address, port, toml, dtype, timeout, quotas[rank - 1]))
+        rank, trainers + 1, address, port, toml, dtype, timeout))
         for rank in range(1, trainers + 1)]
     with one_thread_env():
         for process in processes:
@@ -512,6 +605,7 @@ def run_ps(scenario: Scenario, trainers: int, dtype: str = "float32",
         on_start([p.pid for p in processes if p.pid is not None])
     started = time.monotonic()
     failure: dict[str, Any] | None = None
+    pushes = 0
     try:
         try:
             dist.init_process_group("gloo", init_method=f"tcp://{address}:{port}", rank=0,
@@ -520,8 +614,8 @@ def run_ps(scenario: Scenario, trainers: int, dtype: str = "float32",
         except (RuntimeError, ValueError) as err:
             raise AsyngradError(f"parameter server: cannot open {address}:{port} "
                                 f"({_first_line(err)})") from None
-        trace, failure = serve(problem, scenario, trainers, timeout, progress, measure, dtype,
-                               dead=lambda: _dead_trainer(processes))
+        trace, failure, pushes = serve(problem, scenario, trainers, timeout, progress,
+                                       measure, dtype, dead=lambda: _dead_trainer(processes))
     finally:
         if failure is not None:  # stop the others before the group goes
             for process in processes:
@@ -537,7 +631,7 @@ def run_ps(scenario: Scenario, trainers: int, dtype: str = "float32",
         if failure is None and process.exitcode not in (0, None):
             failure = {"worker": rank - 1, "reason": f"trainer exited with {process.exitcode}"}
     return PSRun(scenario, problem, trace, trainers, dtype, time.monotonic() - started,
-                 failure)
+                 failure, pushes)
 
 
 def _dead_trainer(processes: list[Any]) -> dict[str, Any] | None:
@@ -551,16 +645,18 @@ def _dead_trainer(processes: list[Any]) -> dict[str, Any] | None:
 
 
 def summary_extra(run: PSRun) -> dict[str, Any]:
-    """What summary.json adds for a parameter-server run."""
-    pushes = len(run.trace)
+    """What summary.json adds for a parameter-server run (``updates`` are gradients, as
+    everywhere; ``pushes`` the messages that carried them)."""
+    gradients = len(run.trace)
     dropped = int((run.trace["step"] == 0).sum())
-    return {"real": {"backend": "ps", "workers": run.workers, "dtype": run.dtype,
-                     "wall_seconds": run.seconds, "pushes_per_wall_second":
-                     pushes / max(run.seconds, 1e-9), "updates_per_wall_second":
-                     pushes / max(run.seconds, 1e-9), "dropped_fraction":
-                     dropped / pushes if pushes else None, "failure": run.failure,
-                     "paramserver": {k: getattr(run.scenario.paramserver, k)
-                                     for k in ("staleness_limit", "accumulate", "fraction")}}}
+    seconds = max(run.seconds, 1e-9)
+    return {"real": {"backend": "ps", "mode": "paramserver", "workers": run.workers,
+                     "dtype": run.dtype, "wall_seconds": run.seconds, "pushes": run.pushes,
+                     "pushes_per_wall_second": run.pushes / seconds,
+                     "updates_per_wall_second": gradients / seconds,
+                     "dropped_fraction": dropped / gradients if gradients else None,
+                     "failure": run.failure,
+                     "paramserver": dataclasses.asdict(run.scenario.paramserver)}}
 
 
 def _node_main(argv: list[str] | None = None) -> int:
@@ -590,8 +686,8 @@ def _node_main(argv: list[str] | None = None) -> int:
         if world < 2:
             raise ScenarioError("WORLD_SIZE", world, "must be >= 2 (a server and a trainer)")
         _one_of("--dtype", args.dtype, DTYPES)
-        scenario = _ps_scenario(load_scenario(args.scenario, args.set), world - 1)
-        check_constant_lr(scenario)
+        scenario = _ps_scenario(load_scenario(args.scenario, args.set), world - 1,
+                                args.measure)
         problem = make_problem(scenario.problem)
         if rank == 0:
             check_out(args.out)
@@ -608,7 +704,7 @@ def _node_main(argv: list[str] | None = None) -> int:
     if rank > 0:
         try:
             train(problem, scenario, rank, world - 1, TRAINER_PATIENCE * args.timeout,
-                  _quotas(scenario.run.updates, world - 1)[rank - 1], args.dtype)
+                  args.dtype)
         except RuntimeError as err:
             print(f"realrun.ps trainer {rank}: the server is gone ({_first_line(err)})",
                   file=sys.stderr)
@@ -617,17 +713,18 @@ def _node_main(argv: list[str] | None = None) -> int:
         return 0
     print(f"realrun.ps: serving {world - 1} trainers", flush=True)
     started = time.monotonic()
-    trace, failure = serve(problem, scenario, world - 1, args.timeout, None, args.measure,
-                           args.dtype)
+    trace, failure, pushes = serve(problem, scenario, world - 1, args.timeout, None,
+                                   args.measure, args.dtype)
     run = PSRun(scenario, problem, trace, world - 1, args.dtype, time.monotonic() - started,
-                failure)
+                failure, pushes)
     write_run(args.out, scenario, trace, problem, extra=summary_extra(run))
     dist.destroy_process_group()
     if failure is not None:
-        print(f"realrun.ps: stopped after {len(trace)} pushes ({failure['reason']}); partial "
+        print(f"realrun.ps: stopped after {pushes} pushes ({failure['reason']}); partial "
               f"results in {args.out}/", file=sys.stderr)
         return 1
-    print(f"realrun.ps: {len(trace)} pushes from {world - 1} trainers; wrote {args.out}/")
+    print(f"realrun.ps: {len(trace)} gradients in {pushes} pushes from {world - 1} trainers; "
+          f"wrote {args.out}/")
     return 0
 
 

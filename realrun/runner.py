@@ -27,6 +27,7 @@ from realrun.probe import (
     write_meetings,
 )
 from realrun.records import compiled
+from realrun.support import recorded, refuse_unsupported
 from realrun.timeline import Measure, WorkerRecord, merge
 from realrun.worker import (
     MESSAGE_BYTES,
@@ -53,7 +54,6 @@ LAUNCHES = ("processes", "threads")
 CUDA_LAUNCH = "threads"
 PATTERNS = ("shared", "host")
 _POLL_S = 0.01
-_CURVE_POINTS = 50
 
 
 @dataclass
@@ -137,12 +137,11 @@ def _one_of(name: str, value: str, allowed: tuple[str, ...]) -> None:
         raise ScenarioError(name, value, f"must be one of {', '.join(allowed)}")
 
 
-def check_constant_lr(scenario: Scenario) -> None:
-    """Real workers apply a constant learning rate (a schedule needs the global update count,
-    which lock-free workers do not share)."""
-    if scenario.run.lr_schedule != "constant":
-        raise ScenarioError("run.lr_schedule", scenario.run.lr_schedule,
-                            "real runs support only constant")
+def curve_every(updates: int, points: int) -> int:
+    """Updates between two samples of the shared vector for the loss curve: ``points``
+    (``metrics.curve_points``) evenly spaced samples along the run, besides the initial and
+    the final vector (0: those two only)."""
+    return max(1, updates // points) if points else updates + 1
 
 
 def _check_device(device: str) -> None:
@@ -212,7 +211,8 @@ def run_real(scenario: Scenario, workers: int, mode: str, dtype: str = "float32"
     (``realrun.worker.pinned_cpus``: r mod the CPUs this process may use).
 
     Raises:
-        ScenarioError: workers < 1, an unknown mode or dtype, timeout <= 0, measure_every < 1.
+        ScenarioError: workers < 1, an unknown mode or dtype, timeout <= 0, measure_every < 1,
+            or a scenario field this backend does not honour (``realrun.support``).
     """
     import torch
 
@@ -230,22 +230,18 @@ def run_real(scenario: Scenario, workers: int, mode: str, dtype: str = "float32"
     _one_of("--pattern", pattern, PATTERNS)
     if accumulate < 1:
         raise ScenarioError("--accumulate", accumulate, "must be >= 1")
-    check_constant_lr(scenario)
     _check_device(device)
+    refuse_unsupported(scenario, "shm" if device == "cpu" else "cuda", mode)
     torch_path = device != "cpu" or launch == "threads" or accumulate > 1
     workers = 1 if mode == "serial" else workers
-    # The embedded scenario states the closest simulator semantics: a per-block lock makes each
-    # block's read-modify-write atomic (atomic_add); the whole-update lock is `locked`; each
-    # worker makes a fixed share of the updates (split = even); a copy of a dense vector made
-    # while another worker's in-place write runs holds what that write has stored by then
-    # (read_view = sweep).
+    # The embedded scenario states the closest simulator semantics (realrun.support.recorded):
+    # a per-block lock makes each block's read-modify-write atomic (atomic_add); the
+    # whole-update lock is `locked`; each worker makes a fixed share of the updates (split =
+    # even); a copy of a dense vector made while another worker's in-place write runs holds
+    # what that write has stored by then (read_view = sweep).
     problem = problem if problem is not None else make_problem(scenario.problem)
-    protocol = {"blocklock": "lockfree"}.get(mode, mode)
-    overrides = [f"run.threads={workers}", f"run.protocol={protocol}", "run.split=even",
-                 f"run.read_view={'end' if problem.sparse else 'sweep'}"]
-    if mode == "blocklock":
-        overrides.append("run.write_mode=atomic_add")
-    scenario = with_overrides(scenario, overrides)
+    scenario = with_overrides(scenario, recorded(mode, workers, problem.sparse, measure_every,
+                                                 scenario.metrics.every))
     if scenario.run.blocks > problem.dim:
         raise ScenarioError("run.blocks", scenario.run.blocks,
                             f"must be <= the problem's dimension ({problem.dim})")
@@ -289,7 +285,8 @@ def run_real(scenario: Scenario, workers: int, mode: str, dtype: str = "float32"
             snapshots = [(0, time.monotonic_ns(), _host(buffers.w))]
             go.set()
             failure = _watch(buffers, processes, scenario.run.updates, timeout, started,
-                             progress, snapshots, processes[0].release)
+                             progress, snapshots, processes[0].release,
+                             curve_every(scenario.run.updates, scenario.metrics.curve_points))
     except KeyboardInterrupt:
         failure = {"worker": None, "reason": "interrupted (Ctrl-C)"}
     finally:
@@ -368,10 +365,10 @@ def _start_together(buffers: Buffers, processes: list[Any], timeout: float | Non
 def _watch(buffers: Buffers, processes: list[Any], total: int, timeout: float | None,
            started: float, progress: Callable[[int], object] | None,
            snapshots: list[tuple[int, int, np.ndarray]],
-           release: Any = None) -> dict[str, Any] | None:
+           release: Any = None, every: int = 1) -> dict[str, Any] | None:
     """Poll until every worker is done (then set ``release``, so they exit) and has exited;
-    the failure that stopped the run, if any."""
-    reported, every = 0, max(1, total // _CURVE_POINTS)
+    the failure that stopped the run, if any; a snapshot for the curve ``every`` updates."""
+    reported = 0
     while True:
         done = int(buffers.progress.sum())
         if progress and done > reported:
@@ -420,7 +417,8 @@ def _trace(buffers: Buffers, workers: int, scenario: Scenario, problem: Problem,
 
 def summary_extra(run: RealRun) -> dict[str, Any]:
     """The real-run facts summary.json adds to the simulator's summary."""
-    return {"real": {"workers": run.workers, "mode": run.mode, "dtype": run.dtype,
+    return {"real": {"backend": "shm" if run.device == "cpu" else "cuda", "mode": run.mode,
+                     "workers": run.workers, "dtype": run.dtype,
                      "device": run.device, "launch": run.launch, "pattern": run.pattern,
                      "accumulate": run.accumulate, "cpus": run.cpus,
                      "recorder": run.recorder, "cpu_latency": run.cpu_latency,

@@ -36,9 +36,12 @@ def _print_summary(summary: dict[str, Any], out: Path, seconds: float) -> None:
     error, stale, over = summary["gradient_error"], summary["staleness"], summary["overwrites"]
     rate = "off" if error["rate"] is None else f"{error['rate']:.3f}"
     median = error["relative"]["p50"]
-    print(f"{summary['protocol']} k={summary['threads']} T={summary['updates']} "
-          f"B={summary['blocks']} {summary['write_mode']} on {summary['problem']['name']} "
-          f"(d={summary['problem']['dim']})")
+    real = summary.get("real")  # a real run: the backend and the mode that ran
+    ran = (f"{summary['protocol']}" if real is None else
+           f"{real.get('backend', 'shm')} {real.get('mode', summary['protocol'])}")
+    print(f"{ran} k={summary['threads']} T={summary['updates']} "
+          f"B={summary['blocks']}{'' if real else ' ' + summary['write_mode']} on "
+          f"{summary['problem']['name']} (d={summary['problem']['dim']})")
     print(f"  gradient error rate {rate}, median relative error "
           f"{'n/a' if median is None else f'{median:.3g}'}")
     if summary.get("steps", summary["updates"]) != summary["updates"]:
@@ -776,7 +779,8 @@ def _real(args: argparse.Namespace) -> int:
         raise ScenarioError("--backend", args.backend, "must be shm or ps")
     with _progress(scenario.run.updates, args.quiet) as bar:
         run = run_real(scenario, args.workers, args.mode, args.dtype, args.timeout, bar.update,
-                       measure_every=args.measure_every or (1 if args.measure else None),
+                       measure_every=args.measure_every or (
+                           scenario.metrics.every if args.measure else None),
                        device=args.device, launch=args.launch, pattern=args.pattern,
                        accumulate=args.accumulate, pin=args.pin)
     summary = write_run(args.out, run.scenario, run.trace, run.problem,
@@ -804,26 +808,41 @@ def _real_ps(args: argparse.Namespace, scenario: Any) -> int:
     """``asyngrad real --backend ps``: a parameter server and K trainers on loopback."""
     from realrun.ps import run_ps, summary_extra
     from simulator.rundir import write_run
+    from simulator.scenario import with_overrides
 
     if args.pin:
         raise ScenarioError("--pin", "on", "pins the shared-memory workers; not with "
                             "--backend ps")
-
+    for flag, value, default in (("--mode", args.mode, "lockfree"),
+                                 ("--device", args.device, "cpu"),
+                                 ("--launch", args.launch, None),
+                                 ("--pattern", args.pattern, "shared"),
+                                 ("--accumulate", args.accumulate, 1)):
+        if value != default:
+            raise ScenarioError(flag, value, "a flag of the shared-memory workers; the ps "
+                                "backend runs paramserver on the CPU ([paramserver] options)")
+    if args.measure_every is not None:
+        if args.measure_every < 1:
+            raise ScenarioError("--measure-every", args.measure_every, "must be >= 1")
+        scenario = with_overrides(scenario, [f"metrics.every={args.measure_every}"])
     with _progress(scenario.run.updates, args.quiet) as bar:
         run = run_ps(scenario, args.workers, args.dtype, args.timeout, bar.update,
                      measure=args.measure or args.measure_every is not None)
     summary = write_run(args.out, run.scenario, run.trace, run.problem,
                         extra=summary_extra(run))
     if run.failure is not None:
-        print(f"asyngrad: parameter server stopped after {len(run.trace)} pushes "
-              f"({run.failure['reason']}); partial results in {args.out}/", file=sys.stderr)
+        print(f"asyngrad: parameter server stopped after {run.pushes} pushes "
+              f"({len(run.trace)} gradients; {run.failure['reason']}); partial results in "
+              f"{args.out}/", file=sys.stderr)
         return 1
     if not args.quiet:
         _print_summary(summary, Path(args.out), run.seconds)
         real = summary["real"]
         print(f"  {real['pushes_per_wall_second']:.4g} pushes per wall second from "
-              f"{run.workers} trainer(s); dropped {summary['discarded']} "
-              f"({real['dropped_fraction']:.1%})")
+              f"{run.workers} trainer(s); dropped {summary['discarded']} gradients "
+              f"({real['dropped_fraction']:.1%})"
+              + (f"; retired trainers {summary['retired_threads']}"
+                 if summary.get("retired_threads") else ""))
     return 0
 
 

@@ -12,8 +12,8 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-__all__ = ["LR_FACTORS", "dc_compensate", "dc_correction", "mean_step", "round_significand",
-           "staleness_scale"]
+__all__ = ["LR_FACTORS", "dc_compensate", "dc_correction", "mean_step", "retirements",
+           "round_quota", "round_significand", "staleness_scale", "too_stale", "warmed_up"]
 
 #: Learning-rate schedules (``run.lr_schedule``) as the factor on lr of the m-th update
 #: (m >= 1); ``constant`` has none.
@@ -51,6 +51,44 @@ def mean_step(steps: Sequence[np.ndarray]) -> np.ndarray:
         total += step
     total /= len(steps)
     return total
+
+
+def round_quota(fraction: float, workers: int, live: int) -> int:
+    """Gradients that close a synchronous round with backup workers (Chen et al. 2016):
+    ceil(p·k) of the k workers, less a 1e-9 guard so that p·k a hair above an integer by
+    rounding (0.56·25 = 14.000000000000002) still asks for that integer; never more than
+    the ``live`` workers that may still arrive, never less than 1."""
+    return max(1, min(math.ceil(fraction * workers - 1e-9), live))
+
+
+def too_stale(staleness: int, limit: int) -> bool:
+    """Whether a push is discarded under a staleness limit S (Dean et al. 2012's Downpour
+    option): staleness > S, with S = 0 meaning no limit."""
+    return bool(limit) and staleness > limit
+
+
+def warmed_up(completed: int, warm_start: int) -> bool:
+    """Whether a warm start of W updates by worker 0 alone is over: W completions made."""
+    return completed >= warm_start
+
+
+def retirements(busy: Sequence[int] | np.ndarray, count: Sequence[int] | np.ndarray,
+                working: Sequence[int], retired: int, factor: float, after: int) -> list[int]:
+    """The workers to retire now under rebalancing (the parameter-server practice of moving a
+    consistently slow machine's data to the others): once every ``working`` worker made
+    ``after`` updates, each whose mean update time busy[t]/count[t] exceeds ``factor`` times
+    the median of the working workers' means, in ``working`` order, as long as more than
+    one worker would remain (``retired``: how many were retired before). ``factor`` 0: none.
+    """
+    if not factor or len(working) < 2 or any(count[t] < after for t in working):
+        return []
+    means = np.asarray([busy[t] for t in working]) / np.asarray([count[t] for t in working])
+    median = float(np.median(means))
+    chosen: list[int] = []
+    for thread, mean in zip(working, means.tolist(), strict=True):
+        if mean > factor * median and len(working) - (retired + len(chosen)) > 1:
+            chosen.append(thread)
+    return chosen
 
 
 def round_significand(values: np.ndarray, bits: int) -> None:

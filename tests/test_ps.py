@@ -14,12 +14,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from realrun.ps import _free_port, run_ps
+from realrun.ps import _free_port, run_ps, summary_extra
 from simulator.cli import main
 from simulator.engine import simulate
 from simulator.metrics import summarize
-from simulator.problems import make_problem
-from simulator.timing import sample_stream
+from simulator.replay import load_trace
 
 from .conftest import scenario
 
@@ -39,16 +38,20 @@ def test_one_trainer_is_serial_sgd_to_the_bit():
     assert run.trace["staleness"].max() == 0
 
 
-def test_accumulated_pushes_are_the_mean_of_their_gradients():
+def test_accumulated_pushes_count_gradients_as_the_simulator_does():
+    """run.updates counts gradients on both paths: 100 gradients in pushes of 3 are 33
+    applied pushes and one gradient the budget left unpushed (dropped), row for row the
+    simulator's paramserver at one thread, w_final to the bit."""
     s = scenario(*TINY, "run.updates=100", "paramserver.accumulate=3")
     run = run_ps(s, 1, "float64", timeout=60)
-    p = make_problem(s.problem)
-    stream = sample_stream(s.run.seed, 1, 0, p.n_samples)
-    w = p.initial()
-    for _ in range(100):
-        drawn = [int(stream.take()) for _ in range(3)]
-        w = w - s.run.lr * np.mean([p.dense_grad(w, d) for d in drawn], axis=0)
-    np.testing.assert_allclose(run.trace["w_final"], w, rtol=1e-12, atol=1e-14)
+    simulated = simulate(scenario(*TINY, "run.updates=100", "paramserver.accumulate=3",
+                                  "run.protocol=paramserver", "run.threads=1"))
+    assert run.failure is None and len(run.trace) == 100 and run.pushes == 34
+    for column in ("sample", "step", "thread_seq", "staleness"):
+        assert np.array_equal(run.trace[column], simulated[column]), column
+    assert np.array_equal(run.trace["w_final"], simulated["w_final"])
+    assert int((run.trace["step"] == 0).sum()) == 1 and run.trace["step"].max() == 33
+    assert summary_extra(run)["real"]["pushes"] == 34
 
 
 def test_two_trainers_converge_with_a_well_formed_measured_trace():
@@ -142,10 +145,10 @@ def test_a_hung_trainer_stops_the_server_after_the_receive_timeout():
     assert 50 <= len(run.trace) < 200000
 
 
-def _node(rank, world, port, out, extra=()):
+def _node(rank, world, port, out, extra=(), command=("-m", "realrun.ps", "--out")):
     env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world),
            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen([sys.executable, "-m", "realrun.ps", "--out", str(out),
+    return subprocess.Popen([sys.executable, *command, str(out),
                              "--timeout", "5", "--set", "problem.dim=20", *extra], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
@@ -209,3 +212,89 @@ def test_a_trainer_silent_while_others_are_served_is_named():
         "worker": 0, "reason": "trainer 1 sent nothing for 5 s while the others were served"}
     heard[1] = 5_000_000_000
     assert _silent(state, heard, 5_100_000_000, 5.0) is None
+
+
+def test_warm_start_lets_trainer_0_alone_make_the_first_pushes():
+    """paramserver.warm_start W: the first W applied pushes are trainer 0's, computed on the
+    vector each previous one left (staleness 0); then every trainer works."""
+    run = run_ps(scenario(*TINY, "run.updates=300", "paramserver.warm_start=40"), 3,
+                 "float64", timeout=60)
+    trace = run.trace
+    assert run.failure is None and len(trace) == 300
+    first = trace["step"] <= 40
+    assert np.all(trace["thread"][first] == 0) and int(first.sum()) == 40
+    assert np.all(trace["staleness"][first] == 0)
+    assert set(trace["thread"].tolist()) == {0, 1, 2}
+    assert run.scenario.paramserver.warm_start == 40
+
+
+def test_warm_start_with_rounds_closes_a_round_per_push_of_trainer_0():
+    """With rounds, the warm start's pushes (trainer 0 is the one that may arrive) close a
+    round each on both paths; then rounds of all the trainers (fraction 1)."""
+    overrides = (*TINY, "run.updates=120", "paramserver.warm_start=10",
+                 "paramserver.fraction=1")
+    run = run_ps(scenario(*overrides), 3, "float64", timeout=60)
+    simulated = simulate(scenario(*overrides, "run.protocol=paramserver", "run.threads=3"))
+    for trace in (run.trace, simulated):
+        sizes = np.bincount(trace["step"][trace["step"] > 0])[1:]
+        assert sizes[:10].tolist() == [1] * 10 and np.all(sizes[10:-1] == 3), sizes
+        assert np.all(trace["thread"][(trace["step"] > 0) & (trace["step"] <= 10)] == 0)
+    assert run.failure is None and len(run.trace) == len(simulated) == 120
+
+
+_SLOW_TRAINER = """
+import sys, time
+import realrun.ps as ps
+train = ps.train
+
+def slow_train(problem, *args, **kwargs):
+    grad = problem.dense_grad
+
+    def slow_grad(w, sample):
+        time.sleep(0.1)
+        return grad(w, sample)
+
+    problem.dense_grad = slow_grad
+    return train(problem, *args, **kwargs)
+
+ps.train = slow_train
+sys.exit(ps._node_main(sys.argv[1:]))
+"""
+
+
+def test_rebalance_retires_a_slow_trainer(tmp_path):
+    """Trainer 0 (a node whose gradients take 100 ms longer) is slower than r times the median
+    once every trainer made rebalance_after gradients: the server retires it (its next pull
+    gets no gradients, it exits), the others make the rest of the budget, and the trace and
+    summary name it as the simulator's report does."""
+    port, world, out = _free_port(), 4, tmp_path / "ps"
+    extra = ["--set", "run.updates=400", "--set", "paramserver.rebalance=3",
+             "--set", "paramserver.rebalance_after=5"]
+    nodes = [_node(rank, world, port, out, extra) for rank in (0, 2, 3)]
+    slow = _node(1, world, port, out, extra, ["-c", _SLOW_TRAINER, "--out"])
+    for node in [*nodes, slow]:
+        _, err = node.communicate(timeout=120)
+        assert node.returncode == 0, err[-2000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["retired_threads"] == [0] and summary["updates"] == 400
+    trace = load_trace(out)
+    assert trace["extra_retired_threads"].tolist() == [0]
+    counts = np.bincount(trace["thread"], minlength=3)
+    assert counts[0] < 0.1 * min(counts[1], counts[2])
+
+
+def test_cli_ps_summary_says_backend_and_mode(tmp_path, capsys):
+    """summary.json's real block names the backend and mode, the header prints them, and
+    the resolved metrics say what was measured."""
+    out = tmp_path / "run"
+    assert main(["real", "--backend", "ps", "--workers", "2", "--out", str(out), "--measure",
+                 "--set", "run.updates=200", "--set", "paramserver.accumulate=2",
+                 "--set", "metrics.every=4"]) == 0
+    header = capsys.readouterr().out.splitlines()[0]
+    assert header.startswith("ps paramserver k=2 T=200 ")
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["real"]["backend"] == "ps" and summary["real"]["mode"] == "paramserver"
+    assert summary["updates"] == 200 and summary["real"]["pushes"] == 100
+    assert summary["real"]["paramserver"]["accumulate"] == 2
+    # --measure measured every metrics.every-th of the 100 completions, and says so.
+    assert summary["exact_metrics"] == {"enabled": True, "every": 4, "measured_updates": 25}

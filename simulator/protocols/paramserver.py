@@ -8,7 +8,8 @@ per shard (``DeviceSpec``). Options (``[paramserver]``):
 
 * ``staleness_limit`` S: a push whose staleness exceeds S is discarded (row ``step`` 0);
 * ``accumulate`` n: n gradients at one pulled vector, pushed as their mean (lr/n per gradient);
-* ``warm_start`` W: thread 0 alone makes the first W updates, then the others join;
+* ``warm_start`` W: thread 0 alone makes the first W updates, then the others join (with
+  rounds, each of its pushes closes a round: it is the one worker that may arrive);
 * ``fraction`` p > 0: synchronous rounds with backup workers: a round ends when ceil(p·k)
   pushes computed on its vector arrived, later ones are discarded (Chen et al. 2016; Project
   Adam waited for 75%);
@@ -28,6 +29,7 @@ import simpy
 
 from simulator.protocols.base import GROUPED, MEMBER, Protocol
 from simulator.protocols.rounds import Rounds
+from simulator.rules import retirements, too_stale, warmed_up
 
 if TYPE_CHECKING:
     from simulator.engine import Engine, Update
@@ -57,6 +59,8 @@ class ParamServer(Protocol):
         self.warm = self.env.event()
         if self.options.warm_start == 0:
             self.warm.succeed()
+        elif self.rounds:
+            self.rounds.held = k - 1  # the threads the warm start holds back
         self.busy = np.zeros(k, dtype=np.int64)   # summed update times (ns)
         self.count = np.zeros(k, dtype=np.int64)
         self.retired: list[int] = []
@@ -67,6 +71,15 @@ class ParamServer(Protocol):
 
     def before_read(self, engine: Engine, u: Update) -> simpy.Event | None:
         if u.thread != 0 and not self.warm.triggered:
+            if self.rounds:
+                rounds = self.rounds
+
+                def tag(_: simpy.Event) -> None:
+                    # Its read starts when the warm start ends, in the round open then (no
+                    # round's write runs then: it ends after a write, or with thread 0).
+                    rounds.before_read(u)
+
+                self.warm.callbacks.append(tag)
             return self.warm
         if self.pending[u.thread]:
             u.read = False  # keep accumulating on the vector already pulled
@@ -88,16 +101,16 @@ class ParamServer(Protocol):
                 u.role = MEMBER
                 return None
             u.role, u.group, self.pending[u.thread] = GROUPED, pending, []
-        limit = self.options.staleness_limit
-        if limit and engine.completed - u.start_completed + u.delay > limit:
+        if too_stale(engine.completed - u.start_completed + u.delay,
+                     self.options.staleness_limit):
             u.discard = True
         return None
 
     def after_write(self, engine: Engine, u: Update) -> None:
         if self.rounds:
             self.rounds.after_write(u)
-        if not self.warm.triggered and engine.completed >= self.options.warm_start:
-            self.warm.succeed()
+        if not self.warm.triggered and warmed_up(engine.completed, self.options.warm_start):
+            self._warmed()
         if not u.discard:
             for member in u.group or [u]:
                 self.busy[member.thread] += member.write_end - member.read_start
@@ -105,19 +118,12 @@ class ParamServer(Protocol):
             self._rebalance(engine)
 
     def _rebalance(self, engine: Engine) -> None:
-        r = self.options.rebalance
-        if not r:
+        if not self.options.rebalance:
             return
         working = [t for t in range(engine.threads)
                    if t not in self.retired and t not in self.finished]
-        if len(working) < 2 or any(self.count[t] < self.options.rebalance_after
-                                   for t in working):
-            return
-        means = self.busy[working] / self.count[working]
-        median = float(np.median(means))
-        for thread, mean in zip(working, means.tolist(), strict=True):
-            if mean > r * median and len(working) - len(self.retired) > 1:
-                self.retired.append(thread)
+        self.retired += retirements(self.busy, self.count, working, len(self.retired),
+                                    self.options.rebalance, self.options.rebalance_after)
 
     def finish(self, engine: Engine, thread: int) -> None:
         self.finished.add(thread)
@@ -127,9 +133,15 @@ class ParamServer(Protocol):
             last.group, self.pending[thread] = pending, []
             engine._discard(last)
         if thread == 0 and not self.warm.triggered:
-            self.warm.succeed()
+            self._warmed()
         if self.rounds:
             self.rounds.finish()
+
+    def _warmed(self) -> None:
+        """The warm start is over: every thread may read, and arrive in rounds."""
+        self.warm.succeed()
+        if self.rounds:
+            self.rounds.held = 0
 
     def report(self) -> dict[str, np.ndarray]:
         return {"retired_threads": np.asarray(self.retired, dtype=np.int64)}

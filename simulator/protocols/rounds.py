@@ -12,12 +12,12 @@ Every applied gradient of a round was computed on the same vector.
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING
 
 import simpy
 
 from simulator.protocols.base import GROUPED, MEMBER
+from simulator.rules import round_quota
 
 if TYPE_CHECKING:
     from simulator.engine import Engine, Update
@@ -32,6 +32,7 @@ class Rounds:
         self.engine, self.env = engine, engine.env
         self.fraction = fraction
         self.live = engine.threads  # threads that may still start updates
+        self.held = 0  # live threads held back from the rounds for now (a warm start)
         self.round = 0
         self.tags: dict[int, int] = {}  # uid → round whose vector it read
         self.arrivals: list[Update] = []
@@ -40,7 +41,7 @@ class Rounds:
         self.opened = self.env.event()
 
     def quota(self) -> int:
-        return max(1, min(math.ceil(self.fraction * self.engine.threads - 1e-9), self.live))
+        return round_quota(self.fraction, self.engine.threads, self.live - self.held)
 
     def before_read(self, u: Update) -> simpy.Event | None:
         # The round whose vector this read starts on: the round number moves on when a round

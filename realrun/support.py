@@ -1,0 +1,144 @@
+"""What each real backend honours: the one table, and the check every real run makes first.
+
+A real run either honours a scenario field, records in its resolved ``scenario.toml`` what
+the hardware did instead (the run's flags decide it), leaves it inert (it belongs to a
+protocol the backend does not run), or refuses it before anything starts: one
+:class:`ScenarioError` naming the field, the value and the backend (exit 2 on the command
+line). Backends: ``shm`` (CPU workers on a shared tensor, processes or threads), ``cuda``
+(the same loop on a CUDA device) and ``ps`` (the torch.distributed parameter server).
+``docs/semantics.md`` shows :data:`SUPPORT` as :func:`support_markdown` renders it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from simulator.errors import ScenarioError
+from simulator.scenario import InjectSpec, Scenario, TimingSpec
+
+__all__ = ["BACKENDS", "PROTOCOL_OF", "SUPPORT", "recorded", "refuse_unsupported",
+           "support_markdown"]
+
+BACKENDS = ("shm", "cuda", "ps")
+#: The simulator protocol each real mode runs (``ps`` runs ``paramserver``).
+PROTOCOL_OF = {"lockfree": "lockfree", "blocklock": "lockfree", "locked": "locked",
+               "serial": "serial", "paramserver": "paramserver"}
+#: Real-run modes whose writes are atomic per block (a lock per block write).
+ATOMIC_MODES = ("blocklock",)
+
+_SIMULATED_MACHINE = ("describes the simulated machine; a real run has the hardware itself "
+                      "(asyngrad calibrate fits it from a real run)")
+_NO_INJECTION = "real runs inject no delays, errors or faults yet (simulate it)"
+
+#: Field (or section) → (shm and cuda, ps): what a real run does with it.
+SUPPORT: tuple[tuple[str, str, str], ...] = (
+    ("`name`, `problem.*`", "honoured", "honoured"),
+    ("`run.protocol`", "recorded: the mode's (`lockfree`, `locked`, `serial`); another "
+     "non-default one refused", "recorded: `paramserver`; another non-default one refused"),
+    ("`run.threads`", "recorded: `--workers`", "recorded: `--workers` (trainers)"),
+    ("`run.updates`", "honoured: gradients computed, T split evenly (`--accumulate N`: T "
+     "updates of N gradients each)",
+     "honoured: gradients computed (the server hands out the budget; `accumulate` n pushes "
+     "n at a time)"),
+    ("`run.lr`, `run.seed`", "honoured", "honoured"),
+    ("`run.blocks`", "honoured", "refused unless 1 (the server holds one shard)"),
+    ("`run.write_mode`", "recorded: `atomic_add` for `blocklock`, else `load_store`; "
+     "`atomic_add` with another mode refused", "inert (pushes are applied whole)"),
+    ("`run.lr_schedule`", "refused unless `constant`", "refused unless `constant`"),
+    ("`run.split`", "recorded: `even`", "refused unless `shared`"),
+    ("`run.read_view`", "recorded: `sweep` (dense), `end` (sparse)", "recorded: `end`"),
+    ("`run.store_grain`, `run.placement`", "refused unless default", "refused unless default"),
+    ("`[timing]`, `[[devices]]`", "refused unless default", "refused unless default"),
+    ("`metrics.exact`, `metrics.every`", "recorded: `--measure` measures every "
+     "`metrics.every`-th update, `--measure-every N` every N-th",
+     "recorded: as for shm"),
+    ("`metrics.curve_points`", "honoured", "honoured"),
+    ("`[inject]`", "refused unless default", "refused unless default"),
+    ("`[paramserver]`", "inert", "honoured"),
+    ("`[dcasgd]`, `[admm]`", "inert", "inert"),
+)
+
+
+def support_markdown() -> str:
+    """:data:`SUPPORT` as a Markdown table (the one ``docs/semantics.md`` shows)."""
+    lines = ["| field | `shm`, `cuda` | `ps` |", "|---|---|---|"]
+    lines += [f"| {field} | {shm} | {ps} |" for field, shm, ps in SUPPORT]
+    return "\n".join(lines) + "\n"
+
+
+def refuse_unsupported(scenario: Scenario, backend: str, mode: str) -> None:
+    """Refuse the first field ``backend`` running ``mode`` would not honour (:data:`SUPPORT`).
+
+    Raises:
+        ScenarioError: naming the field, its value and the backend.
+    """
+    found = _unsupported(scenario, backend, mode)
+    if found is not None:
+        field, value, reason = found
+        raise ScenarioError(field, value, f"{reason}; refused by the {backend} backend")
+
+
+def _unsupported(scenario: Scenario, backend: str, mode: str) -> tuple[str, Any, str] | None:
+    """The first refused field as (field, value, reason), or None."""
+    run, default = scenario.run, Scenario().run
+    protocol = PROTOCOL_OF[mode]
+    if run.protocol not in (default.protocol, protocol):
+        return "run.protocol", run.protocol, f"this backend runs {protocol} (--mode {mode})"
+    if run.write_mode == "atomic_add" and mode not in ATOMIC_MODES and backend != "ps":
+        return ("run.write_mode", run.write_mode, f"--mode {mode} writes in place "
+                "(load_store); --mode blocklock locks each block write")
+    if run.lr_schedule != "constant":
+        return ("run.lr_schedule", run.lr_schedule, "real workers apply a constant learning "
+                "rate (a schedule needs the global update count, which lock-free workers do "
+                "not share)")
+    for name in ("store_grain", "placement"):
+        if getattr(run, name) != getattr(default, name):
+            return f"run.{name}", getattr(run, name), _SIMULATED_MACHINE
+    if backend == "ps":
+        if run.blocks != 1:
+            return "run.blocks", run.blocks, "the real server holds the vector as one shard"
+        if run.split != "shared":
+            return ("run.split", run.split, "the server hands out the updates to whichever "
+                    "trainer asks (shared)")
+    return (_changed("timing", scenario.timing, TimingSpec())
+            or _devices(scenario)
+            or _changed("inject", scenario.inject, InjectSpec(), _NO_INJECTION))
+
+
+def _changed(section: str, spec: Any, default: Any,
+             reason: str = _SIMULATED_MACHINE) -> tuple[str, Any, str] | None:
+    """The first field of ``spec`` that differs from ``default``."""
+    for f in dataclasses.fields(spec):
+        value = getattr(spec, f.name)
+        if value != getattr(default, f.name):
+            shown = ([dataclasses.asdict(v) for v in value] if isinstance(value, tuple)
+                     else value.to_dict() if hasattr(value, "to_dict")
+                     else dataclasses.asdict(value) if isinstance(value, TimingSpec)
+                     else value)
+            return f"{section}.{f.name}", shown, reason
+    return None
+
+
+def _devices(scenario: Scenario) -> tuple[str, Any, str] | None:
+    default = Scenario().devices
+    if len(scenario.devices) != len(default):
+        return "devices", len(scenario.devices), _SIMULATED_MACHINE
+    return _changed("devices.0", scenario.devices[0], default[0])
+
+
+def recorded(mode: str, workers: int, sparse: bool, measure_every: int | None,
+             every: int) -> list[str]:
+    """The overrides that make a real run's resolved scenario state what ran: the mode's
+    protocol and write mode at ``workers`` threads, each worker's fixed share of the updates
+    (``split = even``; not for ``ps``, whose server hands them out), what a copy of a dense
+    vector holds while another worker's in-place write runs (``read_view = sweep``; a pull
+    is a consistent copy), and whether and how often it measured the serialized view
+    (``measure_every``, None: not at all; ``every``: the scenario's)."""
+    overrides = [f"run.threads={workers}", f"run.protocol={PROTOCOL_OF[mode]}",
+                 f"metrics.exact={'true' if measure_every is not None else 'false'}",
+                 f"metrics.every={measure_every or every}"]
+    if mode == "paramserver":
+        return [*overrides, "run.read_view=end"]
+    return [*overrides, "run.split=even", f"run.read_view={'end' if sparse else 'sweep'}",
+            f"run.write_mode={'atomic_add' if mode in ATOMIC_MODES else 'load_store'}"]
