@@ -705,7 +705,7 @@ def _explore_property(args: argparse.Namespace, scenario: Any, out: Path,
         (where / "explore.json").write_text(json.dumps(report, indent=2) + "\n")
         (where / "scenario.toml").write_text(scenario_to_toml(scenario))
         if run is not None:
-            (where / "worst.schedule").write_text(report["counterexample"] + "\n")
+            (where / "worst.schedule").write_text(report["counterexample_schedule"] + "\n")
             write_run(where / "worst", scenario, run.trace, run.problem)
 
     publish(out, files, write)
@@ -717,8 +717,9 @@ def _explore_property(args: argparse.Namespace, scenario: Any, out: Path,
                   f"schedules ({report['found_value']:.6g}); shrunk to "
                   f"{report['counterexample']} ({report['counterexample_preemptions']} "
                   f"preemptions, {report['counterexample_value']:.6g})")
-            print(f"  wrote {out}/explore.json and the counterexample run {out}/worst/ "
-                  "(timeline.png)")
+            print(f"  wrote {out}/explore.json, {out}/worst.schedule (the whole schedule the "
+                  f"counterexample ran) and {out}/worst/ (replay: asyngrad replay {out} "
+                  f"--schedule {out}/worst.schedule --out DIR)")
     return 1 if report["counterexample"] is not None else 0
 
 

@@ -607,8 +607,10 @@ def search_violation(scenario: Scenario, prop: Property, kind: str, runs: int,
                      progress: Callable[[int], object] | None = None,
                      ) -> dict[str, Any]:
     """Run schedules of ``kind`` until one violates ``prop``; shrink it. The report holds the
-    violating schedule, the minimal counterexample and its metric (``counterexample`` is
-    None when every run satisfied the property)."""
+    violating schedule, the minimal counterexample (``counterexample``: the shrunk prefix,
+    after which each thread runs until it cannot act; ``counterexample_schedule``: the whole
+    schedule that run executed, which replays as written) and its metric
+    (``counterexample`` is None when every run satisfied the property)."""
     shared = _Shared(scenario)
     f_star = shared.problem.optimum()[1]
     threads = shared.threads
@@ -630,6 +632,7 @@ def search_violation(scenario: Scenario, prop: Property, kind: str, runs: int,
                 runs_until_found=run + 1, found=result.text,
                 found_value=measure(result.trace, f_star),
                 counterexample=format_schedule(minimal),
+                counterexample_schedule=shrunk.text,
                 counterexample_value=measure(shrunk.trace, f_star),
                 counterexample_preemptions=max(0, len(_runs_of(minimal)) - 1),
                 run=shrunk)
