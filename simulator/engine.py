@@ -19,6 +19,7 @@ samples come from a ``DurationSource``: seeded draws, or a recorded trace (repla
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import deque
 from collections.abc import Callable, Generator, Sequence
@@ -96,6 +97,12 @@ class _Writing:
 
     def planned_end(self) -> int:
         return self.end if self.convoy is None else self.convoy.end + self.tail
+
+
+def _ends(end: int, durations: list[int]) -> list[int]:
+    """The end of each of consecutive actions of ``durations`` that ended at ``end``."""
+    ends = list(itertools.accumulate(durations, initial=end - sum(durations)))
+    return ends[1:]
 
 
 class Update:
@@ -671,10 +678,7 @@ class Engine:
                     run = self._uninterrupted(thread, u.read_ns, i) if n > 1 else i
                     if run > i:  # (never with shared lines or sweeping reads: no lookahead)
                         mem.copy_run(ops[i:run], local)
-                        end = clock[thread] - sum(u.read_ns[i:run])  # the run's clock moved
-                        for duration in u.read_ns[i:run]:
-                            end += duration
-                            u.copied.append(end)
+                        u.copied.extend(_ends(clock[thread], u.read_ns[i:run]))
                         i = run
                         continue
                     block, index = ops[i][:2]
@@ -814,10 +818,8 @@ class Engine:
                 run = self._uninterrupted(thread, write_ns, i) if n > 1 and not passes else i
                 if run > i:
                     mem.write_run(writes[i:run], step, u.uid, self.atomic)
-                    end = clock[thread] - sum(write_ns[i:run])  # the run's clock moved
-                    for piece, duration in zip(writes[i:run], write_ns[i:run], strict=True):
-                        end += duration
-                        u.stored[piece[0]] = end
+                    u.stored.update(zip([piece[0] for piece in writes[i:run]],
+                                        _ends(clock[thread], write_ns[i:run]), strict=True))
                     i = run
                     continue
                 block, index, vsel, touched = writes[i]
@@ -1071,8 +1073,10 @@ class Engine:
                                else [op[0] for op in u.ops])
         self._op_read_ns.extend(u.read_ns)
         self._op_copied.extend(u.copied if u.copied else [-1] * len(u.ops))
-        self._op_stored.extend([u.stored.get(op[0], -1) for op in u.ops] if u.stored
-                               else [-1] * len(u.ops))
+        stored = u.stored  # in op order when every block was stored (blocks are written in
+        # op order; a block's grains keep its first place)
+        self._op_stored.extend(stored.values() if len(stored) == len(u.ops) else
+                               [stored.get(op[0], -1) for op in u.ops])
         self._op_write_ns.extend(u.write_ns)
         if self._convoys is not None:
             self._op_write_drawn.extend(u.write_ns if u.drawn_write_ns is None
