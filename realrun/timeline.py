@@ -4,10 +4,8 @@ From the merged timeline, at block granularity:
 
 * completions are write ends in time order; an update's staleness is the number of other
   completions between its read start and its own write end;
-* a block read is read-overwritten when another store to that block finished after the
-  update's read began and before the block's copy finished;
-* a read is torn when its block copies cannot come from one instant: copy b is valid from the
-  last store to b before it to the first store to b after it, and the intervals must meet.
+* read-overwrites and torn reads from the block copy and store ends, by the one definition
+  every trace uses (:func:`simulator.trace.read_report`).
 
 Stores that the hardware lost cannot be seen from timestamps: ``lost_blocks`` stays 0; measure
 mode (``realrun.rebuild``) adds exact gradient errors and the distance between the rebuilt and
@@ -23,7 +21,7 @@ import numpy as np
 
 from realrun.rebuild import convoy_losses, read_sweeps, rebuild
 from simulator.problems import Problem
-from simulator.trace import COLUMNS, Trace
+from simulator.trace import COLUMNS, Trace, read_report
 
 __all__ = ["Measure", "WorkerRecord", "merge", "overlap_rate", "thread_ends"]
 
@@ -49,29 +47,6 @@ def _stacked(records: list[WorkerRecord]) -> dict[str, np.ndarray]:
         "thread": np.concatenate([np.full(len(r.samples), k) for k, r in enumerate(records)]),
         "thread_seq": np.concatenate([np.arange(len(r.samples)) for r in records]),
     }
-
-
-def _read_report(read_start: np.ndarray, copy_end: np.ndarray,
-                 store_end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per update: read-overwritten blocks and torn, from all stores to each block."""
-    n, blocks = copy_end.shape
-    overwritten = np.zeros(n, dtype=np.int32)
-    newest = np.full(n, -np.inf)
-    first_later = np.full(n, np.inf)
-    for b in range(blocks):
-        touched = copy_end[:, b] >= 0
-        stores = np.sort(store_end[store_end[:, b] >= 0, b])
-        copies = copy_end[touched, b]
-        before_copy = np.searchsorted(stores, copies, side="left")
-        after_start = np.searchsorted(stores, read_start[touched], side="right")
-        overwritten[touched] += (before_copy > after_start).astype(np.int32)
-        last = np.where(before_copy > 0, stores[np.maximum(before_copy - 1, 0)], -np.inf)
-        nxt = np.where(before_copy < stores.size,
-                       stores[np.minimum(before_copy, max(stores.size - 1, 0))], np.inf)
-        newest[touched] = np.maximum(newest[touched], last)
-        first_later[touched] = np.minimum(first_later[touched], nxt)
-    touched_blocks = (copy_end >= 0).sum(axis=1)
-    return overwritten, (touched_blocks > 1) & (newest > first_later)
 
 
 @dataclass(frozen=True)
@@ -125,7 +100,9 @@ def merge(records: list[WorkerRecord], w0: np.ndarray, w_final: np.ndarray,
     position = np.empty(len(rel), dtype=np.int64)
     position[order] = np.arange(len(rel))
     staleness = position - np.searchsorted(np.sort(rel[:, 3]), rel[:, 0], side="right")
-    overwritten, torn = _read_report(rel[:, 0], copy_end, store_end)
+    rows, blocks = np.nonzero(copy_end >= 0)
+    overwritten, torn = read_report(rel[:, 0], rows, blocks, copy_end[rows, blocks],
+                                    store_end[rows, blocks])
     nan = np.full(len(rel), np.nan)
     columns = {
         "uid": uid, "thread": data["thread"], "thread_seq": data["thread_seq"],

@@ -708,7 +708,7 @@ def _explore_property(args: argparse.Namespace, scenario: Any, out: Path,
         (where / "explore.json").write_text(json.dumps(report, indent=2) + "\n")
         (where / "scenario.toml").write_text(scenario_to_toml(scenario))
         if run is not None:
-            (where / "worst.schedule").write_text(report["counterexample"] + "\n")
+            (where / "worst.schedule").write_text(report["counterexample_schedule"] + "\n")
             write_run(where / "worst", scenario, run.trace, run.problem)
 
     publish(out, files, write)
@@ -720,8 +720,9 @@ def _explore_property(args: argparse.Namespace, scenario: Any, out: Path,
                   f"schedules ({report['found_value']:.6g}); shrunk to "
                   f"{report['counterexample']} ({report['counterexample_preemptions']} "
                   f"preemptions, {report['counterexample_value']:.6g})")
-            print(f"  wrote {out}/explore.json and the counterexample run {out}/worst/ "
-                  "(timeline.png)")
+            print(f"  wrote {out}/explore.json, {out}/worst.schedule (the whole schedule the "
+                  f"counterexample ran) and {out}/worst/ (replay: asyngrad replay {out} "
+                  f"--schedule {out}/worst.schedule --out DIR)")
     return 1 if report["counterexample"] is not None else 0
 
 
@@ -729,14 +730,14 @@ def _table(args: argparse.Namespace) -> int:
     import csv
 
     from simulator.rundir import check_out, publish
-    from simulator.table import paper_table, table_markdown
+    from simulator.table import COLUMNS, paper_table, table_markdown
 
     for name, value in (("--updates", args.updates), ("--threads", args.threads)):
         if value < 1:
             raise ScenarioError(name, value, "must be >= 1")
     out = Path(args.out)
     check_out(out, TABLE_FILES)
-    with _progress(9, args.quiet) as bar:
+    with _progress(3 * len(COLUMNS), args.quiet) as bar:
         cells = paper_table(args.updates, args.threads, args.seed, bar.update)
     text = table_markdown(cells)
 
@@ -984,7 +985,8 @@ def _parser() -> argparse.ArgumentParser:
     exp.add_argument("--seed", type=int, default=0, help="first scheduler seed (default 0)")
     exp.add_argument("--keep", type=int, default=5, help="worst schedules kept (default 5)")
 
-    tab = command("table", "the Sync/Async × Sparse/Dense table of AsynGrad, measured", _table,
+    tab = command("table", "the Sync/Async × Sparse/Dense table of AsynGrad (sparse and dense "
+                  "logistic, LSTM tagger, dense CRF), measured", _table,
                   scenario=False, out="directory for table.csv and table.md")
     tab.add_argument("--updates", type=int, default=20_000, help="T per run (default 20000)")
     tab.add_argument("--threads", type=int, default=8, help="k (default 8)")

@@ -19,6 +19,7 @@ samples come from a ``DurationSource``: seeded draws, or a recorded trace (repla
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import deque
 from collections.abc import Callable, Generator, Sequence
@@ -30,7 +31,7 @@ import simpy
 from simulator.distributions import beta_shapes
 from simulator.errors import ScenarioError
 from simulator.inject import Injector
-from simulator.memory import BlockCopy, Grain, Op, SharedMemory, block_ops, grain_ops
+from simulator.memory import Grain, Op, SharedMemory, block_ops, grain_ops
 from simulator.problems import Problem, make_problem
 from simulator.protocols import make_protocol
 from simulator.protocols.base import GROUPED, MEMBER, SINGLE, Protocol
@@ -38,7 +39,7 @@ from simulator.rules import LR_FACTORS, mean_step
 from simulator.scenario import CONVOY_FIELDS, Scenario, TimingSpec, scenario_to_toml
 from simulator.slices import Migrating
 from simulator.timing import GRAD, IDLE, READ, WRITE, DurationSource, SampledSource
-from simulator.trace import COLUMNS, Trace
+from simulator.trace import COLUMNS, Trace, read_report
 from simulator.view import UNMEASURED, SerializedView
 
 __all__ = ["Engine", "Update", "simulate"]
@@ -98,13 +99,19 @@ class _Writing:
         return self.end if self.convoy is None else self.convoy.end + self.tail
 
 
+def _ends(end: int, durations: list[int]) -> list[int]:
+    """The end of each of consecutive actions of ``durations`` that ended at ``end``."""
+    ends = list(itertools.accumulate(durations, initial=end - sum(durations)))
+    return ends[1:]
+
+
 class Update:
     """One update in flight: its sample, the blocks it moves and what happened to it."""
 
-    __slots__ = ("delay", "discard", "drawn_write_ns", "dropped", "error_norm", "grad_end",
-                 "grad_ns", "grad_start", "group", "idle_ns", "lr_scale", "ops", "overwrote",
-                 "read", "read_end", "read_ns", "read_overwrites", "read_start", "role",
-                 "sample", "seq", "start_completed", "start_versions", "step", "thread", "torn",
+    __slots__ = ("copied", "delay", "discard", "drawn_write_ns", "dropped", "error_norm",
+                 "grad_end", "grad_ns", "grad_start", "group", "idle_ns", "lr_scale", "ops",
+                 "overwrote", "read", "read_end", "read_ns", "read_start", "role",
+                 "sample", "seq", "start_completed", "start_versions", "step", "stored", "thread",
                  "uid", "write_end", "write_ns", "write_start")
 
     read_ns: list[int]
@@ -118,13 +125,15 @@ class Update:
     write_start: int
     write_end: int
     start_completed: int
-    read_overwrites: int
-    torn: bool
     step: np.ndarray
 
     def __init__(self, uid: int, thread: int, seq: int, sample: int, ops: list[Op]) -> None:
         self.uid, self.thread, self.seq, self.sample, self.ops = uid, thread, seq, sample, ops
         self.start_versions: list[int] = []
+        # For the read report: when each op's block copy ended, and per block when its (last)
+        # store ended.
+        self.copied: list[int] = []
+        self.stored: dict[int, int] = {}
         self.overwrote = 0
         self.read = True        # False: reuse the thread's previous read copy (accumulation)
         self.role = SINGLE      # set by the protocol before the write
@@ -163,7 +172,7 @@ class Engine:
         self._schedule = LR_FACTORS.get(run.lr_schedule)
         self.atomic = run.write_mode == "atomic_add" or self.protocol.atomic
         w0 = self.problem.initial()
-        self.mem = SharedMemory(w0, run.blocks, track_coords=self.problem.sparse)
+        self.mem = SharedMemory(w0, run.blocks)
         self._dense_ops, self._dense_fractions = self._block_ops(None)
         # load_store writes swept grain by grain (run.store_grain): the pieces of a dense
         # update, cut once.
@@ -248,6 +257,9 @@ class Engine:
         self._op_counts: list[int] = []
         self._op_blocks: list[int] = []
         self._op_read_ns: list[int] = []
+        # When each op's copy and store ended (``Update.copied``, ``stored``; −1: none).
+        self._op_copied: list[int] = []
+        self._op_stored: list[int] = []
         self._op_write_ns: list[int] = []
         self.progress: Callable[[int], object] | None = None
         # Writes that meet (timing.convoy_*): the timing they follow when they form convoys,
@@ -661,16 +673,15 @@ class Engine:
                     assert injector is not None
                     u.delay = min(injector.delay(thread), u.start_completed)
                     past = self._history[-1 - u.delay]
-                copies: list[BlockCopy] = []
-                swept: list[tuple[int, bool]] = []  # (op, torn): a write's part in the copy
                 i = 0
                 while i < n:
                     run = self._uninterrupted(thread, u.read_ns, i) if n > 1 else i
                     if run > i:  # (never with shared lines or sweeping reads: no lookahead)
-                        copies.extend(mem.copy_run(ops[i:run], local))
+                        mem.copy_run(ops[i:run], local)
+                        u.copied.extend(_ends(clock[thread], u.read_ns[i:run]))
                         i = run
                         continue
-                    block, index, _, coords = ops[i]
+                    block, index = ops[i][:2]
                     wait = self._advance(thread, u.read_ns[i], True)
                     if wait is not None:
                         yield wait
@@ -679,26 +690,20 @@ class Engine:
                         extra = yield from self._overrun(thread)
                         if extra:
                             u.read_ns = [*u.read_ns[:-1], u.read_ns[-1] + extra]
-                    copies.append(mem.copy(block, index, coords, local))
+                    mem.copy(index, local)
+                    u.copied.append(clock[thread])
                     if sweeping and self._in_write[block]:
-                        seen = self._swept(thread, block, index, local, clock[thread])
-                        if seen is not None:
-                            swept.append((i, seen))
+                        self._swept(thread, block, index, local, clock[thread])
                     if sharing:
                         self._read_lines(thread, ops[i:i + 1])
                     i += 1
                 u.read_end = clock[thread]
-                u.read_overwrites, u.torn = mem.read_report(copies, u.start_versions)
-                for i, torn in swept:  # a write's part in the copy: overwritten, maybe torn
-                    u.read_overwrites += copies[i][2] == u.start_versions[i]
-                    u.torn = u.torn or torn
                 if delays:
                     np.copyto(local, past)
                 self._pulled[thread] = (u.start_completed, u.delay)
             else:  # gradients accumulated on the vector this thread read last
                 u.read_start = u.read_end = clock[thread]
                 u.start_completed, u.delay = self._pulled[thread]
-                u.read_overwrites, u.torn = 0, False
             if gated:
                 yield from self._catch_up(thread)
                 protocol.after_read(self, u)
@@ -795,6 +800,7 @@ class Engine:
                         yield self.env.timeout(convoy.end + tail - clock[thread])
                         clock[thread] = int(self.env.now)
                     self._sweep(convoy, u, block, index, step[vsel])
+                    u.stored[block] = clock[thread]
                     if sweeping:
                         self._in_write[block].remove(writing)
                     u.write_ns.append(clock[thread] - begun)
@@ -812,6 +818,8 @@ class Engine:
                 run = self._uninterrupted(thread, write_ns, i) if n > 1 and not passes else i
                 if run > i:
                     mem.write_run(writes[i:run], step, u.uid, self.atomic)
+                    u.stored.update(zip([piece[0] for piece in writes[i:run]],
+                                        _ends(clock[thread], write_ns[i:run]), strict=True))
                     i = run
                     continue
                 block, index, vsel, touched = writes[i]
@@ -837,11 +845,14 @@ class Engine:
                         u.write_ns = [*u.write_ns[:-1], u.write_ns[-1] + extra]
                 if passes:
                     self._land(flight, block, index, step[vsel])
+                    u.stored[block] = clock[thread]
                     continue
                 if loaded is None:
                     mem.add(block, index, touched, -step[vsel], u.uid)
+                    u.stored[block] = clock[thread]
                     continue
                 lost = mem.store(block, index, touched, loaded, step[vsel], u.uid, loaded_at)
+                u.stored[block] = clock[thread]
                 for victim in lost:
                     self.lost[victim] += 1
                 u.overwrote += len(lost)
@@ -966,12 +977,11 @@ class Engine:
         return round(timing.write_sweep_lead), round(timing.write_sweep_tail)
 
     def _swept(self, thread: int, block: int, index: slice, local: np.ndarray,
-               now: int) -> bool | None:
+               now: int) -> None:
         """``thread``'s read of ``block`` just copied it into ``local`` at its end, ``now``:
         add the coordinates each other thread's write in flight had stored by then (``RunSpec``
-        docstring, ``read_view``). Returns None when no write's part was seen, else whether
-        the copy is torn (a write seen on part of the block)."""
-        size, torn = index.stop - index.start, None
+        docstring, ``read_view``), and record each such (read, write) row."""
+        size = index.stop - index.start
         for writing in self._in_write[block]:
             if writing.thread == thread:
                 continue
@@ -988,8 +998,6 @@ class Engine:
             step = writing.step[:m]
             lost = None if writing.lost is None else writing.lost.get(writing.uid)
             local[part] -= step if lost is None else np.where(lost[:m], 0.0, step)
-            torn = bool(torn) or m < size
-        return torn
 
     def _convoy_moved(self, thread: int, convoy: _Convoy) -> None:
         """Interference and convoys: a write alone in its convoy is a phase like any other
@@ -1058,12 +1066,17 @@ class Engine:
         staleness = (step - 1 if step else self.completed) - u.start_completed + u.delay
         self._rows.append((u.uid, u.thread, u.seq, u.sample, step, u.read_start, u.read_end,
                            u.grad_start, u.grad_end, u.write_start, u.write_end, u.grad_ns,
-                           u.idle_ns, staleness, u.read_overwrites, u.torn, 0, u.overwrote, u.delay,
+                           u.idle_ns, staleness, 0, False, 0, u.overwrote, u.delay,
                            u.error_norm, u.dropped, u.lr_scale, *m))
         self._op_counts.append(len(u.ops))
         self._op_blocks.extend(self._dense_blocks if u.ops is self._dense_ops
                                else [op[0] for op in u.ops])
         self._op_read_ns.extend(u.read_ns)
+        self._op_copied.extend(u.copied if u.copied else [-1] * len(u.ops))
+        stored = u.stored  # in op order when every block was stored (blocks are written in
+        # op order; a block's grains keep its first place)
+        self._op_stored.extend(stored.values() if len(stored) == len(u.ops) else
+                               [stored.get(op[0], -1) for op in u.ops])
         self._op_write_ns.extend(u.write_ns)
         if self._convoys is not None:
             self._op_write_drawn.extend(u.write_ns if u.drawn_write_ns is None
@@ -1153,9 +1166,14 @@ class Engine:
         if not self._rows:
             arrays = {name: np.zeros(0, dtype=dtype) for name, dtype in COLUMNS.items()}
         arrays["lost_blocks"] = np.asarray(self.lost, dtype=np.int32)[arrays["uid"]]
+        op_block = np.asarray(self._op_blocks, dtype=np.int32)
+        arrays["read_overwrites"], arrays["torn"] = read_report(
+            arrays["read_start"], np.repeat(np.arange(len(self._op_counts)), self._op_counts),
+            op_block, np.asarray(self._op_copied, dtype=np.int64),
+            np.asarray(self._op_stored, dtype=np.int64))
         arrays.update(
             op_offsets=np.concatenate([[0], np.cumsum(self._op_counts)]).astype(np.int64),
-            op_block=np.asarray(self._op_blocks, dtype=np.int32),
+            op_block=op_block,
             op_read_ns=np.asarray(self._op_read_ns, dtype=np.int64),
             op_write_ns=np.asarray(self._op_write_ns, dtype=np.int64),
             w0=self.problem.initial(), w_final=self.mem.w.copy())

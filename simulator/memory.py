@@ -6,9 +6,10 @@ memory answers, exactly and at coordinate granularity:
 
 * which earlier stores a read-modify-write overwrote (lost updates under ``load_store``; a
   store covers a whole block, or one grain of it — a ``range`` of coordinates — when writes
-  are swept grain by grain, ``run.store_grain``);
-* whether a block read saw stores that landed after the update's read began (read-overwrite);
-* whether a multi-block read mixes versions that never coexisted (a torn read).
+  are swept grain by grain, ``run.store_grain``).
+
+Read-overwrites and torn reads come from when copies and stores happened
+(:func:`simulator.trace.read_report`): ``seq`` orders them.
 
 History is trimmed below the oldest version an in-flight update still needs.
 """
@@ -21,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["BlockCopy", "Grain", "Op", "SharedMemory", "block_bounds", "block_ops", "grain_ops"]
+__all__ = ["Grain", "Op", "SharedMemory", "block_bounds", "block_ops", "grain_ops"]
 
 Index = slice | np.ndarray
 
@@ -33,12 +34,6 @@ Coords = np.ndarray | range | None
 # One remembered store: (global sequence number, update id, coordinates). Plain tuples: one is
 # made per block store, on the hot path.
 _Store = tuple[int, int, Coords]
-
-
-# What a thread's copy of one block saw: (block, coordinates or None, the block's version when
-# the copy was taken, sequence number of the newest store the copy contains). A plain tuple:
-# one is made per block read, on the hot path.
-BlockCopy = tuple[int, np.ndarray | None, int, int]
 
 
 def block_bounds(dim: int, blocks: int) -> list[int]:
@@ -101,15 +96,13 @@ def _overlaps(a: Coords, b: Coords) -> bool:
 class SharedMemory:
     """The shared vector ``w`` and its per-block store history."""
 
-    def __init__(self, w0: np.ndarray, blocks: int, track_coords: bool) -> None:
+    def __init__(self, w0: np.ndarray, blocks: int) -> None:
         self.w = np.array(w0, dtype=np.float64)
         self.bounds = block_bounds(self.w.size, blocks)
         self.seq = 0
         self.count = [0] * blocks  # stores each block has received: its version
         self._history: list[list[_Store]] = [[] for _ in range(blocks)]
         self._base = [0] * blocks  # version of the oldest store still in the history
-        self._block_newest = [0] * blocks
-        self._coord_newest = np.zeros(self.w.size, dtype=np.int64) if track_coords else None
         # Low-precision writes: rounds stored values in place (None: full float64).
         self.quantize: Callable[[np.ndarray], None] | None = None
 
@@ -133,22 +126,19 @@ class SharedMemory:
             return [store[1] for store in window]
         return [store[1] for store in window if _overlaps(store[2], coords)]
 
-    def copy(self, block: int, index: Index, coords: np.ndarray | None,
-             out: np.ndarray) -> BlockCopy:
-        """Copy the block's coordinates into ``out`` (the end of a block read)."""
+    def copy(self, index: Index, out: np.ndarray) -> None:
+        """Copy a block's coordinates into ``out`` (the end of a block read)."""
         out[index] = self.w[index]
-        if coords is None or self._coord_newest is None:
-            return block, coords, self.count[block], self._block_newest[block]
-        return block, coords, self.count[block], int(self._coord_newest[coords].max())
 
-    def copy_run(self, ops: list[Any], out: np.ndarray) -> list[BlockCopy]:
+    def copy_run(self, ops: list[Any], out: np.ndarray) -> None:
         """Copy consecutive blocks that nothing can interleave with (one numpy copy for the
         contiguous span of dense blocks)."""
         if ops[0][3] is not None:
-            return [self.copy(block, index, coords, out) for block, index, _, coords in ops]
+            for op in ops:
+                self.copy(op[1], out)
+            return
         span = slice(ops[0][1].start, ops[-1][1].stop)
         out[span] = self.w[span]
-        return [(op[0], None, self.count[op[0]], self._block_newest[op[0]]) for op in ops]
 
     def write_run(self, ops: Sequence[Any], step: np.ndarray, uid: int, atomic: bool) -> None:
         """Write consecutive blocks that nothing can interleave with: no store in between, so
@@ -171,31 +161,6 @@ class SharedMemory:
             self._rounded(span)
         for block, index, _, coords in ops:
             self._record(block, index, coords, uid)
-
-    def read_report(self, copies: list[BlockCopy], since: list[int]) -> tuple[int, bool]:
-        """(read-overwritten blocks, torn) for a read that began at versions ``since``.
-
-        A block is read-overwritten when a store to its coordinates landed after the read
-        began and before the block was copied. The read is torn when the copies mix versions
-        that never coexisted: copy b is valid from its newest contained store to the first
-        later store to the same coordinates, and a consistent read needs a common point.
-        """
-        if len(copies) == 1 and copies[0][1] is None:  # one whole block: cannot be torn
-            return int(copies[0][2] != since[0]), False
-        changed = sum(1 for (block, coords, version, _), start in zip(copies, since, strict=True)
-                      if version != start and (coords is None or any(
-                          _overlaps(s[2], coords) for s in self._window(block, start,
-                                                                         version))))
-        if len(copies) < 2:
-            return changed, False
-        newest = max(c[3] for c in copies)
-        for block, coords, version, _ in copies:
-            for seq, _, stored in self._window(block, version):
-                if seq > newest:
-                    break
-                if _overlaps(stored, coords):
-                    return changed, True
-        return changed, False
 
     def load(self, index: Index) -> np.ndarray:
         """The current values (the load of a read-modify-write)."""
@@ -228,9 +193,6 @@ class SharedMemory:
         self.seq += 1
         self.count[block] += 1
         self._history[block].append((self.seq, uid, coords))
-        self._block_newest[block] = self.seq
-        if self._coord_newest is not None:
-            self._coord_newest[index] = self.seq
 
     def trim(self, keep: list[int]) -> None:
         """Forget stores below ``keep[b]`` for each block (no in-flight update needs them)."""

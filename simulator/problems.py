@@ -11,9 +11,16 @@ the whole vector) or the sorted coordinates it touches (``values`` aligned with 
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
 import math
+import os
+import sys
+import tempfile
 from abc import ABC, abstractmethod
 from functools import cached_property
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -24,12 +31,34 @@ import scipy.sparse.linalg
 
 from simulator.errors import ScenarioError
 
-__all__ = ["HELD_OUT", "PROBLEMS", "LogisticProblem", "MLPProblem", "Problem",
-           "QuadraticProblem", "SparseLogisticProblem", "holdout_split", "make_problem"]
+__all__ = ["CACHE_ENV", "HELD_OUT", "PROBLEMS", "LogisticProblem", "MLPProblem", "Problem",
+           "QuadraticProblem", "SparseLogisticProblem", "cache_dir", "holdout_split",
+           "make_problem"]
 
 Gradient = tuple[np.ndarray, np.ndarray | None]
 
 HELD_OUT = 0x4E1D  # the held-out samples' random stream, apart from the training ones
+
+CACHE_ENV = "ASYNGRAD_CACHE_DIR"  # where estimated optima are kept (tests point it elsewhere)
+# Part of every cached optimum's key: bump it when a solver or an objective changes, so
+# optima estimated by older code are recomputed.
+OPTIMUM_VERSION = 1
+
+
+def cache_dir() -> Path:
+    """``$ASYNGRAD_CACHE_DIR``, else ``$XDG_CACHE_HOME/asyngrad-lab``, else
+    ``~/.cache/asyngrad-lab``."""
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV])
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "asyngrad-lab"
+
+
+def _spec_key(spec: Any) -> str:
+    """A hash of the problem spec, the solver code's version and the numeric libraries'."""
+    text = json.dumps({"spec": dataclasses.asdict(spec), "version": OPTIMUM_VERSION,
+                       "numpy": np.__version__, "scipy": scipy.__version__}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
 class Problem(ABC):
@@ -37,6 +66,10 @@ class Problem(ABC):
 
     name: str = ""
     convex: bool = True
+    caches_optimum = False  # slow estimates are kept on disk (``cache_dir``) by spec
+    # Set by ``make_problem``: a hash of the spec the problem was built from (None: built
+    # otherwise, never cached).
+    spec_key: str | None = None
 
     def __init__(self, dim: int, n_samples: int) -> None:
         self.dim, self.n_samples = dim, n_samples
@@ -119,13 +152,37 @@ class Problem(ABC):
 
     @cached_property
     def _optimum(self) -> tuple[np.ndarray, float]:
-        w = self._solve()
+        cached = self.caches_optimum and self.spec_key is not None
+        w = self._cached_solve() if cached else self._solve()
         w.setflags(write=False)
         return w, self.full_loss(w)
 
     def optimum(self) -> tuple[np.ndarray, float]:
-        """(w*, f*), computed once (closed form, or trust-region Newton-CG to ‖∇f‖ ~1e-12)."""
+        """(w*, f*), computed once (closed form, or trust-region Newton-CG to ‖∇f‖ ~1e-12;
+        problems that estimate it slowly keep w* in ``cache_dir()``, keyed by their spec)."""
         return self._optimum
+
+    def _cached_solve(self) -> np.ndarray:
+        """w* from the cache file of this problem's spec, or solved and written there
+        atomically (a missing, unreadable or malformed file is solved again; an unwritable
+        cache directory only costs the next run the same wait)."""
+        path = cache_dir() / f"optimum-{self.name}-{self.spec_key}.npy"
+        try:
+            w = np.load(path, allow_pickle=False)
+            if w.shape == (self.dim,) and w.dtype == np.float64 and np.isfinite(w).all():
+                return w
+        except (OSError, ValueError, EOFError):
+            pass
+        w = self._solve()
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with tempfile.NamedTemporaryFile(dir=path.parent, suffix=".tmp",
+                                             delete=False) as handle:
+                np.save(handle, w, allow_pickle=False)
+            os.replace(handle.name, path)
+        except OSError:
+            pass
+        return w
 
     def _solve(self) -> np.ndarray:
         result = scipy.optimize.minimize(
@@ -471,11 +528,21 @@ class LocalOptimumProblem(Problem):
         h = 1e-5 * (1.0 + float(np.linalg.norm(w))) / norm
         return (self.full_grad(w + h * v) - self.full_grad(w - h * v)) / (2 * h)
 
+    caches_optimum = True
+
     def _solve(self) -> np.ndarray:
-        result = scipy.optimize.minimize(self.full_loss, self.initial(), jac=self.full_grad,
-                                         method="L-BFGS-B",
-                                         options={"gtol": 1e-10, "ftol": 1e-15,
-                                                  "maxiter": self.SOLVER_ITERATIONS})
+        """L-BFGS from w_0, with a progress bar on a terminal's stderr (full-batch gradients
+        of a large model take minutes)."""
+        from tqdm import tqdm
+
+        with tqdm(total=self.SOLVER_ITERATIONS, disable=not sys.stderr.isatty(), leave=False,
+                  desc=f"estimating the optimum of {self.name} (L-BFGS)",
+                  unit="it") as bar:
+            result = scipy.optimize.minimize(self.full_loss, self.initial(),
+                                             jac=self.full_grad, method="L-BFGS-B",
+                                             callback=lambda _: bar.update(1),
+                                             options={"gtol": 1e-10, "ftol": 1e-15,
+                                                      "maxiter": self.SOLVER_ITERATIONS})
         return np.asarray(result.x, dtype=np.float64)
 
 
@@ -657,4 +724,6 @@ def make_problem(spec: Any) -> Problem:
     """
     if spec.name not in PROBLEMS:
         raise ScenarioError("problem.name", spec.name, f"must be one of {', '.join(PROBLEMS)}")
-    return PROBLEMS[spec.name](spec)
+    problem = PROBLEMS[spec.name](spec)
+    problem.spec_key = _spec_key(spec)
+    return problem

@@ -37,11 +37,11 @@ from typing import Any
 import numpy as np
 
 from simulator.errors import ScenarioError
-from simulator.memory import BlockCopy, SharedMemory, block_ops
+from simulator.memory import SharedMemory, block_ops
 from simulator.problems import Problem, make_problem
 from simulator.scenario import Scenario, scenario_to_toml
 from simulator.timing import sample_stream
-from simulator.trace import COLUMNS, Trace
+from simulator.trace import COLUMNS, Trace, read_report
 from simulator.view import SerializedView
 
 __all__ = ["OBJECTIVES", "SCHEDULERS", "Property", "Scheduler", "enumerate_schedules",
@@ -214,7 +214,7 @@ class _Controlled:
         self.lr, self.updates = run.lr, run.updates
         self.atomic = run.write_mode == "atomic_add"
         w0 = self.problem.initial()
-        self.mem = SharedMemory(w0, run.blocks, track_coords=self.problem.sparse)
+        self.mem = SharedMemory(w0, run.blocks)
         metrics = shared.scenario.metrics
         self.view = SerializedView(self.problem, self.lr, w0, run.updates, metrics.exact,
                                    metrics.every, metrics.curve_points)
@@ -222,7 +222,8 @@ class _Controlled:
         self.started = self.completed = 0
         self.lost = [0] * run.updates
         self.rows: list[tuple[Any, ...]] = []
-        self.ops: list[tuple[int, int]] = []  # (update row, block) per block action
+        # (update row, block, copy end, store end) per block an update moved
+        self.ops: list[tuple[int, int, int, int]] = []
 
     def _thread(self, thread: int) -> Iterator[None]:
         mem, local, seq = self.mem, np.zeros(self.problem.dim), 0
@@ -234,16 +235,15 @@ class _Controlled:
             # Each block action happens when the thread resumes after its ``yield``: at step
             # self.step − 1. The read begins with its first block action.
             read_start, start_completed = self.step, self.completed
-            versions = [mem.count[op[0]] for op in ops]
-            copies: list[BlockCopy] = []
-            for i, (block, index, _, coords) in enumerate(ops):
+            copied: list[int] = []  # when each block's copy and store ended (read_report)
+            stored: list[int] = []
+            for i, op in enumerate(ops):
                 yield  # one block read
                 if i == 0:
                     read_start, start_completed = self.step - 1, self.completed
-                    versions = [mem.count[op[0]] for op in ops]
-                copies.append(mem.copy(block, index, coords, local))
+                mem.copy(op[1], local)
+                copied.append(self.step)
             read_end = self.step
-            overwrites, torn = mem.read_report(copies, versions)
             yield  # the gradient
             grad_start = self.step - 1
             step, _ = self.problem.grad(local, sample)
@@ -256,10 +256,12 @@ class _Controlled:
                     write_start = self.step - 1
                 if self.atomic:
                     mem.add(block, index, coords, -step[vsel], uid)
+                    stored.append(self.step)
                     continue
                 loaded_at, loaded = mem.count[block], mem.load(index)
                 yield  # the store
                 lost = mem.store(block, index, coords, loaded, step[vsel], uid, loaded_at)
+                stored.append(self.step)
                 for victim in lost:
                     self.lost[victim] += 1
                 overwrote += len(lost)
@@ -268,9 +270,10 @@ class _Controlled:
             t = self.completed
             m = self.view.complete(t, mem.w, [sample], self.step, 1.0, len(self.rows) + 1)
             self.rows.append((uid, thread, seq, sample, t, read_start, read_end, grad_start,
-                              grad_end, write_start, self.step, 1, 0, staleness, overwrites,
-                              torn, 0, overwrote, 0, 0.0, False, 1.0, *m))
-            self.ops.extend((len(self.rows) - 1, op[0]) for op in ops)
+                              grad_end, write_start, self.step, 1, 0, staleness, 0, False, 0,
+                              overwrote, 0, 0.0, False, 1.0, *m))
+            self.ops.extend((len(self.rows) - 1, op[0], c, w)
+                            for op, c, w in zip(ops, copied, stored, strict=True))
             seq += 1
 
     def run(self, scheduler: Scheduler) -> ScheduledRun:
@@ -293,10 +296,15 @@ class _Controlled:
         arrays: dict[str, np.ndarray] = {name: np.asarray(col, dtype=COLUMNS[name])
                                          for name, col in zip(names, columns, strict=True)}
         arrays["lost_blocks"] = np.asarray(self.lost, dtype=np.int32)[arrays["uid"]]
-        counts = np.bincount([row for row, _ in self.ops], minlength=len(self.rows))
+        rows, blocks, copied, stored = (np.asarray(c, dtype=np.int64).reshape(-1) for c in
+                                        zip(*self.ops, strict=True)) if self.ops else \
+            [np.zeros(0, dtype=np.int64)] * 4
+        arrays["read_overwrites"], arrays["torn"] = read_report(
+            arrays["read_start"], rows, blocks, copied, stored)
+        counts = np.bincount(rows, minlength=len(self.rows))
         arrays.update(
             op_offsets=np.concatenate([[0], np.cumsum(counts)]).astype(np.int64),
-            op_block=np.asarray([block for _, block in self.ops], dtype=np.int32),
+            op_block=blocks.astype(np.int32),
             op_read_ns=np.ones(len(self.ops), dtype=np.int64),
             op_write_ns=np.full(len(self.ops), 1 if self.atomic else 2, dtype=np.int64),
             w0=self.problem.initial(), w_final=self.mem.w.copy())
@@ -607,8 +615,10 @@ def search_violation(scenario: Scenario, prop: Property, kind: str, runs: int,
                      progress: Callable[[int], object] | None = None,
                      ) -> dict[str, Any]:
     """Run schedules of ``kind`` until one violates ``prop``; shrink it. The report holds the
-    violating schedule, the minimal counterexample and its metric (``counterexample`` is
-    None when every run satisfied the property)."""
+    violating schedule, the minimal counterexample (``counterexample``: the shrunk prefix,
+    after which each thread runs until it cannot act; ``counterexample_schedule``: the whole
+    schedule that run executed, which replays as written) and its metric
+    (``counterexample`` is None when every run satisfied the property)."""
     shared = _Shared(scenario)
     f_star = shared.problem.optimum()[1]
     threads = shared.threads
@@ -630,6 +640,7 @@ def search_violation(scenario: Scenario, prop: Property, kind: str, runs: int,
                 runs_until_found=run + 1, found=result.text,
                 found_value=measure(result.trace, f_star),
                 counterexample=format_schedule(minimal),
+                counterexample_schedule=shrunk.text,
                 counterexample_value=measure(shrunk.trace, f_star),
                 counterexample_preemptions=max(0, len(_runs_of(minimal)) - 1),
                 run=shrunk)

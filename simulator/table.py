@@ -1,8 +1,9 @@
 """The Sync/Async × Sparse/Dense table of the AsynGrad talk, filled with measured numbers.
 
 Rows: synchronous (``locked``) and asynchronous lock-free (``lockfree``) training with k
-threads; columns: a sparse model (``sparse_logistic``, the Hogwild regime) and two dense ones
-(``logistic``, and ``lstm_tagger``, the paper's model, with per-token accuracy). Each cell:
+threads; columns: a sparse model (``sparse_logistic``, the Hogwild regime) and three dense
+ones (``logistic``; ``lstm_tagger``, the paper's model, and ``dense_crf``, the talk's second
+experiment, both with per-token accuracy). Each cell:
 gradient error rate, median relative error ‖δ‖/‖g‖, mean staleness, the speedup in simulated
 time over a serial run of the same T updates, and the final training and held-out accuracy
 and suboptimality (the serial run's are given alongside).
@@ -26,7 +27,12 @@ COLUMNS: dict[str, tuple[str, ...]] = {
     # The paper's model: exact metrics on every 4th update (each costs a second BPTT).
     "lstm": ("problem.name=lstm_tagger", "problem.dim=50", "problem.hidden=16",
              "problem.n_samples=200", "run.lr=0.05", "metrics.every=4"),
+    # The talk's second experiment, the dense CRF (same data as the LSTM's).
+    "crf": ("problem.name=dense_crf", "problem.dim=50", "problem.hidden=16",
+            "problem.n_samples=200", "run.lr=0.1", "metrics.every=4"),
 }
+HEADINGS = {"sparse": "Sparse (sparse_logistic)", "dense": "Dense (logistic)",
+            "lstm": "Dense (lstm_tagger)", "crf": "Dense (dense_crf)"}
 ROWS = {"sync": "locked", "async": "lockfree"}
 
 
@@ -73,7 +79,8 @@ def paper_table(updates: int = 20_000, threads: int = 8, seed: int = 0,
 
 
 def table_markdown(cells: list[dict[str, Any]]) -> str:
-    """The 2×2 table as Markdown, one line of numbers per cell."""
+    """The table as Markdown (a row per protocol, a column per model), one line of numbers
+    per cell."""
     def cell(row: str, column: str) -> str:
         c = next(c for c in cells if c["row"] == row and c["column"] == column)
         held = ("" if c["held_out_accuracy"] is None else
@@ -85,10 +92,9 @@ def table_markdown(cells: list[dict[str, Any]]) -> str:
                 f"{c['serial_accuracy']:.3f}){held}")
 
     threads = cells[0]["threads"]
-    lines = ["| | Sparse (sparse_logistic) | Dense (logistic) | Dense (lstm_tagger) |",
-             "|---|---|---|---|"]
+    lines = ["| | " + " | ".join(HEADINGS[c] for c in COLUMNS) + " |",
+             "|---|" + "---|" * len(COLUMNS)]
     for row, label in (("sync", f"Sync (locked, k = {threads})"),
                        ("async", f"Async (lock-free, k = {threads})")):
-        lines.append(f"| {label} | {cell(row, 'sparse')} | {cell(row, 'dense')} | "
-                     f"{cell(row, 'lstm')} |")
+        lines.append(f"| {label} | " + " | ".join(cell(row, c) for c in COLUMNS) + " |")
     return "\n".join(lines) + "\n"

@@ -23,7 +23,7 @@ import numpy as np
 from simulator.errors import TraceError
 
 __all__ = ["COLUMNS", "CONVOY_PAIR_COLUMNS", "READ_SWEEP_COLUMNS", "SCHEMA", "Trace",
-           "convoy_pairs", "read_sweeps"]
+           "convoy_pairs", "read_report", "read_sweeps"]
 
 SCHEMA = 2
 
@@ -40,8 +40,8 @@ COLUMNS: dict[str, type] = {
     "grad_ns": np.int64,        # the gradient's own duration (without waiting for a core)
     "idle_ns": np.int64,        # local work before the update's read (sampling, bookkeeping)
     "staleness": np.int64,      # completions between this update's read start and write end
-    "read_overwrites": np.int32,  # blocks whose copy saw a store newer than the read's start
-    "torn": np.bool_,           # the read mixes versions that never coexisted
+    "read_overwrites": np.int32,  # blocks copied after a store to them that ended after the
+    "torn": np.bool_,             # read's start; the copies mix versions (``read_report``)
     "lost_blocks": np.int32,    # this update's block stores overwritten by others (load_store)
     "overwrote": np.int32,      # other updates' block stores this update's stores overwrote
     "delay": np.int32,          # injected staleness τ (its read saw w from τ completions back)
@@ -153,6 +153,50 @@ class Trace:
             raise TraceError(f"trace: {path}: schema is not {SCHEMA}")
         scenario, source = str(arrays.pop("scenario")), str(arrays.pop("source"))
         return cls(arrays, scenario, source)
+
+
+def read_report(read_start: np.ndarray, op_row: np.ndarray, op_block: np.ndarray,
+                copy_at: np.ndarray, store_at: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per update (read-overwritten blocks, torn), from when each block was copied and stored:
+    the one definition of both columns for simulated, replayed and real traces.
+
+    The ops are flat: op i belongs to update ``op_row[i]`` and block ``op_block[i]``;
+    ``copy_at[i]`` is when that update's copy of the block ended and ``store_at[i]`` when its
+    store to the block ended (−1: none, e.g. a write dropped or never made). With S_b the
+    store ends of block b over all updates:
+
+    * block b of update u is read-overwritten when a store to b ended after u's read began
+      and before u's copy of b ended: r_u < s < c_ub for some s ∈ S_b;
+    * u's read is torn when its copies cannot come from one instant: copy b holds the stores
+      to b that ended before c_ub and is valid from the last of them to the first later one,
+      [max{s < c_ub}, min{s ≥ c_ub}); the read is torn when it copied two or more blocks and
+      these intervals do not meet (the newest contained store ends after another block's
+      first missed store). A read of one block is never torn.
+
+    A block store is one instant, its end (the serialized view's completion of that block);
+    what a copy holds of a write still in flight (``run.read_view = "sweep"``) is recorded
+    apart, in the trace's ``extra_read_sweeps``, and shows in δ.
+    """
+    n = int(read_start.size)
+    overwritten = np.zeros(n, dtype=np.int32)
+    newest = np.full(n, -np.inf)
+    first_later = np.full(n, np.inf)
+    copied = copy_at >= 0
+    order = np.argsort(op_block, kind="stable")
+    blocks = op_block[order]
+    cuts = np.flatnonzero(np.diff(blocks)) + 1
+    for ops in np.split(order, cuts) if order.size else []:
+        stores = np.sort(store_at[ops][store_at[ops] >= 0])
+        ops = ops[copied[ops]]
+        rows, copies = op_row[ops], copy_at[ops]
+        before_copy = np.searchsorted(stores, copies, side="left")
+        after_start = np.searchsorted(stores, read_start[rows], side="right")
+        np.add.at(overwritten, rows, (before_copy > after_start).astype(np.int32))
+        padded = np.concatenate([[-np.inf], stores, [np.inf]])
+        np.maximum.at(newest, rows, padded[before_copy])
+        np.minimum.at(first_later, rows, padded[before_copy + 1])
+    copies_per_row = np.bincount(op_row[copied], minlength=n)
+    return overwritten, (copies_per_row > 1) & (newest > first_later)
 
 
 def convoy_pairs(trace: Trace) -> np.ndarray | None:

@@ -106,6 +106,20 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
             fcntl.flock(machine, fcntl.LOCK_UN)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _optimum_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Estimated optima go to a folder of this session, not the user's cache."""
+    from simulator.problems import CACHE_ENV
+
+    before = os.environ.get(CACHE_ENV)
+    os.environ[CACHE_ENV] = str(tmp_path_factory.mktemp("optimum-cache"))
+    yield
+    if before is None:
+        del os.environ[CACHE_ENV]
+    else:
+        os.environ[CACHE_ENV] = before
+
+
 def scenario(*overrides: str) -> Scenario:
     """The default scenario with ``key=value`` overrides applied."""
     return load_scenario(None, list(overrides))

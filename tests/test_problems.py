@@ -303,3 +303,40 @@ def test_holdout_is_refused_for_synthetic_data():
         load_scenario(None, ["problem.data=breast_cancer", "problem.holdout=1.0"])
     assert load_scenario(None, ["problem.data=breast_cancer",
                                 "problem.holdout=0.2"]).problem.holdout == 0.2
+
+
+def test_an_estimated_optimum_is_cached_by_spec(tmp_path, monkeypatch):
+    """A nonconvex problem's L-BFGS estimate is written once per spec: the next construction
+    loads the same bytes without solving; a damaged file is solved again; another spec has
+    its own file; a problem not built from a spec is never cached."""
+    from simulator.lstm_tagger import LSTMTaggerProblem
+    from simulator.problems import CACHE_ENV, make_problem
+    from simulator.scenario import load_scenario
+
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
+    monkeypatch.setattr(LSTMTaggerProblem, "SOLVER_ITERATIONS", 5)  # the cache is tested
+    spec = load_scenario(None, ["problem.name=lstm_tagger", "problem.dim=12",
+                                "problem.hidden=4", "problem.n_samples=20"]).problem
+    first = make_problem(spec).optimum()
+    files = list(tmp_path.glob("optimum-lstm_tagger-*.npy"))
+    assert len(files) == 1 and not list(tmp_path.glob("*.tmp"))
+    saved = files[0].read_bytes()
+
+    def no_solve(self):
+        raise AssertionError("solved again")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(LSTMTaggerProblem, "_solve", no_solve)
+        again = make_problem(spec).optimum()
+    assert again[0].tobytes() == first[0].tobytes() and again[1] == first[1]
+    assert files[0].read_bytes() == saved
+    files[0].write_bytes(saved[:40])  # a truncated file: solved and written again
+    assert make_problem(spec).optimum()[0].tobytes() == first[0].tobytes()
+    assert files[0].read_bytes() == saved
+    other = load_scenario(None, ["problem.name=lstm_tagger", "problem.dim=12",
+                                 "problem.hidden=4", "problem.n_samples=20",
+                                 "problem.seed=1"]).problem
+    make_problem(other).optimum()
+    assert len(list(tmp_path.glob("optimum-lstm_tagger-*.npy"))) == 2
+    LSTMTaggerProblem.synthetic(12, 20, 8, 4, 4, 0.01, 0).optimum()
+    assert len(list(tmp_path.glob("*.npy"))) == 2

@@ -200,6 +200,16 @@ def test_cli_property_search_writes_the_counterexample(tmp_path):
     assert code == 1  # a violation was found
     report = json.loads((out / "explore.json").read_text())
     assert report["counterexample"] and (out / "worst" / "timeline.png").is_file()
+    # The file holds the whole schedule the shrunk run executed: the shrunk prefix, then
+    # the continuation; replaying it as written reproduces the violating run bit for bit.
+    written = (out / "worst.schedule").read_text().strip()
+    assert written == report["counterexample_schedule"]
+    assert parse_schedule(written)[:len(parse_schedule(report["counterexample"]))] == \
+        parse_schedule(report["counterexample"])
+    assert main(["replay", str(out), "--schedule", str(out / "worst.schedule"), "--out",
+                 str(tmp_path / "again"), "--quiet"]) == 0
+    for name in ("trace.npz", "summary.json"):
+        assert (tmp_path / "again" / name).read_bytes() == (out / "worst" / name).read_bytes()
     held = main(["explore", "--out", str(tmp_path / "ok"), "--scheduler", "random", "--runs",
                  "20", "--property", "lost_blocks >= 0", "--quiet", *sets])
     assert held == 0

@@ -14,11 +14,11 @@ from simulator.table import paper_table
 
 def test_the_table_shows_the_papers_observations():
     """Locked training has no gradient error, no staleness and no speedup; lock-free training
-    on the dense models carries an error on nearly every update, far more often and far larger
-    than on the sparse model, runs about k times faster in simulated time, and ends near the
-    serial run's accuracy."""
+    on the dense models (logistic, LSTM tagger, dense CRF) carries an error on nearly every
+    update, far more often and far larger than on the sparse model, runs about k times
+    faster in simulated time, and ends near the serial run's accuracy."""
     cells = {(c["row"], c["column"]): c for c in paper_table(updates=3000, threads=8)}
-    for column in ("sparse", "dense", "lstm"):
+    for column in ("sparse", "dense", "lstm", "crf"):
         sync = cells["sync", column]
         assert sync["error_rate"] == 0 and sync["staleness_mean"] == 0
         assert sync["speedup"] == pytest.approx(1.0, abs=0.05)
@@ -31,6 +31,7 @@ def test_the_table_shows_the_papers_observations():
     assert dense["error_rate"] > 0.95 > sparse["error_rate"]
     assert dense["relative_error_p50"] > 1e6 * sparse["relative_error_p50"]
     assert cells["async", "lstm"]["error_rate"] > 0.95
+    assert cells["async", "crf"]["error_rate"] > 0.95
 
 
 def test_accuracy_of_the_classifiers():
@@ -48,6 +49,7 @@ def test_cli_writes_csv_and_markdown(tmp_path, capsys):
     rows = list(csv.DictReader((out / "table.csv").read_text().splitlines()))
     assert [(r["row"], r["column"]) for r in rows] == [
         ("sync", "sparse"), ("async", "sparse"), ("sync", "dense"), ("async", "dense"),
-        ("sync", "lstm"), ("async", "lstm")]
+        ("sync", "lstm"), ("async", "lstm"), ("sync", "crf"), ("async", "crf")]
     assert (out / "table.md").read_text().startswith("| | Sparse")
+    assert "Dense (dense_crf)" in (out / "table.md").read_text().splitlines()[0]
     assert main(["table", "--out", str(tmp_path / "bad"), "--threads", "0"]) == 2

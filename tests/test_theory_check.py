@@ -98,3 +98,32 @@ def test_the_mlp_gets_no_guarantee():
                                "problem.hidden=4"), 0.05, 3)
     assert not r["guarantee"] and "condition (4) fails" in r["verdict"]
     assert r["conditions"]["4_strong_convexity"]["method"].startswith("nonconvex")
+
+
+def _shown(rounds):
+    """A check result whose last validated runs are tiny with a wide band (two seeds)."""
+    x = list(range(0, 1000, 100))
+    mean = [1.0, 0.3, 0.1, 0.03, 0.01, 3e-3, 1e-3, 1e-3, 1e-3, 1e-3]
+    half = [0.1, 0.1, 0.1, 0.05, 0.02, 0.01, 2e-3, 5e-3, 5e-4, 1e-3]  # lower edge <= 0
+    validation = {"checkpoints": x, "mean": mean, "half_width": half,
+                  "upper": [m + h for m, h in zip(mean, half, strict=True)],
+                  "envelope": None, "reached_eps_at": 400}
+    rounds[0]["validation"] = validation
+    return {"scenario": "hand", "eps": 0.01, "seeds": 2, "rounds": rounds,
+            "validation": validation, "verdict": ""}
+
+
+def test_check_plot_clips_the_band_and_titles_the_gamma_the_runs_used():
+    """The band's lower edge, zero or below with few seeds, stops a decade under the lowest
+    curve instead of at 1e-308; the title gives the γ the runs used and says when (9) has no
+    γ for the constants re-measured in them."""
+    from theory.plots import check_figure
+
+    ran = {"gamma": 0.0629, "updates": 900, "ran_updates": 900}
+    fig = check_figure(_shown([dict(ran), {"infeasible": "2τq >= cε"}]))
+    ax = fig.axes[0]
+    assert ax.get_ylim()[0] == pytest.approx(1e-4)  # the lowest curve, 1e-3, over 10
+    title = ax.get_title()
+    assert "runs at γ = 0.0629" in title and "no γ by (9)" in title
+    held = check_figure(_shown([dict(ran, assumptions_held=True)])).axes[0].get_title()
+    assert "runs at γ = 0.0629" in held and "no γ" not in held

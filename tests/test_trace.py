@@ -7,7 +7,7 @@ import pytest
 
 from simulator.engine import simulate
 from simulator.errors import TraceError
-from simulator.trace import Trace
+from simulator.trace import Trace, read_report
 
 from .conftest import scenario
 
@@ -71,3 +71,39 @@ def test_corrupt_traces_are_trace_errors(trace, tmp_path, damage):
         _rewrite(good, bad, replace=("schema.npy", other.read_bytes()))
     with pytest.raises(TraceError):
         Trace.load(bad)
+
+
+def test_read_report_on_a_hand_built_timeline():
+    """Two blocks; stores end at u0: b0 30, b1 40; u1: b0 60, b1 70 (the others store
+    nothing). u1 copies b0 at 15 (before any store) and b1 at 45 (after u0's store at 40):
+    copies valid over (−∞, 30) and [40, 70) never meet, so torn, and one block overwritten.
+    u2 reads from 32: b0's store at 30 came before its start, b1's at 40 after it; [30, 60)
+    and [40, 70) meet. u3 starts at 40 and copies b1 at 70: stores at the same instants count
+    as before its start and after its copy. u4 reads b1 alone: overwritten, never torn."""
+    read_start = np.array([0, 5, 32, 40, 0])
+    op_row = np.array([0, 0, 1, 1, 2, 2, 3, 4])
+    op_block = np.array([0, 1, 0, 1, 0, 1, 1, 1])
+    copy_at = np.array([10, 20, 15, 45, 34, 50, 70, 45])
+    store_at = np.array([30, 40, 60, 70, -1, -1, -1, -1])
+    overwrites, torn = read_report(read_start, op_row, op_block, copy_at, store_at)
+    assert overwrites.tolist() == [0, 1, 1, 0, 1]
+    assert torn.tolist() == [False, True, False, False, False]
+    assert overwrites.dtype == np.int32 and torn.dtype == bool
+
+
+def test_read_report_matches_the_simulated_trace(trace):
+    """The engine's columns are the report of its own copy and store ends: with unlimited
+    cores every block's copy ends at its read start plus its reads so far, every store at its
+    write start plus its writes so far."""
+    rows = np.repeat(np.arange(len(trace)), np.diff(trace["op_offsets"]))
+    first = trace["op_offsets"][:-1][rows]
+
+    def ends(start, durations):
+        total = np.cumsum(durations)
+        return start[rows] + total - np.concatenate([[0], total])[first]
+
+    overwrites, torn = read_report(trace["read_start"], rows, trace["op_block"],
+                                   ends(trace["read_start"], trace["op_read_ns"]),
+                                   ends(trace["write_start"], trace["op_write_ns"]))
+    assert np.array_equal(overwrites, trace["read_overwrites"])
+    assert np.array_equal(torn, trace["torn"]) and trace["read_overwrites"].any()

@@ -11,9 +11,20 @@ from matplotlib.figure import Figure
 __all__ = ["check_figure", "regret_figure", "tausweep_figure"]
 
 
+def _log_floor(*curves: Any) -> float:
+    """The bottom of a log axis: a decade below the smallest positive value of ``curves``
+    (a confidence band's lower edge is clipped there: with few seeds it reaches zero or
+    below, which a log axis would draw at 1e-308, flattening every curve into one line)."""
+    values = np.concatenate([np.ravel(np.asarray(c, dtype=np.float64)) for c in curves])
+    positive = values[np.isfinite(values) & (values > 0)]
+    return float(positive.min()) / 10 if positive.size else 1e-300
+
+
 def check_figure(result: dict[str, Any]) -> Figure:
     """Mean f(w_t) − f* over seeds with its 95% band and one-sided upper bound, the ε line,
-    the (q/2)·bound envelope of Theorem 1's recursion, and t of (10)."""
+    the (q/2)·bound envelope of Theorem 1's recursion, and t of (10), for the runs shown: the
+    last round that ran them (its γ is in the title, and whether the constants re-measured in
+    them leave the theorem a γ at all)."""
     fig = Figure(figsize=(8, 4.8), layout="constrained")
     ax = fig.add_subplot()
     v, eps = result.get("validation"), result["eps"]
@@ -24,24 +35,30 @@ def check_figure(result: dict[str, Any]) -> Figure:
         return fig
     x = np.asarray(v["checkpoints"])
     mean, half = np.asarray(v["mean"]), np.asarray(v["half_width"])
-    floor = np.finfo(np.float64).tiny
+    floor = _log_floor(mean, v["upper"], [eps], v["envelope"] or [])
     ax.fill_between(x, np.maximum(mean - half, floor), mean + half, alpha=0.25,
-                    label="95% confidence band")
+                    label="95% confidence band (clipped at the axis)")
     ax.semilogy(x, np.maximum(mean, floor), label=f"mean over {result['seeds']} seeds")
     ax.semilogy(x, np.asarray(v["upper"]), linestyle=":", label="one-sided 95% upper bound")
     if v["envelope"] is not None:
         ax.semilogy(x, v["envelope"], linestyle="--", label="(q/2)·recursion bound")
     ax.axhline(eps, color="black", linewidth=1, label=f"ε = {eps:g}")
-    last = result["rounds"][-1]
-    bound, count = (("Hogwild! Prop. 4.1", "k of (4.2)") if result.get("bound") == "hogwild"
+    hogwild = result.get("bound") == "hogwild"
+    bound, count = (("Hogwild! Prop. 4.1", "k of (4.2)") if hogwild
                     else ("Theorem 1", "t of (10)"))
-    if last.get("updates") is not None and last["updates"] <= x[-1]:
-        ax.axvline(last["updates"], color="grey", linestyle="-.", label=count)
+    shown = next(e for e in reversed(result["rounds"]) if "validation" in e)
+    if shown["updates"] <= x[-1]:
+        ax.axvline(shown["updates"], color="grey", linestyle="-.", label=count)
     if v["reached_eps_at"] is not None:
         ax.axvline(v["reached_eps_at"], color="#8172B3", linestyle=":", label="mean reaches ε")
     ax.set_xlabel("updates")
     ax.set_ylabel("f(w_t) − f*")
-    ax.set_title(f"{bound} check: {result['scenario']} (γ = {last.get('gamma', 0):.3g})")
+    title = f"{bound} check: {result['scenario']}, runs at γ = {shown['gamma']:.3g}"
+    if "infeasible" in result["rounds"][-1]:  # the constants re-measured in these runs
+        title += ("\nre-measured constants: no k by (4.2)" if hogwild else
+                  "\nre-measured constants: no γ by (9) (2τq ≥ cε)")
+    ax.set_title(title, fontsize=10)
+    ax.set_ylim(bottom=floor)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     return fig
@@ -96,11 +113,11 @@ def regret_figure(result: dict[str, Any]) -> Figure:
                 transform=ax.transAxes)
         ax.set_axis_off()
         return fig
-    floor = np.finfo(np.float64).tiny
     for i, (name, e) in enumerate(theorems.items()):
         ax = fig.add_subplot(1, len(theorems), i + 1)
         x = np.asarray(e["checkpoints"])[1:]
         mean, half = np.asarray(e["mean"])[1:], np.asarray(e["half_width"])[1:]
+        floor = _log_floor(mean, np.asarray(e["upper"])[1:], np.asarray(e["bound"])[1:])
         ax.fill_between(x, np.maximum(mean - half, floor), mean + half, alpha=0.25,
                         label="95% confidence band")
         ax.loglog(x, np.maximum(mean, floor), label=f"mean regret, {result['seeds']} seeds")
@@ -111,6 +128,7 @@ def regret_figure(result: dict[str, Any]) -> Figure:
         if e.get("corollary") is not None:
             ax.axhline(e["corollary"], color="grey", linestyle="-.", linewidth=1,
                        label="4FL√(τT) at T")
+        ax.set_ylim(bottom=floor)
         theorem = ("Theorem 1: η = σ/√(t−τ)" if name == "1_convex"
                    else "Theorem 2: η = 1/(λ(t−τ))")
         ax.set_title(f"{theorem}, τ = {result['tau']}", fontsize=10)
