@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import simpy
 
+from simulator.budget import preflight
 from simulator.distributions import beta_shapes
 from simulator.errors import ScenarioError
 from simulator.inject import Injector
@@ -141,11 +142,13 @@ class Engine:
     """Runs one scenario to completion and returns its trace.
 
     Raises:
-        ScenarioError: a value that only the built problem can check (``run.blocks`` > dim).
+        ScenarioError: a value that only the built problem can check (``run.blocks`` > dim),
+            or a scenario that cannot run on this machine (``simulator.budget.preflight``).
     """
 
     def __init__(self, scenario: Scenario, problem: Problem | None = None,
                  source: DurationSource | None = None, lookahead: bool = True) -> None:
+        preflight(scenario)
         self.scenario = scenario
         self.problem = problem if problem is not None else make_problem(scenario.problem)
         run = scenario.run
