@@ -94,7 +94,15 @@ def _simulate(args: argparse.Namespace) -> int:
     summary = write_run(args.out, scenario, trace, engine.problem)
     if not args.quiet:
         _print_summary(summary, Path(args.out), time.perf_counter() - started)
+        _print_diverged(summary)
     return 0
+
+
+def _print_diverged(summary: dict[str, Any]) -> None:
+    """The line a run that diverged gets after its summary (summary.json: diverged_at)."""
+    if summary.get("diverged_at") is not None:
+        print(f"  diverged at update {summary['diverged_at']}: w or f(w) stopped being finite "
+              f"(lr {summary['lr']:g})")
 
 
 def _replay(args: argparse.Namespace) -> int:
@@ -112,6 +120,7 @@ def _replay(args: argparse.Namespace) -> int:
     summary = write_run(out, scenario, trace, problem)
     if not args.quiet:
         _print_summary(summary, out, time.perf_counter() - started)
+        _print_diverged(summary)
     return 0
 
 
@@ -147,10 +156,16 @@ def _dask_client(address: str) -> Any:
 def _sweep(args: argparse.Namespace) -> int:
     from concurrent.futures import ProcessPoolExecutor
 
-    from simulator.sweep import Axis, parse_axis, plan_sweep, run_sweep
+    from simulator.sweep import MAX_CELLS, Axis, parse_axis, plan_sweep, run_sweep
 
+    for flag, value in (("--seeds", args.seeds), ("--jobs", args.jobs)):
+        if value is not None and value < 1:
+            raise ScenarioError(flag, value, "must be >= 1")
+    if args.seeds is not None and args.seeds > MAX_CELLS:
+        raise ScenarioError("--seeds", args.seeds, f"must be <= {MAX_CELLS:,} (cells of one "
+                            "sweep)")
     axes = [parse_axis(text) for text in args.grid]
-    if args.seeds:
+    if args.seeds is not None:
         axes.append(Axis("run.seed", tuple(str(s) for s in range(args.seeds))))
     if not axes:
         raise AsyngradError("sweep: give at least one --grid KEY=V1,V2,... or --seeds N")
@@ -870,9 +885,9 @@ def _parser() -> argparse.ArgumentParser:
                     out="sweep directory (rerun to resume)")
     sweep.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2",
                        help="a swept field and its values (repeatable: the grid is the product)")
-    sweep.add_argument("--seeds", type=int, default=0, metavar="N",
-                       help="also sweep run.seed over 0..N-1")
-    sweep.add_argument("--jobs", type=int, default=0, metavar="N",
+    sweep.add_argument("--seeds", type=int, default=None, metavar="N",
+                       help="also sweep run.seed over 0..N-1 (N >= 1)")
+    sweep.add_argument("--jobs", type=int, default=None, metavar="N",
                        help="worker processes (default: one per core; 1: in this process)")
     sweep.add_argument("--dask", metavar="ADDRESS",
                        help="run the cells on the Dask scheduler at ADDRESS (e.g. "

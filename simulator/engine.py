@@ -1139,8 +1139,12 @@ class Engine:
         nothing can happen any more: threads waiting on a dead one); return the trace."""
         processes = [self.env.process(self._thread(thread)) for thread in range(self.threads)]
         self._deaths(processes)
-        self.env.run()
-        self.view.finish(self.completed, self.mem.w, self._end_time(), len(self._rows))
+        # A run that diverges (a step too large) carries inf and NaN through the same math:
+        # recorded as they are and reported as ``diverged_at`` in its summary, not warned
+        # about at every operation.
+        with np.errstate(all="ignore"):
+            self.env.run()
+            self.view.finish(self.completed, self.mem.w, self._end_time(), len(self._rows))
         if self.progress is not None:
             self.progress(len(self._rows) % _PROGRESS_EVERY)
         return self._trace()

@@ -73,9 +73,7 @@ def loss_figure(updates: Sequence[float] | np.ndarray,
     """f(w_t) − f* against completed updates, log scale."""
     fig = Figure(figsize=(7, 4.2), layout="constrained")
     ax = fig.add_subplot()
-    floor = np.finfo(np.float64).tiny
-    ax.semilogy(updates, np.maximum(np.asarray(suboptimality), floor), marker=".",
-                label=label or None)
+    ax.semilogy(updates, _positive(suboptimality), marker=".", label=label or None)
     ax.set_xlabel("completed updates t")
     ax.set_ylabel("f(w_t) − f*")
     ax.set_title("Suboptimality")
@@ -89,8 +87,9 @@ def error_histogram_figure(trace: Trace) -> Figure:
     """Histogram of ‖δ‖/‖g‖ over the measured updates that carry a gradient error."""
     fig = Figure(figsize=(7, 4.2), layout="constrained")
     ax = fig.add_subplot()
-    relative = relative_error(trace)
-    errors = relative[error_mask(trace)]
+    with np.errstate(invalid="ignore"):  # a diverged run's NaN errors are left out
+        relative = relative_error(trace)
+        errors = relative[error_mask(trace) & np.isfinite(relative)]
     rate = errors.size / relative.size if relative.size else float("nan")
     if errors.size:
         bins = np.logspace(np.log10(errors.min()), np.log10(errors.max()) + 1e-9, 40).tolist()
@@ -107,6 +106,15 @@ def error_histogram_figure(trace: Trace) -> Figure:
     ax.set_title(f"Gradient error: {errors.size} of {relative.size} measured updates "
                  f"(rate {rate:.3f}, threshold {ERROR_THRESHOLD:g})")
     return fig
+
+
+def _positive(values: Sequence[float] | np.ndarray) -> np.ndarray:
+    """Values for a log axis: at least the smallest positive float, and NaN (not drawn)
+    where not finite, as after a run diverged (an infinite point breaks the axis limits)."""
+    values = np.asarray(values, dtype=np.float64)
+    with np.errstate(invalid="ignore"):
+        return np.where(np.isfinite(values), np.maximum(values, np.finfo(np.float64).tiny),
+                        np.nan)
 
 
 # One curve of a sweep cell: columns simulated time (ns), gradients computed, suboptimality.
@@ -136,7 +144,6 @@ def sweep_figure(groups: dict[tuple[str, ...], list[Curve]], names: Sequence[str
                                       else [()])
     fig = Figure(figsize=(3.6 * len(columns) + 1.5, 6.4), layout="constrained")
     axes = fig.subplots(2, len(columns), squeeze=False, sharey=True)
-    floor = np.finfo(np.float64).tiny
     for key, curves in sorted(groups.items(), key=lambda item: [_natural(v) for v in item[0]]):
         col = columns.index(key[-1]) if facet else 0
         color = palette[colors.index(key[0]) % len(palette)] if names else palette[0]
@@ -145,7 +152,7 @@ def sweep_figure(groups: dict[tuple[str, ...], list[Curve]], names: Sequence[str
                           for n, v in zip(names[:-1] if facet else names, key, strict=False))
         for row, (column, scale) in enumerate(((0, 1e-6), (1, 1.0))):
             x, y = _mean_curve(curves, column)
-            axes[row][col].semilogy(x * scale, np.maximum(y, floor), style, color=color,
+            axes[row][col].semilogy(x * scale, _positive(y), style, color=color,
                                     label=label or None)
     for col, value in enumerate(columns):
         title = f"{names[-1].split('.')[-1]} = {value}" if facet else ""
