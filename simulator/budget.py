@@ -22,7 +22,7 @@ import numpy as np
 from simulator.errors import ScenarioError
 from simulator.scenario import PHASES
 
-__all__ = ["CLOCK_LIMIT_NS", "GRADIENT_LIMIT", "available_memory", "check_problem",
+__all__ = ["CLOCK_LIMIT_NS", "GRADIENT_LIMIT", "available_memory", "check_problem", "max_updates",
            "memory_estimate", "preflight", "problem_bytes", "size_text"]
 
 # The engine's clock and the trace's times are int64 ns; a quarter of the range is kept as a
@@ -113,6 +113,13 @@ def memory_estimate(scenario: Any) -> dict[str, float]:
     parts["inject.delay"] = (scenario.inject.max_delay + 1) * 8.0 * params
     parts["metrics.curve_points"] = (scenario.metrics.curve_points + 1) * CURVE_BYTES
     return parts
+
+
+def max_updates() -> int:
+    """The most updates one run can hold in this machine's available memory (the trace rows
+    of a one-block run; the smallest problem and the rest are left out), capped at
+    ``GRADIENT_LIMIT``."""
+    return min(GRADIENT_LIMIT, available_memory() // (ROW_BYTES + OP_BYTES))
 
 
 def _check_memory(parts: dict[str, float], values: dict[str, Any]) -> None:
