@@ -40,6 +40,8 @@ OP_BYTES = 150
 # Per virtual thread: its simpy process, local copy bookkeeping and schedule state (besides
 # its dim-sized local vector).
 THREAD_BYTES = 4_096
+# Per thread and other thread of its device: the list of its peers (interference, slices).
+PEER_BYTES = 40
 # Per loss-curve checkpoint: the checkpoint grid (linspace, rounding, the list) and the curve's
 # row; a scenario may ask for more points than updates, and the grid is made in full.
 CURVE_BYTES = 64
@@ -109,7 +111,7 @@ def memory_estimate(scenario: Any) -> dict[str, float]:
     params = parameters(scenario.problem)
     parts = problem_bytes(scenario.problem)
     parts["run.updates"] = run.updates * (ROW_BYTES + OP_BYTES * run.blocks)
-    parts["run.threads"] = run.threads * (THREAD_BYTES + 8.0 * params)
+    parts["run.threads"] = run.threads * (THREAD_BYTES + 8.0 * params + PEER_BYTES * run.threads)
     parts["inject.delay"] = (scenario.inject.max_delay + 1) * 8.0 * params
     parts["metrics.curve_points"] = (scenario.metrics.curve_points + 1) * CURVE_BYTES
     return parts

@@ -84,8 +84,11 @@ def thread_seeds(seed: int, threads: int) -> list[np.random.SeedSequence]:
 
 def _thread_generators(seed: int, threads: int, thread: int) -> list[np.random.Generator]:
     # Five streams: samples, read, gradient, write, idle (spawn(n) children do not depend on
-    # n, so adding a stream never changed the others).
-    return [np.random.default_rng(s) for s in thread_seeds(seed, threads)[thread].spawn(5)]
+    # n, so adding a stream never changed the others). The thread's own seed sequence is
+    # thread_seeds(seed, threads)[thread], made alone (the child of spawn key (thread,)): the
+    # same streams without spawning every thread's sequence for each thread.
+    own = np.random.SeedSequence(seed, spawn_key=(thread,))
+    return [np.random.default_rng(s) for s in own.spawn(5)]
 
 
 def sample_stream(seed: int, threads: int, thread: int, n_samples: int) -> _Stream:
