@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from simulator.budget import preflight
 from simulator.errors import ScenarioError
 from simulator.memory import BlockCopy, SharedMemory, block_ops
 from simulator.problems import Problem, make_problem
@@ -168,6 +169,7 @@ class _Shared:
     update takes its stream's i-th sample whatever the schedule)."""
 
     def __init__(self, scenario: Scenario, problem: Problem | None = None) -> None:
+        preflight(scenario)  # what the engine's constructor refuses, this loop refuses too
         run = scenario.run
         if run.protocol not in ("lockfree", "serial"):
             raise ScenarioError("run.protocol", run.protocol,
