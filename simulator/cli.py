@@ -280,7 +280,7 @@ def _asyngrad_theorem(args: argparse.Namespace) -> dict[str, Any]:
             f"  error budget 2τq/(cε)          {result['error_budget']:.6g}  (< 1 required; "
             f"τ limit cε/(2q) = {result['tau_limit']:.6g})",
             f"  learning rate γ (9)            {gamma:.6g}",
-            f"  updates t (10)                 {result['updates']:,}",
+            f"  updates t (10)                 {_count(result['updates'])}",
             f"  fixed point (γκ² + 2τ)/c       {result['fixed_point']:.6g}  "
             f"(q × it = {result['q_times_fixed_point']:.6g} <= ε)",
             f"  {result['verdict']}"]
