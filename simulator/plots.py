@@ -87,9 +87,9 @@ def error_histogram_figure(trace: Trace) -> Figure:
     """Histogram of ‖δ‖/‖g‖ over the measured updates that carry a gradient error."""
     fig = Figure(figsize=(7, 4.2), layout="constrained")
     ax = fig.add_subplot()
-    with np.errstate(invalid="ignore"):  # a diverged run's NaN errors are left out
+    with np.errstate(invalid="ignore", over="ignore"):  # a diverged run's are left out
         relative = relative_error(trace)
-        errors = relative[error_mask(trace) & np.isfinite(relative)]
+        errors = relative[error_mask(trace) & _drawable(relative)]
     rate = errors.size / relative.size if relative.size else float("nan")
     if errors.size:
         bins = np.logspace(np.log10(errors.min()), np.log10(errors.max()) + 1e-9, 40).tolist()
@@ -108,13 +108,22 @@ def error_histogram_figure(trace: Trace) -> Figure:
     return fig
 
 
+# The largest value a log axis shows: matplotlib's margins and ticks overflow near the
+# largest float, as after a run diverged.
+_LOG_MAX = 1e200
+
+
+def _drawable(values: np.ndarray) -> np.ndarray:
+    """Where values can go on a log axis: finite and at most ``_LOG_MAX``."""
+    with np.errstate(invalid="ignore"):
+        return np.isfinite(values) & (values <= _LOG_MAX)
+
+
 def _positive(values: Sequence[float] | np.ndarray) -> np.ndarray:
     """Values for a log axis: at least the smallest positive float, and NaN (not drawn)
-    where not finite, as after a run diverged (an infinite point breaks the axis limits)."""
+    where not ``_drawable``."""
     values = np.asarray(values, dtype=np.float64)
-    with np.errstate(invalid="ignore"):
-        return np.where(np.isfinite(values), np.maximum(values, np.finfo(np.float64).tiny),
-                        np.nan)
+    return np.where(_drawable(values), np.maximum(values, np.finfo(np.float64).tiny), np.nan)
 
 
 # One curve of a sweep cell: columns simulated time (ns), gradients computed, suboptimality.
