@@ -23,7 +23,7 @@ from simulator.errors import ScenarioError
 from simulator.scenario import PHASES
 
 __all__ = ["CLOCK_LIMIT_NS", "GRADIENT_LIMIT", "available_memory", "check_problem", "max_updates",
-           "memory_estimate", "preflight", "problem_bytes", "size_text"]
+           "memory_estimate", "parameters", "preflight", "problem_bytes", "size_text"]
 
 # The engine's clock and the trace's times are int64 ns; a quarter of the range is kept as a
 # margin for sums of times (a write's end plus a convoy's rest, a slice's end ...): 2^62 ns
@@ -106,11 +106,12 @@ def problem_bytes(spec: Any) -> dict[str, float]:
 
 def memory_estimate(scenario: Any) -> dict[str, float]:
     """Bytes a run of ``scenario`` needs, by the field that drives each part (problem data,
-    trace rows and their block operations, threads, delay history, loss curve)."""
+    trace rows, their block operations, threads, delay history, loss curve)."""
     run = scenario.run
     params = parameters(scenario.problem)
     parts = problem_bytes(scenario.problem)
-    parts["run.updates"] = run.updates * (ROW_BYTES + OP_BYTES * run.blocks)
+    parts["run.updates"] = run.updates * ROW_BYTES
+    parts["run.blocks"] = run.updates * OP_BYTES * run.blocks
     parts["run.threads"] = run.threads * (THREAD_BYTES + 8.0 * params + PEER_BYTES * run.threads)
     parts["inject.delay"] = (scenario.inject.max_delay + 1) * 8.0 * params
     parts["metrics.curve_points"] = (scenario.metrics.curve_points + 1) * CURVE_BYTES
