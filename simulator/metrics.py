@@ -28,9 +28,11 @@ def _floor(g_norm: np.ndarray) -> np.ndarray:
 
 
 def relative_error(trace: Trace) -> np.ndarray:
-    """‖δ‖/‖g‖ of the measured updates."""
+    """‖δ‖/‖g‖ of the measured updates (NaN where a diverged run's norms are, without a
+    warning)."""
     measured = trace["measured"]
-    return trace["delta_norm"][measured] / _floor(trace["g_norm"][measured])
+    with np.errstate(invalid="ignore"):
+        return trace["delta_norm"][measured] / _floor(trace["g_norm"][measured])
 
 
 def error_mask(trace: Trace) -> np.ndarray:

@@ -87,9 +87,8 @@ def error_histogram_figure(trace: Trace) -> Figure:
     """Histogram of ‖δ‖/‖g‖ over the measured updates that carry a gradient error."""
     fig = Figure(figsize=(7, 4.2), layout="constrained")
     ax = fig.add_subplot()
-    with np.errstate(invalid="ignore", over="ignore"):  # a diverged run's are left out
-        relative = relative_error(trace)
-        errors = relative[error_mask(trace) & _drawable(relative)]
+    relative = relative_error(trace)
+    errors = relative[error_mask(trace) & _drawable(relative)]  # a diverged run's left out
     rate = errors.size / relative.size if relative.size else float("nan")
     if errors.size:
         bins = np.logspace(np.log10(errors.min()), np.log10(errors.max()) + 1e-9, 40).tolist()
