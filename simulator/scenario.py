@@ -58,7 +58,7 @@ REAL_SHAPES = {
     "digits": (("dim", 64, "pixels"), ("n_samples", 1797, "samples"), ("classes", 10, "classes")),
 }
 INT64_MAX = 2 ** 63 - 1
-# The most virtual threads (or real workers) a run may have: setting a run up takes time and
+# The most virtual threads a run may have: setting a run up takes time and
 # memory that grow with the square of the threads (each thread knows its device's others),
 # about 4 s and 0.7 GB at this cap.
 MAX_THREADS = 4096

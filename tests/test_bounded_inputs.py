@@ -260,3 +260,15 @@ def test_hogwild_labels_each_factor_with_its_equation():
     code, out, err = _theorem(*args, "--tau", "1e9")
     assert code == 2 and "k (4.2) = " in err and "γ (4.1) = " in err
     assert math.isfinite(step)
+
+
+def test_a_threads_seed_is_its_spawned_child():
+    """thread_seed(seed, t) is SeedSequence(seed).spawn(k)[t] (same streams, set up in time
+    linear in the threads)."""
+    from simulator.timing import thread_seed, thread_seeds
+
+    for seed in (0, 7, 2 ** 63 - 1):
+        spawned = np.random.SeedSequence(seed).spawn(5)
+        for t, (child, own) in enumerate(zip(spawned, thread_seeds(seed, 5), strict=True)):
+            assert (child.generate_state(8) == own.generate_state(8)).all()
+            assert (thread_seed(seed, t).generate_state(8) == child.generate_state(8)).all()
