@@ -97,7 +97,15 @@ def _simulate(args: argparse.Namespace) -> int:
     summary = write_run(args.out, scenario, trace, engine.problem)
     if not args.quiet:
         _print_summary(summary, Path(args.out), time.perf_counter() - started)
+        _print_diverged(summary)
     return 0
+
+
+def _print_diverged(summary: dict[str, Any]) -> None:
+    """The line a run that diverged gets after its summary (summary.json: diverged_at)."""
+    if summary.get("diverged_at") is not None:
+        print(f"  diverged at update {summary['diverged_at']}: w or f(w) stopped being finite "
+              f"(lr {summary['lr']:g})")
 
 
 def _replay(args: argparse.Namespace) -> int:
@@ -115,6 +123,7 @@ def _replay(args: argparse.Namespace) -> int:
     summary = write_run(out, scenario, trace, problem)
     if not args.quiet:
         _print_summary(summary, out, time.perf_counter() - started)
+        _print_diverged(summary)
     return 0
 
 
@@ -150,10 +159,16 @@ def _dask_client(address: str) -> Any:
 def _sweep(args: argparse.Namespace) -> int:
     from concurrent.futures import ProcessPoolExecutor
 
-    from simulator.sweep import Axis, parse_axis, plan_sweep, run_sweep
+    from simulator.sweep import MAX_CELLS, Axis, parse_axis, plan_sweep, run_sweep
 
+    for flag, value in (("--seeds", args.seeds), ("--jobs", args.jobs)):
+        if value is not None and value < 1:
+            raise ScenarioError(flag, value, "must be >= 1")
+    if args.seeds is not None and args.seeds > MAX_CELLS:
+        raise ScenarioError("--seeds", args.seeds, f"must be <= {MAX_CELLS:,} (cells of one "
+                            "sweep)")
     axes = [parse_axis(text) for text in args.grid]
-    if args.seeds:
+    if args.seeds is not None:
         axes.append(Axis("run.seed", tuple(str(s) for s in range(args.seeds))))
     if not axes:
         raise AsyngradError("sweep: give at least one --grid KEY=V1,V2,... or --seeds N")
@@ -198,12 +213,45 @@ def _theorem(args: argparse.Namespace) -> int:
             raise ScenarioError(f"--{name}", getattr(args, name), "must be a finite number")
     result = {"asyngrad": _asyngrad_theorem, "hogwild": _hogwild_theorem,
               "langford": _langford_theorem}[args.bound](args)
+    verdict = result.get("verdict")
     if args.json:
         print(json.dumps(result, indent=2))
-        return 0
-    for line in result.pop("lines"):
-        print(line)
+    if verdict is not None and not result["runnable"]:
+        raise AsyngradError(verdict)
+    if not args.json:
+        for line in result.pop("lines"):
+            print(line)
     return 0
+
+
+def _count(updates: int | None) -> str:
+    """An update count as printed (in scientific notation from 10^15); None: one beyond 64
+    bits."""
+    if updates is None:
+        return "more than 2^63"
+    return f"{updates:,}" if updates < 10 ** 15 else f"{float(updates):.3g}"
+
+
+def _runnable(result: dict[str, Any], count: str, step: str) -> None:
+    """Judge the bound's update count against what a run can make (``GRADIENT_LIMIT``, the
+    most gradients ``simulator.budget.preflight`` lets one run compute) and this machine's
+    memory; the verdict goes into ``result`` (``runnable``, ``fits_here``, ``verdict``).
+    ``updates`` None: the count does not even fit in 64 bits."""
+    from simulator.budget import GRADIENT_LIMIT, max_updates
+
+    updates, here = result["updates"], max_updates()
+    result["runnable"] = updates is not None and updates <= GRADIENT_LIMIT
+    result["fits_here"] = result["runnable"] and updates <= here
+    shown = _count(updates)
+    if not result["runnable"]:
+        result["verdict"] = (f"{count} = {shown} updates at {step} = {result['gamma']:.6g}: "
+                             f"more than any run can make (at most {GRADIENT_LIMIT:,} "
+                             "gradients); the bound cannot be checked by simulation")
+    elif not result["fits_here"]:
+        result["verdict"] = (f"{count} = {shown} updates: more than this machine's memory "
+                             f"holds in one run (about {here:,})")
+    else:
+        result["verdict"] = f"{count} = {shown} updates: a run can make them"
 
 
 def _asyngrad_theorem(args: argparse.Namespace) -> dict[str, Any]:
@@ -216,9 +264,10 @@ def _asyngrad_theorem(args: argparse.Namespace) -> dict[str, Any]:
         updates,
     )
 
-    if args.kappa <= 0:
-        raise ScenarioError("--kappa", args.kappa, "must be a finite number > 0")
-    k = Constants(c=args.c, q=args.q, kappa2=args.kappa**2, tau=args.tau, a0=args.a0)
+    if args.kappa <= 0 or not math.isfinite(args.kappa * args.kappa):
+        raise ScenarioError("--kappa", args.kappa, "must be a finite number > 0 whose square "
+                            "is finite")
+    k = Constants(c=args.c, q=args.q, kappa2=args.kappa * args.kappa, tau=args.tau, a0=args.a0)
     gamma = learning_rate(k, args.eps, args.beta)
     result: dict[str, Any] = {
         "bound": "asyngrad", "c": k.c, "q": k.q, "kappa2": k.kappa2, "tau": k.tau, "a0": k.a0,
@@ -226,6 +275,7 @@ def _asyngrad_theorem(args: argparse.Namespace) -> dict[str, Any]:
         "updates": updates(k, args.eps, args.beta), "error_budget": error_budget(k, args.eps),
         "tau_limit": tau_limit(k, args.eps), "fixed_point": fixed_point(k, gamma),
         "q_times_fixed_point": k.q * fixed_point(k, gamma)}
+    _runnable(result, "t (10)", "γ (9)")
     if not args.json:
         result["lines"] = [
             f"Theorem 1 (AsynGrad): c={k.c:g} q={k.q:g} κ²={k.kappa2:g} τ={k.tau:g} "
@@ -233,33 +283,51 @@ def _asyngrad_theorem(args: argparse.Namespace) -> dict[str, Any]:
             f"  error budget 2τq/(cε)          {result['error_budget']:.6g}  (< 1 required; "
             f"τ limit cε/(2q) = {result['tau_limit']:.6g})",
             f"  learning rate γ (9)            {gamma:.6g}",
-            f"  updates t (10)                 {result['updates']:,}",
+            f"  updates t (10)                 {_count(result['updates'])}",
             f"  fixed point (γκ² + 2τ)/c       {result['fixed_point']:.6g}  "
-            f"(q × it = {result['q_times_fixed_point']:.6g} <= ε)"]
+            f"(q × it = {result['q_times_fixed_point']:.6g} <= ε)",
+            f"  {result['verdict']}"]
     return result
 
 
 def _hogwild_theorem(args: argparse.Namespace) -> dict[str, Any]:
-    from theory.hogwild import HogwildConstants, lag_factor, step_size, updates
+    from theory.asyngrad import InfeasibleError
+    from theory.hogwild import (
+        COUNT_TAU2,
+        HogwildConstants,
+        lag_factor,
+        step_size,
+        updates,
+    )
 
     k = HogwildConstants(c=args.c, L=args.L, M=args.M, omega=args.omega, delta=args.delta,
                          rho=args.rho, tau=args.tau, d0=args.d0)
     gamma = step_size(k, args.eps, args.theta)
-    count = updates(k, args.eps, args.theta)
-    serial = dataclasses.replace(k, tau=0.0)
+
+    def count(constants: HogwildConstants) -> int | None:
+        try:
+            return updates(constants, args.eps, args.theta)
+        except InfeasibleError:  # beyond 64 bits: judged by _runnable
+            return None
+
     result: dict[str, Any] = {
         "bound": "hogwild", **dataclasses.asdict(k), "eps": args.eps, "theta": args.theta,
-        "gamma": gamma, "updates": count, "lag_factor": lag_factor(k),
-        "serial_updates": updates(serial, args.eps, args.theta)}
+        "gamma": gamma, "updates": count(k), "lag_factor": lag_factor(k),
+        "lag_factor_count": lag_factor(k, COUNT_TAU2),
+        "serial_updates": count(dataclasses.replace(k, tau=0.0))}
+    _runnable(result, "k (4.2)", "γ (4.1)")
     if not args.json:
+        serial = result["serial_updates"]
         result["lines"] = [
             f"Hogwild! Proposition 4.1: c={k.c:g} L={k.L:g} M={k.M:g} Ω={k.omega:g} "
             f"Δ={k.delta:g} ρ={k.rho:g} τ={k.tau:g} D0={k.d0:g} ε={args.eps:g} "
             f"ϑ={args.theta:g}",
-            f"  lag factor 1 + 6ρτ + 4τ²Ω√Δ    {result['lag_factor']:.6g}",
-            f"  step size γ (4.1)              {gamma:.6g}",
-            f"  updates k (4.2)                {count:,}  (serial, τ = 0: "
-            f"{result['serial_updates']:,})"]
+            f"  lag factor of γ (4.1), 1 + 6ρτ + 4τ²Ω√Δ   {result['lag_factor']:.6g}",
+            f"  step size γ (4.1)                        {gamma:.6g}",
+            f"  lag factor of k (4.2), 1 + 6τρ + 6τ²Ω√Δ   {result['lag_factor_count']:.6g}",
+            f"  updates k (4.2)                          {_count(result['updates'])}  "
+            f"(serial, τ = 0: {_count(serial)})",
+            f"  {result['verdict']}"]
     return result
 
 
@@ -371,8 +439,8 @@ def _print_hogwild_check(result: dict[str, Any], name: str) -> None:
     for i, entry in enumerate(result["rounds"]):
         updates = f"{entry['updates']:,}" if "updates" in entry else "too many"
         print(f"  round {i}: τ = {entry['tau']}, M = {entry['M']:.4g} [{entry['source']}]; "
-              f"lag factor {entry['lag_factor']:.4g}, γ (4.1) = {entry['gamma']:.4g}, "
-              f"k (4.2) = {updates}")
+              f"γ (4.1) = {entry['gamma']:.4g} (its lag factor 1 + 6ρτ + 4τ²Ω√Δ = "
+              f"{entry['lag_factor']:.4g}), k (4.2) = {updates} (with 6τ²Ω√Δ)")
     validation = result.get("validation")
     if validation and validation["reached_eps_at"] is not None:
         print(f"  the mean fell below ε after {validation['reached_eps_at']:,} updates "
@@ -890,9 +958,9 @@ def _parser() -> argparse.ArgumentParser:
                     out="sweep directory (rerun to resume)")
     sweep.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2",
                        help="a swept field and its values (repeatable: the grid is the product)")
-    sweep.add_argument("--seeds", type=int, default=0, metavar="N",
-                       help="also sweep run.seed over 0..N-1")
-    sweep.add_argument("--jobs", type=int, default=0, metavar="N",
+    sweep.add_argument("--seeds", type=int, default=None, metavar="N",
+                       help="also sweep run.seed over 0..N-1 (N >= 1)")
+    sweep.add_argument("--jobs", type=int, default=None, metavar="N",
                        help="worker processes (default: one per core; 1: in this process)")
     sweep.add_argument("--dask", metavar="ADDRESS",
                        help="run the cells on the Dask scheduler at ADDRESS (e.g. "

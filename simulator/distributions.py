@@ -33,6 +33,10 @@ _DEFINING = {
     "empirical": ("dist", "values"),
 }
 
+# The coefficients of variation a lognormal or gamma duration may have: its quantiles and
+# draws need cv² and 1/cv² well inside the float range.
+CV_RANGE = (1e-6, 1e6)
+
 
 @dataclass(frozen=True)
 class Duration:
@@ -40,7 +44,7 @@ class Duration:
 
     Raises:
         ScenarioError: unknown ``dist``, a negative or non-finite parameter, ``low > high``,
-            ``cv <= 0`` for lognormal/gamma, or an empty ``values`` for empirical.
+            ``cv`` outside ``CV_RANGE`` for lognormal/gamma, or an empty ``values`` for empirical.
     """
 
     dist: str = "constant"
@@ -74,8 +78,10 @@ class Duration:
     def _normalise_lognormal(self) -> None:
         if self.mean <= 0:
             raise ScenarioError("mean", self.mean, f"must be > 0 for {self.dist}")
-        if self.cv <= 0:
-            raise ScenarioError("cv", self.cv, f"must be > 0 for {self.dist}")
+        if not CV_RANGE[0] <= self.cv <= CV_RANGE[1]:
+            raise ScenarioError("cv", self.cv, f"must be in [{CV_RANGE[0]:g}, {CV_RANGE[1]:g}] "
+                                f"for {self.dist} (below: use constant; above, every draw but "
+                                "a vanishing few is near 0)")
         self._set(low=0.0, high=0.0, values=())
 
     _normalise_gamma = _normalise_lognormal

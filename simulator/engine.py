@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import simpy
 
+from simulator.budget import preflight
 from simulator.distributions import beta_shapes
 from simulator.errors import ScenarioError
 from simulator.inject import Injector
@@ -150,11 +151,13 @@ class Engine:
     """Runs one scenario to completion and returns its trace.
 
     Raises:
-        ScenarioError: a value that only the built problem can check (``run.blocks`` > dim).
+        ScenarioError: a value that only the built problem can check (``run.blocks`` > dim),
+            or a scenario that cannot run on this machine (``simulator.budget.preflight``).
     """
 
     def __init__(self, scenario: Scenario, problem: Problem | None = None,
                  source: DurationSource | None = None, lookahead: bool = True) -> None:
+        preflight(scenario)
         self.scenario = scenario
         self.problem = problem if problem is not None else make_problem(scenario.problem)
         run = scenario.run
@@ -1149,8 +1152,12 @@ class Engine:
         nothing can happen any more: threads waiting on a dead one); return the trace."""
         processes = [self.env.process(self._thread(thread)) for thread in range(self.threads)]
         self._deaths(processes)
-        self.env.run()
-        self.view.finish(self.completed, self.mem.w, self._end_time(), len(self._rows))
+        # A run that diverges (a step too large) carries inf and NaN through the same math:
+        # recorded as they are and reported as ``diverged_at`` in its summary, not warned
+        # about at every operation.
+        with np.errstate(all="ignore"):
+            self.env.run()
+            self.view.finish(self.completed, self.mem.w, self._end_time(), len(self._rows))
         if self.progress is not None:
             self.progress(len(self._rows) % _PROGRESS_EVERY)
         return self._trace()

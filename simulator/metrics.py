@@ -13,9 +13,9 @@ import numpy as np
 from simulator.problems import Problem
 from simulator.trace import EXTRA, Trace
 
-__all__ = ["ERROR_THRESHOLD", "PHASE_BINS", "curve_rows", "error_mask", "interference",
-           "overlaps", "relative_error", "rhythm", "summarize", "trace_rhythm", "write_meetings",
-           "write_pairs"]
+__all__ = ["ERROR_THRESHOLD", "PHASE_BINS", "curve_rows", "diverged_at", "error_mask",
+           "interference", "overlaps", "relative_error", "rhythm", "summarize", "trace_rhythm",
+           "write_meetings", "write_pairs"]
 
 # An update has a gradient error when ‖δ‖ > ERROR_THRESHOLD · max(‖g‖, 1e-12).
 ERROR_THRESHOLD = 1e-9
@@ -28,9 +28,11 @@ def _floor(g_norm: np.ndarray) -> np.ndarray:
 
 
 def relative_error(trace: Trace) -> np.ndarray:
-    """‖δ‖/‖g‖ of the measured updates."""
+    """‖δ‖/‖g‖ of the measured updates (NaN where a diverged run's norms are, without a
+    warning)."""
     measured = trace["measured"]
-    return trace["delta_norm"][measured] / _floor(trace["g_norm"][measured])
+    with np.errstate(invalid="ignore"):
+        return trace["delta_norm"][measured] / _floor(trace["g_norm"][measured])
 
 
 def error_mask(trace: Trace) -> np.ndarray:
@@ -210,8 +212,32 @@ def _extra(values: np.ndarray, rows: int) -> Any:
     return values.tolist()
 
 
+def diverged_at(trace: Trace) -> int | None:
+    """The first completion t whose recorded state is not finite (the run diverged), or
+    None. A run records its state at the loss curve's points (f(w_t), ‖w_t − w*‖², always
+    ending at the final vector) and at measured updates (‖s_t‖ = ‖w_{t−1} − w_t‖/lr): t is
+    exact when every update is measured (``metrics.exact``, ``every = 1``), else the first
+    curve point or measured update that shows it. Reads what is recorded, so a run that
+    stays finite costs one pass over the final vector."""
+    if np.isfinite(trace["w_final"]).all() and np.isfinite(trace["curve_loss"]).all():
+        return None
+    curve = ~(np.isfinite(trace["curve_loss"]) & np.isfinite(trace["curve_dist2"]))
+    found = [int(trace["curve_t"][curve][0])] if curve.any() else [int(trace["step"].max())]
+    measured = trace["measured"] & ~np.isfinite(trace["s_norm"])
+    if measured.any():
+        found.append(int(trace["step"][measured].min()))
+    return min(found)
+
+
 def summarize(trace: Trace, problem: Problem, scenario: Any) -> dict[str, Any]:
-    """Everything ``summary.json`` holds: deterministic (no wall-clock time)."""
+    """Everything ``summary.json`` holds: deterministic (no wall-clock time). A run that
+    diverged (``diverged_at``) is summarised like any other, its non-finite values as NaN or
+    infinity, without floating-point warnings."""
+    with np.errstate(all="ignore"):
+        return _summarize(trace, problem, scenario)
+
+
+def _summarize(trace: Trace, problem: Problem, scenario: Any) -> dict[str, Any]:
     run, metrics = scenario.run, scenario.metrics
     measured = trace["measured"]
     n_measured = int(measured.sum())
@@ -231,6 +257,7 @@ def summarize(trace: Trace, problem: Problem, scenario: Any) -> dict[str, Any]:
         "updates": len(trace),
         "steps": int(trace["step"].max()) if len(trace) else 0,
         "ended_early": len(trace) < run.updates,
+        "diverged_at": diverged_at(trace),
         "discarded": int((trace["step"] == 0).sum()),
         "injected": {"mean_delay": _number(trace["delay"].mean()) if len(trace) else None,
                      "errors": int((trace["error_norm"] > 0).sum()),

@@ -73,9 +73,7 @@ def loss_figure(updates: Sequence[float] | np.ndarray,
     """f(w_t) − f* against completed updates, log scale."""
     fig = Figure(figsize=(7, 4.2), layout="constrained")
     ax = fig.add_subplot()
-    floor = np.finfo(np.float64).tiny
-    ax.semilogy(updates, np.maximum(np.asarray(suboptimality), floor), marker=".",
-                label=label or None)
+    ax.semilogy(updates, _positive(suboptimality), marker=".", label=label or None)
     ax.set_xlabel("completed updates t")
     ax.set_ylabel("f(w_t) − f*")
     ax.set_title("Suboptimality")
@@ -90,7 +88,7 @@ def error_histogram_figure(trace: Trace) -> Figure:
     fig = Figure(figsize=(7, 4.2), layout="constrained")
     ax = fig.add_subplot()
     relative = relative_error(trace)
-    errors = relative[error_mask(trace)]
+    errors = relative[error_mask(trace) & _drawable(relative)]  # a diverged run's left out
     rate = errors.size / relative.size if relative.size else float("nan")
     if errors.size:
         bins = np.logspace(np.log10(errors.min()), np.log10(errors.max()) + 1e-9, 40).tolist()
@@ -107,6 +105,24 @@ def error_histogram_figure(trace: Trace) -> Figure:
     ax.set_title(f"Gradient error: {errors.size} of {relative.size} measured updates "
                  f"(rate {rate:.3f}, threshold {ERROR_THRESHOLD:g})")
     return fig
+
+
+# The largest value a log axis shows: matplotlib's margins and ticks overflow near the
+# largest float, as after a run diverged.
+_LOG_MAX = 1e200
+
+
+def _drawable(values: np.ndarray) -> np.ndarray:
+    """Where values can go on a log axis: finite and at most ``_LOG_MAX``."""
+    with np.errstate(invalid="ignore"):
+        return np.isfinite(values) & (values <= _LOG_MAX)
+
+
+def _positive(values: Sequence[float] | np.ndarray) -> np.ndarray:
+    """Values for a log axis: at least the smallest positive float, and NaN (not drawn)
+    where not ``_drawable``."""
+    values = np.asarray(values, dtype=np.float64)
+    return np.where(_drawable(values), np.maximum(values, np.finfo(np.float64).tiny), np.nan)
 
 
 # One curve of a sweep cell: columns simulated time (ns), gradients computed, suboptimality.
@@ -136,7 +152,6 @@ def sweep_figure(groups: dict[tuple[str, ...], list[Curve]], names: Sequence[str
                                       else [()])
     fig = Figure(figsize=(3.6 * len(columns) + 1.5, 6.4), layout="constrained")
     axes = fig.subplots(2, len(columns), squeeze=False, sharey=True)
-    floor = np.finfo(np.float64).tiny
     for key, curves in sorted(groups.items(), key=lambda item: [_natural(v) for v in item[0]]):
         col = columns.index(key[-1]) if facet else 0
         color = palette[colors.index(key[0]) % len(palette)] if names else palette[0]
@@ -145,7 +160,7 @@ def sweep_figure(groups: dict[tuple[str, ...], list[Curve]], names: Sequence[str
                           for n, v in zip(names[:-1] if facet else names, key, strict=False))
         for row, (column, scale) in enumerate(((0, 1e-6), (1, 1.0))):
             x, y = _mean_curve(curves, column)
-            axes[row][col].semilogy(x * scale, np.maximum(y, floor), style, color=color,
+            axes[row][col].semilogy(x * scale, _positive(y), style, color=color,
                                     label=label or None)
     for col, value in enumerate(columns):
         title = f"{names[-1].split('.')[-1]} = {value}" if facet else ""

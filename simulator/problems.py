@@ -29,6 +29,7 @@ import scipy.optimize
 import scipy.sparse
 import scipy.sparse.linalg
 
+from simulator.budget import check_problem
 from simulator.errors import ScenarioError
 
 __all__ = ["CACHE_ENV", "HELD_OUT", "PROBLEMS", "LogisticProblem", "MLPProblem", "Problem",
@@ -720,10 +721,12 @@ def make_problem(spec: Any) -> Problem:
     """Build the problem a ``ProblemSpec`` describes.
 
     Raises:
-        ScenarioError: an unknown problem name.
+        ScenarioError: an unknown problem name, or data that cannot fit in this machine's
+            memory (``simulator.budget.check_problem``).
     """
     if spec.name not in PROBLEMS:
         raise ScenarioError("problem.name", spec.name, f"must be one of {', '.join(PROBLEMS)}")
+    check_problem(spec)
     problem = PROBLEMS[spec.name](spec)
     problem.spec_key = _spec_key(spec)
     return problem

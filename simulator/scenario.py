@@ -52,11 +52,40 @@ INTERFERENCE_FIELDS = tuple(f"{p}_under_{q}" for p in PHASES for q in PHASES[:3]
 # Real data that a package ships, and the problem each serves.
 REAL_DATA = {"breast_cancer": "logistic", "digits": "mlp"}
 DATA_SOURCES = ("synthetic", *REAL_DATA)
+# The shape of each real data set, which its resolved ProblemSpec shows: (field, value, what).
+REAL_SHAPES = {
+    "breast_cancer": (("dim", 30, "features"), ("n_samples", 569, "samples")),
+    "digits": (("dim", 64, "pixels"), ("n_samples", 1797, "samples"), ("classes", 10, "classes")),
+}
+INT64_MAX = 2 ** 63 - 1
+# The most virtual threads a run may have: setting a run up takes time and
+# memory that grow with the square of the threads (each thread knows its device's others),
+# about 4 s and 0.7 GB at this cap.
+MAX_THREADS = 4096
 
 
 def _check(ok: bool, name: str, value: Any, reason: str) -> None:
     if not ok:
         raise ScenarioError(name, value, reason)
+
+
+def _check_ints(spec: Any) -> None:
+    """Every integer field fits the int64 the engine and the trace store it in."""
+    for item in dataclasses.fields(spec):
+        value = getattr(spec, item.name)
+        if isinstance(value, int) and not isinstance(value, bool):
+            _check(-INT64_MAX - 1 <= value <= INT64_MAX, item.name, value,
+                   "must fit in a 64-bit integer (|value| < 2^63)")
+
+
+def _real_shape(spec: ProblemSpec) -> None:
+    """A real data set's dimension, sample count (and classes) in its spec: a field left at
+    its default takes the data's value; any other value than the data's is refused."""
+    for name, real, what in REAL_SHAPES.get(spec.data, ()):
+        value = getattr(spec, name)
+        _check(value in (real, ProblemSpec.__dataclass_fields__[name].default), name, value,
+               f"the {spec.data} data has {real} {what} (leave it unset)")
+        object.__setattr__(spec, name, real)
 
 
 @dataclass(frozen=True)
@@ -69,7 +98,11 @@ class ProblemSpec:
     the vocabulary, ``hidden`` the embedding (and LSTM) size, ``classes`` the tags and
     ``length`` the tokens per sequence (a sample). Synthetic problems draw a held-out set of
     n/4 samples from the same model; ``holdout`` keeps that fraction of a real data set
-    (``breast_cancer``, ``digits``) out of training, a seeded split."""
+    (``breast_cancer``, ``digits``) out of training, a seeded split. A real data set fixes
+    ``dim`` and ``n_samples`` (for ``digits`` also ``classes``): the resolved spec shows its
+    values (breast_cancer 30 features and 569 samples, digits 64 pixels, 1,797 samples and 10
+    classes; ``n_samples`` counts the whole set, before ``holdout``), and any other value is
+    refused (a field at its default counts as unset)."""
 
     name: str = "logistic"
     data: str = "synthetic"
@@ -88,6 +121,8 @@ class ProblemSpec:
                f"must be one of {', '.join(DATA_SOURCES)}")
         _check(self.data == "synthetic" or REAL_DATA[self.data] == self.name, "data",
                self.data, f"serves the {REAL_DATA.get(self.data)} problem, not {self.name}")
+        _check_ints(self)
+        _real_shape(self)
         _check(self.dim >= 1, "dim", self.dim, "must be >= 1")
         _check(self.n_samples >= 1, "n_samples", self.n_samples, "must be >= 1")
         _check(math.isfinite(self.l2) and self.l2 >= 0, "l2", self.l2, "must be >= 0")
@@ -376,6 +411,7 @@ class DeviceSpec:
     fast_ns: int = 0
 
     def __post_init__(self) -> None:
+        _check_ints(self)
         _check(math.isfinite(self.speed) and self.speed > 0, "speed", self.speed, "must be > 0")
         _check(math.isfinite(self.slow_factor) and self.slow_factor >= 1, "slow_factor",
                self.slow_factor, "must be >= 1 (1: no speed episodes)")
@@ -451,9 +487,12 @@ class RunSpec:
     read_view: str = "end"
 
     def __post_init__(self) -> None:
+        _check_ints(self)
         _check(self.protocol in PROTOCOLS, "protocol", self.protocol,
                f"must be one of {', '.join(PROTOCOLS)}")
-        _check(self.threads >= 1, "threads", self.threads, "must be >= 1")
+        _check(1 <= self.threads <= MAX_THREADS, "threads", self.threads,
+               f"must be in [1, {MAX_THREADS}] (a run's setup grows with the square of the "
+               "threads: each knows its device's others)")
         _check(self.updates >= 1, "updates", self.updates, "must be >= 1")
         _check(math.isfinite(self.lr) and self.lr > 0, "lr", self.lr, "must be > 0")
         _check(self.blocks >= 1, "blocks", self.blocks, "must be >= 1")
@@ -487,6 +526,7 @@ class MetricsSpec:
     curve_points: int = 100
 
     def __post_init__(self) -> None:
+        _check_ints(self)
         _check(self.every >= 1, "every", self.every, "must be >= 1")
         _check(self.curve_points >= 0, "curve_points", self.curve_points, "must be >= 0")
 
@@ -512,6 +552,7 @@ class ParamServerSpec:
     rebalance_after: int = 20
 
     def __post_init__(self) -> None:
+        _check_ints(self)
         _check(self.staleness_limit >= 0, "staleness_limit", self.staleness_limit,
                "must be >= 0 (0: keep every push)")
         _check(self.accumulate >= 1, "accumulate", self.accumulate, "must be >= 1")
@@ -546,6 +587,7 @@ class ADMMSpec:
     local_steps: int = 10
 
     def __post_init__(self) -> None:
+        _check_ints(self)
         _check(math.isfinite(self.rho) and self.rho > 0, "rho", self.rho, "must be > 0")
         _check(self.local_steps >= 1, "local_steps", self.local_steps, "must be >= 1")
 
@@ -558,6 +600,7 @@ class StragglerSpec:
     factor: float = 1.0
 
     def __post_init__(self) -> None:
+        _check_ints(self)
         _check(self.thread >= 0, "thread", self.thread, "must be >= 0")
         _check(math.isfinite(self.factor) and self.factor > 0, "factor", self.factor,
                "must be > 0")
@@ -572,6 +615,7 @@ class PauseSpec:
     end: int = 0
 
     def __post_init__(self) -> None:
+        _check_ints(self)
         _check(self.thread >= 0, "thread", self.thread, "must be >= 0")
         _check(self.start >= 0, "start", self.start, "must be >= 0")
         _check(self.end > self.start, "end", self.end, f"must be > start ({self.start})")
@@ -587,6 +631,7 @@ class DeathSpec:
     at: int = 0
 
     def __post_init__(self) -> None:
+        _check_ints(self)
         _check((self.thread >= 0) != (self.device >= 0), "thread", self.thread,
                "give exactly one of thread or device (both >= 0)")
         _check(self.at >= 0, "at", self.at, "must be >= 0")
@@ -622,6 +667,7 @@ class InjectSpec:
     deaths: tuple[DeathSpec, ...] = ()
 
     def __post_init__(self) -> None:
+        _check_ints(self)
         _check(self.delay >= 0, "delay", self.delay, "must be >= 0")
         _check(self.delay_dist in DELAYS, "delay_dist", self.delay_dist,
                f"must be one of {', '.join(DELAYS)}")

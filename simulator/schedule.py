@@ -36,8 +36,10 @@ from typing import Any
 
 import numpy as np
 
+from simulator.budget import preflight
 from simulator.errors import ScenarioError
 from simulator.memory import SharedMemory, block_ops
+from simulator.metrics import relative_error
 from simulator.problems import Problem, make_problem
 from simulator.scenario import Scenario, scenario_to_toml
 from simulator.timing import sample_stream
@@ -168,6 +170,7 @@ class _Shared:
     update takes its stream's i-th sample whatever the schedule)."""
 
     def __init__(self, scenario: Scenario, problem: Problem | None = None) -> None:
+        preflight(scenario)  # what the engine's constructor refuses, this loop refuses too
         run = scenario.run
         if run.protocol not in ("lockfree", "serial"):
             raise ScenarioError("run.protocol", run.protocol,
@@ -281,13 +284,14 @@ class _Controlled:
         # Prime each thread up to its first action; a thread with nothing to do is done.
         runnable = [t for t, gen in enumerate(threads) if next(gen, StopIteration) is None]
         chosen: list[int] = []
-        while runnable:
-            thread = scheduler.choose(runnable)
-            chosen.append(thread)
-            self.step += 1
-            if next(threads[thread], StopIteration) is not None:
-                runnable.remove(thread)
-        self.view.finish(self.completed, self.mem.w, self.step, len(self.rows))
+        with np.errstate(all="ignore"):  # a run that diverges: as in the engine's run
+            while runnable:
+                thread = scheduler.choose(runnable)
+                chosen.append(thread)
+                self.step += 1
+                if next(threads[thread], StopIteration) is not None:
+                    runnable.remove(thread)
+            self.view.finish(self.completed, self.mem.w, self.step, len(self.rows))
         return ScheduledRun(self._trace(), chosen, self.problem)
 
     def _trace(self) -> Trace:
@@ -325,9 +329,7 @@ def _lost_fraction(t: Trace, f_star: float) -> float:
 
 OBJECTIVES: dict[str, Callable[[Trace, float], float]] = {
     "lost_fraction": _lost_fraction,
-    "grad_error": lambda t, f_star: float(np.max(
-        t["delta_norm"][t["measured"]] / np.maximum(t["g_norm"][t["measured"]], 1e-12),
-        initial=0.0)),
+    "grad_error": lambda t, f_star: float(np.max(relative_error(t), initial=0.0)),
     "staleness": lambda t, f_star: float(t["staleness"].max(initial=0)),
     "lost_blocks": lambda t, f_star: float(t["lost_blocks"].sum()),
     "suboptimality": lambda t, f_star: float(t["curve_loss"][-1] - f_star),

@@ -13,6 +13,7 @@ from __future__ import annotations
 import csv
 import itertools
 import json
+import math
 import os
 import tomllib
 from collections.abc import Callable, Sequence
@@ -23,11 +24,14 @@ from typing import Any
 
 import numpy as np
 
+from simulator.budget import preflight
 from simulator.errors import AsyngradError, ScenarioError
 from simulator.scenario import Scenario, load_scenario, scenario_to_toml
 
-__all__ = ["METRICS", "Axis", "Cell", "parse_axis", "plan_sweep", "run_sweep"]
+__all__ = ["MAX_CELLS", "METRICS", "Axis", "Cell", "parse_axis", "plan_sweep", "run_sweep"]
 
+# The most cells one sweep plans: each is a run directory and a scenario held in memory.
+MAX_CELLS = 100_000
 # (column, path in summary.json) of the metrics a sweep tabulates.
 METRICS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("error_rate", ("gradient_error", "rate")),
@@ -103,20 +107,26 @@ def _toml_text(value: Any) -> str:
 
 def plan_sweep(scenario: str | Path | None, overrides: Sequence[str],
                axes: Sequence[Axis]) -> list[Cell]:
-    """Every cell of the grid, in row-major order, each validated.
+    """Every cell of the grid, in row-major order, each validated and judged runnable on
+    this machine (``simulator.budget.preflight``).
 
     Raises:
-        ScenarioError: a repeated axis, or any cell with an invalid value (named with the
-            cell's axis values).
+        ScenarioError: a repeated axis, more than ``MAX_CELLS`` cells, or any cell with an
+            invalid value or one that cannot run here.
     """
     keys = [axis.key for axis in axes]
     if len(set(keys)) != len(keys):
         raise ScenarioError("--grid", keys, "names a field twice")
+    count = math.prod(len(a.values) for a in axes)
+    if count > MAX_CELLS:
+        raise ScenarioError("--grid", count, f"cells: more than {MAX_CELLS:,}, each a run "
+                            "directory (split the sweep)")
     cells = []
     for index, values in enumerate(itertools.product(*(a.values for a in axes))):
         cell_overrides = (*overrides, *(f"{k}={v}" for k, v in zip(keys, values, strict=True)))
-        cells.append(Cell(index, values, cell_overrides,
-                          load_scenario(scenario, list(cell_overrides))))
+        cell = Cell(index, values, cell_overrides, load_scenario(scenario, list(cell_overrides)))
+        preflight(cell.scenario)
+        cells.append(cell)
     return cells
 
 

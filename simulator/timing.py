@@ -23,7 +23,8 @@ from simulator.errors import TraceError
 from simulator.scenario import Scenario
 
 __all__ = ["GRAD", "IDLE", "READ", "WRITE", "CommonFactor", "DurationSource", "ReplaySource",
-           "SampledSource", "SpeedEpisodes", "sample_stream", "thread_seeds"]
+           "SampledSource", "SpeedEpisodes", "sample_stream", "thread_seed",
+           "thread_seeds"]
 
 _CHUNK = 1024
 READ, GRAD, WRITE, IDLE = range(4)  # the phases, in the order of TimingSpec.common
@@ -79,18 +80,26 @@ class CommonFactor:
 
 def thread_seeds(seed: int, threads: int) -> list[np.random.SeedSequence]:
     """One seed sequence per thread; each spawns (samples, read, grad, write) streams."""
-    return np.random.SeedSequence(seed).spawn(threads)
+    return [thread_seed(seed, thread) for thread in range(threads)]
 
 
-def _thread_generators(seed: int, threads: int, thread: int) -> list[np.random.Generator]:
+def thread_seed(seed: int, thread: int) -> np.random.SeedSequence:
+    """Thread ``thread``'s seed sequence: ``SeedSequence(seed).spawn(k)[thread]`` for any
+    k > thread (a spawned child is the parent's entropy with spawn key (thread,)), made
+    alone so that setting up k threads costs k sequences, not k²."""
+    return np.random.SeedSequence(seed, spawn_key=(thread,))
+
+
+def _thread_generators(seed: int, thread: int) -> list[np.random.Generator]:
     # Five streams: samples, read, gradient, write, idle (spawn(n) children do not depend on
     # n, so adding a stream never changed the others).
-    return [np.random.default_rng(s) for s in thread_seeds(seed, threads)[thread].spawn(5)]
+    return [np.random.default_rng(s) for s in thread_seed(seed, thread).spawn(5)]
 
 
 def sample_stream(seed: int, threads: int, thread: int, n_samples: int) -> _Stream:
-    """Thread ``thread``'s samples: the same sequence in the simulator and in real runs."""
-    return _Stream(partial(_integers, _thread_generators(seed, threads, thread)[0], n_samples))
+    """Thread ``thread``'s samples: the same sequence in the simulator and in real runs
+    (whatever ``threads``: a thread's streams depend on its index alone)."""
+    return _Stream(partial(_integers, _thread_generators(seed, thread)[0], n_samples))
 
 
 class SpeedEpisodes:
@@ -239,7 +248,7 @@ class SampledSource:
         for thread in range(threads):
             device = scenario.device_of(thread)
             timing = scenario.timing_of(device)
-            gens = _thread_generators(scenario.run.seed, threads, thread)
+            gens = _thread_generators(scenario.run.seed, thread)
             spec = scenario.devices[device]
             self._episodes.append(self._core_episodes(device, scenario.core_of(thread))
                                   if spec.slow_factor > 1 else None)

@@ -21,10 +21,13 @@ updates) is at most τ. With ε > 0, ϑ ∈ (0, 1) and D_0 = ‖x_0 − x*‖²,
 (4.1) γ = ϑεc / (2LM²Ω(1 + 6ρτ + 4τ²ΩΔ^{1/2})),
 (4.2) k ≥ 2LM²Ω(1 + 6τρ + 6τ²ΩΔ^{1/2}) log(LD_0/ε) / (c²ϑε)
 
-updates give E[f(x_k) − f*] ≤ ε. The two equations differ in the τ² coefficient (4 in (4.1),
-6 in (4.2)) as printed in the paper; both are implemented as printed. The factor
-1 + 6ρτ + 4τ²ΩΔ^{1/2} is the price of the lag: with τ = 0 the proposition is serial SGD, and
-near-linear speedup needs ρτ and τ²ΩΔ^{1/2} small, which only sparse problems give.
+updates give E[f(x_k) − f*] ≤ ε. (4.1) and (4.2) label the proposition's step size and
+update count here, in the order it states them. The two differ in the τ² coefficient of their
+lag factor, 4 in (4.1) (``STEP_TAU2``) and 6 in (4.2) (``COUNT_TAU2``), as printed in the
+paper; both are implemented as printed, and every number this toolkit prints names the
+equation and the factor it comes from. The lag factor is the price of the lag: with τ = 0 the
+proposition is serial SGD, and near-linear speedup needs ρτ and τ²ΩΔ^{1/2} small, which only
+sparse problems give.
 """
 
 from __future__ import annotations
@@ -34,7 +37,11 @@ from dataclasses import dataclass
 
 from theory.asyngrad import InfeasibleError, _require
 
-__all__ = ["HogwildConstants", "check_theta", "lag_factor", "step_size", "updates"]
+__all__ = ["COUNT_TAU2", "STEP_TAU2", "HogwildConstants", "check_theta", "lag_factor",
+           "step_size", "updates"]
+
+STEP_TAU2 = 4.0  # the τ² coefficient of the lag factor in the step size (4.1)
+COUNT_TAU2 = 6.0  # ... and in the update count (4.2)
 
 
 @dataclass(frozen=True)
@@ -78,9 +85,11 @@ def check_theta(eps: float, theta: float) -> None:
     _require(math.isfinite(theta) and 0 < theta < 1, "theta", theta, "must be in (0, 1)")
 
 
-def lag_factor(k: HogwildConstants, tau_squared_coefficient: float = 4.0) -> float:
-    """1 + 6ρτ + a·τ²ΩΔ^{1/2} (a = 4 in (4.1), 6 in (4.2)): how many times smaller the step
-    (and larger the update count) is than for serial SGD (τ = 0)."""
+def lag_factor(k: HogwildConstants, tau_squared_coefficient: float = STEP_TAU2) -> float:
+    """1 + 6ρτ + a·τ²ΩΔ^{1/2}: with a = ``STEP_TAU2`` (4, the default) the factor of the step
+    size (4.1), how many times smaller γ is than for serial SGD (τ = 0); with a =
+    ``COUNT_TAU2`` (6) the factor of the update count (4.2), how many times more updates k
+    asks for."""
     return (1 + 6 * k.rho * k.tau
             + tau_squared_coefficient * k.tau ** 2 * k.omega * math.sqrt(k.delta))
 
@@ -92,7 +101,7 @@ def step_size(k: HogwildConstants, eps: float, theta: float = 0.5) -> float:
         ScenarioError: ε <= 0 or ϑ outside (0, 1).
     """
     check_theta(eps, theta)
-    return theta * eps * k.c / (2 * k.L * k.M ** 2 * k.omega * lag_factor(k, 4.0))
+    return theta * eps * k.c / (2 * k.L * k.M ** 2 * k.omega * lag_factor(k, STEP_TAU2))
 
 
 def updates(k: HogwildConstants, eps: float, theta: float = 0.5) -> int:
@@ -107,7 +116,7 @@ def updates(k: HogwildConstants, eps: float, theta: float = 0.5) -> int:
     ratio = k.L * k.d0 / eps
     if ratio <= 1:
         return 0
-    count = (2 * k.L * k.M ** 2 * k.omega * lag_factor(k, 6.0) * math.log(ratio)
+    count = (2 * k.L * k.M ** 2 * k.omega * lag_factor(k, COUNT_TAU2) * math.log(ratio)
              / (k.c ** 2 * theta * eps))
     if not count < 2 ** 63:
         raise InfeasibleError(f"Proposition 4.1 asks for {count:.3g} updates, more than any "
