@@ -1,8 +1,11 @@
 """Compare two golden-trace files recorded with ``ASYNGRAD_GOLDEN=FILE pytest ...``.
 
-    ASYNGRAD_GOLDEN=/tmp/before.jsonl pytest -m "not alone" -p no:randomly   # before a change
-    ASYNGRAD_GOLDEN=/tmp/after.jsonl pytest -m "not alone"                   # after it
+    ASYNGRAD_GOLDEN=/tmp/before.jsonl pytest -n 2 -m "not alone" --hypothesis-seed=0  # before
+    ASYNGRAD_GOLDEN=/tmp/after.jsonl pytest -n 2 -m "not alone" --hypothesis-seed=0   # after
     python tests/goldens.py /tmp/before.jsonl /tmp/after.jsonl
+
+Real runs (``alone``) are not deterministic and are not recorded; a fixed hypothesis seed
+makes the property tests draw the same scenarios in both runs.
 
 Traces are matched by test, by their place among the test's traces and by their scenario;
 the report lists every trace whose arrays differ (and which arrays), and the traces found in
