@@ -221,6 +221,16 @@ def test_sweep_bad_counts_write_nothing(tmp_path, args):
     _clean_refusal(code, err, out)
 
 
+@pytest.mark.parametrize("command", ["check", "tausweep"])
+def test_max_updates_beyond_this_machine_is_named(tmp_path, command):
+    """check and tausweep refuse a --max-updates no run here can hold, naming the flag."""
+    out = tmp_path / command
+    code, err = _cli(command, "--eps", "0.05", "--seeds", "2", "--max-updates",
+                     str(10 ** 12), "--out", str(out))
+    _clean_refusal(code, err, out)
+    assert "--max-updates = 1000000000000" in err
+
+
 def _theorem(*args: str) -> tuple[int, str, str]:
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):

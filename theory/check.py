@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import scipy.stats
 
+from simulator.budget import max_updates as budget_max_updates
 from simulator.engine import Engine
 from simulator.errors import AsyngradError, ScenarioError
 from simulator.problems import Problem, make_problem
@@ -104,11 +105,22 @@ def suboptimality(runs: list[Trace], problem: Problem, eps: float,
 
 
 def check_counts(seeds: int, pilot_seeds: int, max_updates: int, rounds: int) -> None:
-    """Raise ScenarioError unless seeds >= 2 and the others >= 1."""
+    """Raise ScenarioError unless seeds >= 2 and the others >= 1, and ``max_updates`` fits
+    one run on this machine (``check_max_updates``)."""
     for name, value, low in (("--seeds", seeds, 2), ("--pilot-seeds", pilot_seeds, 1),
                              ("--max-updates", max_updates, 1), ("--rounds", rounds, 1)):
         if value < low:
             raise ScenarioError(name, value, f"must be >= {low}")
+    check_max_updates(max_updates)
+
+
+def check_max_updates(max_updates: int) -> None:
+    """Raise ScenarioError naming ``--max-updates`` when a run of that many updates cannot
+    be held in this machine's memory (``simulator.budget.max_updates``), before any run."""
+    limit = budget_max_updates()
+    if max_updates > limit:
+        raise ScenarioError("--max-updates", max_updates,
+                            f"must be <= {limit:,} (the most updates one run can hold here)")
 
 
 def _validate(scenario: Scenario, problem: Problem, k: Constants, gamma: float, t: int,

@@ -36,7 +36,7 @@ from simulator.problems import Problem, make_problem
 from simulator.scenario import Scenario
 from theory.asyngrad import Constants, InfeasibleError, check_accuracy, learning_rate, tau_limit
 from theory.asyngrad import updates as updates_needed
-from theory.check import PILOT_SEED, _mean_and_bounds, _runs
+from theory.check import PILOT_SEED, _mean_and_bounds, _runs, check_max_updates
 from theory.estimators import curvature, initial_distance, serialized_constants
 
 __all__ = ["default_bounds", "tau_sweep"]
@@ -65,6 +65,7 @@ def tau_sweep(scenario: Scenario, eps: float, seeds: int = 5,
                              ("--max-updates", max_updates, 1)):
         if value < low:
             raise ScenarioError(name, value, f"must be >= {low}")
+    check_max_updates(max_updates)
     if not (math.isfinite(horizon) and horizon > 0):
         raise ScenarioError("--horizon", horizon, "must be a finite number > 0")
     for b in bounds or ():
