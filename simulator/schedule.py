@@ -336,14 +336,18 @@ OBJECTIVES: dict[str, Callable[[Trace, float], float]] = {
 }
 
 
-def _identical(shared: _Shared, text: str) -> tuple[ScheduledRun, bool]:
+def _identical(shared: _Shared, text: str, objective: str,
+               value: float) -> tuple[ScheduledRun, bool]:
     """Run schedule ``text`` twice and compare every array of the two traces (a check for
-    nondeterminism the schedule does not control); returns the run and the verdict."""
+    nondeterminism the schedule does not control) and the objective with ``value`` (NaN
+    equals NaN: a diverged run replays too); returns the run and the verdict."""
     runs = [shared.run(Scheduler("fixed", shared.threads, schedule=parse_schedule(text)))
             for _ in range(2)]
     same = all(np.array_equal(values, runs[1].trace[name], equal_nan=True)
                for name, values in runs[0].trace.arrays.items())
-    return runs[0], same and runs[0].text == runs[1].text == text
+    again = OBJECTIVES[objective](runs[0].trace, runs[0].problem.optimum()[1])
+    return runs[0], (same and runs[0].text == runs[1].text == text
+                     and bool(np.array_equal(again, value, equal_nan=True)))
 
 
 def explore(scenario: Scenario, kind: str, runs: int, objective: str, depth: int = 1,
@@ -365,21 +369,20 @@ def explore(scenario: Scenario, kind: str, runs: int, objective: str, depth: int
                             "--schedule")
     if kind == "adversarial":
         result, value, tried = greedy_schedule(scenario, objective, progress)
-        again, same = _identical(_Shared(scenario, result.problem), result.text)
-        f_star = again.problem.optimum()[1]
+        again, same = _identical(_Shared(scenario, result.problem), result.text, objective,
+                                 value)
         return {"scenario": scenario.name, "scheduler": kind, "objective": objective,
                 "runs": tried, "steps_per_run": len(result.schedule),
                 "values": {"mean": value, "p50": value, "max": value, "min": value},
                 "worst": [{"value": value, "schedule": result.text}],
-                "replayed_identically": bool(
-                    same and OBJECTIVES[objective](again.trace, f_star) == value)}, again
+                "replayed_identically": same}, again
     if kind == "dfs":  # every interleaving (up to runs = the limit), then replay the worst
         report = enumerate_schedules(scenario, objective, preemptions, runs, checkpoint,
                                      progress)
         text = report["worst"][0]["schedule"]
-        again, same = _identical(_Shared(scenario), text)
-        value = OBJECTIVES[objective](again.trace, again.problem.optimum()[1])
-        report["replayed_identically"] = bool(same and value == report["worst"][0]["value"])
+        again, same = _identical(_Shared(scenario), text, objective,
+                                 report["worst"][0]["value"])
+        report["replayed_identically"] = same
         return report, again
     for name, count in (("--runs", runs), ("--keep", keep)):
         if count < 1:
@@ -404,16 +407,13 @@ def explore(scenario: Scenario, kind: str, runs: int, objective: str, depth: int
         if progress:
             progress(1)
     worst_value, _, worst_text = found[0]
-    again, same = _identical(shared, worst_text)
-    deterministic = same and measure(again.trace, f_star) == worst_value
-    spread = np.asarray(values)
+    again, deterministic = _identical(shared, worst_text, objective, worst_value)
     return {
         "scenario": scenario.name, "scheduler": kind, "depth": depth, "runs": runs,
         "seed": seed, "objective": objective, "steps_per_run": steps, "threads": threads,
         "log10_interleavings_bound": _log_schedules(threads, math.ceil(steps / threads))
         / math.log(10),
-        "values": {"mean": float(spread.mean()), "p50": float(np.quantile(spread, 0.5)),
-                   "max": float(spread.max()), "min": float(spread.min())},
+        "values": _spread(values, 0.5),
         "worst": [{"value": value, "seed": run_seed, "schedule": text}
                   for value, run_seed, text in found],
         "replayed_identically": bool(deterministic),
@@ -502,17 +502,26 @@ def enumerate_schedules(scenario: Scenario, objective: str, preemptions: int | N
         else:
             state.write_text(json.dumps({"stack": stack, "prefix": prefix, "values": values,
                                          "worst": list(worst) if worst else None}))
-    spread = np.asarray(values)
     assert worst is not None
+    finite = np.asarray(values)[np.isfinite(values)]
+    counts, edges = (np.histogram(finite, bins=10) if finite.size
+                     else (np.zeros(0, int), np.zeros(0)))
     return {"scenario": scenario.name, "scheduler": "dfs", "objective": objective,
             "preemptions": preemptions, "complete": done, "schedules": len(values),
             "threads": threads,
-            "values": {"mean": float(spread.mean()), "p50": float(np.quantile(spread, 0.5)),
-                       "p95": float(np.quantile(spread, 0.95)), "max": float(spread.max()),
-                       "min": float(spread.min()),
-                       "histogram": np.histogram(spread, bins=10)[0].tolist(),
-                       "edges": np.histogram(spread, bins=10)[1].tolist()},
+            "values": {**_spread(values, 0.5, 0.95), "histogram": counts.tolist(),
+                       "edges": edges.tolist(), "not_finite": len(values) - int(finite.size)},
             "worst": [{"value": worst[0], "schedule": worst[1]}]}
+
+
+def _spread(values: list[float], *quantiles: float) -> dict[str, float]:
+    """Mean, quantiles, max and min of the objective over the schedules run (a run that
+    diverged gives inf or NaN: they stay in, without floating-point warnings)."""
+    spread = np.asarray(values, dtype=np.float64)
+    with np.errstate(all="ignore"):
+        return {"mean": float(spread.mean()),
+                **{f"p{round(100 * q)}": float(np.quantile(spread, q)) for q in quantiles},
+                "max": float(spread.max()), "min": float(spread.min())}
 
 
 _OPS: dict[str, Callable[[float, float], bool]] = {

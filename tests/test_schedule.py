@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 
 import numpy as np
 import pytest
@@ -98,6 +99,17 @@ def test_explore_keeps_distinct_worst_schedules_that_replay(tmp_path):
     assert values == sorted(values, reverse=True) and values[0] == report["values"]["max"]
     assert report["replayed_identically"] and worst.text == texts[0]
     assert worst.trace["lost_blocks"].sum() == values[0]
+
+
+@pytest.mark.parametrize("kind", ["random", "dfs", "adversarial"])
+def test_a_diverged_worst_schedule_still_replays_identically(kind):
+    """Runs that diverge (lr = 1e300: objectives inf or NaN) are explored without warnings
+    and their worst reproduces: NaN counts as equal to NaN."""
+    s = scenario(*TINY, "run.updates=2", "run.lr=1e300")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        report, _ = explore(s, kind, 8, "suboptimality")
+    assert not np.isfinite(report["worst"][0]["value"]) and report["replayed_identically"]
 
 
 def test_cli_explore_and_replay_schedule(tmp_path, capsys):
