@@ -78,16 +78,16 @@ def far_apart(latency: dict[str, Any] | None) -> bool | None:
     return None if state is None else state != "near"
 
 
-def write_lockstep(trace: Trace, reference_us: float) -> tuple[float, float, float]:
+def write_lockstep(trace: Trace, reference_us: float) -> tuple[float, float, float | None]:
     """Over the span in which every worker ran: (share of writes that another write
     overlapped, share that were overlapped and took ≥ 3× ``reference_us``, median µs of the
-    overlapped writes)."""
+    overlapped writes, None when no write met another)."""
     rows = running_together(trace)
     met = np.setdiff1d(rows, alone_writes(trace, rows))
     duration = (trace["write_end"][met] - trace["write_start"][met]) / 1e3
     return (met.size / max(rows.size, 1),
             float(np.sum(duration >= 3 * reference_us)) / max(rows.size, 1),
-            float(np.median(duration)) if met.size else float("nan"))
+            float(np.median(duration)) if met.size else None)
 
 
 def median_write_us(trace: Trace) -> float:
@@ -251,8 +251,9 @@ def paired(label: str, overrides: list[str], updates: int, seeds: int,
         lockstep.append(slow >= 0.5)
         latency = done["lockfree"][3]
         far.append(far_apart(latency))
+        met_cell = "—" if met is None else f"{met:.0f} µs"  # no write met another
         print(f"| {seed} | {serial:,.0f} | {done['lockfree'][0]:,.0f} | "
-              f"{ratios['lockfree'][-1]:.2f}× | {share:.2f} | {slow:.2f} | {met:.0f} µs | "
+              f"{ratios['lockfree'][-1]:.2f}× | {share:.2f} | {slow:.2f} | {met_cell} | "
               f"{alone:.0f} µs | {latency_pair(latency)}{'' if latency is None else ' ns'} | "
               f"{done['blocklock'][0]:,.0f} | {ratios['blocklock'][-1]:.2f}× |", flush=True)
     print()

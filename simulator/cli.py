@@ -1006,8 +1006,9 @@ def _parser() -> argparse.ArgumentParser:
     for flag, default, what in (
             ("--convoys", "auto", "write convoys (overlapping writes that end together): fit "
              "them when the run shows them (for runs of one worker, in the meetings their "
-             "probe made: real.write_meetings), or, when its overlapping writes end apart, "
-             "what their meetings lose (passing writes) (auto, default); convoys whenever "
+             "probe made: real.write_meetings, from asyngrad real --probe), or, when its "
+             "overlapping writes end apart, what their meetings lose (passing writes) (auto, "
+             "default); convoys whenever "
              "writes met (on); neither (off)"),
             ("--common", "off", "common factors (durations of one phase alike on workers "
              "that start it together): fit them when some phase's correlation reaches 0.05 "

@@ -138,7 +138,8 @@ def hold(stage: str, pids: Sequence[int] = ()) -> None:
     at, _, path = os.environ.get(HOLD, "").partition(":")
     if at != stage or not path:
         return
-    Path(path).write_text(" ".join(str(pid) for pid in pids))
+    Path(f"{path}.tmp").write_text(" ".join(str(pid) for pid in pids))
+    os.replace(f"{path}.tmp", path)  # whole when it appears
     while os.path.exists(path):
         time.sleep(0.01)
 

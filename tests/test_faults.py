@@ -67,6 +67,7 @@ def _children(pid: int) -> list[int]:
 
 
 def _within(seconds: float, ok) -> bool:
+    """Whether ``ok()`` came true within ``seconds`` (polled every 50 ms)."""
     deadline = time.monotonic() + seconds
     while not ok():
         if time.monotonic() > deadline:
@@ -80,9 +81,8 @@ def _strike(tmp_path: Path, command: list[str], stage: str, fault: str
     """Run ``asyngrad COMMAND --out OUT``, held at ``stage``; there strike with ``fault``
     (``worker``: SIGKILL worker 0; SIGINT, SIGTERM, SIGKILL: that signal to the parent) and
     let it go on. Asserts no process of the run and nothing it mapped from /dev/shm
-    survive; returns
-    the exit status, the seconds from the fault to the exit, the run directory and
-    stderr."""
+    survive; returns the exit status, the seconds from the fault to the exit, the run
+    directory and stderr."""
     out, held, log = tmp_path / "run", tmp_path / "held", tmp_path / "stderr"
     with open(log, "w") as stderr:
         process = subprocess.Popen(
@@ -92,7 +92,6 @@ def _strike(tmp_path: Path, command: list[str], stage: str, fault: str
     try:
         assert _within(120, lambda: held.exists() or process.poll() is not None)
         assert process.poll() is None, log.read_text()
-        time.sleep(0.05)  # the pids are written
         pids = [int(p) for p in held.read_text().split()]
         family = set(_children(process.pid)) | set(pids)
         made = _mapped(family | {process.pid})
