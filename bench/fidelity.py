@@ -374,8 +374,10 @@ def main() -> None:
             if args.reuse and (out / "trace.npz").is_file():
                 continue
             seed = ["--set", f"run.seed={repeat}"] if args.repeats > 1 else []
+            # --probe: the placement (real.cpu_latency) splits the tables by state, and the
+            # runs of one worker give calibrate their writes' meetings and shared cost.
             _run("real", "--workers", str(k), "--mode", args.mode, "--dtype", "float64",
-                 "--measure", "--out", str(out), "--quiet",
+                 "--measure", "--probe", "--out", str(out), "--quiet",
                  *(["--pin"] if args.pin else []), *overrides, *seed)
     # Each calibration count alone (--pool), and all of them together, which also fits the
     # contention between workers as a slowdown per other worker.

@@ -30,6 +30,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 # Run as `python bench/realrun.py`, this file's folder comes first on sys.path; drop it so the
@@ -42,8 +43,9 @@ import torch
 import torch.multiprocessing as mp
 
 from realrun.records import compiled
-from realrun.runner import RealRun, run_real
+from realrun.runner import run_real
 from realrun.timeline import overlap_rate, thread_ends
+from realrun.worker import START
 from simulator.calibrate import alone_writes, running_together
 from simulator.problems import MLPProblem, Problem, make_problem
 from simulator.rundir import FAR_NS, latency_pair, placement
@@ -59,10 +61,11 @@ def _ours(scenario: Scenario, problem: Problem, workers: int, mode: str,
     return rate, suboptimality
 
 
-def _run(scenario: Scenario, problem: Problem, workers: int, mode: str,
-         dtype: str) -> tuple[float, float, Trace, dict[str, Any] | None]:
-    """:func:`_ours`, the run's trace and its CPU-to-CPU latency (``RealRun.cpu_latency``)."""
-    run = run_real(scenario, workers, mode, dtype=dtype, problem=problem)
+def _run(scenario: Scenario, problem: Problem, workers: int, mode: str, dtype: str,
+         probe: bool = False) -> tuple[float, float, Trace, dict[str, Any] | None]:
+    """:func:`_ours`, the run's trace and its CPU-to-CPU latency (``RealRun.cpu_latency``,
+    probed when asked)."""
+    run = run_real(scenario, workers, mode, dtype=dtype, problem=problem, probe=probe)
     return (overlap_rate(thread_ends(run.trace)),
             float(run.trace["curve_loss"][-1]) - problem.optimum()[1], run.trace,
             run.cpu_latency)
@@ -75,16 +78,16 @@ def far_apart(latency: dict[str, Any] | None) -> bool | None:
     return None if state is None else state != "near"
 
 
-def write_lockstep(trace: Trace, reference_us: float) -> tuple[float, float, float]:
+def write_lockstep(trace: Trace, reference_us: float) -> tuple[float, float, float | None]:
     """Over the span in which every worker ran: (share of writes that another write
     overlapped, share that were overlapped and took ≥ 3× ``reference_us``, median µs of the
-    overlapped writes)."""
+    overlapped writes, None when no write met another)."""
     rows = running_together(trace)
     met = np.setdiff1d(rows, alone_writes(trace, rows))
     duration = (trace["write_end"][met] - trace["write_start"][met]) / 1e3
     return (met.size / max(rows.size, 1),
             float(np.sum(duration >= 3 * reference_us)) / max(rows.size, 1),
-            float(np.median(duration)) if met.size else float("nan"))
+            float(np.median(duration)) if met.size else None)
 
 
 def median_write_us(trace: Trace) -> float:
@@ -110,10 +113,14 @@ def _model(problem: Problem) -> torch.nn.Module:
 
 
 def _plain_worker(rank: int, workers: int, quota: int, toml: str, model: torch.nn.Module,
-                  stamps: torch.Tensor) -> None:
-    """The PyTorch Hogwild example's loop: a per-process optimizer on a shared module."""
+                  stamps: torch.Tensor, start: SimpleNamespace) -> None:
+    """The PyTorch Hogwild example's loop: a per-process optimizer on a shared module. It
+    starts with the others, as the real runs' workers do (``wait_for_start``): spawned one
+    after another, a worker would otherwise make all its updates of a short run before the
+    next had started, and leave no window in which both ran (the table's ``nan``)."""
     import tomllib
 
+    from realrun.worker import die_with_parent, wait_for_start
     from simulator.scenario import scenario_from_dict
     torch.set_num_threads(1)
     scenario = scenario_from_dict(tomllib.loads(toml))
@@ -122,6 +129,7 @@ def _plain_worker(rank: int, workers: int, quota: int, toml: str, model: torch.n
     X, y = torch.as_tensor(problem.X), torch.as_tensor(problem.y)
     mlp = isinstance(problem, MLPProblem)
     stream = sample_stream(scenario.run.seed, workers, rank, problem.n_samples)
+    wait_for_start(start, rank, die_with_parent())
     for step in range(quota):
         i = int(stream.take())
         optimizer.zero_grad()
@@ -141,12 +149,17 @@ def _plain(scenario: Scenario, problem: Problem, workers: int) -> tuple[float, f
     updates = scenario.run.updates
     quotas = [updates // workers + (1 if r < updates % workers else 0) for r in range(workers)]
     stamps = torch.zeros(workers, max(quotas), dtype=torch.int64).share_memory_()
+    start = SimpleNamespace(ready=torch.zeros(workers, dtype=torch.int64).share_memory_(),
+                            control=torch.zeros(2, dtype=torch.int64).share_memory_())
     context = mp.get_context("spawn")
     toml = scenario_to_toml(scenario)
-    processes = [context.Process(target=_plain_worker, args=(r, workers, quotas[r], toml, model,
-                                                              stamps)) for r in range(workers)]
+    processes = [context.Process(target=_plain_worker, args=(
+        r, workers, quotas[r], toml, model, stamps, start)) for r in range(workers)]
     for p in processes:
         p.start()
+    while not all(start.ready.tolist()):
+        time.sleep(0.01)
+    start.control[START] = time.monotonic_ns() + 10_000_000
     for p in processes:
         p.join()
     rate = overlap_rate([stamps[r, :quota].numpy() for r, quota in enumerate(quotas)])
@@ -228,7 +241,7 @@ def paired(label: str, overrides: list[str], updates: int, seeds: int,
         scenario = load_scenario(None, [*overrides, f"run.updates={updates}",
                                         f"run.seed={seed}"])
         order = configs[seed % 3:] + configs[: seed % 3]
-        done = {mode: _run(scenario, problem, workers, mode, dtype)
+        done = {mode: _run(scenario, problem, workers, mode, dtype, probe=True)
                 for mode, workers in order}
         serial = done["serial"][0]
         for mode in ratios:
@@ -238,8 +251,9 @@ def paired(label: str, overrides: list[str], updates: int, seeds: int,
         lockstep.append(slow >= 0.5)
         latency = done["lockfree"][3]
         far.append(far_apart(latency))
+        met_cell = "—" if met is None else f"{met:.0f} µs"  # no write met another
         print(f"| {seed} | {serial:,.0f} | {done['lockfree'][0]:,.0f} | "
-              f"{ratios['lockfree'][-1]:.2f}× | {share:.2f} | {slow:.2f} | {met:.0f} µs | "
+              f"{ratios['lockfree'][-1]:.2f}× | {share:.2f} | {slow:.2f} | {met_cell} | "
               f"{alone:.0f} µs | {latency_pair(latency)}{'' if latency is None else ' ns'} | "
               f"{done['blocklock'][0]:,.0f} | {ratios['blocklock'][-1]:.2f}× |", flush=True)
     print()
@@ -301,8 +315,10 @@ MEASURE_UPDATES = {"MLP 100-1000-4 (105,004 parameters)": 500}
 def measure_cost(quick: bool, seeds: int) -> None:
     """What ``--measure`` costs a lock-free ×2 run: the workers' updates per second with and
     without it (the workers store each step and read copy), and the parent's time after the
-    workers end (merging the records; with measure mode also replaying every store from w_0
-    and evaluating the serialized view at every n-th completion), for n = 1 and 10."""
+    workers end (``RealRun.finish_seconds``: merging the records; with measure mode also
+    replaying every store from w_0 and evaluating the serialized view at every n-th
+    completion), for n = 1 and 10. (The start-up is not in it: it took the CPU probes'
+    seconds, which varied more than the rebuild took, and made its difference negative.)"""
     print("\n| problem | updates | lock-free ×2 updates/s | with --measure | ratio | rebuild "
           "and view, every completion | per update | every 10th completion | record buffers |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
@@ -315,12 +331,10 @@ def measure_cost(quick: bool, seeds: int) -> None:
             scenario = load_scenario(None, [*overrides, f"run.updates={updates}",
                                             f"run.seed={seed}"])
             for every in cells:  # configurations inside, so the load falls on all alike
-                began = time.monotonic()
                 run = run_real(scenario, 2, "lockfree", dtype="float64", problem=problem,
                                measure_every=every)
-                total = time.monotonic() - began
                 cells[every].append((overlap_rate(thread_ends(run.trace)),
-                                     _after_workers(run, total)))
+                                     run.finish_seconds))
         speed = {every: statistics.median(r for r, _ in done) for every, done in cells.items()}
         after = {every: statistics.median(a for _, a in done) for every, done in cells.items()}
         megabytes = 2 * updates * problem.dim * 8 / 1e6
@@ -328,13 +342,6 @@ def measure_cost(quick: bool, seeds: int) -> None:
         print(f"| {label} | {updates:,} | {speed[None]:,.0f} | {speed[1]:,.0f} | "
               f"{speed[1] / speed[None]:.2f}× | {every:.2f} s | {every / updates * 1e6:,.0f} µs | "
               f"{tenth:.2f} s | {megabytes:,.0f} MB |", flush=True)
-
-
-def _after_workers(run: RealRun, total: float) -> float:
-    """Seconds of a real run's wall time outside the workers' run: their start-up and what the
-    parent did after they ended. The start-up is the same with and without measure mode, so
-    the difference between the two is the measurement's offline part."""
-    return total - run.seconds
 
 
 def table(quick: bool, seeds: int, dtype: str = "float64") -> None:

@@ -5,9 +5,9 @@ compiler is found, Linux only).
 It tells a real run's two states apart on a virtual machine: when the host keeps the guest's
 CPUs in one L3 domain a line passes in tens of nanoseconds, when it puts them in different
 domains in hundreds, and every line of a dense model's shared vector that one worker writes
-must then cross from the other's cache (bench/README.md: "write lockstep"). A real run measures
-it just before its workers start and just after they finish (``summary.json``
-``real.cpu_latency``).
+must then cross from the other's cache (bench/README.md: "write lockstep"). A real run asked
+to probe (``asyngrad real --probe``; the probes take seconds) measures it just before its
+workers start and just after they finish (``summary.json`` ``real.cpu_latency``).
 
 The second probe prices what that costs a write: a vector of the run's size and dtype, copied
 by one CPU and then by the other, then written (``w[i] -= s[i]``) by the first, against the
@@ -218,7 +218,11 @@ def _views(shared: Any, offset: int, count: int, itemsize: int
 def _meeting_side(shared: Any, offset: int, first: int, cpu: int, count: int,
                   itemsize: int) -> None:
     """One side of :func:`write_meetings`, in a process of its own: exits 0 when done, 1 when
-    the other side stopped answering, 2 when the CPU cannot be had."""
+    the other side stopped answering or the parent is gone (it dies with the parent, as a
+    worker does), 2 when the CPU cannot be had."""
+    from realrun.worker import die_with_parent
+
+    die_with_parent()
     try:
         os.sched_setaffinity(0, {cpu})
     except OSError:

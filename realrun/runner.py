@@ -5,8 +5,12 @@ Workers are ``torch.multiprocessing`` processes (spawn) on one shared flat param
 on its own CUDA stream; ``launch="threads"``).
 The parent polls every 10 ms: it follows progress (shared counters, no locks), samples the
 shared vector for the loss curve, and notices a worker that died (exception or signal), the
-timeout, or Ctrl-C. On any of those it stops every worker (terminate, then kill) and still
-merges what the workers completed, so a failed run keeps its partial trace and says why.
+timeout, or Ctrl-C (SIGTERM too, where the caller turns it into KeyboardInterrupt, as the CLI
+does). On any of those it stops every worker (terminate, then kill) and still merges what the
+workers completed, so a failed run keeps its partial trace and says why. The parent signals
+the workers only through flags in shared memory (the start, the release), which nothing can
+leave locked: a worker killed at any stage never blocks the parent; workers die with the
+parent (``realrun.worker.die_with_parent``).
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ from realrun.support import recorded, refuse_unsupported
 from realrun.timeline import Measure, WorkerRecord, merge
 from realrun.worker import (
     MESSAGE_BYTES,
+    RELEASE,
+    START,
     STATUS_DONE,
     STATUS_FAILED,
     Buffers,
@@ -54,6 +60,9 @@ LAUNCHES = ("processes", "threads")
 CUDA_LAUNCH = "threads"
 PATTERNS = ("shared", "host")
 _POLL_S = 0.01
+# The start is posted this far ahead (ns): every waiting worker (asleep, looking every
+# realrun.worker.START_POLL_S) sees it in time and spins to the same instant.
+_START_LEAD_NS = 10_000_000
 
 
 @dataclass
@@ -77,7 +86,8 @@ class RealRun:
     cpus: list[int] | None = None  # worker r's CPU when pinned
     recorder: str = "python"  # how workers recorded their updates: "c" (realrun/_records.c)
     # CPU-to-CPU cache-line latency just before the workers started and after they finished
-    # (realrun/probe.py): {"cpus", "before_ns", "after_ns"}; None with one worker or no probe.
+    # (realrun/probe.py): {"cpus", "before_ns", "after_ns"}; None with one worker or no probe
+    # (probes run when asked: run_real's ``probe``).
     cpu_latency: dict[str, Any] | None = None
     # What a write of the run's vector costs on lines the other CPU copied last, measured
     # before the workers started (realrun/probe.py ``shared_write_cost``; with one worker
@@ -86,6 +96,10 @@ class RealRun:
     # Two writes of the run's vector made to meet at chosen lags on the same two CPUs, with
     # the stores each lost (realrun/probe.py ``write_meetings``); None as for shared_write.
     write_meetings: dict[str, Any] | None = None
+    # Seconds from the call to the common start (spawn, set-up, probes), and from the
+    # workers' stop to the merged trace (with measure mode's rebuild).
+    start_seconds: float = 0.0
+    finish_seconds: float = 0.0
 
 
 def _quotas(updates: int, workers: int) -> list[int]:
@@ -117,7 +131,7 @@ def _allocate(dim: int, blocks: int, workers: int, quota: int, dtype: str, measu
         steps=shared(workers, quota, dim, kind=step_dtype) if measure else None,
         reads=(shared(workers, quota, dim, kind=torch.float64)
                if measure and dense and not torch_path else None),
-        ready=shared(workers))
+        ready=shared(workers), control=shared(2))
 
 
 def _host(w: Any) -> np.ndarray:
@@ -192,7 +206,8 @@ def run_real(scenario: Scenario, workers: int, mode: str, dtype: str = "float32"
              on_start: Callable[[list[int]], object] | None = None,
              measure_every: int | None = None, problem: Problem | None = None,
              device: str = "cpu", launch: str | None = None, pattern: str = "shared",
-             accumulate: int = 1, pin: bool = False) -> RealRun:
+             accumulate: int = 1, pin: bool = False, *, probe: bool = False,
+             notice: Callable[[str], object] | None = None) -> RealRun:
     """Train ``scenario``'s problem with real workers; returns the run (failed or not).
 
     ``serial`` runs one worker. ``on_start`` receives the worker pids (monitoring, tests).
@@ -208,7 +223,14 @@ def run_real(scenario: Scenario, workers: int, mode: str, dtype: str = "float32"
     update) and the parent rebuilds the serialized view, measuring every n-th completion.
     ``problem`` reuses a prebuilt problem in the parent (its optimum is computed once); workers
     always build their own from the scenario. ``pin`` pins worker r to a CPU of its own
-    (``realrun.worker.pinned_cpus``: r mod the CPUs this process may use).
+    (``realrun.worker.pinned_cpus``: r mod the CPUs this process may use). ``probe`` probes
+    the CPUs before the start (seconds: ``RealRun.cpu_latency``, ``shared_write``,
+    ``write_meetings``, realrun/probe.py); off, the workers start as soon as they are set
+    up. ``notice`` hears what the parent does once a run is stopped (stopping the workers,
+    merging what they did), for the user to see.
+
+    A KeyboardInterrupt (Ctrl-C; the CLI raises one on SIGTERM, with the argument
+    ``"SIGTERM"``) stops the run as a failure does: partial trace kept.
 
     Raises:
         ScenarioError: workers < 1, an unknown mode or dtype, timeout <= 0, measure_every < 1,
@@ -255,60 +277,94 @@ def run_real(scenario: Scenario, workers: int, mode: str, dtype: str = "float32"
     toml = scenario_to_toml(scenario)
     processes = _workers(buffers, workers, quotas, toml, mode, scenario.run.blocks,
                          device if torch_path else None, launch, accumulate, cpus)
-    go = processes[0].go
-    probed = probe_cpus(cpus) if workers > 1 and device == "cpu" and built() else None
-    latency: dict[str, Any] | None = (None if probed is None else
-                                      {"cpus": probed, "before_ns": None, "after_ns": None})
-    write_cpus = (probe_cpus(cpus) if device == "cpu" and problem.support(0) is None
-                  else None)
-    shared_write = meetings = None
-    started = time.monotonic()
-    snapshots = [(0, time.monotonic_ns(), _host(buffers.w))]
+    called = started = time.monotonic()
+    snapshots: list[tuple[int, int, np.ndarray]] = []
+    probes: tuple[dict[str, Any] | None, ...] = (None, None, None)
     failure = None
     try:
         with one_thread_env():
             for process in processes:
                 process.start()
+        pids = [p.pid for p in processes if p.pid is not None]
         if on_start:
-            on_start([p.pid for p in processes if p.pid is not None])
+            on_start(pids)
+        _stage("spawned", pids)
         failure = _start_together(buffers, processes, timeout, started)
         if failure is None:
-            if latency is not None:  # the workers wait on `go` without spinning
-                latency["before_ns"] = line_latency_ns(latency["cpus"])
-            if write_cpus is not None:
-                shared_write = shared_write_cost(write_cpus, problem.dim,
-                                                 buffers.w.element_size())
-                with one_thread_env():  # two processes of their own
-                    meetings = write_meetings(write_cpus, problem.dim,
-                                              buffers.w.element_size())
-            started = time.monotonic()  # the run's time counts from the common start
-            snapshots = [(0, time.monotonic_ns(), _host(buffers.w))]
-            go.set()
+            _stage("ready", pids)
+            if probe and device == "cpu":  # the workers wait asleep: the probes run alone
+                _stage("probing", pids)
+                probes = _probe(cpus, workers, problem, buffers.w.element_size())
+                failure = _failure(buffers, processes)  # a worker that died meanwhile
+        if failure is None:
+            started = _post_start(buffers, snapshots)
+            _stage("running", pids)
             failure = _watch(buffers, processes, scenario.run.updates, timeout, started,
-                             progress, snapshots, processes[0].release,
+                             progress, snapshots,
                              curve_every(scenario.run.updates, scenario.metrics.curve_points))
-    except KeyboardInterrupt:
-        failure = {"worker": None, "reason": "interrupted (Ctrl-C)"}
+    except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM where the caller made it one
+        failure = {"worker": None,
+                   "reason": f"interrupted ({err.args[0] if err.args else 'Ctrl-C'})"}
     finally:
+        if failure is not None and notice:
+            notice(f"stopping the workers ({failure['reason']})")
         _stop(processes)
-    seconds = time.monotonic() - started
+    stopped = time.monotonic()
+    start_seconds = (started if snapshots else stopped) - called
+    if not snapshots:  # stopped before the start: the curve is w_0 alone
+        snapshots.append((0, time.monotonic_ns(), _host(buffers.w)))
+    latency, shared_write, meetings = probes
     if latency is not None and failure is None:
         latency["after_ns"] = line_latency_ns(latency["cpus"])
+    if failure is not None and notice:
+        notice(f"merging the {int(buffers.progress.sum()):,} updates done")
     trace, lost = _trace(buffers, workers, scenario, problem, w_star, snapshots, toml, dtype,
                          measure_every)
-    return RealRun(scenario, problem, trace, workers, mode, dtype, seconds, failure, lost,
-                   measure_every, device, launch, pattern, accumulate, cpus,
+    return RealRun(scenario, problem, trace, workers, mode, dtype, stopped - started, failure,
+                   lost, measure_every, device, launch, pattern, accumulate, cpus,
                    "c" if compiled() and not torch_path else "python", latency, shared_write,
-                   meetings)
+                   meetings, start_seconds, time.monotonic() - stopped)
+
+
+def _stage(stage: str, pids: list[int]) -> None:
+    """Where the parent is (``rundir.hold``: the fault tests' pause; nothing otherwise)."""
+    from simulator.rundir import hold
+
+    hold(stage, pids)
+
+
+def _probe(cpus: list[int] | None, workers: int, problem: Problem,
+           itemsize: int) -> tuple[dict[str, Any] | None, ...]:
+    """The CPU probes of a run on the CPU (realrun/probe.py), with the workers set up and
+    asleep: the cache-line latency between two workers' CPUs (its ``after_ns`` is measured
+    after the run), and for a dense problem what a write of its vector costs on lines the
+    other CPU copied last and how two such writes meet (one worker too)."""
+    pair = probe_cpus(cpus)
+    latency = ({"cpus": pair, "before_ns": line_latency_ns(pair), "after_ns": None}
+               if workers > 1 and pair is not None and built() else None)
+    if pair is None or problem.support(0) is not None:
+        return latency, None, None
+    shared_write = shared_write_cost(pair, problem.dim, itemsize)
+    with one_thread_env():  # two processes of their own
+        meetings = write_meetings(pair, problem.dim, itemsize)
+    return latency, shared_write, meetings
+
+
+def _post_start(buffers: Buffers, snapshots: list[tuple[int, int, np.ndarray]]) -> float:
+    """Post the common start (``_START_LEAD_NS`` ahead) after the loss curve's first point;
+    the start, in ``time.monotonic()`` seconds (the run's time counts from it)."""
+    start = time.monotonic_ns() + _START_LEAD_NS
+    snapshots.append((0, start, _host(buffers.w)))
+    buffers.control[START] = start
+    return start / 1e9
 
 
 def _workers(buffers: Buffers, workers: int, quotas: list[int], toml: str, mode: str,
              blocks: int, device: str | None, launch: str, accumulate: int,
              cpus: list[int] | None) -> list[Any]:
-    """The worker processes or threads, not started; each carries the common start event
-    as ``.go``, the event that lets finished processes exit as ``.release`` (None for
-    threads) and the locks as ``.shared``. ``device`` None: the numpy worker; else the
-    torch worker on that device. ``cpus``: worker r pins itself to ``cpus[r]``."""
+    """The worker processes or threads, not started; each carries the locks as ``.shared``.
+    ``device`` None: the numpy worker; else the torch worker on that device. ``cpus``: worker
+    r pins itself to ``cpus[r]``. They start and exit on the flags in ``buffers.control``."""
     import threading
 
     import torch.multiprocessing as mp
@@ -322,30 +378,27 @@ def _workers(buffers: Buffers, workers: int, quotas: list[int], toml: str, mode:
         lock: Any = threading.Lock() if mode == "locked" else None
         block_locks: Any = ([threading.Lock() for _ in range(blocks)] if mode == "blocklock"
                             else None)
-        go: Any = threading.Event()
-        release: Any = None  # a finished thread costs nothing more
-        stop = threading.Event()
-        made: list[Any] = [ThreadWorker(torch_worker_main, (
-            spec, buffers, lock, block_locks, go, device, accumulate, stop), stop)
-            for spec in specs]
+        made: list[Any] = []
+        for spec in specs:
+            stop = threading.Event()
+            made.append(ThreadWorker(torch_worker_main, (
+                spec, buffers, lock, block_locks, device, accumulate, stop), stop))
     else:
         context = mp.get_context("spawn")
         lock = context.Lock() if mode == "locked" else None
         block_locks = ([context.Lock() for _ in range(blocks)] if mode == "blocklock"
                        else None)
-        go, release = context.Event(), context.Event()
         made = []
         for spec in specs:
-            target, args = ((worker_main, (spec, buffers, lock, block_locks, go, release))
+            target, args = ((worker_main, (spec, buffers, lock, block_locks))
                             if device is None else
-                            (torch_worker_main, (spec, buffers, lock, block_locks, go, device,
-                                                 accumulate, None, release)))
+                            (torch_worker_main, (spec, buffers, lock, block_locks, device,
+                                                 accumulate)))
             made.append(context.Process(target=target, args=args, daemon=True))
     for worker in made:
-        # Process.start() drops its arguments; the parent must keep the locks and the event
-        # alive until the workers end (a collected semaphore is unlinked before a spawned
-        # child can open it).
-        worker.go, worker.release, worker.shared = go, release, (lock, block_locks)
+        # Process.start() drops its arguments; the parent must keep the locks alive until the
+        # workers end (a collected semaphore is unlinked before a spawned child can open it).
+        worker.shared = (lock, block_locks)
     return made
 
 
@@ -364,9 +417,8 @@ def _start_together(buffers: Buffers, processes: list[Any], timeout: float | Non
 
 def _watch(buffers: Buffers, processes: list[Any], total: int, timeout: float | None,
            started: float, progress: Callable[[int], object] | None,
-           snapshots: list[tuple[int, int, np.ndarray]],
-           release: Any = None, every: int = 1) -> dict[str, Any] | None:
-    """Poll until every worker is done (then set ``release``, so they exit) and has exited;
+           snapshots: list[tuple[int, int, np.ndarray]], every: int = 1) -> dict[str, Any] | None:
+    """Poll until every worker is done (then release them, so they exit) and has exited;
     the failure that stopped the run, if any; a snapshot for the curve ``every`` updates."""
     reported = 0
     while True:
@@ -380,8 +432,7 @@ def _watch(buffers: Buffers, processes: list[Any], total: int, timeout: float | 
         if failure is not None:
             return failure
         if all(int(s) == STATUS_DONE for s in buffers.status):
-            if release is not None:
-                release.set()
+            buffers.control[RELEASE] = 1
             if all(p.exitcode is not None for p in processes):
                 return None
         if timeout is not None and time.monotonic() - started > timeout:

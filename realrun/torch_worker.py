@@ -22,7 +22,6 @@ problem's data copied there once.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 import tomllib
@@ -35,10 +34,12 @@ from realrun.worker import (
     STATUS_DONE,
     Buffers,
     WorkerSpec,
+    die_with_parent,
     pin,
     record_failure,
     touch_records,
     wait_for_release,
+    wait_for_start,
 )
 
 __all__ = ["ThreadWorker", "TorchGradient", "torch_worker_main"]
@@ -62,31 +63,34 @@ class TorchGradient:
 
 
 def torch_worker_main(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any,
-                      go: Any, device: str, accumulate: int,
-                      stop: threading.Event | None = None, release: Any = None) -> None:
-    """Set up, wait for ``go``, run ``spec.quota`` updates on ``device``, then wait for
-    ``release`` (as ``realrun.worker.worker_main``); record a failure in the shared status
-    and message and raise ``SystemExit(1)``. In a worker process (``stop`` None) SIGINT is
-    ignored (the parent decides how to stop); a worker thread stops early when ``stop`` is
-    set."""
+                      device: str, accumulate: int,
+                      stop: threading.Event | None = None) -> None:
+    """Set up, wait for the common start, run ``spec.quota`` updates on ``device``, then
+    wait for the release (as ``realrun.worker.worker_main``); record a failure in the shared
+    status and message and raise ``SystemExit(1)``. In a worker process (``stop`` None)
+    SIGINT is ignored (the parent decides how to stop) and the worker dies with its parent;
+    a worker thread stops early when ``stop`` is set."""
     import torch
 
-    parent = os.getppid()
     if stop is None:
         import signal
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+        gone = die_with_parent()
         torch.set_num_threads(1)
+    else:
+        gone = stop.is_set
     try:
         target = torch.device(device)
         if target.type == "cuda":
             if target.index is not None:
                 torch.cuda.set_device(target)
             with torch.cuda.stream(torch.cuda.Stream(device=target)):
-                _loop(spec, buffers, lock, block_locks, go, device, accumulate, stop)
+                _loop(spec, buffers, lock, block_locks, device, accumulate, stop, gone)
         else:
-            _loop(spec, buffers, lock, block_locks, go, device, accumulate, stop)
+            _loop(spec, buffers, lock, block_locks, device, accumulate, stop, gone)
         buffers.status[spec.rank] = STATUS_DONE
-        wait_for_release(release, parent)
+        if stop is None:  # a finished thread costs nothing more
+            wait_for_release(buffers, gone)
     except BaseException as err:  # every failure, SystemExit included, must reach the parent
         record_failure(buffers, spec.rank, err)
         raise SystemExit(1) from None
@@ -106,8 +110,8 @@ def _ops(bounds: list[int], support: np.ndarray | None, w_device: Any,
             for block, index, _, _ in block_ops(bounds, support)]
 
 
-def _loop(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any, go: Any,
-          device: str, accumulate: int, stop: threading.Event | None) -> None:
+def _loop(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any, device: str,
+          accumulate: int, stop: threading.Event | None, gone: Callable[[], bool]) -> None:
     import torch
 
     from simulator.memory import block_bounds
@@ -136,9 +140,7 @@ def _loop(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any, go: A
     sync()
     touch_records(buffers, spec.rank)
     pin(spec)
-    if go is not None:
-        buffers.ready[spec.rank] = 1
-        go.wait()
+    wait_for_start(buffers, spec.rank, gone)
     for i in range(spec.quota):
         if stop is not None and stop.is_set():
             break

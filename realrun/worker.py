@@ -12,10 +12,12 @@ buffers: no locks, no I/O, no allocation of records inside the loop.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import time
 import tomllib
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -24,12 +26,18 @@ import numpy as np
 
 from realrun.records import recorder
 
-__all__ = ["ONE_THREAD_ENV", "STATUS_DONE", "STATUS_FAILED", "STATUS_RUNNING", "Buffers",
-           "WorkerSpec", "one_thread_each", "one_thread_env", "pin", "pinned_cpus",
-           "record_failure", "touch_records", "wait_for_release", "worker_main"]
+__all__ = ["ONE_THREAD_ENV", "RELEASE", "START", "STATUS_DONE", "STATUS_FAILED",
+           "STATUS_RUNNING", "Buffers", "WorkerSpec", "die_with_parent", "one_thread_each",
+           "one_thread_env", "pin", "pinned_cpus", "record_failure", "touch_records",
+           "wait_for_release", "wait_for_start", "worker_main"]
 
 STATUS_RUNNING, STATUS_DONE, STATUS_FAILED = 0, 1, 2
 MESSAGE_BYTES = 512
+# The parent's signals to the workers, words of ``Buffers.control``: START holds the common
+# start time (monotonic ns; 0 until set), RELEASE 1 once finished workers may exit.
+START, RELEASE = 0, 1
+# A waiting worker sleeps this long between looks at its signal (and at its parent).
+START_POLL_S, RELEASE_POLL_S = 0.001, 0.01
 
 
 @dataclass(frozen=True)
@@ -51,7 +59,8 @@ class Buffers:
     ``copy_end[r, i, b]`` / ``store_end[r, i, b]`` = when block b's copy / store finished
     (−1: block not touched); ``samples[r, i]``; ``progress[r]`` = updates done;
     ``status[r]`` and ``message[r]`` = how the worker ended; ``ready[r]`` = set up and
-    waiting for the common start; in measure mode
+    waiting for the common start; ``control`` = the parent's start and release signals
+    (:data:`START`, :data:`RELEASE`); in measure mode
     ``steps[r, i]`` = the step lr·g update i subtracted (dense, zeros off its support) and,
     for dense problems, ``reads[r, i]`` = the copy of w its gradient was computed at.
     """
@@ -67,13 +76,14 @@ class Buffers:
     steps: Any = None  # measure mode: (workers, quota, d) float64, lr·g as subtracted
     reads: Any = None  # measure mode, dense problems: (workers, quota, d) the read copies
     ready: Any = None  # ready[r] = 1 once worker r is set up and waits for the start
+    control: Any = None  # the parent's signals: control[START], control[RELEASE]
 
 
-def worker_main(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any = None,
-                go: Any = None, release: Any = None) -> None:
-    """Set up, wait for ``go`` (an Event every worker waits on, so all start together), run
-    ``spec.quota`` updates, then wait (asleep) for ``release``, which the parent sets once
-    every worker is done; on any exception record it and exit with status 1.
+def worker_main(spec: WorkerSpec, buffers: Buffers, lock: Any,
+                block_locks: Any = None) -> None:
+    """Set up, wait for the common start (:func:`wait_for_start`), run ``spec.quota``
+    updates, then wait (asleep) for the release (:func:`wait_for_release`), which the parent
+    gives once every worker is done; on any exception record it and exit with status 1.
 
     The wait keeps a finished worker's exit off the cores while the others still train: a
     process that imported torch spends tens to hundreds of milliseconds of CPU on its way
@@ -84,25 +94,72 @@ def worker_main(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any 
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    parent = os.getppid()
+    gone = die_with_parent()
     try:
-        _loop(spec, buffers, lock, block_locks, go)
+        _loop(spec, buffers, lock, block_locks, gone)
         buffers.status[spec.rank] = STATUS_DONE
-        wait_for_release(release, parent)
+        wait_for_release(buffers, gone)
     except BaseException as err:  # every failure, SystemExit included, must reach the parent
         record_failure(buffers, spec.rank, err)
         raise SystemExit(1) from None
 
 
-def wait_for_release(release: Any, parent: int, poll_s: float = 0.5) -> None:
-    """Sleep until the parent (pid ``parent``, read when the worker started) sets
-    ``release`` (None: return at once), or until the parent is gone (a parent killed
-    outright cannot set it; the worker then exits, not orphaned)."""
-    if release is None:
-        return
-    while not release.wait(poll_s):
-        if os.getppid() != parent:
-            return
+def die_with_parent() -> Callable[[], bool]:
+    """In a worker process: have the kernel kill it when its parent dies (Linux
+    ``PR_SET_PDEATHSIG``; a parent killed outright cannot stop its workers, and a worker in
+    its loop looks at nothing else), and return the test the waits use elsewhere: whether
+    the parent (the pid multiprocessing recorded at the spawn) is gone.
+
+    Raises:
+        SystemExit: the parent is gone already."""
+    import ctypes
+    import multiprocessing
+    import signal
+
+    parent = multiprocessing.parent_process()
+    pid = os.getppid() if parent is None or parent.pid is None else parent.pid
+
+    def gone() -> bool:
+        return os.getppid() != pid
+
+    with contextlib.suppress(OSError, AttributeError):  # not Linux: the waits still look
+        ctypes.CDLL(None).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+    if gone():  # it died before the signal was set
+        raise SystemExit(1)
+    return gone
+
+
+def wait_for_start(buffers: Buffers, rank: int, gone: Callable[[], bool]) -> None:
+    """Say ready (``ready[rank]`` = 1), then sleep in steps of :data:`START_POLL_S` until
+    the parent posts the start time in ``control[START]``, and spin to it, so every worker
+    starts at the same nanosecond whenever it woke.
+
+    A flag in shared memory and not a multiprocessing Event: ``Event.set`` waits for every
+    waiter to acknowledge its wake-up, so a worker killed while it waited hung the parent
+    there for ever (issue 46); nothing here can block the parent. The wait ends early,
+    without starting, when ``gone()`` says the parent is gone (or a thread was stopped).
+
+    Raises:
+        SystemExit: the parent is gone (the worker must not train for no one)."""
+    buffers.ready[rank] = 1
+    control = buffers.control.numpy()
+    while control[START] == 0:
+        if gone():
+            raise SystemExit("stopped while waiting for the start")
+        time.sleep(START_POLL_S)
+    start = int(control[START])
+    while time.monotonic_ns() < start:
+        pass
+
+
+def wait_for_release(buffers: Buffers, gone: Callable[[], bool]) -> None:
+    """Sleep in steps of :data:`RELEASE_POLL_S` until the parent sets ``control[RELEASE]``,
+    or until ``gone()`` says the parent is gone (a parent killed outright cannot set it;
+    the worker then exits, not orphaned). A shared flag, as :func:`wait_for_start` says
+    why."""
+    control = buffers.control.numpy()
+    while control[RELEASE] == 0 and not gone():
+        time.sleep(RELEASE_POLL_S)
 
 
 def _flat(tensor: Any) -> memoryview:
@@ -194,7 +251,8 @@ def record_failure(buffers: Buffers, rank: int, err: BaseException) -> None:
     buffers.status[rank] = STATUS_FAILED
 
 
-def _loop(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any, go: Any) -> None:
+def _loop(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any,
+          gone: Callable[[], bool]) -> None:
     from simulator.memory import block_bounds, block_ops
     from simulator.problems import make_problem
     from simulator.scenario import scenario_from_dict
@@ -228,9 +286,7 @@ def _loop(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any, go: A
     problem.grad(local, 0)  # warm up (first-call costs stay out of the timed loop)
     touch_records(buffers, spec.rank)
     pin(spec)
-    if go is not None:  # start together: process start-up takes tens of milliseconds each
-        buffers.ready[spec.rank] = 1
-        go.wait()
+    wait_for_start(buffers, spec.rank, gone)  # process start-up takes tens of ms each
     for i in range(spec.quota):
         sample = int(stream.take())
         ops = dense if dense is not None else block_ops(bounds, problem.support(sample))

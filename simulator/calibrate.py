@@ -522,7 +522,8 @@ def probed_shared(runs: list[tuple[Trace, np.ndarray]], mode: str,
     probed = [p for p in probes if p is not None and p.get("extra_ns") is not None]
     if not probed:
         report["why"] = ("one worker: no write on lines another worker read last, and no "
-                         "probe in the runs (real.shared_write)")
+                         "probe in the runs (real.shared_write; record the runs with "
+                         "asyngrad real --probe)")
         return report
     median = _median_write(runs)
     extra = float(np.median([p["extra_ns"] for p in probed]))
@@ -688,7 +689,7 @@ def probed_meetings(probes: list[dict[str, Any] | None], mode: str = "auto",
     if not present:
         return {"pairs": 0, "fields": None,
                 "why": "one worker: no writes that met, and no probe in the runs "
-                       "(real.write_meetings)"}
+                       "(real.write_meetings; record the runs with asyngrad real --probe)"}
     parts: list[dict[str, Any]] = []
     for probe in present:
         table = np.asarray(probe["rows"], dtype=np.float64)

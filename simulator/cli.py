@@ -851,7 +851,10 @@ def _real(args: argparse.Namespace) -> int:
                        measure_every=args.measure_every or (
                            scenario.metrics.every if args.measure else None),
                        device=args.device, launch=args.launch, pattern=args.pattern,
-                       accumulate=args.accumulate, pin=args.pin)
+                       accumulate=args.accumulate, pin=args.pin, probe=args.probe,
+                       notice=None if args.quiet else _notice)
+    if run.failure is not None and not args.quiet:
+        _notice(f"writing the partial run to {args.out}/")
     summary = write_run(args.out, run.scenario, run.trace, run.problem,
                         extra=summary_extra(run))
     if run.failure is not None:
@@ -871,6 +874,11 @@ def _real(args: argparse.Namespace) -> int:
         if run.cpu_latency is not None:
             print("  " + latency_line(run.cpu_latency))
     return 0
+
+
+def _notice(text: str) -> None:
+    """What a stopped run does while the user waits, on stderr."""
+    print(f"asyngrad: {text} ...", file=sys.stderr, flush=True)
 
 
 def _real_ps(args: argparse.Namespace, scenario: Any) -> int:
@@ -1087,8 +1095,9 @@ def _parser() -> argparse.ArgumentParser:
     for flag, default, what in (
             ("--convoys", "auto", "write convoys (overlapping writes that end together): fit "
              "them when the run shows them (for runs of one worker, in the meetings their "
-             "probe made: real.write_meetings), or, when its overlapping writes end apart, "
-             "what their meetings lose (passing writes) (auto, default); convoys whenever "
+             "probe made: real.write_meetings, from asyngrad real --probe), or, when its "
+             "overlapping writes end apart, what their meetings lose (passing writes) (auto, "
+             "default); convoys whenever "
              "writes met (on); neither (off)"),
             ("--common", "off", "common factors (durations of one phase alike on workers "
              "that start it together): fit them when some phase's correlation reaches 0.05 "
@@ -1147,6 +1156,12 @@ def _parser() -> argparse.ArgumentParser:
                       "computes on its device copy and pushes its step)")
     real.add_argument("--accumulate", type=int, default=1, metavar="N",
                       help="average N gradients per update (lr/N per gradient)")
+    real.add_argument("--probe", action="store_true",
+                      help="probe the CPUs before the start (seconds): the cache-line latency "
+                      "between two workers' CPUs (real.cpu_latency), what a write costs on "
+                      "lines the other CPU copied last (real.shared_write) and how two writes "
+                      "meet (real.write_meetings); calibrate needs the last two for runs of "
+                      "one worker")
     real.add_argument("--pin", action="store_true",
                       help="pin worker r to CPU r (mod the CPUs this process may use): no "
                       "two workers share a core while another is idle, as the simulator's "
@@ -1157,17 +1172,32 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _terminated(signum: int, frame: Any) -> None:
+    """SIGTERM takes Ctrl-C's way out (a real run stops its workers and keeps its partial
+    trace): a KeyboardInterrupt that says so."""
+    raise KeyboardInterrupt("SIGTERM")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``asyngrad`` command; returns the exit status."""
+    """Entry point of the ``asyngrad`` command; returns the exit status (SIGTERM is handled
+    as Ctrl-C while it runs, from the main thread)."""
+    import signal
+    import threading
+
     args = _parser().parse_args(argv)
+    main_thread = threading.current_thread() is threading.main_thread()
+    before = signal.signal(signal.SIGTERM, _terminated) if main_thread else None
     try:
         return int(args.run(args))
     except AsyngradError as err:
         print(f"asyngrad: error: {err}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as err:
         print("asyngrad: interrupted; no partial result was written", file=sys.stderr)
-        return 130
+        return 143 if err.args == ("SIGTERM",) else 130
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if before is None else before)
 
 
 if __name__ == "__main__":

@@ -9,8 +9,10 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import shutil
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +23,7 @@ from simulator.problems import Problem
 from simulator.scenario import Scenario, scenario_to_toml
 from simulator.trace import Trace
 
-__all__ = ["FILES", "check_out", "publish", "write_run"]
+__all__ = ["FILES", "HOLD", "check_out", "hold", "publish", "remove_stale", "write_run"]
 
 FILES = ("scenario.toml", "summary.json", "trace.npz", "curve.csv", "timeline.png", "loss.png",
          "error_hist.png")
@@ -68,8 +70,33 @@ def check_out(out: str | Path, files: tuple[str, ...] = FILES) -> Path:
     return out
 
 
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (one of another user counts as alive)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_stale(out: Path) -> None:
+    """Remove the staging and retired directories (``.NAME.partial-PID``, ``.NAME.old-PID``)
+    that runs writing ``out`` left when they were killed: only those whose process PID is
+    gone (a live one may be writing)."""
+    pattern = re.compile(rf"\.{re.escape(out.name)}\.(?:partial|old)-(\d+)")
+    if not out.parent.is_dir():
+        return
+    for entry in out.parent.iterdir():
+        found = pattern.fullmatch(entry.name)
+        if found and entry.is_dir() and not _alive(int(found.group(1))):
+            shutil.rmtree(entry, ignore_errors=True)
+
+
 def publish(out: str | Path, files: tuple[str, ...], write: Callable[[Path], None]) -> None:
     """Let ``write`` fill a staging directory, then swap it in for ``out`` in one step.
+    Staging directories that killed runs left beside ``out`` go first (:func:`remove_stale`).
 
     Raises:
         AsyngradError: ``out`` is not a place for these files (see ``check_out``), or it
@@ -78,9 +105,11 @@ def publish(out: str | Path, files: tuple[str, ...], write: Callable[[Path], Non
     out = check_out(out, files)
     staging = out.parent / f".{out.name}.partial-{os.getpid()}"
     try:
+        remove_stale(out)
         out.parent.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir()
+        hold("writing")
         write(staging)
         if out.exists():
             retired = out.parent / f".{out.name}.old-{os.getpid()}"
@@ -94,6 +123,25 @@ def publish(out: str | Path, files: tuple[str, ...], write: Callable[[Path], Non
                             ) from None
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+# Fault tests' pause (tests/test_faults.py): ``ASYNGRAD_HOLD=STAGE:PATH``.
+HOLD = "ASYNGRAD_HOLD"
+
+
+def hold(stage: str, pids: Sequence[int] = ()) -> None:
+    """Nothing, unless a fault test set ``ASYNGRAD_HOLD=STAGE:PATH``: then a run reaching
+    STAGE (a real run's ``spawned``, ``ready``, ``probing``, ``running``; any run's
+    ``writing``, with its staging directory made) writes its worker ``pids`` to PATH and
+    waits until the file is gone, so the test can kill a worker, or signal this process,
+    at that very stage."""
+    at, _, path = os.environ.get(HOLD, "").partition(":")
+    if at != stage or not path:
+        return
+    Path(f"{path}.tmp").write_text(" ".join(str(pid) for pid in pids))
+    os.replace(f"{path}.tmp", path)  # whole when it appears
+    while os.path.exists(path):
+        time.sleep(0.01)
 
 
 def write_run(out: str | Path, scenario: Scenario, trace: Trace, problem: Problem,

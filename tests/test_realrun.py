@@ -16,7 +16,7 @@ import pytest
 from realrun.probe import built, probe_cpus
 from realrun.runner import run_real
 from realrun.timeslice import measure_migration, measure_time_slice
-from realrun.worker import wait_for_release
+from realrun.worker import die_with_parent, wait_for_release, wait_for_start
 from simulator.compare import load_run
 from simulator.engine import simulate
 from simulator.problems import make_problem
@@ -62,7 +62,7 @@ def test_lock_free_workers_converge_and_merge_cleanly():
     """Two lock-free workers: every update has R <= G <= W, samples follow each worker's
     documented stream, and the loss falls most of the way to the optimum."""
     s = scenario(*TINY, "run.updates=6000")
-    run = run_real(s, 2, "lockfree")
+    run = run_real(s, 2, "lockfree", probe=True)
     trace = run.trace
     assert run.failure is None and len(trace) == 6000
     for a, b in (("read_start", "read_end"), ("read_end", "grad_end"),
@@ -82,7 +82,8 @@ def test_lock_free_workers_converge_and_merge_cleanly():
     f_star = run.problem.optimum()[1]
     start, end = trace["curve_loss"][0] - f_star, trace["curve_loss"][-1] - f_star
     assert end < 0.2 * start
-    if built() and probe_cpus() is not None:  # measured just before the start and after
+    assert run.start_seconds > 0 and run.finish_seconds > 0
+    if built() and probe_cpus() is not None:  # asked for: just before the start and after
         latency = run.cpu_latency
         assert latency["cpus"] == probe_cpus()
         assert all(0 < latency[key] < 1e6 for key in ("before_ns", "after_ns"))
@@ -171,16 +172,23 @@ def test_timeout_keeps_partial_results():
 @pytest.mark.skipif(not built() or probe_cpus() is None,
                     reason="needs realrun._cpuprobe and two usable CPUs")
 def test_a_one_worker_run_probes_its_shared_writes_and_calibrates_from_them(tmp_path):
-    """One worker never writes on lines another read; the run probes what such a write of
-    its vector costs (``real.shared_write``), and ``calibrate`` takes ``write_shared`` from
-    it: (m + extra) / m, m the run's median write. It also makes two writes meet
-    (``real.write_meetings``). Sparse problems write a few coordinates: no probe."""
+    """One worker never writes on lines another read; a run asked to probe (``--probe``)
+    probes what such a write of its vector costs (``real.shared_write``), and ``calibrate``
+    takes ``write_shared`` from it: (m + extra) / m, m the run's median write. It also makes
+    two writes meet (``real.write_meetings``). Sparse problems write a few coordinates: no
+    probe. Without ``--probe`` nothing is probed, and calibrate says so."""
     from simulator.calibrate import calibrate
 
-    out = tmp_path / "one"
-    args = [sys.executable, "-m", "simulator.cli", "real", "--out", str(out), "--workers",
-            "1", "--quiet", "--dtype", "float32", *[x for o in TINY for x in ("--set", o)]]
-    assert subprocess.run(args, timeout=300).returncode == 0
+    out, plain = tmp_path / "one", tmp_path / "plain"
+    args = [sys.executable, "-m", "simulator.cli", "real", "--workers", "1", "--quiet",
+            "--dtype", "float32", *[x for o in TINY for x in ("--set", o)]]
+    assert subprocess.run([*args, "--out", str(out), "--probe"], timeout=300).returncode == 0
+    assert subprocess.run([*args, "--out", str(plain)], timeout=300).returncode == 0
+    unprobed = json.loads((plain / "summary.json").read_text())["real"]
+    assert unprobed["shared_write"] is unprobed["write_meetings"] is None
+    _, report = calibrate(plain, pool=True, cores=2, shared="on")
+    assert "asyngrad real --probe" in report["shared"]["why"]
+    assert "asyngrad real --probe" in report["convoys"]["why"]
     probed = json.loads((out / "summary.json").read_text())["real"]["shared_write"]
     assert probed["count"] == probed["probed"] == 20 and probed["itemsize"] == 4
     assert probed["cpus"] == probe_cpus()
@@ -195,7 +203,7 @@ def test_a_one_worker_run_probes_its_shared_writes_and_calibrates_from_them(tmp_
     assert calibrated.devices[0].timing.write_shared == pytest.approx(
         (median + probed["extra_ns"]) / median)
     sparse = run_real(scenario("problem.name=sparse_logistic", "run.updates=200"), 1,
-                      "lockfree")
+                      "lockfree", probe=True)
     assert sparse.failure is None and sparse.shared_write is sparse.write_meetings is None
 
 
@@ -459,29 +467,35 @@ def test_a_finished_worker_exits_only_when_every_worker_is_done():
     assert min(exits.values()) > seen_all[0]
 
 
-def _waits_for_release(release, parent: int) -> None:
-    wait_for_release(release, parent, poll_s=0.05)
+def _waits_for_release(control) -> None:
+    from types import SimpleNamespace
+
+    wait_for_release(SimpleNamespace(control=control), die_with_parent())
 
 
-def _starts_a_waiter_and_dies(sender) -> None:
+def _starts_a_waiter_and_dies(sender, control) -> None:
     import multiprocessing as mp
 
     context = mp.get_context("fork")
-    waiter = context.Process(target=_waits_for_release, args=(context.Event(), os.getpid()))
+    waiter = context.Process(target=_waits_for_release, args=(control,))
     waiter.start()
     sender.send(waiter.pid)  # a pipe writes at once (a queue's thread would not, below)
-    os._exit(0)  # gone outright: nobody will set the event
+    time.sleep(0.5)  # the waiter waits
+    os._exit(0)  # gone outright: nobody will release it
 
 
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="needs /proc")
 def test_a_waiting_worker_exits_when_its_parent_is_gone():
-    """A finished worker waits for the parent's release; if the parent dies without setting
-    it, the worker notices its parent is gone and exits instead of sleeping forever."""
+    """A finished worker waits for the parent's release; if the parent dies without giving
+    it, the worker exits instead of sleeping forever."""
     import multiprocessing as mp
+
+    import torch
 
     context = mp.get_context("fork")
     receiver, sender = context.Pipe(duplex=False)
-    parent = context.Process(target=_starts_a_waiter_and_dies, args=(sender,))
+    control = torch.zeros(2, dtype=torch.int64).share_memory_()
+    parent = context.Process(target=_starts_a_waiter_and_dies, args=(sender, control))
     parent.start()
     assert receiver.poll(30)
     waiter = receiver.recv()
@@ -490,6 +504,26 @@ def test_a_waiting_worker_exits_when_its_parent_is_gone():
     while not _exited(waiter) and time.monotonic() < deadline:
         time.sleep(0.02)
     assert _exited(waiter)
+
+
+def test_the_start_is_a_flag_no_dead_worker_can_block():
+    """Workers say ready and sleep until the parent posts a start time, then spin to it; a
+    waiter whose parent is gone (or a stopped thread) leaves without starting. Nothing
+    locks: a waiter killed at any point leaves nothing held."""
+    from types import SimpleNamespace
+
+    import torch
+
+    buffers = SimpleNamespace(ready=torch.zeros(2, dtype=torch.int64),
+                              control=torch.zeros(2, dtype=torch.int64))
+    with pytest.raises(SystemExit, match="waiting for the start"):
+        wait_for_start(buffers, 1, lambda: True)
+    assert buffers.ready.tolist() == [0, 1]
+    buffers.control[0] = time.monotonic_ns() + 20_000_000
+    wait_for_start(buffers, 0, lambda: True)  # posted: the parent's state no longer matters
+    assert time.monotonic_ns() >= int(buffers.control[0])
+    buffers.control[1] = 1
+    wait_for_release(buffers, lambda: False)  # released: returns at once
 
 
 @pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs /proc")
