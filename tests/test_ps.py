@@ -268,15 +268,18 @@ def test_rebalance_retires_a_slow_trainer(tmp_path):
     gets no gradients, it exits), the others make the rest of the budget, and the trace and
     summary name it as the simulator's report does."""
     port, world, out = _free_port(), 4, tmp_path / "ps"
-    extra = ["--set", "run.updates=400", "--set", "paramserver.rebalance=3",
-             "--set", "paramserver.rebalance_after=5"]
+    # The budget outlasts the slow trainer's first rebalance_after gradients by far (the
+    # rule needs every working trainer to have made them; fast trainers that finished
+    # the budget first would leave it alone).
+    extra = ["--set", "run.updates=2000", "--set", "paramserver.rebalance=3",
+             "--set", "paramserver.rebalance_after=3"]
     nodes = [_node(rank, world, port, out, extra) for rank in (0, 2, 3)]
     slow = _node(1, world, port, out, extra, ["-c", _SLOW_TRAINER, "--out"])
     for node in [*nodes, slow]:
         _, err = node.communicate(timeout=120)
         assert node.returncode == 0, err[-2000:]
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["retired_threads"] == [0] and summary["updates"] == 400
+    assert summary["retired_threads"] == [0] and summary["updates"] == 2000
     trace = load_trace(out)
     assert trace["extra_retired_threads"].tolist() == [0]
     counts = np.bincount(trace["thread"], minlength=3)
