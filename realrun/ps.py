@@ -67,11 +67,12 @@ import numpy as np
 from realrun.runner import DTYPES, _one_of
 from realrun.support import recorded, refuse_unsupported
 from realrun.worker import one_thread_each, one_thread_env
+from simulator.budget import preflight
 from simulator.errors import AsyngradError, ScenarioError
 from simulator.problems import Problem, make_problem
 from simulator.rules import mean_step, retirements, round_quota, too_stale, warmed_up
 from simulator.scenario import Scenario, scenario_from_dict, scenario_to_toml, with_overrides
-from simulator.trace import COLUMNS, EXTRA, Trace
+from simulator.trace import COLUMNS, EXTRA, Trace, read_report
 from simulator.view import UNMEASURED, Measurement, SerializedView
 
 __all__ = ["PSRun", "run_ps", "serve", "train"]
@@ -215,6 +216,9 @@ def serve(problem: Problem, scenario: Scenario, trainers: int, timeout: float,
             f"{timeout:g} s ({_first_line(err.cause)})"}
     except RuntimeError as err:  # a connection closed under a receive
         failure = {"worker": None, "reason": f"server: {_first_line(err)}"}
+    except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM where the caller made it one
+        failure = {"worker": None,
+                   "reason": f"interrupted ({err.args[0] if err.args else 'Ctrl-C'})"}
     return _trace(state, origin), failure, len(state.pushes)
 
 
@@ -428,11 +432,16 @@ def _trace(state: _Server, origin: int) -> Trace:
         idle[i] = max(int(rel["read_start"][i]) - previous.get(t, 0), 0)
         previous[t] = int(rel["write_end"][i])
     measured = columns[-1]
+    step = col(4, "step")
+    # One block (the server's vector): a pull copies it when answered, an applied push
+    # stores it when applied; the one definition of both columns (simulator.trace).
+    overwritten, torn = read_report(rel["read_start"], np.arange(n), np.zeros(n, np.int64),
+                                    rel["read_end"], np.where(step > 0, rel["write_end"], -1))
     arrays = {
         "uid": uid, "thread": thread, "thread_seq": col(2, "thread_seq"),
-        "sample": col(3, "sample"), "step": col(4, "step"), "staleness": col(5, "staleness"),
+        "sample": col(3, "sample"), "step": step, "staleness": col(5, "staleness"),
         "grad_ns": col(6, "grad_ns"), **rel, "idle_ns": idle,
-        "read_overwrites": np.zeros(n, np.int32), "torn": np.zeros(n, bool),
+        "read_overwrites": overwritten, "torn": torn,
         "lost_blocks": np.zeros(n, np.int32), "overwrote": np.zeros(n, np.int32),
         "delay": np.zeros(n, np.int32), "error_norm": np.zeros(n),
         "dropped": np.zeros(n, bool), "lr_scale": np.ones(n),
@@ -529,8 +538,10 @@ def _ps_scenario(scenario: Scenario, trainers: int, measure: bool) -> Scenario:
     """
     refuse_unsupported(scenario, "ps", "paramserver")
     every = scenario.metrics.every
-    return with_overrides(scenario, recorded("paramserver", trainers, False,
-                                             every if measure else None, every))
+    scenario = with_overrides(scenario, recorded("paramserver", trainers, False,
+                                                 every if measure else None, every))
+    preflight(scenario)  # the trace the server builds, as a simulation of it would hold
+    return scenario
 
 
 def _group_timeout(timeout: float) -> datetime.timedelta:

@@ -45,6 +45,7 @@ from realrun.worker import (
     pinned_cpus,
     worker_main,
 )
+from simulator.budget import check_memory, preflight
 from simulator.errors import ScenarioError
 from simulator.memory import block_bounds
 from simulator.problems import Problem, make_problem
@@ -132,6 +133,22 @@ def _allocate(dim: int, blocks: int, workers: int, quota: int, dtype: str, measu
         reads=(shared(workers, quota, dim, kind=torch.float64)
                if measure and dense and not torch_path else None),
         ready=shared(workers), control=shared(2))
+
+
+def _check_buffers(scenario: Scenario, problem: Problem, rows: int, dtype: str,
+                   measure: bool, accumulate: int, numpy_worker: bool) -> None:
+    """Refuse buffers (``_allocate``) that cannot fit in this machine's memory: the records
+    of every update, and in measure mode each update's step (and, for the numpy worker on a
+    dense problem, its read copy), d values each.
+
+    Raises:
+        ScenarioError: naming run.updates or problem.dim, with the estimate.
+    """
+    records = 8.0 * rows * (4 + 2 * scenario.run.blocks + accumulate)
+    copies = (np.dtype(dtype).itemsize + (8 if numpy_worker and problem.support(0) is None
+                                          else 0)) * float(rows) * problem.dim
+    check_memory({"run.updates": records, "problem.dim": copies if measure else 0.0},
+                 {"run.updates": scenario.run.updates, "problem.dim": problem.dim})
 
 
 def _host(w: Any) -> np.ndarray:
@@ -254,6 +271,7 @@ def run_real(scenario: Scenario, workers: int, mode: str, dtype: str = "float32"
         raise ScenarioError("--accumulate", accumulate, "must be >= 1")
     _check_device(device)
     refuse_unsupported(scenario, "shm" if device == "cpu" else "cuda", mode)
+    preflight(scenario)  # the trace the parent merges, as a simulation of it would hold
     torch_path = device != "cpu" or launch == "threads" or accumulate > 1
     workers = 1 if mode == "serial" else workers
     # The embedded scenario states the closest simulator semantics (realrun.support.recorded):
@@ -269,6 +287,8 @@ def run_real(scenario: Scenario, workers: int, mode: str, dtype: str = "float32"
                             f"must be <= the problem's dimension ({problem.dim})")
     w_star, _ = problem.optimum()
     quotas = _quotas(scenario.run.updates, workers)
+    _check_buffers(scenario, problem, workers * max(quotas), dtype, measure_every is not None,
+                   accumulate, not torch_path)
     cpus = pinned_cpus(workers) if pin else None
     buffers = _allocate(problem.dim, scenario.run.blocks, workers, max(quotas), dtype,
                         measure_every is not None, device if pattern == "shared" else "cpu",

@@ -22,7 +22,8 @@ import numpy as np
 from simulator.errors import ScenarioError
 from simulator.scenario import PHASES
 
-__all__ = ["CLOCK_LIMIT_NS", "GRADIENT_LIMIT", "available_memory", "check_problem", "max_updates",
+__all__ = ["CLOCK_LIMIT_NS", "GRADIENT_LIMIT", "available_memory", "check_memory",
+           "check_problem", "max_updates",
            "memory_estimate", "parameters", "preflight", "problem_bytes", "size_text"]
 
 # The engine's clock and the trace's times are int64 ns; a quarter of the range is kept as a
@@ -125,7 +126,14 @@ def max_updates() -> int:
     return min(GRADIENT_LIMIT, available_memory() // (ROW_BYTES + OP_BYTES))
 
 
-def _check_memory(parts: dict[str, float], values: dict[str, Any]) -> None:
+def check_memory(parts: dict[str, float], values: dict[str, Any]) -> None:
+    """Refuse what ``parts`` (bytes by the field that asks for them) adds up to when it
+    exceeds this machine's available memory, naming the field that weighs most with its
+    value (``values``) and the estimate.
+
+    Raises:
+        ScenarioError: naming that field.
+    """
     total, available = sum(parts.values()), available_memory()
     if total > available:
         field = max(parts, key=lambda name: parts[name])
@@ -140,7 +148,7 @@ def check_problem(spec: Any) -> None:
     Raises:
         ScenarioError: naming problem.dim or problem.n_samples, with the estimate.
     """
-    _check_memory(problem_bytes(spec), {"problem.dim": spec.dim,
+    check_memory(problem_bytes(spec), {"problem.dim": spec.dim,
                                         "problem.n_samples": spec.n_samples})
 
 
@@ -235,5 +243,5 @@ def preflight(scenario: Any) -> None:
                             f"gradients, more than {GRADIENT_LIMIT:.3g} (2^40, weeks at a "
                             "microsecond each)")
     values = {name: _field_value(scenario, name) for name in memory_estimate(scenario)}
-    _check_memory(memory_estimate(scenario), values)
+    check_memory(memory_estimate(scenario), values)
     _check_clock(scenario)

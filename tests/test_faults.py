@@ -167,6 +167,46 @@ def test_a_signalled_parent_stops_its_workers_and_keeps_the_partial_trace(tmp_pa
 @needs_proc
 @pytest.mark.alone
 @pytest.mark.parametrize("fault", ["SIGTERM", "SIGINT"])
+def test_a_signalled_parameter_server_keeps_its_partial_trace(tmp_path, fault):
+    """``real --backend ps`` signalled while it serves: the trainers stopped, exit 1, the
+    partial run directory saying why (or, signalled before it served, exit 130/143 and no
+    directory), nothing left behind."""
+    out, log = tmp_path / "run", tmp_path / "stderr"
+    with open(log, "w") as stderr:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "simulator.cli", "real", "--backend", "ps", "--workers",
+             "2", "--set", "run.updates=5000000", "--out", str(out)], stderr=stderr,
+            stdout=subprocess.DEVNULL, start_new_session=True)
+    try:
+        assert _within(120, lambda: len(_children(process.pid)) >= 2)
+        family = set(_children(process.pid))
+        time.sleep(8)  # spawned trainers import torch and join the group: then it serves
+        made = _mapped(family | {process.pid})
+        struck = time.monotonic()
+        os.kill(process.pid, getattr(signal, fault))
+        process.wait(HANG_GUARD_S)
+        took = time.monotonic() - struck
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    said = log.read_text()
+    assert took < HANG_GUARD_S, said
+    assert _within(5, lambda: all(_gone(pid) for pid in family))
+    assert _within(5, lambda: not (made & _shm())), made & _shm()
+    if out.exists():
+        assert process.returncode == 1, said
+        reason = _consistent(out)["real"]["failure"]["reason"]
+        assert reason == ("interrupted (SIGTERM)" if fault == "SIGTERM"
+                          else "interrupted (Ctrl-C)"), said
+    else:
+        assert process.returncode == (143 if fault == "SIGTERM" else 130), said
+    _no_staging(out)
+
+
+@needs_proc
+@pytest.mark.alone
+@pytest.mark.parametrize("fault", ["SIGTERM", "SIGINT"])
 def test_a_parent_signalled_while_it_writes_leaves_no_run_directory(tmp_path, fault):
     """A signal while the run directory is written: nothing published, no staging left, the
     exit status of the signal (143, 130)."""
