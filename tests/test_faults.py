@@ -8,6 +8,7 @@ left, which the next run removes."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -15,6 +16,7 @@ import subprocess
 import sys
 import time
 import tomllib
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -84,12 +86,8 @@ def _strike(tmp_path: Path, command: list[str], stage: str, fault: str
     survive; returns the exit status, the seconds from the fault to the exit, the run
     directory and stderr."""
     out, held, log = tmp_path / "run", tmp_path / "held", tmp_path / "stderr"
-    with open(log, "w") as stderr:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "simulator.cli", *command, "--out", str(out)],
-            env={**os.environ, HOLD: f"{stage}:{held}"}, stderr=stderr,
-            stdout=subprocess.DEVNULL, start_new_session=True)
-    try:
+    with _asyngrad([*command, "--out", str(out)], log,
+                   {**os.environ, HOLD: f"{stage}:{held}"}) as process:
         assert _within(120, lambda: held.exists() or process.poll() is not None)
         assert process.poll() is None, log.read_text()
         pids = [int(p) for p in held.read_text().split()]
@@ -104,14 +102,32 @@ def _strike(tmp_path: Path, command: list[str], stage: str, fault: str
         held.unlink()
         process.wait(HANG_GUARD_S)
         took = time.monotonic() - struck
+    _left_nothing(family, made)
+    return process.returncode, took, out, log.read_text()
+
+
+@contextlib.contextmanager
+def _asyngrad(args: list[str], log: Path, env: dict[str, str] | None = None,
+              ) -> Iterator[subprocess.Popen]:
+    """``asyngrad ARGS`` in a session of its own, stderr to ``log``; killed with everything
+    it started if it is still running when the block ends."""
+    with open(log, "w") as stderr:
+        process = subprocess.Popen([sys.executable, "-m", "simulator.cli", *args], env=env,
+                                   stderr=stderr, stdout=subprocess.DEVNULL,
+                                   start_new_session=True)
+    try:
+        yield process
     finally:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
+
+
+def _left_nothing(family: set[int], made: set[str]) -> None:
+    """No process of the run survives, nor anything it mapped from /dev/shm."""
     assert _within(5, lambda: all(_gone(pid) for pid in family)), (
         [pid for pid in family if not _gone(pid)])
     assert _within(5, lambda: not (made & _shm())), made & _shm()
-    return process.returncode, took, out, log.read_text()
 
 
 def _consistent(out: Path) -> dict:
@@ -172,12 +188,8 @@ def test_a_signalled_parameter_server_keeps_its_partial_trace(tmp_path, fault):
     partial run directory saying why (or, signalled before it served, exit 130/143 and no
     directory), nothing left behind."""
     out, log = tmp_path / "run", tmp_path / "stderr"
-    with open(log, "w") as stderr:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "simulator.cli", "real", "--backend", "ps", "--workers",
-             "2", "--set", "run.updates=5000000", "--out", str(out)], stderr=stderr,
-            stdout=subprocess.DEVNULL, start_new_session=True)
-    try:
+    with _asyngrad(["real", "--backend", "ps", "--workers", "2", "--set",
+                    "run.updates=5000000", "--out", str(out)], log) as process:
         assert _within(120, lambda: len(_children(process.pid)) >= 2)
         family = set(_children(process.pid))
         time.sleep(8)  # spawned trainers import torch and join the group: then it serves
@@ -186,14 +198,9 @@ def test_a_signalled_parameter_server_keeps_its_partial_trace(tmp_path, fault):
         os.kill(process.pid, getattr(signal, fault))
         process.wait(HANG_GUARD_S)
         took = time.monotonic() - struck
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
     said = log.read_text()
     assert took < HANG_GUARD_S, said
-    assert _within(5, lambda: all(_gone(pid) for pid in family))
-    assert _within(5, lambda: not (made & _shm())), made & _shm()
+    _left_nothing(family, made)
     if out.exists():
         assert process.returncode == 1, said
         reason = _consistent(out)["real"]["failure"]["reason"]
