@@ -1,0 +1,120 @@
+"""Controlled schedules: ``asyngrad explore``."""
+
+from __future__ import annotations
+
+import argparse
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from simulator.cli.common import command as subcommand
+from simulator.cli.common import progress
+
+
+def _explore(args: argparse.Namespace) -> int:
+    import json
+
+    from simulator.rundir import check_out, publish, write_run
+    from simulator.scenario import load_scenario, scenario_to_toml
+    from simulator.schedule import explore
+
+    scenario = load_scenario(args.scenario, args.set)
+    out = Path(args.out)
+    files = ("explore.json", "scenario.toml", "worst", "worst.schedule")
+    check_out(out, files)
+    if args.property is not None:
+        return _explore_property(args, scenario, out, files)
+    with progress(args.runs, args.quiet) as bar:
+        report, worst = explore(scenario, args.scheduler, args.runs, args.objective,
+                                args.depth, args.seed, args.keep, bar.update,
+                                args.preemptions, args.checkpoint)
+
+    def write(where: Path) -> None:
+        (where / "explore.json").write_text(json.dumps(report, indent=2) + "\n")
+        (where / "scenario.toml").write_text(scenario_to_toml(scenario))
+        (where / "worst.schedule").write_text(report["worst"][0]["schedule"] + "\n")
+        write_run(where / "worst", scenario, worst.trace, worst.problem)
+
+    publish(out, files, write)
+    if not args.quiet:
+        v = report["values"]
+        if report["scheduler"] == "dfs":
+            bound = ("" if report["preemptions"] is None
+                     else f" with at most {report['preemptions']} preemptions")
+            extent = ("all of them" if report["complete"] else
+                      "stopped at --runs; rerun with the same --checkpoint to go on")
+            print(f"{report['schedules']} interleavings of {scenario.name}{bound} "
+                  f"({extent}); {report['objective']}: mean {v['mean']:.4g}, p95 "
+                  f"{v['p95']:.4g}, max {v['max']:.4g}")
+        else:
+            print(f"{report['runs']} {report['scheduler']} schedules (depth {report['depth']}) "
+                  f"of {scenario.name}, {report['steps_per_run']} steps each; "
+                  f"{report['objective']}: mean {v['mean']:.4g}, max {v['max']:.4g}")
+        for item in report["worst"]:
+            print(f"  {item['value']:.6g}  {item['schedule']}")
+        print(f"  the worst schedule replays identically: {report['replayed_identically']}")
+        print(f"  wrote {out}/explore.json, {out}/worst.schedule and {out}/worst/ (replay: "
+              f"asyngrad replay {out} --schedule {out}/worst.schedule --out DIR)")
+    return 0
+
+
+def _explore_property(args: argparse.Namespace, scenario: Any, out: Path,
+                      files: tuple[str, ...]) -> int:
+    """Search for a schedule violating --property, shrink it, write the counterexample."""
+    import json
+
+    from simulator.rundir import publish, write_run
+    from simulator.scenario import scenario_to_toml
+    from simulator.schedule import Property, search_violation
+
+    prop = Property.parse(args.property)
+    with progress(args.runs, args.quiet) as bar:
+        report = search_violation(scenario, prop, args.scheduler, args.runs, args.depth,
+                                  args.seed, bar.update)
+    run = report.pop("run", None)
+
+    def write(where: Path) -> None:
+        (where / "explore.json").write_text(json.dumps(report, indent=2) + "\n")
+        (where / "scenario.toml").write_text(scenario_to_toml(scenario))
+        if run is not None:
+            (where / "worst.schedule").write_text(report["counterexample_schedule"] + "\n")
+            write_run(where / "worst", scenario, run.trace, run.problem)
+
+    publish(out, files, write)
+    if not args.quiet:
+        if report["counterexample"] is None:
+            print(f"{prop} held in all {args.runs} {args.scheduler} schedules")
+        else:
+            print(f"{prop} fails after {report['runs_until_found']} {args.scheduler} "
+                  f"schedules ({report['found_value']:.6g}); shrunk to "
+                  f"{report['counterexample']} ({report['counterexample_preemptions']} "
+                  f"preemptions, {report['counterexample_value']:.6g})")
+            print(f"  wrote {out}/explore.json, {out}/worst.schedule (the whole schedule the "
+                  f"counterexample ran) and {out}/worst/ (replay: asyngrad replay {out} "
+                  f"--schedule {out}/worst.schedule --out DIR)")
+    return 1 if report["counterexample"] is not None else 0
+
+
+def add_commands(commands: Any) -> None:
+    """The group's subcommands, added to ``commands``."""
+    command = partial(subcommand, commands)
+    exp = command("explore", "run a scenario under controlled schedules and keep the worst",
+                  _explore, out="directory for explore.json and the worst run")
+    exp.add_argument("--scheduler", default="pct",
+                     help="random, roundrobin, pct, dfs (every interleaving) or adversarial "
+                          "(greedy worst case); default pct")
+    exp.add_argument("--runs", type=int, default=100,
+                     help="schedules to try (default 100; dfs: the most to run now)")
+    exp.add_argument("--preemptions", type=int, default=None,
+                     help="dfs: at most this many preemptions per schedule (default: any)")
+    exp.add_argument("--checkpoint", metavar="FILE",
+                     help="dfs: where to save and resume the enumeration")
+    exp.add_argument("--property", metavar="'METRIC OP VALUE'",
+                     help="search for a schedule violating it, e.g. 'lost_fraction <= 0.5', "
+                          "and shrink it to a minimal counterexample (exit 1 when found)")
+    exp.add_argument("--depth", type=int, default=2, help="pct bug depth d (default 2)")
+    exp.add_argument("--objective", default="grad_error",
+                     help="grad_error (max ‖δ‖/‖g‖), staleness (max), lost_blocks (total) or "
+                          "suboptimality (final); default grad_error")
+    exp.add_argument("--seed", type=int, default=0, help="first scheduler seed (default 0)")
+    exp.add_argument("--keep", type=int, default=5, help="worst schedules kept (default 5)")

@@ -1,0 +1,283 @@
+"""Simulation against hardware: ``asyngrad calibrate`` and ``compare``."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from simulator.cli.common import command as subcommand
+from simulator.cli.common import ns
+from simulator.errors import AsyngradError, ScenarioError
+from simulator.scenario import SLICINGS
+
+COMPARE_FILES = ("compare.json", "compare.png")
+
+
+def _compare(args: argparse.Namespace) -> int:
+    import json
+
+    from simulator.compare import LAG_EDGES, OFFSET_EDGES, compare_figure, compare_runs
+    from simulator.rundir import check_out, latency_pair, publish
+
+    out = Path(args.out or "runs/compare")
+    check_out(out, COMPARE_FILES)
+    report = compare_runs(args.run_a, args.run_b)
+
+    def write(where: Path) -> None:
+        (where / "compare.json").write_text(json.dumps(report, indent=2) + "\n")
+        compare_figure(args.run_a, args.run_b).savefig(where / "compare.png", dpi=100)
+
+    publish(out, COMPARE_FILES, write)
+    if not args.quiet:
+        st, ge, lo = report["staleness"], report["gradient_error"], report["loss"]
+
+        def num(value: Any, spec: str = ".4g") -> str:
+            return "n/a" if value is None else format(value, spec)
+
+        def quartiles(values: list[float] | None) -> str:
+            return "n/a" if values is None else "/".join(format(v, ".3g") for v in values)
+
+        def bins(lags: dict[str, Any] | None, key: str) -> str:
+            return "n/a" if lags is None else "/".join(num(v, ".2f") for v in lags[key])
+
+        def us(ns: float | None) -> str:
+            return num(None if ns is None else ns / 1e3, ".1f")
+
+        print(f"A: {report['a']['label']}\nB: {report['b']['label']}")
+        print(f"  staleness mean {num(st['mean_a'])} vs {num(st['mean_b'])} (gap "
+              f"{num(st['relative_mean_gap'], '.1%')}), p95 {num(st['p95_a'])} vs "
+              f"{num(st['p95_b'])}, KS distance {num(st['ks_distance'], '.3f')}")
+        print(f"  gradient error rate {num(ge['a']['rate'], '.3f')} vs "
+              f"{num(ge['b']['rate'], '.3f')}, relative error p50 {num(ge['a']['p50'])} vs "
+              f"{num(ge['b']['p50'])}, p95 {num(ge['a']['p95'])} vs {num(ge['b']['p95'])}")
+        oa, ob = report["overwrites"]["a"], report["overwrites"]["b"]
+        print(f"  lost blocks per update {num(oa['lost_blocks_per_update'], '.3g')} vs "
+              f"{num(ob['lost_blocks_per_update'], '.3g')}, torn reads "
+              f"{oa['torn_read_fraction']:.3g} vs {ob['torn_read_fraction']:.3g}; pairs of "
+              f"writes that met losing stores {num(oa['pairs_losing'], '.3f')} vs "
+              f"{num(ob['pairs_losing'], '.3f')} (of {oa['pairs_classified']} vs "
+              f"{ob['pairs_classified']} classified), share of the block lost per pair "
+              f"{num(oa['lost_per_pair'], '.3g')} vs {num(ob['lost_per_pair'], '.3g')}, by a "
+              f"pair that lost any (quartiles) {quartiles(oa['lost_per_lossy_pair'])} vs "
+              f"{quartiles(ob['lost_per_lossy_pair'])}, their start lag over a lone write "
+              f"(quartiles) {quartiles(oa['pair_lag_over_lone_write'])} vs "
+              f"{quartiles(ob['pair_lag_over_lone_write'])}")
+        la, lb = oa["meeting_lags"], ob["meeting_lags"]
+        if la is not None or lb is not None:
+            edges = ", ".join(f"{e:g}" for e in LAG_EDGES[:-1])
+            print(f"  pairs that met by start lag over a lone write (bins {edges} W): shares "
+                  f"{bins(la, 'shares')} vs {bins(lb, 'shares')}, lossy "
+                  f"{bins(la, 'lossy_by_lag')} vs {bins(lb, 'lossy_by_lag')}")
+        ia, ib = report["interference"]["a"], report["interference"]["b"]
+        print(f"  writes overlapping a write {num(ia['write_overlap_rate'], '.3f')} vs "
+              f"{num(ib['write_overlap_rate'], '.3f')}, reads under a write "
+              f"{num(ia['read_under_write_rate'], '.3f')} vs "
+              f"{num(ib['read_under_write_rate'], '.3f')}; error rate at staleness 0 "
+              f"{num(ia['error_rate_fresh'], '.3f')} vs {num(ib['error_rate_fresh'], '.3f')}, "
+              f"above 0 {num(ia['error_rate_stale'], '.3f')} vs "
+              f"{num(ib['error_rate_stale'], '.3f')}")
+        split = report["gradient_error"]["gap_split"]
+        if split is not None:
+            print(f"  error-rate gap b − a {sum(split.values()):+.3f}: the share of updates at "
+                  f"staleness 0 ({num(ia['fresh_share'], '.3f')} vs "
+                  f"{num(ib['fresh_share'], '.3f')}) moves it {split['fresh_share']:+.3f}, "
+                  f"their errors {split['fresh_errors']:+.3f}, the stale updates' errors "
+                  f"{split['stale_errors']:+.3f}")
+        print(f"  median write µs: met by another {us(ia['met_write_median_ns'])} vs "
+              f"{us(ib['met_write_median_ns'])}, lone {us(ia['lone_write_median_ns'])} vs "
+              f"{us(ib['lone_write_median_ns'])}")
+        rh_a, rh_b = report["rhythm"]["a"], report["rhythm"]["b"]
+        print(f"  rhythm: staleness / independent-phase value {num(rh_a['coupling'], '.3f')} vs "
+              f"{num(rh_b['coupling'], '.3f')} ({num(rh_a['independent_staleness'])} vs "
+              f"{num(rh_b['independent_staleness'])} independent), others' completions peak "
+              f"at {num(rh_a['phase_peak'], '.2f')}× vs {num(rh_b['phase_peak'], '.2f')}× uniform "
+              f"in a worker's cycle")
+        fa, fb = report["offsets"]["a"], report["offsets"]["b"]
+        if fa is not None or fb is not None:
+            edges = ", ".join(f"{e:g}" for e in OFFSET_EDGES[:-1])
+            print(f"  write starts' offset to another worker's over a lone write (bins {edges} "
+                  f"W): shares {bins(fa, 'shares')} vs {bins(fb, 'shares')}; next offset over "
+                  f"this one (below 2 W) {bins(fa, 'next_over_now')} vs "
+                  f"{bins(fb, 'next_over_now')}; end gap of writes that met (W, below 1 W) "
+                  f"{bins(fa, 'end_gap')} vs {bins(fb, 'end_gap')}")
+        print(f"  updates/s {report['throughput']['updates_per_second_a']:.4g} vs "
+              f"{report['throughput']['updates_per_second_b']:.4g}")
+        ca, cb = report["cpu_latency"]["a"], report["cpu_latency"]["b"]
+        if ca is not None or cb is not None:
+            pa, pb = report["placement"]["a"], report["placement"]["b"]
+            print(f"  CPU-to-CPU cache line before / after the run, ns: {latency_pair(ca)} vs "
+                  f"{latency_pair(cb)} (CPUs {pa or '—'} vs {pb or '—'})")
+            if {pa, pb} == {"near", "far"}:
+                print("  the runs' CPUs were placed differently: dense shared writes differ by "
+                      "that alone, so part of every gap above is the host's placement")
+        print(f"  final suboptimality {num(lo['final_a'])} vs {num(lo['final_b'])} (ratio "
+              f"{num(lo['final_ratio'], '.3g')}; largest ratio along the curves "
+              f"10^{num(lo['max_abs_log10_ratio'], '.2f')})")
+        print(f"  wrote {out}/compare.json and compare.png")
+    return 0
+
+
+def _quantum(text: str) -> tuple[int, str]:
+    """``--quantum``: ns, or ``auto`` to measure this machine's time slice (and say how)."""
+    if text == "auto":
+        from realrun.timeslice import measure_time_slice
+
+        quantum, seen = measure_time_slice()
+        return quantum, (f"{quantum / 1e6:.3g} ms, measured on this machine ({seen} turns "
+                         "of two processes pinned to one core)")
+    return ns("--quantum", text), ""
+
+
+def _migrate(text: str, cores: int, quantum: int, slicing: str) -> tuple[int, str]:
+    """``--migrate``: ns, or ``auto`` to measure this machine's load balancer (and say how)."""
+    migrate = None if text == "auto" else ns("--migrate", text)
+    if migrate == 0:
+        return 0, ""
+    if not (cores and quantum and slicing == "per_core"):
+        raise ScenarioError("--migrate", text, "needs --cores, --quantum and --slicing per_core")
+    if migrate is not None:
+        return migrate, ""
+    from realrun.timeslice import measure_migration
+
+    migrate, moves = measure_migration(cores, quantum)
+    return migrate, (f"{migrate / 1e6:.3g} ms between moves, measured on this machine "
+                     f"({moves} moves of {cores + 1} processes spinning on {cores} cores)")
+
+
+def _calibrate(args: argparse.Namespace) -> int:
+    from simulator.calibrate import (
+        MARKER,
+        calibrate,
+        calibrate_counts,
+        calibrated_toml,
+        run_workers,
+    )
+    from simulator.rundir import run_cpu_latency
+
+    out = Path(args.out)
+    if out.is_dir() or (out.exists() and not out.read_text().startswith(MARKER)):
+        raise AsyngradError(f"--out = '{out}': exists and is not a calibrated scenario; "
+                            "choose a new file name")
+    if args.cores < 0:
+        raise ScenarioError("--cores", args.cores, "must be >= 0 (0: one per thread)")
+    quantum, measured = _quantum(args.quantum)
+    migrate, balancer = _migrate(args.migrate, args.cores, quantum, args.slicing)
+    if args.common == "rhythm" and not args.quiet:
+        print("fitting common factors to the runs' rhythm (up to 12 simulations of the calibrated "
+              "scenario, at most 20,000 updates each)...", flush=True)
+    resolved = [Path(run).resolve() for run in args.run_dir]
+    for index, run in enumerate(args.run_dir):
+        if resolved[index] in resolved[:index]:
+            raise AsyngradError(f"RUN = '{run}': given twice")
+    counts = {run_workers(run) for run in args.run_dir}
+    if len(counts) > 1 and args.speeds != "off":
+        raise AsyngradError(f"--speeds = '{args.speeds}': fits one run (each worker on a core "
+                            "of its own), not several worker counts")
+    if len(counts) > 1 and args.episodes != "off":
+        raise AsyngradError(f"--episodes = '{args.episodes}': fits one run or repeats of one "
+                            "worker count, not several worker counts")
+    if len(counts) > 1:
+        scenario, report = calibrate_counts(args.run_dir, args.cores, quantum, args.slicing,
+                                            args.convoys, args.common, args.interference,
+                                            args.shared)
+    else:  # one run, or repeats of one worker count fitted together
+        scenario, report = calibrate(list(args.run_dir), args.pool, args.cores, quantum,
+                                     args.slicing, args.convoys, args.common,
+                                     args.interference, args.speeds, args.episodes,
+                                     args.shared)
+    if migrate:
+        scenario = dataclasses.replace(scenario, devices=tuple(
+            dataclasses.replace(d, migrate=migrate) if d.quantum and d.slicing == "per_core" else d
+            for d in scenario.devices))
+        report["migrate"] = balancer or f"{migrate / 1e6:.3g} ms between moves (given)"
+    if measured:
+        report["time_slice"] = measured
+    # Where the host put the runs' CPUs (real runs on a virtual machine): a scenario fitted
+    # with the CPUs near each other predicts a run with them near.
+    report["cpu_latency"] = {str(run): run_cpu_latency(run) for run in args.run_dir}
+    text = calibrated_toml(scenario, report)
+    staging = out.parent / f".{out.name}.partial-{os.getpid()}"
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        staging.write_text(text)
+        staging.replace(out)
+    except OSError as err:
+        staging.unlink(missing_ok=True)
+        raise AsyngradError(f"--out = '{out}': cannot be written ({err.strerror or err})"
+                            ) from None
+    if not args.quiet:
+        for line in text.splitlines()[1:]:
+            if not line.startswith("#"):
+                break
+            print(line[2:])
+        print(f"wrote {out}; simulate it with: asyngrad simulate {out} --out DIR")
+    return 0
+
+
+def add_commands(commands: Any) -> None:
+    """The group's subcommands, added to ``commands``."""
+    command = partial(subcommand, commands)
+    cal = command("calibrate", "fit the simulator's timing model to a recorded (real) run",
+                  _calibrate, scenario=False, out="scenario file to write (TOML)")
+    cal.add_argument("run_dir", metavar="RUN", nargs="+",
+                     help="a run directory (from asyngrad real, simulate or replay); repeats "
+                          "of one run (same problem and worker count) are fitted together; "
+                          "runs of one problem at different worker counts also fit the "
+                          "contention between workers (a slowdown per other worker; pooled)")
+    cal.add_argument("--pool", action="store_true",
+                     help="one timing for all workers on one device (to predict other k)")
+    cal.add_argument("--cores", type=int, default=0,
+                     help="with --pool: the machine's cores, shared by the threads (0: one "
+                          "per thread)")
+    cal.add_argument("--quantum", default="0", metavar="NS",
+                     help="with --cores: threads beyond the cores run in OS-like time slices "
+                          "of NS ns (0: they take turns per action; auto: measure this "
+                          "machine's slice)")
+    cal.add_argument("--slicing", choices=SLICINGS, default="per_core",
+                     help="time slices per core (each thread keeps its core, as Linux keeps "
+                          "processes, until a core goes idle; default) or global (all threads "
+                          "rotate over all cores)")
+    cal.add_argument("--migrate", default="0", metavar="NS",
+                     help="with --slicing per_core: the OS load balancer moves a waiting "
+                          "thread to another core every NS ns on average (0: only to a core "
+                          "left idle; auto: measure this machine's balancer)")
+    for flag, default, what in (
+            ("--convoys", "auto", "write convoys (overlapping writes that end together): fit "
+             "them when the run shows them (for runs of one worker, in the meetings their "
+             "probe made: real.write_meetings, from asyngrad real --probe), or, when its "
+             "overlapping writes end apart, what their meetings lose (passing writes) (auto, "
+             "default); convoys whenever "
+             "writes met (on); neither (off)"),
+            ("--common", "off", "common factors (durations of one phase alike on workers "
+             "that start it together): fit them when some phase's correlation reaches 0.05 "
+             "(auto), whenever two workers ran (on), with one strength chosen so the "
+             "simulation keeps the run's rhythm (rhythm: staleness over the independent-"
+             "phase value, as compare reports it), or never (off, default)"),
+            ("--interference", "auto", "slowdowns of a worker's phase under another's (a "
+             "write while the other computes, say): fit them when one reaches 0.1 (auto, "
+             "default), whenever two workers ran (on), or never (off)"),
+            ("--shared", "auto", "writes slowed on lines another worker read last "
+             "(timing.write_shared: the worker still holds them from its own read, no one "
+             "wrote them since): fit the factor when it is 1.2x or more (or 1/1.2 or less) "
+             "(auto, default), whenever two workers ran (on), or never (off)"),
+            ("--speeds", "off", "with --pool and one worker per core (--cores = the run's "
+             "workers): each core's own speed, from each worker's median gradient time (a "
+             "busy sibling hyperthread or a throttled core runs a worker slower for the whole "
+             "run): keep them when they differ by over 10%% (auto), always (on), or never "
+             "(off, default); thread j is then simulated on core j mod cores"),
+            ("--episodes", "off", "speed episodes: cores that switch to a slower pace for "
+             "milliseconds at a time (the workers' gradient times in two levels): keep them "
+             "when the levels are 1.2x or more apart and well separated (auto), whenever two "
+             "levels are found (on), or never (off, default); one run")):
+        choices = ("auto", "on", "rhythm", "off") if flag == "--common" else ("auto", "on", "off")
+        cal.add_argument(flag, choices=choices, default=default, help=what)
+
+    cmp = command("compare", "fidelity report of run B against run A (simulated or real)",
+                  _compare, scenario=False, out="directory for compare.json and compare.png "
+                  "(default runs/compare)", out_required=False)
+    cmp.add_argument("run_a", help="a run directory")
+    cmp.add_argument("run_b", help="another run directory of the same problem")
