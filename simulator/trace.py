@@ -20,9 +20,10 @@ from typing import Any
 
 import numpy as np
 
-from simulator.errors import TraceError
+from simulator.errors import AsyngradError, TraceError
 
-__all__ = ["COLUMNS", "CONVOY_PAIR_COLUMNS", "READ_SWEEP_COLUMNS", "SCHEMA", "Trace",
+__all__ = ["COLUMNS", "CONVOY_PAIR_COLUMNS", "CURVE", "READ_SWEEP_COLUMNS", "SCHEMA", "Frames",
+           "Trace",
            "convoy_pairs", "read_report", "read_sweeps"]
 
 SCHEMA = 2
@@ -53,9 +54,12 @@ COLUMNS: dict[str, type] = {
     "delta_norm": np.float64, "delta_dot": np.float64,  # ‖δ_t‖, ⟨δ_t, w_{t−1} − w*⟩
 }
 OPS: dict[str, type] = {"op_block": np.int32, "op_read_ns": np.int64, "op_write_ns": np.int64}
+# The loss curve: completions t, time (ns), f(w_t), ‖w_t − w*‖², gradients computed by then.
+CURVE: dict[str, type] = {"curve_t": np.int64, "curve_time": np.int64,
+                          "curve_loss": np.float64, "curve_dist2": np.float64,
+                          "curve_n": np.int64}
 OTHER: dict[str, type] = {"op_offsets": np.int64, "w0": np.float64, "w_final": np.float64,
-                          "curve_t": np.int64, "curve_time": np.int64, "curve_loss": np.float64,
-                          "curve_dist2": np.float64, "curve_n": np.int64}
+                          **CURVE}
 EXTRA = "extra_"  # protocol- and run-specific 1-d arrays (dead threads, residuals, ...)
 # Two writes of one block that met in time and no third (write convoys): one row per pair,
 # stored flat. Lost shares are of the block's coordinates; simulated with timing.convoy_*,
@@ -155,6 +159,39 @@ class Trace:
             raise TraceError(f"trace: {path}: schema is not {SCHEMA}")
         scenario, source = str(arrays.pop("scenario")), str(arrays.pop("source"))
         return cls(arrays, scenario, source)
+
+    def to_pandas(self) -> Frames:
+        """The trace as pandas DataFrames (``pip install asyngrad-lab[pandas]``): one row
+        per gradient (the per-update columns), one per block operation (the ``op_*``
+        arrays, with the ``row`` and ``uid`` of the update that made it) and one per
+        loss-curve point.
+
+        Raises:
+            AsyngradError: pandas is not installed.
+        """
+        try:
+            import pandas as pd
+        except ImportError:
+            raise AsyngradError("Trace.to_pandas needs pandas: pip install pandas "
+                                "(or the project's extra: pip install -e '.[pandas]')") from None
+        a = self.arrays
+        row = np.repeat(np.arange(len(self)), np.diff(a["op_offsets"]))
+        return Frames(
+            rows=pd.DataFrame({name: a[name] for name in COLUMNS}),
+            ops=pd.DataFrame({"row": row, "uid": a["uid"][row], "block": a["op_block"],
+                              "read_ns": a["op_read_ns"], "write_ns": a["op_write_ns"]}),
+            curve=pd.DataFrame({name.removeprefix("curve_"): a[name] for name in CURVE}))
+
+
+@dataclass(frozen=True)
+class Frames:
+    """A trace as DataFrames (``Trace.to_pandas``): ``rows`` one per gradient, ``ops`` one
+    per block operation, ``curve`` one per loss-curve point (``t`` completions, ``time`` ns,
+    ``loss``, ``dist2`` = ‖w − w*‖², ``n`` gradients computed)."""
+
+    rows: Any
+    ops: Any
+    curve: Any
 
 
 def read_report(read_start: np.ndarray, op_row: np.ndarray, op_block: np.ndarray,

@@ -7,7 +7,7 @@ import pytest
 
 from simulator.engine import simulate
 from simulator.errors import TraceError
-from simulator.trace import Trace, read_report
+from simulator.trace import COLUMNS, Trace, read_report
 
 from .conftest import scenario
 
@@ -107,3 +107,19 @@ def test_read_report_matches_the_simulated_trace(trace):
                                    ends(trace["write_start"], trace["op_write_ns"]))
     assert np.array_equal(overwrites, trace["read_overwrites"])
     assert np.array_equal(torn, trace["torn"]) and trace["read_overwrites"].any()
+
+
+def test_to_pandas_gives_the_rows_ops_and_curve_of_the_arrays(trace):
+    """One frame row per gradient, per block operation (with its update's row and uid) and
+    per curve point, holding exactly the trace's values."""
+    frames = trace.to_pandas()
+    assert list(frames.rows.columns) == list(COLUMNS) and len(frames.rows) == len(trace)
+    for name in COLUMNS:
+        assert np.array_equal(frames.rows[name].to_numpy(), trace[name])
+    for row in (0, len(trace) // 2, len(trace) - 1):
+        ops = frames.ops[frames.ops["row"] == row]
+        assert np.array_equal(ops["block"].to_numpy(), trace["op_block"][trace.ops_of(row)])
+        assert set(ops["uid"]) == {trace["uid"][row]}
+    assert len(frames.ops) == trace["op_block"].size
+    assert np.array_equal(frames.curve["loss"].to_numpy(), trace["curve_loss"])
+    assert list(frames.curve.columns) == ["t", "time", "loss", "dist2", "n"]
