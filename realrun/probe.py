@@ -5,7 +5,7 @@ compiler is found, Linux only).
 It tells a real run's two states apart on a virtual machine: when the host keeps the guest's
 CPUs in one L3 domain a line passes in tens of nanoseconds, when it puts them in different
 domains in hundreds, and every line of a dense model's shared vector that one worker writes
-must then cross from the other's cache (bench/README.md: "write lockstep"). A real run asked
+must then cross from the other's cache (docs/fidelity.md: "Write lockstep"). A real run asked
 to probe (``asyngrad real --probe``; the probes take seconds) measures it just before its
 workers start and just after they finish (``summary.json`` ``real.cpu_latency``).
 
@@ -158,7 +158,7 @@ def write_meetings(cpus: Sequence[int], count: int, itemsize: int) -> dict[str, 
 
     The write is the numpy worker's own (``w[:] -= s``, realrun/worker.py) in processes
     of their own, as a real run's workers make it: the same write in C, from two threads of
-    one process, took 0.6 of its time and met otherwise (bench/README.md, "Runs of one
+    one process, took 0.6 of its time and met otherwise (docs/fidelity.md, "Runs of one
     worker"). The vector starts at 0 and the steps are u and 2u (u = 2^-10, exact in
     float32 and float64), so each element ends at −3u (both stores landed), −u (the
     second's lost) or −2u (the first's lost).

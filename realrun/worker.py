@@ -87,7 +87,7 @@ def worker_main(spec: WorkerSpec, buffers: Buffers, lock: Any,
 
     The wait keeps a finished worker's exit off the cores while the others still train: a
     process that imported torch spends tens to hundreds of milliseconds of CPU on its way
-    out, and the OS gives that time slices on a core a worker is using (bench/README.md).
+    out, and the OS gives that time slices on a core a worker is using (docs/fidelity.md).
 
     Workers ignore SIGINT: Ctrl-C reaches the whole process group, and the parent decides how
     to stop (it terminates the workers and keeps what they completed)."""
@@ -205,7 +205,7 @@ def one_thread_env() -> Iterator[None]:
     arguments, and a multi-threaded call in its set-up leaves those threads spinning for
     about 100 ms (OpenBLAS waits 2^28 cycles before it sleeps). They spun into the run:
     each such thread took its worker's core for 4 ms every 8 ms (a time slice each) in the
-    first 30–100 ms of every real run, seen on 2 and on 16 cores (bench/README.md)."""
+    first 30–100 ms of every real run, seen on 2 and on 16 cores (docs/fidelity.md)."""
     saved = {name: os.environ.get(name) for name in ONE_THREAD_ENV}
     os.environ.update(ONE_THREAD_ENV)
     try:

@@ -40,7 +40,7 @@ What is fitted:
   twice) and W, its mean, are fitted on both: the families by censored maximum likelihood,
   the empirical one from the Kaplan–Meier estimate. Writes that met no other are the
   short ones (a long write is the likelier to be met: on a 2-core MLP run in write
-  lockstep their mean is 6.2 µs, the censored estimate's 16 µs, bench/README.md), so a fit
+  lockstep their mean is 6.2 µs, the censored estimate's 16 µs, docs/fidelity.md), so a fit
   on them alone draws writes too short to meet as often as the run's did.
   ``convoy_lost_pairs`` is the share of the pairs a
   measure-mode run classified (``extra_convoy_pairs``) that lost any coordinate, among those
@@ -104,7 +104,7 @@ What is fitted:
   worker still holds the vector from its own read (no other write began since) while
   another worker read it after that (:func:`shared_writes`) runs longer: on hardware its
   cache lines are shared with the core that read them last and each store waits for that
-  copy's invalidation (on the 2-core machine of bench/README.md 4× far apart, 2× near).
+  copy's invalidation (on the 2-core machine of docs/fidelity.md 4× far apart, 2× near).
   The factor is the median time of the marked writes over the others' (with convoys, their
   times alone, met writes censored: Kaplan–Meier medians); the marked writes are divided by
   it before anything else is fitted, interference included, and the convoys are refitted
@@ -115,12 +115,12 @@ What is fitted:
   s_r before pooling (what it would take at speed 1), and the scenario gets one device of one
   core per CPU with ``speed`` = s_r, so thread j runs on core j mod cores at that core's pace.
   A core that ran slower for a whole run (a sibling hyperthread busy on the host, say: 1.7×
-  on the 2-core machine of bench/README.md) is then not averaged into one speed for all.
+  on the 2-core machine of docs/fidelity.md) is then not averaged into one speed for all.
   Which core takes the extra threads when threads outnumber cores is the OS's choice per
   unpinned run; the simulation's placement is that of ``asyngrad real --pin``;
 * speed episodes (``episodes``; :func:`fit_episodes`): when cores switch between their own
   pace and a slower one for stretches of milliseconds (on the 2-core machine of
-  bench/README.md: 1.7× for 5–30 ms, now on one core, now on the other), each worker's log
+  docs/fidelity.md: 1.7× for 5–30 ms, now on one core, now on the other), each worker's log
   gradient times in start order are smoothed by a running median of
   :data:`EPISODE_WINDOW` updates and all workers' smoothed values split in two by 1-D
   2-means; the factor is the ratio of the two levels, every update in the slow level is
@@ -128,7 +128,7 @@ What is fitted:
   and the mean fast and slow episode lengths are the time spent in each state over the
   episodes of that state that ended within the run (at least one); repeats of one run are
   split and counted together, so a pace held through each run but changing between runs
-  gives long episodes (bench/README.md: "Repeats fitted together"). Kept under ``auto`` when
+  gives long episodes (docs/fidelity.md: repeats fitted together). Kept under ``auto`` when
   the levels differ by at least :data:`EPISODE_FACTOR` and are well apart (Ashman's D > 2).
 """
 
@@ -1044,7 +1044,7 @@ def fit_interference(runs: list[tuple[Trace, np.ndarray, np.ndarray | None]],
     times alone, met ones censored at the meeting (:func:`write_survival`), when
     ``write_scale`` is given, and the writes that met no other when it is not: without the
     factor the writes on lines another worker read last, 4× as long alone on the far-CPU
-    runs of bench/README.md and mostly begun while the other computed, would count as
+    runs of docs/fidelity.md and mostly begun while the other computed, would count as
     slowed by the other's gradient at every worker count."""
     report: dict[str, Any] = {"fields": None, "deflate": None}
     if mode == "off":
@@ -1653,7 +1653,7 @@ def calibrate(run_dir: str | Path | list[str | Path], pool: bool = False, cores:
     ``convoys``: fit write convoys when found (``auto``), whenever there are pairs to fit
     (``on``), or never (``off``); ``common``: likewise for common
     factors (``auto`` keeps them when some phase's c reaches 0.05; off unless asked for:
-    see bench/README.md for what they do to a prediction); ``interference``: likewise for
+    see docs/fidelity.md for what they do to a prediction); ``interference``: likewise for
     the slowdowns of one worker's phases under another's (``auto`` keeps them when one
     reaches 0.1), the durations then fitted as drawn with the others idle; ``speeds`` (with
     ``pool``, one worker per core, one run): each core's own speed (:func:`core_speeds`), so

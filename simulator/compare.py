@@ -168,7 +168,7 @@ def compare_runs(a: str | Path, b: str | Path) -> dict[str, Any]:
         "rhythm": {"a": trace_rhythm(ta), "b": trace_rhythm(tb)},
         "offsets": {"a": offsets([ta]), "b": offsets([tb])},
         # Real runs: how far apart their two CPUs were (a different state of the host makes
-        # a different machine: bench/README.md, write lockstep).
+        # a different machine: docs/fidelity.md, write lockstep).
         "cpu_latency": {"a": latency_a, "b": latency_b},
         "placement": {"a": placement(latency_a), "b": placement(latency_b)},
         "throughput": {"updates_per_second_a": ups_a, "updates_per_second_b": ups_b,

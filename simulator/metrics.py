@@ -77,7 +77,7 @@ def write_meetings(trace: Trace) -> dict[str, float | None]:
     """How writes met, from the recorded windows alone (any trace): the share of writes that
     another write overlapped (``met_rate``), and the median duration of those and of the
     others (``met_median_ns``, ``lone_median_ns``). On dense vectors writes that meet can
-    take many times a lone one and keep the workers in lockstep (bench/README.md). Rows that
+    take many times a lone one and keep the workers in lockstep (docs/fidelity.md). Rows that
     stored nothing are left out; None where a group is empty."""
     writes = trace["write_end"] > trace["write_start"]
     ws, we = trace["write_start"][writes], trace["write_end"][writes]
@@ -101,7 +101,7 @@ def interference(trace: Trace) -> dict[str, float | None]:
     were fresh (so the error rate is ``fresh_share`` × the one rate plus the rest × the
     other); and the median duration of the writes another write overlapped and of the others
     (``met_write_median_ns``, ``lone_write_median_ns``: on dense vectors writes that meet can
-    take many times a lone one, bench/README.md)."""
+    take many times a lone one, docs/fidelity.md)."""
     writes = trace["write_end"] > trace["write_start"]  # rows that stored something
     ws, we = trace["write_start"][writes], trace["write_end"][writes]
     rs, re = trace["read_start"], trace["read_end"]

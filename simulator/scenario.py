@@ -220,7 +220,7 @@ class TimingSpec:
     update when its write begins. On hardware the block's cache lines are then shared with
     the core that read them last, and each store waits for that copy to be invalidated; when
     another core wrote them meanwhile, the store fetches them whole, which the prefetcher
-    hides (on the 2-core machine of bench/README.md, MLP writes 4× as long with the CPUs far
+    hides (on the 2-core machine of docs/fidelity.md, MLP writes 4× as long with the CPUs far
     apart, 2× near). ``asyngrad calibrate --shared`` fits f from a run with two or more
     workers.
 
@@ -229,7 +229,7 @@ class TimingSpec:
     coordinates in order, at a constant pace, from a after its start to b before its end
     (at one instant, a after its start, when W ≤ a + b); the rest of its window is the call
     around the stores. On hardware a timed ``w -= step`` of a cached vector spends most of
-    its window outside the stores (bench/README.md). ``asyngrad calibrate`` fits a and b
+    its window outside the stores (docs/fidelity.md). ``asyngrad calibrate`` fits a and b
     from a measure-mode real run's read copies.
     """
 
@@ -393,7 +393,7 @@ class DeviceSpec:
     starts there (idle, read, gradient, write) is ``slow_factor`` times as long; episodes
     last exponential times of means ``fast_ns`` and ``slow_ns``, and a core starts slow with
     probability slow_ns / (fast_ns + slow_ns), each core on its own stream of the run's seed
-    (a virtual CPU whose host sibling is busy now and then, bench/README.md)."""
+    (a virtual CPU whose host sibling is busy now and then, docs/fidelity.md)."""
 
     name: str = "cpu"
     speed: float = 1.0

@@ -12,7 +12,7 @@ waiting on the busiest core (most live threads; ties: the lower core) to the lea
 threads or more and at least one more than the least busy (so a move between 2 and 1 swaps
 which thread runs alone). With or without ``migrate``, a core left with no threads takes the
 waiting thread of the busiest core at the next slice boundary, as an idle Linux CPU pulls
-a waiting process at once (measured: bench/README.md).
+a waiting process at once (measured: docs/fidelity.md).
 
 The queues at each slice follow from the move times and from when threads finished; the
 engine learns finish times as the run goes and reports each (``Migrating.finish``), so the

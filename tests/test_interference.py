@@ -166,7 +166,7 @@ def test_bad_interference_is_one_line_and_exit_2(capsys):
 def test_worker_counts_without_interference_fit_none(tmp_path):
     """Runs at k = 1 and 2 whose phases do not slow each other, calibrated together with
     ``interference="auto"``: no slowdown is kept, and the gradient's draws stay those of the
-    one-worker run (on the real MLP runs of bench/README.md undetermined slowdowns took the
+    one-worker run (on the real MLP runs of docs/fidelity.md undetermined slowdowns took the
     two-worker gradients below the one-worker ones, and the calibration then simulated them
     1.5x as long)."""
     runs = []
