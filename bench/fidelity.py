@@ -348,7 +348,7 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     overrides = [v for o in [f"run.updates={args.updates}", *args.set] for v in ("--set", o)]
     if args.quantum == "auto" or args.migrate == "auto":  # measured once, used by every fit
-        from realrun.timeslice import measure_migration, measure_time_slice
+        from realrun.host.timeslice import measure_migration, measure_time_slice
 
         if args.quantum == "auto":
             args.quantum = str(measure_time_slice()[0])

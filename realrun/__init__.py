@@ -2,7 +2,7 @@
 
 The names below load the runner (and the simulator behind it: 0.85 s of imports) on first
 use: a process that needs only a light module of this package (the write-meeting probe's
-sides, realrun/probe.py: 0.22 s) starts without it."""
+sides, realrun/host/probe.py: 0.22 s) starts without it."""
 
 from __future__ import annotations
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from realrun.probe import (
+from realrun.host.probe import (
     built,
     line_latency_ns,
     probe_cpus,
@@ -87,15 +87,15 @@ class RealRun:
     cpus: list[int] | None = None  # worker r's CPU when pinned
     recorder: str = "python"  # how workers recorded their updates: "c" (realrun/_records.c)
     # CPU-to-CPU cache-line latency just before the workers started and after they finished
-    # (realrun/probe.py): {"cpus", "before_ns", "after_ns"}; None with one worker or no probe
+    # (realrun/host/probe.py): {"cpus", "before_ns", "after_ns"}; None with one worker or no probe
     # (probes run when asked: run_real's ``probe``).
     cpu_latency: dict[str, Any] | None = None
     # What a write of the run's vector costs on lines the other CPU copied last, measured
-    # before the workers started (realrun/probe.py ``shared_write_cost``; with one worker
+    # before the workers started (realrun/host/probe.py ``shared_write_cost``; with one worker
     # too, on the first two usable CPUs); None for sparse problems, CUDA or no probe.
     shared_write: dict[str, Any] | None = None
     # Two writes of the run's vector made to meet at chosen lags on the same two CPUs, with
-    # the stores each lost (realrun/probe.py ``write_meetings``); None as for shared_write.
+    # the stores each lost (realrun/host/probe.py ``write_meetings``); None as for shared_write.
     write_meetings: dict[str, Any] | None = None
     # Seconds from the call to the common start (spawn, set-up, probes), and from the
     # workers' stop to the merged trace (with measure mode's rebuild).
@@ -242,7 +242,7 @@ def run_real(scenario: Scenario, workers: int, mode: str, dtype: str = "float32"
     always build their own from the scenario. ``pin`` pins worker r to a CPU of its own
     (``realrun.worker.pinned_cpus``: r mod the CPUs this process may use). ``probe`` probes
     the CPUs before the start (seconds: ``RealRun.cpu_latency``, ``shared_write``,
-    ``write_meetings``, realrun/probe.py); off, the workers start as soon as they are set
+    ``write_meetings``, realrun/host/probe.py); off, the workers start as soon as they are set
     up. ``notice`` hears what the parent does once a run is stopped (stopping the workers,
     merging what they did), for the user to see.
 
@@ -355,7 +355,7 @@ def _stage(stage: str, pids: list[int]) -> None:
 
 def _probe(cpus: list[int] | None, workers: int, problem: Problem,
            itemsize: int) -> tuple[dict[str, Any] | None, ...]:
-    """The CPU probes of a run on the CPU (realrun/probe.py), with the workers set up and
+    """The CPU probes of a run on the CPU (realrun/host/probe.py), with the workers set up and
     asleep: the cache-line latency between two workers' CPUs (its ``after_ns`` is measured
     after the run), and for a dense problem what a write of its vector costs on lines the
     other CPU copied last and how two such writes meet (one worker too)."""

@@ -514,7 +514,7 @@ def _median_write(runs: list[tuple[Trace, np.ndarray]]) -> float:
 def probed_shared(runs: list[tuple[Trace, np.ndarray]], mode: str,
                   probes: list[dict[str, Any] | None]) -> dict[str, Any]:
     """``timing.write_shared`` for runs of one worker from what their probes measured
-    (realrun/probe.py ``shared_write_cost``): a write on lines the other CPU copied last
+    (realrun/host/probe.py ``shared_write_cost``): a write on lines the other CPU copied last
     took ``extra_ns`` more there, so the factor is (m + extra) / m with m the runs' median
     write and extra the probes' median; in ``"fields"`` as :func:`fit_shared` keeps it.
     Nothing to take out of the runs' writes: none of them was such a write."""
@@ -676,7 +676,7 @@ def fit_convoys(runs: list[tuple[Trace, np.ndarray]], mode: str = "auto",
 def probed_meetings(probes: list[dict[str, Any] | None], mode: str = "auto",
                     write_ns: float | None = None) -> dict[str, Any]:
     """Write convoys for runs of one worker from the meetings their probes made
-    (realrun/probe.py ``write_meetings``: the first CPU's write at 0, the second's a lag
+    (realrun/host/probe.py ``write_meetings``: the first CPU's write at 0, the second's a lag
     later, the stores each lost), fitted as :func:`fit_convoys` fits a trace's pairs. A
     write's time alone is the median of the probe's writes that met none (the first's for
     the leader's rest, the second's for the joiner); pairs are the rows where the second

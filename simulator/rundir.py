@@ -188,14 +188,14 @@ def run_cpu_latency(run_dir: str | Path) -> dict[str, Any] | None:
 
 def run_shared_write(run_dir: str | Path) -> dict[str, Any] | None:
     """A real run's ``real.shared_write``: what a write of its vector cost on lines the other
-    CPU copied last, probed before its workers started (realrun/probe.py); None where not
+    CPU copied last, probed before its workers started (realrun/host/probe.py); None where not
     measured."""
     return _real_field(run_dir, "shared_write")
 
 
 def run_write_meetings(run_dir: str | Path) -> dict[str, Any] | None:
     """A real run's ``real.write_meetings``: two writes of its vector made to meet at chosen
-    lags before its workers started, with the stores each lost (realrun/probe.py); None
+    lags before its workers started, with the stores each lost (realrun/host/probe.py); None
     where not measured."""
     return _real_field(run_dir, "write_meetings")
 

@@ -11,7 +11,7 @@ import json
 import numpy as np
 import pytest
 
-from realrun.probe import probe_cpus, write_meetings
+from realrun.host.probe import probe_cpus, write_meetings
 from simulator.calibrate import calibrate, probed_meetings
 from simulator.cli import main
 from simulator.engine import simulate
@@ -66,7 +66,7 @@ def test_a_cpu_the_probe_cannot_have_gives_no_meetings():
 
 @needs_two
 def test_vectors_over_the_meeting_budget_are_not_probed(monkeypatch):
-    import realrun.probe as probe
+    import realrun.host.probe as probe
 
     monkeypatch.setattr(probe, "MEETING_BYTES", 8 * 1000)
     assert probe.write_meetings(probe_cpus(), 1001, 8) is None
@@ -175,12 +175,12 @@ def test_one_worker_takes_its_convoys_from_the_probe(tmp_path):
 
 
 def test_the_probe_sides_start_without_the_runner():
-    """Each side of the meeting probe is a spawned process that imports realrun.probe: the
+    """Each side of the meeting probe is a spawned process that imports realrun.host.probe: the
     package loads the runner (and the simulator behind it) only when its names are used."""
     import subprocess
     import sys
 
-    code = ("import sys, realrun.probe; assert 'realrun.runner' not in sys.modules; "
+    code = ("import sys, realrun.host.probe; assert 'realrun.runner' not in sys.modules; "
             "import realrun; realrun.run_real; assert 'realrun.runner' in sys.modules; "
             "print(sorted(realrun.__all__))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

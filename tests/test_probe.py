@@ -1,4 +1,4 @@
-"""The CPU-to-CPU cache-line probe (realrun/_cpuprobe.c): what it measures, what it refuses,
+"""The CPU-to-CPU cache-line probe (realrun/host/_cpuprobe.c): what it measures, what it refuses,
 and that real runs carry it."""
 
 import math
@@ -6,12 +6,12 @@ import os
 
 import pytest
 
-from realrun.probe import built, line_latency_ns, probe_cpus, shared_write_cost
+from realrun.host.probe import built, line_latency_ns, probe_cpus, shared_write_cost
 from simulator.rundir import FAR_NS, latency_line, placement
 
 pytestmark = pytest.mark.alone  # real processes, or the CPUs probed: see conftest
 
-needs_probe = pytest.mark.skipif(not built(), reason="realrun._cpuprobe not built (no C "
+needs_probe = pytest.mark.skipif(not built(), reason="realrun.host._cpuprobe not built (no C "
                                  "compiler at install, or not Linux)")
 needs_two = pytest.mark.skipif(probe_cpus() is None, reason="needs two usable CPUs")
 
@@ -19,7 +19,7 @@ needs_two = pytest.mark.skipif(probe_cpus() is None, reason="needs two usable CP
 @needs_probe
 @needs_two
 def test_the_probe_measures_each_burst_on_two_cpus():
-    from realrun._cpuprobe import line_latency
+    from realrun.host._cpuprobe import line_latency
 
     a, b = probe_cpus()
     bursts = line_latency(a, b, rounds=500, bursts=3)
@@ -32,7 +32,7 @@ def test_the_probe_measures_each_burst_on_two_cpus():
 
 @needs_probe
 def test_the_probe_refuses_one_cpu_and_names_a_cpu_it_cannot_use():
-    from realrun._cpuprobe import line_latency
+    from realrun.host._cpuprobe import line_latency
 
     with pytest.raises(ValueError, match="cpus: 0 and 0"):
         line_latency(0, 0)
@@ -100,7 +100,7 @@ def test_the_probe_is_built_where_a_compiler_and_headers_are():
 @needs_probe
 @needs_two
 def test_the_write_probe_times_every_round_of_both_kinds():
-    from realrun._cpuprobe import shared_write
+    from realrun.host._cpuprobe import shared_write
 
     a, b = probe_cpus()
     for itemsize in (4, 8):
@@ -112,7 +112,7 @@ def test_the_write_probe_times_every_round_of_both_kinds():
 
 @needs_probe
 def test_the_write_probe_refuses_bad_arguments():
-    from realrun._cpuprobe import shared_write
+    from realrun.host._cpuprobe import shared_write
 
     with pytest.raises(ValueError, match="cpus: 1 and 1"):
         shared_write(1, 1, 100)
@@ -128,7 +128,7 @@ def test_the_write_probe_refuses_bad_arguments():
 def test_the_write_cost_scales_a_long_vector_from_the_part_probed(monkeypatch):
     """A vector longer than the probe's buffer is probed in part; the extra time is scaled
     by length (every line pays the same invalidation)."""
-    import realrun.probe as probe
+    import realrun.host.probe as probe
 
     monkeypatch.setattr(probe, "PROBE_BYTES", 8 * 500)
     cost = shared_write_cost(probe_cpus(), 2000, 8)

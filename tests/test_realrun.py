@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from realrun.probe import built, probe_cpus
+from realrun.host.probe import built, probe_cpus
+from realrun.host.timeslice import measure_migration, measure_time_slice
 from realrun.runner import run_real
-from realrun.timeslice import measure_migration, measure_time_slice
 from realrun.worker import die_with_parent, wait_for_release, wait_for_start
 from simulator.compare import load_run
 from simulator.engine import simulate
@@ -170,7 +170,7 @@ def test_timeout_keeps_partial_results():
 
 
 @pytest.mark.skipif(not built() or probe_cpus() is None,
-                    reason="needs realrun._cpuprobe and two usable CPUs")
+                    reason="needs realrun.host._cpuprobe and two usable CPUs")
 def test_a_one_worker_run_probes_its_shared_writes_and_calibrates_from_them(tmp_path):
     """One worker never writes on lines another read; a run asked to probe (``--probe``)
     probes what such a write of its vector costs (``real.shared_write``), and ``calibrate``

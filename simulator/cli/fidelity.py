@@ -124,7 +124,7 @@ def _compare(args: argparse.Namespace) -> int:
 def _quantum(text: str) -> tuple[int, str]:
     """``--quantum``: ns, or ``auto`` to measure this machine's time slice (and say how)."""
     if text == "auto":
-        from realrun.timeslice import measure_time_slice
+        from realrun.host.timeslice import measure_time_slice
 
         quantum, seen = measure_time_slice()
         return quantum, (f"{quantum / 1e6:.3g} ms, measured on this machine ({seen} turns "
@@ -141,7 +141,7 @@ def _migrate(text: str, cores: int, quantum: int, slicing: str) -> tuple[int, st
         raise ScenarioError("--migrate", text, "needs --cores, --quantum and --slicing per_core")
     if migrate is not None:
         return migrate, ""
-    from realrun.timeslice import measure_migration
+    from realrun.host.timeslice import measure_migration
 
     migrate, moves = measure_migration(cores, quantum)
     return migrate, (f"{migrate / 1e6:.3g} ms between moves, measured on this machine "

@@ -1,5 +1,5 @@
 """How far apart two CPUs are for a cache line: the one-way latency of handing one line back
-and forth between threads pinned to them (``realrun/_cpuprobe.c``, built at install where a C
+and forth between threads pinned to them (``realrun/host/_cpuprobe.c``, built at install where a C
 compiler is found, Linux only).
 
 It tells a real run's two states apart on a virtual machine: when the host keeps the guest's
@@ -41,8 +41,8 @@ import numpy as np
 __all__ = ["built", "line_latency_ns", "probe_cpus", "shared_write_cost", "write_meetings"]
 
 try:
-    from realrun._cpuprobe import line_latency as _line_latency
-    from realrun._cpuprobe import shared_write as _shared_write
+    from realrun.host._cpuprobe import line_latency as _line_latency
+    from realrun.host._cpuprobe import shared_write as _shared_write
 except ImportError:  # no C compiler at install, or not Linux
     _line_latency = _shared_write = None
 

@@ -10,7 +10,7 @@
  *
  * Two threads share one 64-bit token on a line of its own: the first stores 2i+1 and waits for
  * 2i+2, the second waits for 2i+1 and stores 2i+2. Each round trip moves the line twice.
- * Linux only (sched_setaffinity); the build is optional and realrun/probe.py says when it is
+ * Linux only (sched_setaffinity); the build is optional and realrun/host/probe.py says when it is
  * missing.
  */
 #define _GNU_SOURCE
@@ -24,7 +24,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "_monotonic.h"
+#include "../_monotonic.h"
 
 #define TIMEOUT_NS 5000000000LL /* a thread that never gets its CPU ends the probe */
 #define WARM_ROUNDS 1000
@@ -412,7 +412,7 @@ static PyMethodDef probe_methods[] = {
 };
 
 static struct PyModuleDef probe_module = {
-    PyModuleDef_HEAD_INIT, "realrun._cpuprobe",
+    PyModuleDef_HEAD_INIT, "realrun.host._cpuprobe",
     "The cache-line latency between two CPUs, measured from C.", -1, probe_methods, NULL, NULL,
     NULL, NULL,
 };
