@@ -38,8 +38,18 @@ from simulator.plots import draw_timeline
 from simulator.rundir import cpu_latency, placement
 from simulator.trace import Trace, convoy_pairs
 
-__all__ = ["OFFSET_EDGES", "Run", "compare_figure", "compare_runs", "load_run", "offsets",
-           "pair_losses"]
+__all__ = [
+    "OFFSET_EDGES",
+    "TARGETS",
+    "Run",
+    "compare_figure",
+    "compare_runs",
+    "load_run",
+    "offsets",
+    "pair_losses",
+    "targets",
+    "targets_table",
+]
 
 
 class Run:
@@ -153,7 +163,7 @@ def compare_runs(a: str | Path, b: str | Path) -> dict[str, Any]:
                 and eb["rate"] is not None else None)
     ups_a = ra.summary["time"]["updates_per_second"]
     ups_b = rb.summary["time"]["updates_per_second"]
-    return {
+    report: dict[str, Any] = {
         "a": {"path": str(ra.path), "label": ra.label, "updates": len(ta)},
         "b": {"path": str(rb.path), "label": rb.label, "updates": len(tb)},
         "staleness": {"mean_a": mean_a, "mean_b": mean_b,
@@ -175,6 +185,59 @@ def compare_runs(a: str | Path, b: str | Path) -> dict[str, Any]:
                        "ratio": ups_b / ups_a if ups_a else None},
         "loss": _loss_agreement(ra.curve, rb.curve),
     }
+    report["targets"] = targets(report)
+    return report
+
+
+#: The fidelity targets a prediction is held to (run B against run A): the name, the
+#: report's values of A and B, the gap, the limit and whether the gap is within it.
+TARGETS = (
+    ("mean staleness", "relative gap", 0.15),
+    ("staleness distribution", "KS distance", 0.15),
+    ("gradient error rate", "absolute gap", 0.1),
+    ("final suboptimality", "ratio B/A", 2.0),
+)
+
+
+def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """The four fidelity targets of a comparison as records: ``metric``, ``a``, ``b``,
+    ``gap`` (how it is measured in ``measure``), ``target`` (its limit) and ``met`` (None
+    where a value is missing). The suboptimality ratio is met within a factor of the limit
+    either way."""
+    st, ge, lo = report["staleness"], report["gradient_error"], report["loss"]
+    ratio = lo["final_ratio"]
+    values = ((st["mean_a"], st["mean_b"], st["relative_mean_gap"]),
+              (None, None, st["ks_distance"]),
+              (ge["a"]["rate"], ge["b"]["rate"], ge["rate_gap"]),
+              (lo["final_a"], lo["final_b"], ratio))
+    rows = []
+    for (metric, measure, limit), (a, b, gap) in zip(TARGETS, values, strict=True):
+        if gap is None:
+            met = None
+        elif measure == "ratio B/A":
+            met = bool(1 / limit <= gap <= limit)
+        else:
+            met = bool(gap <= limit)
+        rows.append({"metric": metric, "a": a, "b": b, "measure": measure, "gap": gap,
+                     "target": limit, "met": met})
+    return rows
+
+
+def targets_table(rows: list[dict[str, Any]]) -> str:
+    """``targets`` as a fixed-width text table: metric, run A, run B, gap, target, met."""
+    def cell(value: Any) -> str:
+        return "—" if value is None else format(value, ".4g")
+
+    body = [("metric", "run A", "run B", "gap", "target", "met")]
+    for r in rows:
+        limit = (f"{1 / r['target']:g}–{r['target']:g}" if r["measure"] == "ratio B/A"
+                 else f"≤ {r['target']:g}")
+        body.append((r["metric"], cell(r["a"]), cell(r["b"]),
+                     f"{cell(r['gap'])} ({r['measure']})", limit,
+                     {True: "yes", False: "no", None: "—"}[r["met"]]))
+    widths = [max(len(row[i]) for row in body) for i in range(len(body[0]))]
+    return "\n".join("  ".join(text.ljust(w) for text, w in zip(row, widths, strict=True))
+                     .rstrip() for row in body)
 
 
 def error_gap_split(a: dict[str, Any], b: dict[str, Any]) -> dict[str, float] | None:

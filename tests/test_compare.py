@@ -8,7 +8,14 @@ import numpy as np
 import pytest
 
 from simulator.cli import main
-from simulator.compare import compare_runs, error_gap_split, load_run
+from simulator.compare import (
+    TARGETS,
+    compare_runs,
+    error_gap_split,
+    load_run,
+    targets,
+    targets_table,
+)
 from simulator.errors import AsyngradError
 from simulator.metrics import (
     PHASE_BINS,
@@ -313,3 +320,30 @@ def test_compare_shows_how_far_apart_a_real_runs_cpus_were(runs, tmp_path, capsy
     assert main(["compare", str(runs / "a"), str(runs / "b"), "--out",
                  str(tmp_path / "cmp2")]) == 0
     assert "CPU-to-CPU" not in capsys.readouterr().out
+
+
+def test_targets_are_records_and_a_table(runs, tmp_path, capsys):
+    """compare.json's targets: the four fidelity targets with both runs' values, the gap,
+    the limit and the verdict, as the printed table shows them; a run against itself meets
+    all four with zero gaps."""
+    out = tmp_path / "cmp"
+    assert main(["compare", str(runs / "a"), str(runs / "a"), "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    rows = json.loads((out / "compare.json").read_text())["targets"]
+    assert [r["metric"] for r in rows] == [t[0] for t in TARGETS]
+    assert all(r["met"] for r in rows)
+    assert [r["gap"] for r in rows] == [0.0, 0.0, 0.0, 1.0]
+    lines = text.splitlines()
+    assert lines[2].split()[:6] == ["metric", "run", "A", "run", "B", "gap"]
+    assert all(line.rstrip().endswith("yes") for line in lines[3:7])
+
+
+def test_a_target_is_missed_or_unknown_by_its_gap():
+    """A gap beyond its limit is missed (a ratio beyond the factor either way); a missing
+    value gives no verdict."""
+    report = {"staleness": {"mean_a": 2.0, "mean_b": 2.5, "relative_mean_gap": 0.25,
+                            "ks_distance": 0.1},
+              "gradient_error": {"a": {"rate": 0.5}, "b": {"rate": None}, "rate_gap": None},
+              "loss": {"final_a": 1.0, "final_b": 0.4, "final_ratio": 0.4}}
+    assert [r["met"] for r in targets(report)] == [False, True, None, False]
+    assert "—" in targets_table(targets(report))

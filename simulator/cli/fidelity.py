@@ -20,7 +20,13 @@ COMPARE_FILES = ("compare.json", "compare.png")
 def _compare(args: argparse.Namespace) -> int:
     import json
 
-    from simulator.compare import LAG_EDGES, OFFSET_EDGES, compare_figure, compare_runs
+    from simulator.compare import (
+        LAG_EDGES,
+        OFFSET_EDGES,
+        compare_figure,
+        compare_runs,
+        targets_table,
+    )
     from simulator.rundir import check_out, latency_pair, publish
 
     out = Path(args.out or "runs/compare")
@@ -48,6 +54,8 @@ def _compare(args: argparse.Namespace) -> int:
             return num(None if ns is None else ns / 1e3, ".1f")
 
         print(f"A: {report['a']['label']}\nB: {report['b']['label']}")
+        print(targets_table(report["targets"]))
+        print("details:")
         print(f"  staleness mean {num(st['mean_a'])} vs {num(st['mean_b'])} (gap "
               f"{num(st['relative_mean_gap'], '.1%')}), p95 {num(st['p95_a'])} vs "
               f"{num(st['p95_b'])}, KS distance {num(st['ks_distance'], '.3f')}")
