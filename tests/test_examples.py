@@ -1,5 +1,6 @@
 """Every example scenario shipped in scenarios/ loads and runs."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -10,9 +11,11 @@ from simulator.scenario import load_scenario
 EXAMPLES = sorted((Path(__file__).parent.parent / "scenarios").glob("*.toml"))
 
 
-def test_examples_exist():
-    """The README's tour points at these files."""
-    assert len(EXAMPLES) >= 3
+def test_the_readme_names_every_example():
+    """The README's tour names each example scenario, and each it names exists."""
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    tour = readme.split("Example scenarios in `scenarios/`:", 1)[1].split("\n\n", 1)[0]
+    assert set(re.findall(r"`(\w+\.toml)`", tour)) == {path.name for path in EXAMPLES}
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
