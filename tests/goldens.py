@@ -7,9 +7,11 @@
 Real runs (``alone``) are not deterministic and are not recorded; a fixed hypothesis seed
 makes the property tests draw the same scenarios in both runs.
 
-Traces are matched by test, by their place among the test's traces and by their scenario;
-the report lists every trace whose arrays differ (and which arrays), and the traces found in
-only one file. Exit 1 when any recorded trace differs, else 0.
+Traces are matched by test (its file's name without the folder, so a test that moved to a
+package's folder still matches) and by their place among the test's traces; the report lists
+every trace whose arrays differ (and which arrays), the traces whose scenario text changed
+(a format change: the run must still be the same), and the traces found in only one file.
+Exit 1 when any recorded trace differs, else 0.
 """
 
 from __future__ import annotations
@@ -20,25 +22,31 @@ from collections import defaultdict
 from pathlib import Path
 
 
-def load(path: str | Path) -> dict[tuple[str, int, str], dict[str, str]]:
-    """Each trace's array hashes by (test, index within the test, scenario hash)."""
+Golden = dict[tuple[str, int], tuple[str, dict[str, str]]]
+
+
+def load(path: str | Path) -> Golden:
+    """Each trace's (scenario hash, array hashes) by (test, index within the test)."""
     traces = {}
     for line in Path(path).read_text().splitlines():
         row = json.loads(line)
-        traces[(row["test"], row["index"], row["scenario"])] = row["arrays"]
+        test = row["test"].rsplit("/", 1)[-1]
+        traces[(test, row["index"])] = (row["scenario"], row["arrays"])
     return traces
 
 
-def compare(before: dict[tuple[str, int, str], dict[str, str]],
-            after: dict[tuple[str, int, str], dict[str, str]]) -> dict[str, object]:
-    """Traces in both files that differ (with the arrays that do), and the unmatched ones."""
+def compare(before: Golden, after: Golden) -> dict[str, object]:
+    """Traces in both files that differ (with the arrays that do), the number whose scenario
+    text changed, and the unmatched ones."""
     changed: dict[str, list[str]] = defaultdict(list)
-    for key in sorted(before.keys() & after.keys()):
-        names = sorted(n for n in before[key].keys() | after[key].keys()
-                       if before[key].get(n) != after[key].get(n))
+    both = sorted(before.keys() & after.keys())
+    for key in both:
+        (_, old), (_, new) = before[key], after[key]
+        names = sorted(n for n in old.keys() | new.keys() if old.get(n) != new.get(n))
         if names:
             changed[f"{key[0]} #{key[1]}"] = names
-    return {"compared": len(before.keys() & after.keys()), "changed": dict(changed),
+    return {"compared": len(both), "changed": dict(changed),
+            "scenario_text": sum(before[k][0] != after[k][0] for k in both),
             "only_before": len(before.keys() - after.keys()),
             "only_after": len(after.keys() - before.keys())}
 
@@ -48,7 +56,8 @@ def main(argv: list[str]) -> int:
     changed = result["changed"]
     assert isinstance(changed, dict)
     print(f"{result['compared']} traces compared, {len(changed)} differ; "
-          f"{result['only_before']} only before, {result['only_after']} only after")
+          f"{result['only_before']} only before, {result['only_after']} only after; "
+          f"{result['scenario_text']} with a changed scenario text")
     for where, names in changed.items():
         print(f"  {where}: {', '.join(names)}")
     return 1 if changed else 0
