@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import lru_cache, partial
 
 import numpy as np
 
 from simulator.errors import ScenarioError
+from simulator.keys import key
 
 __all__ = ["KINDS", "Duration", "beta_shapes"]
 
@@ -47,12 +48,13 @@ class Duration:
             ``cv`` outside ``CV_RANGE`` for lognormal/gamma, or an empty ``values`` for empirical.
     """
 
-    dist: str = "constant"
-    mean: float = 1000.0
-    cv: float = 0.0
-    low: float = 0.0
-    high: float = 0.0
-    values: tuple[float, ...] = field(default=())
+    dist: str = key("constant", "the family of the distribution", choices=KINDS)
+    mean: float = key(1000.0, "mean (ns; constant, exponential, lognormal, gamma)",
+                      bounds=">= 0")
+    cv: float = key(0.0, "coefficient of variation (lognormal, gamma)", bounds=">= 0")
+    low: float = key(0.0, "least value (ns; uniform)", bounds=">= 0")
+    high: float = key(0.0, "greatest value (ns; uniform, >= low)", bounds=">= 0")
+    values: tuple[float, ...] = key((), "values (ns) resampled uniformly (empirical)")
 
     def __post_init__(self) -> None:
         if self.dist not in KINDS:

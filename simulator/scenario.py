@@ -15,7 +15,7 @@ import math
 import tomllib
 import types
 import typing
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,7 @@ import numpy as np
 
 from simulator.distributions import Duration
 from simulator.errors import ScenarioError
+from simulator.keys import key
 
 __all__ = ["ADMMSpec", "DCASGDSpec", "DeathSpec", "DeviceSpec", "InjectSpec", "MetricsSpec",
            "ParamServerSpec", "PauseSpec", "ProblemSpec", "RunSpec", "Scenario", "StragglerSpec",
@@ -104,17 +105,22 @@ class ProblemSpec:
     classes; ``n_samples`` counts the whole set, before ``holdout``), and any other value is
     refused (a field at its default counts as unset)."""
 
-    name: str = "logistic"
-    data: str = "synthetic"
-    dim: int = 100
-    n_samples: int = 1000
-    l2: float = 0.01
-    density: float = 0.01
-    hidden: int = 32
-    classes: int = 4
-    length: int = 8
-    seed: int = 0
-    holdout: float = 0.0
+    name: str = key("logistic", "the problem to train (a name in simulator.problems.PROBLEMS)")
+    data: str = key("synthetic", "generated data, or a real data set a package ships",
+                    choices=DATA_SOURCES)
+    dim: int = key(100, "features (mlp: inputs; lstm_tagger, dense_crf: vocabulary)",
+                   bounds=">= 1")
+    n_samples: int = key(1000, "training samples (a real data set: the whole set)",
+                         bounds=">= 1")
+    l2: float = key(0.01, "L2 regularisation weight λ", bounds=">= 0")
+    density: float = key(0.01, "share of features a sample has (sparse_logistic)",
+                         bounds="(0, 1]")
+    hidden: int = key(32, "hidden units (mlp); embedding and LSTM size (taggers)",
+                      bounds=">= 1")
+    classes: int = key(4, "classes (mlp); tags (taggers)", bounds=">= 2")
+    length: int = key(8, "tokens per sequence, one sample (taggers)", bounds=">= 1")
+    seed: int = key(0, "the data seed (synthetic data; a real set's holdout split)", bounds=">= 0")
+    holdout: float = key(0.0, "share of a real data set held out of training", bounds="[0, 1)")
 
     def __post_init__(self) -> None:
         _check(self.data in DATA_SOURCES, "data", self.data,
@@ -233,43 +239,79 @@ class TimingSpec:
     from a measure-mode real run's read copies.
     """
 
-    read: Duration = Duration("lognormal", 2000.0, 0.3)
-    grad: Duration = Duration("lognormal", 6000.0, 0.3)
-    write: Duration = Duration("lognormal", 2000.0, 0.3)
-    idle: Duration = Duration("constant", 0.0)
-    read_per_thread: float = 0.0
-    grad_per_thread: float = 0.0
-    write_per_thread: float = 0.0
-    idle_per_thread: float = 0.0
-    convoy_join: float = 0.0
-    convoy_rest: float = 0.0
-    convoy_lost_leader: float = 0.0
-    convoy_lost_joiner: float = 0.0
-    convoy_lost_pairs: float = 1.0
-    convoy_lost_within: float = 0.0
-    convoy_lost_spread: float = 0.0
-    convoy_end_gap: float = 0.0
-    convoy_end_catch_up: float = 0.0
-    read_common: float = 0.0
-    grad_common: float = 0.0
-    write_common: float = 0.0
-    idle_common: float = 0.0
-    common_ns: float = 0.0
-    read_under_read: float = 0.0
-    read_under_grad: float = 0.0
-    read_under_write: float = 0.0
-    grad_under_read: float = 0.0
-    grad_under_grad: float = 0.0
-    grad_under_write: float = 0.0
-    write_under_read: float = 0.0
-    write_under_grad: float = 0.0
-    write_under_write: float = 0.0
-    idle_under_read: float = 0.0
-    idle_under_grad: float = 0.0
-    idle_under_write: float = 0.0
-    write_shared: float = 1.0
-    write_sweep_lead: float = 0.0
-    write_sweep_tail: float = 0.0
+    read: Duration = key(Duration("lognormal", 2000.0, 0.3),
+                         "duration of one whole-vector read, one worker alone (ns)")
+    grad: Duration = key(Duration("lognormal", 6000.0, 0.3),
+                         "duration of one gradient, one worker alone (ns)")
+    write: Duration = key(Duration("lognormal", 2000.0, 0.3),
+                          "duration of one whole-vector write, one worker alone (ns)")
+    idle: Duration = key(Duration("constant", 0.0),
+                         "local work before each update's read, holding a core (ns)")
+    read_per_thread: float = key(0.0, "read slowdown per other running worker", bounds=">= 0")
+    grad_per_thread: float = key(0.0, "gradient slowdown per other running worker",
+                                 bounds=">= 0")
+    write_per_thread: float = key(0.0, "write slowdown per other running worker",
+                                  bounds=">= 0")
+    idle_per_thread: float = key(0.0, "idle slowdown per other running worker", bounds=">= 0")
+    convoy_join: float = key(0.0, "a joining write's own duration in a convoy, as a multiple "
+                             "(0: no convoys)", bounds=">= 0")
+    convoy_rest: float = key(0.0, "share of the in-flight writes' remaining time a joining "
+                             "write adds", bounds=">= 0")
+    convoy_lost_leader: float = key(0.0, "share of the shared coordinates the first write of "
+                                    "a meeting loses", bounds="[0, 1]")
+    convoy_lost_joiner: float = key(0.0, "share of the shared coordinates the joining write "
+                                    "loses (plus convoy_lost_leader <= 1)", bounds="[0, 1]")
+    convoy_lost_pairs: float = key(1.0, "probability that a meeting loses anything",
+                                   bounds="(0, 1]")
+    convoy_lost_within: float = key(0.0, "share of the block swept over which lossy meetings "
+                                    "fall by e (0: they do not fall)", bounds=">= 0")
+    convoy_lost_spread: float = key(0.0, "correlation of two coordinates' losses in one "
+                                    "meeting (0: every meeting loses at the mean rate)",
+                                    bounds="[0, 1)")
+    convoy_end_gap: float = key(0.0, "a convoy member's end after the convoy's, per ns of its "
+                                "start after the first write's", bounds=">= 0")
+    convoy_end_catch_up: float = key(0.0, "ns of its start lag a convoy member makes up by "
+                                     "the end", bounds=">= 0")
+    read_common: float = key(0.0, "weight of the common factor in read draws that start "
+                             "together", bounds="[0, 1]")
+    grad_common: float = key(0.0, "weight of the common factor in gradient draws that start "
+                             "together", bounds="[0, 1]")
+    write_common: float = key(0.0, "weight of the common factor in write draws that start "
+                              "together", bounds="[0, 1]")
+    idle_common: float = key(0.0, "weight of the common factor in idle draws that start "
+                             "together", bounds="[0, 1]")
+    common_ns: float = key(0.0, "correlation time of the common factors (ns; >= 8 when a "
+                           "*_common > 0)", bounds=">= 0")
+    read_under_read: float = key(0.0, "read slowdown per other thread of the device reading",
+                                 bounds=">= 0")
+    read_under_grad: float = key(0.0, "read slowdown per other thread of the device in a "
+                                 "gradient", bounds=">= 0")
+    read_under_write: float = key(0.0, "read slowdown per other thread of the device writing",
+                                  bounds=">= 0")
+    grad_under_read: float = key(0.0, "gradient slowdown per other thread of the device "
+                                 "reading", bounds=">= 0")
+    grad_under_grad: float = key(0.0, "gradient slowdown per other thread of the device in a "
+                                 "gradient", bounds=">= 0")
+    grad_under_write: float = key(0.0, "gradient slowdown per other thread of the device "
+                                  "writing", bounds=">= 0")
+    write_under_read: float = key(0.0, "write slowdown per other thread of the device "
+                                  "reading", bounds=">= 0")
+    write_under_grad: float = key(0.0, "write slowdown per other thread of the device in a "
+                                  "gradient", bounds=">= 0")
+    write_under_write: float = key(0.0, "write slowdown per other thread of the device "
+                                   "writing", bounds=">= 0")
+    idle_under_read: float = key(0.0, "idle slowdown per other thread of the device reading",
+                                 bounds=">= 0")
+    idle_under_grad: float = key(0.0, "idle slowdown per other thread of the device in a "
+                                 "gradient", bounds=">= 0")
+    idle_under_write: float = key(0.0, "idle slowdown per other thread of the device writing",
+                                  bounds=">= 0")
+    write_shared: float = key(1.0, "a block write's duration factor on lines another thread "
+                              "read last (1: none)", bounds="> 0")
+    write_sweep_lead: float = key(0.0, "ns of a write's window before its first store "
+                                  "(read_view = \"sweep\")", bounds=">= 0")
+    write_sweep_tail: float = key(0.0, "ns of a write's window after its last store "
+                                  "(read_view = \"sweep\")", bounds=">= 0")
 
     def __post_init__(self) -> None:
         for name in ("read_per_thread", "grad_per_thread", "write_per_thread",
@@ -395,20 +437,28 @@ class DeviceSpec:
     probability slow_ns / (fast_ns + slow_ns), each core on its own stream of the run's seed
     (a virtual CPU whose host sibling is busy now and then, docs/fidelity.md)."""
 
-    name: str = "cpu"
-    speed: float = 1.0
-    cores: int = 0
-    bus: int = 0
-    latency: int = 0
-    bandwidth: float = 0.0
-    quantum: int = 0
-    slicing: str = "global"
-    preempt: bool = False
-    migrate: int = 0
-    timing: TimingSpec | None = None
-    slow_factor: float = 1.0
-    slow_ns: int = 0
-    fast_ns: int = 0
+    name: str = key("cpu", "the device's name, for reports")
+    speed: float = key(1.0, "divides every duration of the device's threads", bounds="> 0")
+    cores: int = key(0, "cores its threads share (0: one per thread)", bounds=">= 0")
+    bus: int = key(0, "the most block transfers at once (0: unlimited)", bounds=">= 0")
+    latency: int = key(0, "ns per message on the network link (paramserver, admm)",
+                       bounds=">= 0")
+    bandwidth: float = key(0.0, "bytes per ns (GB/s) of the network link (0: unlimited)",
+                           bounds=">= 0")
+    quantum: int = key(0, "time slice of threads sharing cores (ns; 0: turns per action)",
+                       bounds=">= 0")
+    slicing: str = key("global", "how time slices go round: over all cores, or per core",
+                       choices=SLICINGS)
+    preempt: bool = key(False, "a slice's end stops the running action (needs quantum > 0)")
+    migrate: int = key(0, "mean ns between load-balancer moves (per_core slices; 0: none)",
+                       bounds=">= 0")
+    timing: TimingSpec | None = key(None, "the device's own timing, in place of [timing]")
+    slow_factor: float = key(1.0, "duration factor in a core's slow episodes (1: none)",
+                             bounds=">= 1")
+    slow_ns: int = key(0, "mean length of a slow episode (ns; > 0 when slow_factor > 1)",
+                       bounds=">= 0")
+    fast_ns: int = key(0, "mean length of a fast episode (ns; > 0 when slow_factor > 1)",
+                       bounds=">= 0")
 
     def __post_init__(self) -> None:
         _check_ints(self)
@@ -473,18 +523,26 @@ class RunSpec:
     ``per_core`` slicing, the device's threads in slot order take its cores in turn.
     """
 
-    protocol: str = "lockfree"
-    threads: int = 8
-    updates: int = 5000
-    lr: float = 0.02
-    blocks: int = 1
-    write_mode: str = "load_store"
-    seed: int = 0
-    lr_schedule: str = "constant"
-    split: str = "shared"
-    store_grain: int = 0
-    placement: str = "round_robin"
-    read_view: str = "end"
+    protocol: str = key("lockfree", "the training protocol (docs/semantics.md, Protocols)",
+                        choices=PROTOCOLS)
+    threads: int = key(8, "virtual threads k", bounds=f"[1, {MAX_THREADS}]")
+    updates: int = key(5000, "gradients T the run makes", bounds=">= 1")
+    lr: float = key(0.02, "learning rate γ", bounds="> 0")
+    blocks: int = key(1, "contiguous blocks the shared vector is read and written in",
+                      bounds=">= 1")
+    write_mode: str = key("load_store", "how a block write stores: read-modify-write, or an "
+                          "atomic add", choices=WRITE_MODES)
+    seed: int = key(0, "seed of samples, durations, placement and injection", bounds=">= 0")
+    lr_schedule: str = key("constant", "the learning rate after m - 1 completions: lr, "
+                           "lr/√m or lr/m", choices=LR_SCHEDULES)
+    split: str = key("shared", "who makes the T updates: any thread, or T/k each",
+                     choices=SPLITS)
+    store_grain: int = key(0, "coordinates per read-modify-write of a load_store write "
+                           "(0: the whole block)", bounds=">= 0")
+    placement: str = key("round_robin", "threads' slots: in order, or drawn from the seed",
+                         choices=PLACEMENTS)
+    read_view: str = key("end", "what a read copies: blocks as at its end, or also the "
+                         "stores of writes in flight", choices=READ_VIEWS)
 
     def __post_init__(self) -> None:
         _check_ints(self)
@@ -521,9 +579,10 @@ class MetricsSpec:
     number of full-loss evaluations along the run (0: only the final loss).
     """
 
-    exact: bool = True
-    every: int = 1
-    curve_points: int = 100
+    exact: bool = key(True, "measure the serialized view's gradient errors exactly")
+    every: int = key(1, "measure every n-th update", bounds=">= 1")
+    curve_points: int = key(100, "full-loss evaluations along the run (0: the final loss "
+                            "only)", bounds=">= 0")
 
     def __post_init__(self) -> None:
         _check_ints(self)
@@ -544,12 +603,18 @@ class ParamServerSpec:
     whose mean update time exceeds r times the median once every worker made
     ``rebalance_after`` updates (its share of the data goes to the others)."""
 
-    staleness_limit: int = 0
-    accumulate: int = 1
-    warm_start: int = 0
-    fraction: float = 0.0
-    rebalance: float = 0.0
-    rebalance_after: int = 20
+    staleness_limit: int = key(0, "a push staler than this is discarded (0: keep every "
+                               "push)", bounds=">= 0")
+    accumulate: int = key(1, "gradients per pull, their mean pushed (1 with fraction > 0)",
+                          bounds=">= 1")
+    warm_start: int = key(0, "updates thread 0 makes alone before the others start",
+                          bounds=">= 0")
+    fraction: float = key(0.0, "share of workers whose pushes close a synchronous round "
+                          "(0: asynchronous)", bounds="[0, 1]")
+    rebalance: float = key(0.0, "retire a worker slower than this × the median (0: off, "
+                           "else > 1)")
+    rebalance_after: int = key(20, "updates every worker makes before rebalancing",
+                               bounds=">= 1")
 
     def __post_init__(self) -> None:
         _check_ints(self)
@@ -573,7 +638,7 @@ class ParamServerSpec:
 class DCASGDSpec:
     """Delay compensation (Zheng et al. 2017): g + lam·g⊙g⊙(w_now − w_read)."""
 
-    lam: float = 0.04
+    lam: float = key(0.04, "delay-compensation weight λ", bounds=">= 0")
 
     def __post_init__(self) -> None:
         _check(math.isfinite(self.lam) and self.lam >= 0, "lam", self.lam, "must be >= 0")
@@ -583,8 +648,8 @@ class DCASGDSpec:
 class ADMMSpec:
     """Consensus ADMM: penalty ``rho``; each local solve is ``local_steps`` SGD steps."""
 
-    rho: float = 1.0
-    local_steps: int = 10
+    rho: float = key(1.0, "penalty ρ of the consensus term", bounds="> 0")
+    local_steps: int = key(10, "SGD steps of each local solve", bounds=">= 1")
 
     def __post_init__(self) -> None:
         _check_ints(self)
@@ -596,8 +661,8 @@ class ADMMSpec:
 class StragglerSpec:
     """Thread ``thread`` runs ``factor`` times slower than its device."""
 
-    thread: int = 0
-    factor: float = 1.0
+    thread: int = key(0, "the slow thread (below run.threads)", bounds=">= 0")
+    factor: float = key(1.0, "its durations' factor", bounds="> 0")
 
     def __post_init__(self) -> None:
         _check_ints(self)
@@ -610,9 +675,9 @@ class StragglerSpec:
 class PauseSpec:
     """Thread ``thread`` starts no action in the window [start, end) ns."""
 
-    thread: int = 0
-    start: int = 0
-    end: int = 0
+    thread: int = key(0, "the paused thread (below run.threads)", bounds=">= 0")
+    start: int = key(0, "the pause's start (ns)", bounds=">= 0")
+    end: int = key(0, "the pause's end (ns, > start)")
 
     def __post_init__(self) -> None:
         _check_ints(self)
@@ -626,9 +691,9 @@ class DeathSpec:
     """A thread (or every thread of ``device``) stops for good at time ``at`` ns; an update
     in flight is abandoned, with whatever blocks it already stored."""
 
-    thread: int = -1
-    device: int = -1
-    at: int = 0
+    thread: int = key(-1, "the thread that dies (or give device; -1: none)")
+    device: int = key(-1, "the device whose threads all die (or give thread; -1: none)")
+    at: int = key(0, "the time of death (ns)", bounds=">= 0")
 
     def __post_init__(self) -> None:
         _check_ints(self)
@@ -654,17 +719,20 @@ class InjectSpec:
     an update's write is lost (it completes without changing w); ``write_bits`` > 0 rounds
     every stored value to that many significand bits."""
 
-    delay: int = 0
-    delay_dist: str = "fixed"
-    delay_max: int = 0
-    error: str = "none"
-    error_bound: float = 0.0
-    error_relative: bool = False
-    drop: float = 0.0
-    write_bits: int = 0
-    stragglers: tuple[StragglerSpec, ...] = ()
-    pauses: tuple[PauseSpec, ...] = ()
-    deaths: tuple[DeathSpec, ...] = ()
+    delay: int = key(0, "completions τ a read lags behind (uniform: the least)", bounds=">= 0")
+    delay_dist: str = key("fixed", "τ = delay, or uniform in [delay, delay_max]",
+                          choices=DELAYS)
+    delay_max: int = key(0, "the greatest τ of a uniform delay (>= delay)")
+    error: str = key("none", "the error added to each gradient", choices=ERRORS)
+    error_bound: float = key(0.0, "the error's norm (times ‖g‖ when error_relative)",
+                             bounds=">= 0")
+    error_relative: bool = key(False, "error_bound is relative to the gradient's norm")
+    drop: float = key(0.0, "probability that an update's write is lost", bounds="[0, 1)")
+    write_bits: int = key(0, "significand bits every stored value is rounded to (0: full "
+                          "float64)", bounds="[0, 52]")
+    stragglers: tuple[StragglerSpec, ...] = key((), "threads slower than their device")
+    pauses: tuple[PauseSpec, ...] = key((), "windows in which a thread starts nothing")
+    deaths: tuple[DeathSpec, ...] = key((), "threads or devices that stop for good")
 
     def __post_init__(self) -> None:
         _check_ints(self)
@@ -696,16 +764,18 @@ class Scenario:
     """A complete simulation: problem, run, timing, metrics, devices, injected delays and
     errors, and the options of the protocols that have any."""
 
-    name: str = "default"
-    problem: ProblemSpec = field(default_factory=ProblemSpec)
-    run: RunSpec = field(default_factory=RunSpec)
-    timing: TimingSpec = field(default_factory=TimingSpec)
-    metrics: MetricsSpec = field(default_factory=MetricsSpec)
-    devices: tuple[DeviceSpec, ...] = (DeviceSpec(),)
-    inject: InjectSpec = field(default_factory=InjectSpec)
-    paramserver: ParamServerSpec = field(default_factory=ParamServerSpec)
-    dcasgd: DCASGDSpec = field(default_factory=DCASGDSpec)
-    admm: ADMMSpec = field(default_factory=ADMMSpec)
+    name: str = key("default", "the scenario's name, for reports")
+    problem: ProblemSpec = key(ProblemSpec, "the problem to train and its data")
+    run: RunSpec = key(RunSpec, "how to train: protocol, threads, updates, learning rate")
+    timing: TimingSpec = key(TimingSpec, "durations of reads, gradients, writes and idle work")
+    metrics: MetricsSpec = key(MetricsSpec, "the serialized view's exact metrics and the "
+                               "loss curve")
+    devices: tuple[DeviceSpec, ...] = key((DeviceSpec(),), "the virtual devices threads are "
+                                          "placed on")
+    inject: InjectSpec = key(InjectSpec, "injected delays, faults and gradient errors")
+    paramserver: ParamServerSpec = key(ParamServerSpec, "options of the paramserver protocol")
+    dcasgd: DCASGDSpec = key(DCASGDSpec, "options of the dcasgd protocol")
+    admm: ADMMSpec = key(ADMMSpec, "options of the admm protocol")
 
     def __post_init__(self) -> None:
         _check(len(self.devices) >= 1, "devices", [], "needs at least one device")
@@ -792,8 +862,9 @@ def _convert(tp: Any, value: Any, base: Any, name: str) -> Any:
 def _build(cls: Any, data: dict[str, Any], base: Any, prefix: str) -> Any:
     hints = typing.get_type_hints(cls)
     names = [f.name for f in dataclasses.fields(cls)]
-    for key in data:
-        _check(key in names, f"{prefix}.{key}" if prefix else key, data[key], "unknown key")
+    for given in data:
+        _check(given in names, f"{prefix}.{given}" if prefix else given, data[given],
+               "unknown key")
     values = {}
     defaults = {f.name: f.default if f.default_factory is dataclasses.MISSING
                 else f.default_factory() for f in dataclasses.fields(cls)}
@@ -852,12 +923,12 @@ def _toml_table(header: str, table: dict[str, Any], lines: list[str]) -> None:
     if header:
         lines.append(f"\n{header}")
     lines.extend(f"{k} = {_toml_value(v)}" for k, v in scalars.items())
-    for key, value in table.items():
+    for entry, value in table.items():
         if isinstance(value, dict) and _is_table(value):
-            name = f"{header.strip('[]')}.{key}" if header else key
+            name = f"{header.strip('[]')}.{entry}" if header else entry
             _toml_table(f"[{name}]", value, lines)
         elif isinstance(value, list) and _is_table(value):
-            name = f"{header.strip('[]')}.{key}" if header else key
+            name = f"{header.strip('[]')}.{entry}" if header else entry
             for item in value:
                 _toml_table(f"[[{name}]]", item, lines)
 
