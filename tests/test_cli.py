@@ -51,6 +51,16 @@ def test_scenario_command_prints_resolved_toml(tmp_path, capsys):
     assert "threads = 3" in (tmp_path / "r" / "scenario.toml").read_text()
 
 
+def test_scenario_reference_prints_the_generated_reference(capsys):
+    """`asyngrad scenario --reference` prints docs/scenario.md's text; with a scenario, exit 2."""
+    from simulator.scenario_reference import reference
+
+    assert main(["scenario", "--reference"]) == 0
+    assert capsys.readouterr().out == reference()
+    assert main(["scenario", "--reference", "--set", "run.threads=2"]) == 2
+    assert "--reference = 'run.threads=2'" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(("args", "needle"), [
     (["--set", "run.threads=-1"], "run.threads = -1"),
     (["--set", "run.blocks=0"], "run.blocks = 0"),

@@ -125,6 +125,14 @@ def _sweep(args: argparse.Namespace) -> int:
 def _scenario(args: argparse.Namespace) -> int:
     from simulator.scenario import load_scenario, scenario_to_toml
 
+    if args.reference:
+        from simulator.scenario_reference import reference
+
+        if args.scenario or args.set:
+            raise ScenarioError("--reference", args.scenario or args.set[0],
+                                "lists every key with its default; give no scenario or --set")
+        sys.stdout.write(reference())
+        return 0
     sys.stdout.write(scenario_to_toml(load_scenario(args.scenario, args.set)))
     return 0
 
@@ -155,4 +163,7 @@ def add_commands(commands: Any) -> None:
                        help="run the cells on the Dask scheduler at ADDRESS (e.g. "
                             "tcp://host:8786); its workers must see --out")
 
-    command("scenario", "print a fully resolved scenario as TOML", _scenario, out=None)
+    scen = command("scenario", "print a fully resolved scenario as TOML", _scenario, out=None)
+    scen.add_argument("--reference", action="store_true",
+                      help="print the scenario reference instead: every key with its type, "
+                           "default, allowed values and description (docs/scenario.md)")

@@ -1,0 +1,129 @@
+"""The scenario reference: generated from the specs, complete, and true to their validation."""
+
+import dataclasses
+import math
+import re
+from pathlib import Path
+
+import pytest
+
+from simulator import scenario
+from simulator.distributions import Duration
+from simulator.errors import ScenarioError
+from simulator.keys import key
+from simulator.scenario_reference import reference, sections
+
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "scenario.md"
+SPECS = [section.spec for section in sections()]
+FIELDS = [(spec, item) for spec in SPECS for item in dataclasses.fields(spec)]
+CHOICES = [(s, f) for s, f in FIELDS if f.metadata.get("choices")]
+BOUNDS = [(s, f) for s, f in FIELDS if f.metadata.get("bounds")]
+
+
+def _ids(fields):
+    return [f"{spec.__name__}.{item.name}" for spec, item in fields]
+
+# Values other keys need for a probed value to be judged on its own (a real data set for a
+# holdout, a pause that ends, one thread that dies, a correlation time for common factors).
+CONTEXT = {
+    (scenario.ProblemSpec, "holdout"): {"name": "logistic", "data": "breast_cancer"},
+    (scenario.PauseSpec, "thread"): {"end": 1},
+    (scenario.PauseSpec, "start"): {"end": 1},
+    (scenario.DeathSpec, "at"): {"thread": 0},
+    **{(scenario.TimingSpec, name): {"common_ns": 8.0} for name in scenario.COMMON_FIELDS},
+}
+_NUMBER = r"(-?\d+(?:\.\d+)?)"
+_HALF = re.compile(rf"^(>=|>) {_NUMBER}$")
+_INTERVAL = re.compile(rf"^([\[(]){_NUMBER}, {_NUMBER}([\])])$")
+
+
+def _limits(bounds: str) -> list[tuple[float, bool, int]]:
+    """(limit, inclusive, direction into the range) for each end a ``bounds`` text states."""
+    if match := _HALF.match(bounds):
+        return [(float(match[2]), match[1] == ">=", 1)]
+    match = _INTERVAL.match(bounds)
+    assert match, f"bounds {bounds!r} is neither '>= a', '> a' nor an interval"
+    return [(float(match[2]), match[1] == "[", 1), (float(match[3]), match[4] == "]", -1)]
+
+
+def _step(value: float, direction: int, integer: bool) -> float:
+    return value + direction if integer else math.nextafter(value, direction * math.inf)
+
+
+def _refused(spec, name, value):
+    """The ScenarioError that building ``spec`` with ``name = value`` raises, or None."""
+    try:
+        spec(**{**CONTEXT.get((spec, name), {}), name: value})
+    except ScenarioError as err:
+        return err
+    return None
+
+
+def test_docs_scenario_md_is_the_generated_reference():
+    """docs/scenario.md is exactly what the specs generate (`asyngrad scenario --reference`)."""
+    assert DOCS.read_text() == reference()
+
+
+def test_every_spec_is_in_the_reference():
+    """Every spec dataclass of the scenario module, and durations, has a section."""
+    specs = {value for value in vars(scenario).values()
+             if isinstance(value, type) and dataclasses.is_dataclass(value)}
+    assert specs | {Duration} <= set(SPECS)
+    assert len(SPECS) == len(set(SPECS))
+
+
+@pytest.mark.parametrize(("spec", "item"), FIELDS, ids=_ids(FIELDS))
+def test_every_key_has_a_one_line_doc(spec, item):
+    """Every field of every spec is declared with a non-empty one-line description."""
+    doc = item.metadata.get("doc", "")
+    assert doc.strip() and "\n" not in doc
+
+
+def test_every_key_has_a_row_or_a_section():
+    """Each key of a spec is a row of its section, in field order, or a table of its own."""
+    found = sections()
+    titles = {section.title.strip("`[]").rsplit(".", 1)[-1] for section in found}
+    for section in found:
+        names = [f.name for f in dataclasses.fields(section.spec)]
+        keys = [row.key for row in section.rows]
+        assert keys == [name for name in names if name in keys]
+        assert set(names) - set(keys) <= titles, section.title
+
+
+@pytest.mark.parametrize(("spec", "item"), CHOICES, ids=_ids(CHOICES))
+def test_choices_are_what_validation_allows(spec, item):
+    """A value outside a key's declared choices is refused, naming that key."""
+    err = _refused(spec, item.name, "no-such-value")
+    assert err is not None and err.field == item.name
+
+
+@pytest.mark.parametrize(("spec", "item"), BOUNDS, ids=_ids(BOUNDS))
+def test_bounds_are_what_validation_allows(spec, item):
+    """At each end of a key's declared range, the value just inside is accepted and the one
+    just outside refused, naming that key."""
+    integer = spec.__dataclass_fields__[item.name].type in ("int", int)
+    for limit, inclusive, inward in _limits(item.metadata["bounds"]):
+        limit = int(limit) if integer else limit
+        inside = limit if inclusive else _step(limit, inward, integer)
+        outside = _step(limit, -inward, integer) if inclusive else limit
+        assert _refused(spec, item.name, inside) is None, (item.name, inside)
+        err = _refused(spec, item.name, outside)
+        assert err is not None and err.field == item.name, (item.name, outside)
+
+
+def test_reference_walks_nested_specs_generically():
+    """A spec nested anywhere gets its own section, and one met again points to the first."""
+
+    @dataclasses.dataclass(frozen=True)
+    class Inner:
+        size: int = key(1, "a size", bounds=">= 1")
+
+    @dataclasses.dataclass(frozen=True)
+    class Outer:
+        inner: Inner = key(Inner, "one inner table")
+        many: tuple[Inner, ...] = key((), "more of them")
+
+    found = sections(Outer)
+    assert [s.title for s in found] == ["Top level", "`[inner]`"]
+    assert found[0].rows[0].allowed == "the keys of `[inner]`"
+    assert "| `size` | integer | `1` | `>= 1` | a size |" in reference(Outer)
