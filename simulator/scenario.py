@@ -3,7 +3,9 @@
 Every field has a default, so ``Scenario()`` is a complete scenario (the embedded default: dense
 logistic regression, 8 lock-free threads, load_store writes). Files and overrides are merged
 over the defaults field by field; every value is type-checked and validated on creation, and a
-bad one raises :class:`ScenarioError` naming its full dotted field and the value.
+bad one raises :class:`ScenarioError` naming its full dotted field and the value. Each field is
+declared once with :func:`simulator.keys.key`, its one-line description beside its default;
+``docs/scenario.md`` lists them all (:mod:`simulator.scenario_reference`).
 """
 
 from __future__ import annotations
@@ -407,8 +409,7 @@ class TimingSpec:
 
 @dataclass(frozen=True)
 class DeviceSpec:
-    """A virtual device: ``speed`` divides durations; ``cores`` = 0 means one per thread;
-    ``bus`` > 0 caps concurrent block transfers; ``timing`` overrides the scenario's.
+    """A virtual device: its speed, cores, memory bus, network link and time slicing.
 
     When threads outnumber ``cores``, they take turns per action (FIFO), or, with
     ``quantum`` > 0, in time slices as an OS scheduler runs processes. ``slicing`` says how:
@@ -573,11 +574,8 @@ class RunSpec:
 
 @dataclass(frozen=True)
 class MetricsSpec:
-    """Exact serialized-view metrics (cost: one extra gradient per measured update).
-
-    ``exact`` switches them on; ``every`` measures every n-th update; ``curve_points`` is the
-    number of full-loss evaluations along the run (0: only the final loss).
-    """
+    """Exact serialized-view metrics (cost: one extra gradient per measured update) and the
+    loss curve."""
 
     exact: bool = key(True, "measure the serialized view's gradient errors exactly")
     every: int = key(1, "measure every n-th update", bounds=">= 1")
@@ -646,7 +644,7 @@ class DCASGDSpec:
 
 @dataclass(frozen=True)
 class ADMMSpec:
-    """Consensus ADMM: penalty ``rho``; each local solve is ``local_steps`` SGD steps."""
+    """Consensus ADMM (asynchronous; docs/semantics.md, Protocols)."""
 
     rho: float = key(1.0, "penalty ρ of the consensus term", bounds="> 0")
     local_steps: int = key(10, "SGD steps of each local solve", bounds=">= 1")
