@@ -29,7 +29,7 @@ _PREAMBLE = """\
 Every key of a scenario file, one line each: its type, its default, the values or range the
 validation allows, and what it is. Every key has a default, so a file sets only the keys it
 changes; `asyngrad scenario [FILE] [--set key=value ...]` prints the fully resolved scenario.
-Integers are 64-bit; times are integer nanoseconds. What the keys do in a run:
+Integers are 64-bit; times and durations are in nanoseconds. What the keys do in a run:
 [semantics.md](semantics.md); a bad value is refused with one line naming the key and value.
 """
 
@@ -55,16 +55,13 @@ class Section:
     rows: tuple[Row, ...]
 
 
-def _unwrap(tp: Any) -> tuple[Any, bool, bool]:
-    """The annotation's core type, whether it is a tuple of those, whether it may be None."""
-    optional = False
+def _unwrap(tp: Any) -> tuple[Any, bool]:
+    """The annotation's core type (``X | None``: X), and whether it is a tuple of those."""
     if typing.get_origin(tp) in (typing.Union, types.UnionType):
-        args = typing.get_args(tp)
-        optional = type(None) in args
-        tp = next(a for a in args if a is not type(None))
+        tp = next(a for a in typing.get_args(tp) if a is not type(None))
     if typing.get_origin(tp) is tuple:
-        return typing.get_args(tp)[0], True, optional
-    return tp, False, optional
+        return typing.get_args(tp)[0], True
+    return tp, False
 
 
 def _is_spec(tp: Any) -> bool:
@@ -106,13 +103,17 @@ def _allowed(item: dataclasses.Field[Any]) -> str:
 def _row(item: dataclasses.Field[Any], core: Any, array: bool, shown: str | None) -> Row:
     default = _default(item)
     if shown is not None:  # a table whose keys another section lists
-        text = ("unset" if default is None else f"{len(default)} entries" if array and default
-                else "none" if array else "the keys' defaults")
+        text = ("unset" if default is None else _count(default) if array
+                else "the keys' defaults")
         return Row(item.name, "array of tables" if array else "table", text,
                    f"the keys of {shown}", item.metadata.get("doc", ""))
     text = "unset" if default is None else _code(_toml_value(_plain(default)))
     return Row(item.name, _type_name(core, array), text, _allowed(item),
                item.metadata.get("doc", ""))
+
+
+def _count(entries: tuple[Any, ...]) -> str:
+    return "none" if not entries else f"{len(entries)} entr{'y' if len(entries) == 1 else 'ies'}"
 
 
 def _sentence(doc: str) -> str:
@@ -143,7 +144,7 @@ def _walk(spec: type, path: str, title: str, intro: str, shown: dict[type, str],
     rows: list[Row] = []
     nested: list[tuple[dataclasses.Field[Any], type, bool]] = []
     for item in dataclasses.fields(spec):
-        core, array, _ = _unwrap(hints[item.name])
+        core, array = _unwrap(hints[item.name])
         first = _is_spec(core) and core not in shown
         if first:
             nested.append((item, core, array))
@@ -162,10 +163,17 @@ def _walk(spec: type, path: str, title: str, intro: str, shown: dict[type, str],
 def _array_intro(item: dataclasses.Field[Any]) -> str:
     """An array of tables: what it is and how many it has by default."""
     default = _default(item)
-    count = "none" if not default else f"{len(default)}, with the defaults below"
-    if default and any(entry != type(entry)() for entry in default):
+    count = f"{_count(default)}, with the defaults below" if default else "none"
+    if any(_plain(entry) != _plain_defaults(type(entry)) for entry in default):
         count = f"`{_toml_value(_plain(default))}`"
     return f"{_sentence(item.metadata.get('doc', ''))} Default: {count}."
+
+
+def _plain_defaults(spec: type) -> dict[str, Any]:
+    """A spec's keys at their defaults as plain data (without building one: a spec's
+    defaults need not make a valid one, as a death names no thread or device)."""
+    return {f.name: _plain(_default(f)) for f in dataclasses.fields(spec)
+            if _default(f) is not None}
 
 
 def sections(root: type = Scenario) -> list[Section]:

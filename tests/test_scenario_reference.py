@@ -11,7 +11,7 @@ from simulator import scenario
 from simulator.distributions import Duration
 from simulator.errors import ScenarioError
 from simulator.keys import key
-from simulator.scenario_reference import reference, sections
+from simulator.scenario_reference import Row, reference, sections
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "scenario.md"
 SPECS = [section.spec for section in sections()]
@@ -119,11 +119,20 @@ def test_reference_walks_nested_specs_generically():
         size: int = key(1, "a size", bounds=">= 1")
 
     @dataclasses.dataclass(frozen=True)
+    class Item:
+        mode: str = key("a", "a mode", choices=("a", "b"))
+
+    @dataclasses.dataclass(frozen=True)
     class Outer:
         inner: Inner = key(Inner, "one inner table")
-        many: tuple[Inner, ...] = key((), "more of them")
+        items: tuple[Item, ...] = key((Item(), Item("b")), "some items")
+        more: tuple[Inner, ...] = key((Inner(),), "more inner tables")
 
     found = sections(Outer)
-    assert [s.title for s in found] == ["Top level", "`[inner]`"]
-    assert found[0].rows[0].allowed == "the keys of `[inner]`"
-    assert "| `size` | integer | `1` | `>= 1` | a size |" in reference(Outer)
+    assert [s.title for s in found] == ["Top level", "`[inner]`", "`[[items]]`"]
+    assert found[0].rows == (Row("more", "array of tables", "1 entry", "the keys of `[inner]`",
+                                 "more inner tables"),)
+    assert found[2].intro == 'Some items. Default: `[{ mode = "a" }, { mode = "b" }]`.'
+    text = reference(Outer)
+    assert "| `size` | integer | `1` | `>= 1` | a size |" in text
+    assert '| `mode` | string | `"a"` | `"a"`, `"b"` | a mode |' in text
