@@ -184,9 +184,14 @@ def sections(root: type = Scenario) -> list[Section]:
 
 
 def _table(section: Section) -> list[str]:
+    """The section's heading, introduction and table (none for a table of tables alone)."""
+    if not (section.rows or section.intro):
+        return []
     lines = [f"## {section.title}", ""]
     if section.intro:
         lines += [section.intro, ""]
+    if not section.rows:
+        return lines
     lines += ["| key | type | default | allowed | description |", "|---|---|---|---|---|"]
     lines += [f"| `{r.key}` | {r.type} | {_cell(r.default)} | {_cell(r.allowed)} | "
               f"{_cell(r.doc)} |" for r in section.rows]

@@ -136,3 +136,24 @@ def test_reference_walks_nested_specs_generically():
     text = reference(Outer)
     assert "| `size` | integer | `1` | `>= 1` | a size |" in text
     assert '| `mode` | string | `"a"` | `"a"`, `"b"` | a mode |' in text
+
+
+def test_a_table_of_tables_alone_has_no_empty_table():
+    """A table whose keys are all tables shows its heading and introduction, no empty table;
+    a nameless one with neither shows nothing."""
+
+    @dataclasses.dataclass(frozen=True)
+    class Leaf:
+        join: float = key(0.0, "a factor", bounds=">= 0")
+
+    @dataclasses.dataclass(frozen=True)
+    class Branch:
+        leaf: Leaf | None = key(None, "an optional leaf")
+
+    @dataclasses.dataclass(frozen=True)
+    class Root:
+        branch: Branch = key(Branch, "a branch")
+
+    text = reference(Root)
+    assert "Top level" not in text and text.count("| key |") == 1
+    assert "## `[branch]`\n\nA branch.\n\n## `[branch.leaf]`\n\nAn optional leaf.\n" in text
