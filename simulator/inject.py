@@ -18,7 +18,7 @@ import numpy as np
 from simulator.rules import round_significand
 from simulator.scenario import InjectSpec
 
-__all__ = ["Injector"]
+__all__ = ["Injector", "Pauses"]
 
 _TAG = 0x1A7EC7  # separates these streams from the sample and timing streams
 
@@ -71,3 +71,23 @@ class Injector:
     def quantize(self, values: np.ndarray) -> None:
         """Round stored values in place to ``write_bits`` significand bits."""
         round_significand(values, self.bits)
+
+
+class Pauses:
+    """The injected pauses (``[[inject.pauses]]``): a thread whose clock falls in one of its
+    pause windows starts its next action when the window ends."""
+
+    def __init__(self, spec: InjectSpec, threads: int) -> None:
+        self.windows: list[list[tuple[int, int]]] = [[] for _ in range(threads)]
+        for pause in spec.pauses:
+            if pause.thread < threads:
+                self.windows[pause.thread].append((pause.start, pause.end))
+
+    def paused(self, thread: int) -> bool:
+        return bool(self.windows[thread])
+
+    def hold(self, thread: int, t: int) -> int:
+        for start, end in self.windows[thread]:
+            if start <= t < end:
+                t = end
+        return t

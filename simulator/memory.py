@@ -22,7 +22,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Grain", "Op", "SharedMemory", "block_bounds", "block_ops", "grain_ops"]
+__all__ = ["AtomicAdd", "Grain", "LoadStore", "Op", "SharedMemory", "WriteMode", "block_bounds",
+           "block_ops", "grain_ops"]
 
 Index = slice | np.ndarray
 
@@ -201,3 +202,57 @@ class SharedMemory:
             if drop > 0:
                 del self._history[block][:drop]
                 self._base[block] = version
+
+
+class WriteMode:
+    """How one block (or grain) write lands: ``begin`` when it starts, ``end`` when its time
+    has passed. ``runs``: whether consecutive writes that nothing can interleave with may
+    land as one (``SharedMemory.write_run``)."""
+
+    runs = True
+
+    def begin(self, u: Any, block: int, index: slice, now: int, duration: int) -> Any:
+        """A write of ``block`` starts at ``now`` for ``duration`` ns: what ``end`` needs."""
+        return None
+
+    def end(self, u: Any, block: int, index: slice, coords: Coords, begun: Any,
+            step: np.ndarray) -> None:
+        """The write ends: it stores the block's part of ``step``."""
+        raise NotImplementedError
+
+    def lost_of(self, block: int) -> dict[int, np.ndarray] | None:
+        """The coordinates each write of ``block`` in flight has lost so far (uid → mask),
+        for a read that sees part of them; None: writes lose no coordinates."""
+        return None
+
+
+class LoadStore(WriteMode):
+    """``load_store``: load, wait, store ``loaded − step``, overwriting any store that
+    landed in between (a lost update, counted in ``lost`` by uid and in the writer's
+    ``overwrote``)."""
+
+    def __init__(self, memory: SharedMemory, lost: list[int]) -> None:
+        self.memory, self.lost = memory, lost
+
+    def begin(self, u: Any, block: int, index: slice, now: int,
+              duration: int) -> tuple[int, np.ndarray]:
+        return self.memory.count[block], self.memory.load(index)
+
+    def end(self, u: Any, block: int, index: slice, coords: Coords,
+            begun: tuple[int, np.ndarray], step: np.ndarray) -> None:
+        loaded_at, loaded = begun
+        lost = self.memory.store(block, index, coords, loaded, step, u.uid, loaded_at)
+        for victim in lost:
+            self.lost[victim] += 1
+        u.overwrote += len(lost)
+
+
+class AtomicAdd(WriteMode):
+    """``atomic_add``: add ``−step`` in one piece; no store is ever lost."""
+
+    def __init__(self, memory: SharedMemory) -> None:
+        self.memory = memory
+
+    def end(self, u: Any, block: int, index: slice, coords: Coords, begun: Any,
+            step: np.ndarray) -> None:
+        self.memory.add(block, index, coords, -step, u.uid)

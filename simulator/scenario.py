@@ -423,8 +423,8 @@ class DeviceSpec:
     unless ``preempt``: then the slice's end stops it, and the rest of it runs in the
     thread's next slice (a timer interrupt preempts a process anywhere). ``migrate`` > 0
     (``per_core`` only) adds a load balancer: at exponential intervals of mean ``migrate`` ns
-    it moves a waiting thread from the busiest core to the least busy one (``simulator.slices``:
-    with 3 processes on 2 cores, which one runs alone changes; a core whose threads finished
+    it moves a waiting thread from the busiest core to the least busy one
+    (``simulator.hardware.slices``: with 3 processes on 2 cores, which one runs alone changes; a core whose threads finished
     takes one from the other).
 
     ``latency`` (ns per message) and ``bandwidth`` (bytes per ns, i.e. GB/s) describe the

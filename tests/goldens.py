@@ -21,7 +21,6 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-
 Golden = dict[tuple[str, int], tuple[str, dict[str, str]]]
 
 

@@ -71,7 +71,7 @@ def test_threads_on_one_core_share_its_episodes():
 def test_a_thread_moved_to_another_core_takes_that_cores_episodes():
     """Per-core slices with balancer moves (``devices.migrate``): every update's durations
     follow the episodes of the core its thread was on when the update began (when its
-    previous update ended; as ``simulator.slices`` placed it), not of the core it started
+    previous update ended; as ``simulator.hardware.slices`` placed it), not of the core it started
     the run on."""
     constant = ("timing.read={dist='constant', mean=500}",
                 "timing.grad={dist='constant', mean=3000}",
@@ -82,7 +82,7 @@ def test_a_thread_moved_to_another_core_takes_that_cores_episodes():
     trace = simulate(scenario)
     cores = [SpeedEpisodes(0, 0, core, 1.7, fast_ns=2_000_000, slow_ns=1_000_000)
              for core in range(2)]
-    from simulator.slices import Migrating
+    from simulator.hardware.slices import Migrating
 
     ends = [float(trace["write_end"][trace["thread"] == t].max()) for t in range(3)]
     places = Migrating([0, 1, 2], 2, 500_000, 2_000_000, 0, 0)

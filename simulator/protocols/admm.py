@@ -28,8 +28,9 @@ import numpy as np
 from simulator.protocols.base import Protocol
 
 if TYPE_CHECKING:
-    from simulator.engine import Engine, Update
+    from simulator.engine import Engine
     from simulator.scenario import Scenario
+    from simulator.update import Update
 
 __all__ = ["ADMM"]
 

@@ -8,8 +8,9 @@ import numpy as np
 import simpy
 
 if TYPE_CHECKING:
-    from simulator.engine import Engine, Update
+    from simulator.engine import Engine
     from simulator.scenario import RunSpec, Scenario
+    from simulator.update import Update
 
 __all__ = ["GROUPED", "MEMBER", "SINGLE", "Protocol"]
 

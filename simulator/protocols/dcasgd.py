@@ -17,7 +17,8 @@ from simulator.protocols.base import Protocol
 from simulator.rules import dc_correction
 
 if TYPE_CHECKING:
-    from simulator.engine import Engine, Update
+    from simulator.engine import Engine
+    from simulator.update import Update
 
 __all__ = ["DCASGD"]
 
@@ -31,7 +32,7 @@ class DCASGD(Protocol):
     def step(self, engine: Engine, u: Update, step: np.ndarray,
              local: np.ndarray) -> np.ndarray:
         lr, lam = engine.lr, self.scenario.dcasgd.lam
-        coords = None if u.ops is engine._dense_ops else np.concatenate(
+        coords = None if u.ops is engine.dense_ops else np.concatenate(
             [np.arange(op[1].start, op[1].stop) if isinstance(op[1], slice) else op[1]
              for op in u.ops])
         w_now = engine.mem.w if coords is None else engine.mem.w[coords]

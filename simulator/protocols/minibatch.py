@@ -17,8 +17,9 @@ from simulator.protocols.base import Protocol
 from simulator.protocols.rounds import Rounds
 
 if TYPE_CHECKING:
-    from simulator.engine import Engine, Update
+    from simulator.engine import Engine
     from simulator.scenario import Scenario
+    from simulator.update import Update
 
 __all__ = ["MiniBatch"]
 

@@ -32,8 +32,9 @@ from simulator.protocols.rounds import Rounds
 from simulator.rules import retirements, too_stale, warmed_up
 
 if TYPE_CHECKING:
-    from simulator.engine import Engine, Update
+    from simulator.engine import Engine
     from simulator.scenario import Scenario
+    from simulator.update import Update
 
 __all__ = ["ParamServer"]
 
@@ -131,7 +132,7 @@ class ParamServer(Protocol):
         if pending:  # accumulated gradients the budget left unpushed: never applied
             last = pending[-1]
             last.group, self.pending[thread] = pending, []
-            engine._discard(last)
+            engine.discard(last)
         if thread == 0 and not self.warm.triggered:
             self._warmed()
         if self.rounds:

@@ -19,7 +19,8 @@ import simpy
 from simulator.protocols.base import Protocol
 
 if TYPE_CHECKING:
-    from simulator.engine import Engine, Update
+    from simulator.engine import Engine
+    from simulator.update import Update
 
 __all__ = ["RoundRobin"]
 

@@ -20,7 +20,8 @@ from simulator.protocols.base import GROUPED, MEMBER
 from simulator.rules import round_quota
 
 if TYPE_CHECKING:
-    from simulator.engine import Engine, Update
+    from simulator.engine import Engine
+    from simulator.update import Update
 
 __all__ = ["Rounds"]
 

@@ -16,7 +16,8 @@ from simulator.protocols.base import Protocol
 from simulator.rules import staleness_scale
 
 if TYPE_CHECKING:
-    from simulator.engine import Engine, Update
+    from simulator.engine import Engine
+    from simulator.update import Update
 
 __all__ = ["StalenessLR"]
 

@@ -1,4 +1,12 @@
-"""Per-core time slices with a load balancer that moves threads between cores.
+"""Time slices: threads that outnumber their device's cores run in turns, as an OS runs
+processes (``DeviceSpec``: ``quantum``, ``slicing``, ``preempt``, ``migrate``).
+
+``global`` slicing rotates all the device's threads over its cores; ``per_core`` puts its
+j-th thread (in slot order: ``run.placement``) on core j mod cores, where it rotates with the
+core's others; a core whose threads finished takes a waiting one, and with ``migrate`` a
+balancer moves threads between the cores (``Migrating``, below).
+
+Per-core time slices with a load balancer that moves threads between cores:
 
 With ``devices.slicing = "per_core"`` each core runs its own queue of threads, one time slice
 (``quantum`` ns) each in turn; a thread stays on the core it was placed on until it moves.
@@ -23,10 +31,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-__all__ = ["Migrating"]
+from simulator.hardware.base import Hardware
+
+if TYPE_CHECKING:
+    from simulator.scenario import Scenario
+
+__all__ = ["Migrating", "TimeSlices"]
 
 _MIGRATE_TAG = 0x316
 
@@ -109,3 +123,92 @@ class Migrating:
             if thread in queue:
                 return core
         return None
+
+
+class TimeSlices(Hardware):
+    """Threads on time-sliced devices start actions only in their own slices; with
+    ``preempt`` a slice's end also stops the action running, which goes on in the thread's
+    next slice."""
+
+    def __init__(self, scenario: Scenario, threads: int) -> None:
+        on: dict[int, list[int]] = {}
+        for thread in range(threads):
+            on.setdefault(scenario.device_of(thread), []).append(thread)
+        # Per sliced thread: (the threads it rotates with, itself included; the cores they
+        # share; quantum; the device's per-core queues or None for global slicing).
+        self.slices: list[tuple[list[int], int, int, Migrating | None] | None] = [None] * threads
+        self.preempts = [False] * threads
+        for device, members in on.items():
+            spec = scenario.devices[device]
+            if not spec.quantum or not 0 < spec.cores < len(members):
+                continue
+            ordered = sorted(members, key=scenario.slot_of)
+            moves = (Migrating(ordered, spec.cores, spec.quantum, spec.migrate,
+                               scenario.run.seed, device)
+                     if spec.slicing == "per_core" else None)
+            for thread in members:
+                self.slices[thread] = (ordered if moves else members, spec.cores,
+                                       spec.quantum, moves)
+                self.preempts[thread] = spec.preempt
+        self._finished = [math.inf] * threads  # when each thread's loop ended
+
+    @property
+    def active(self) -> bool:
+        """Whether some thread's time is sliced."""
+        return any(s is not None for s in self.slices)
+
+    def on(self, thread: int) -> bool:
+        return self.slices[thread] is not None
+
+    def hold(self, thread: int, t: int) -> int:
+        """A thread out of its time slice starts its next action when its next slice
+        begins."""
+        quantum = self.slices[thread][2]  # type: ignore[index]
+        current = t // quantum
+        slot = self._running_slot(thread, current)
+        return slot * quantum if slot > current else t
+
+    def stretch(self, thread: int, start: int, duration: int) -> int:
+        """``duration`` ns of work started at ``start`` on a preemptive device: how long it
+        takes with the slices the thread sits out in between (its rotation as known now)."""
+        if not self.preempts[thread]:
+            return duration
+        quantum = self.slices[thread][2]  # type: ignore[index]
+        now, left = start, duration
+        while True:
+            slot = now // quantum
+            room = (slot + 1) * quantum - now
+            if left <= room:
+                return now + left - start
+            left -= room
+            now = self._running_slot(thread, slot + 1) * quantum
+
+    def _running_slot(self, thread: int, slot: int) -> int:
+        """The first time slice from ``slot`` on in which ``thread`` runs."""
+        rotation, cores, quantum, moves = self.slices[thread]  # type: ignore[misc]
+        if moves is not None:
+            while not moves.runs(thread, slot):
+                slot += 1
+            return slot
+        # Threads that finished their updates leave the rotation (a thread that ran ahead
+        # of simpy's clock finished at its own clock, not before).
+        live = [t for t in rotation if self._finished[t] > slot * quantum]
+        index, threads = live.index(thread), len(live)
+        # Slot s runs the rotation's threads (s·cores + j) mod threads, j < cores.
+        while (index - slot * cores) % threads >= cores:
+            slot += 1
+        return slot
+
+    def core_of(self, thread: int, t: int) -> int | None:
+        """The core ``thread`` is on at ``t`` where per-core slices move threads between
+        cores (None: not moved, or finished)."""
+        sliced = self.slices[thread]
+        if sliced is None or sliced[3] is None:
+            return None
+        return sliced[3].core_of(thread, t // sliced[2])
+
+    def finished(self, thread: int, at: int) -> None:
+        self._finished[thread] = at
+        sliced = self.slices[thread]
+        if sliced is not None and sliced[3] is not None:
+            sliced[3].finish(thread, at)

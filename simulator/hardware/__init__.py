@@ -1,0 +1,87 @@
+"""Hardware effects as opt-in models around the engine's loop (DESIGN §2).
+
+The engine runs the paper's semantics; each model here adds one effect that a machine
+shows, is switched on by its scenario values, and costs nothing when off (it is not built,
+and the engine calls only the hooks of the models that are on, ``Hardware``):
+
+* ``slices``: time slices, preemption and migration of threads that outnumber their cores;
+* ``episodes``: speed episodes of a device's cores;
+* ``shared_lines``: writes of blocks another thread read since (``timing.write_shared``);
+* ``interference``: phases that slow each other (``timing.*_under_*``);
+* ``convoys`` and ``passing``: writes of one block that meet (``timing.convoy_*``);
+* ``sweeping``: reads that see part of the writes in flight (``run.read_view = "sweep"``).
+
+Durations that go together across threads (``timing.*_common``) are drawn by the duration
+source (``simulator.timing``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+
+from simulator.hardware.base import Hardware, overrides
+from simulator.hardware.convoys import Convoys
+from simulator.hardware.episodes import Episodes
+from simulator.hardware.interference import Interference
+from simulator.hardware.meetings import meeting_timing
+from simulator.hardware.passing import Passing
+from simulator.hardware.shared_lines import SharedLines
+from simulator.hardware.slices import TimeSlices
+from simulator.hardware.sweeping import Sweeping, Writing
+from simulator.memory import WriteMode
+
+if TYPE_CHECKING:
+    from simulator.engine import Engine
+    from simulator.update import Update
+
+__all__ = ["Hardware", "Machine", "Writer", "Writing", "build", "overrides"]
+
+
+class Writer(Protocol):
+    """A model that writes an update's blocks itself, in place of the engine's writes."""
+
+    def write(self, thread: int, u: Update, step: np.ndarray) -> Generator[Any, Any, None]: ...
+
+
+@dataclass
+class Machine:
+    """The models a run switches on: all of them (in hook order), the one that writes
+    updates itself (or None), the write mode they impose (or None: the run's own), and the
+    model of reads that see writes in flight (or None)."""
+
+    models: list[Hardware]
+    writer: Writer | None = None
+    mode: WriteMode | None = None
+    sweeping: Sweeping | None = None
+
+
+def build(engine: Engine) -> Machine:
+    """The hardware models ``engine``'s scenario switches on.
+
+    Raises:
+        ScenarioError: a model's values that the run's other values rule out.
+    """
+    scenario = engine.scenario
+    slices = TimeSlices(scenario, engine.threads)
+    sliced = slices if slices.active else None
+    episodes = (Episodes(engine, sliced) if any(d.slow_factor > 1 for d in scenario.devices)
+                else None)
+    under = Interference.slowdowns(engine)
+    interference = Interference(engine, under) if any(under) else None
+    factors = SharedLines.factors_of(engine)
+    lines = (SharedLines(factors, scenario.run.blocks) if any(f is not None for f in factors)
+             else None)
+    sweeping = Sweeping(engine) if scenario.run.read_view == "sweep" else None
+    timing = meeting_timing(engine)
+    writer = mode = None
+    if timing is not None and timing.passing:
+        mode = Passing(engine, timing)
+    elif timing is not None:
+        writer = Convoys(engine, timing, interference, sweeping)
+    models = [m for m in (sliced, episodes, lines, interference, writer, mode, sweeping)
+              if m is not None]
+    return Machine(models, writer, mode, sweeping)  # type: ignore[arg-type]
