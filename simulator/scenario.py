@@ -424,8 +424,8 @@ class DeviceSpec:
     thread's next slice (a timer interrupt preempts a process anywhere). ``migrate`` > 0
     (``per_core`` only) adds a load balancer: at exponential intervals of mean ``migrate`` ns
     it moves a waiting thread from the busiest core to the least busy one
-    (``simulator.hardware.slices``: with 3 processes on 2 cores, which one runs alone changes; a core whose threads finished
-    takes one from the other).
+    (``simulator.hardware.slices``: with 3 processes on 2 cores, which one runs alone
+    changes; a core whose threads finished takes one from the other).
 
     ``latency`` (ns per message) and ``bandwidth`` (bytes per ns, i.e. GB/s) describe the
     device's network link to a server; only protocols that communicate over a network
