@@ -12,7 +12,7 @@ import scipy.stats
 from simulator.engine import simulate
 from simulator.errors import ScenarioError
 from simulator.fidelity.calibrate import calibrate
-from simulator.fidelity.losses import lossy_spread
+from simulator.fidelity.passing import lossy_spread
 from simulator.fidelity.report import calibrated_toml
 from simulator.metrics import write_pairs
 from simulator.problems import make_problem

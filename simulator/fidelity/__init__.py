@@ -3,7 +3,7 @@
 Both read any run directory (simulated, replayed or real). ``calibrate`` fits the timing
 model at the core (:mod:`~simulator.fidelity.durations`, :mod:`~simulator.fidelity.contention`,
 read from the runs by :mod:`~simulator.fidelity.runs`) and then each opt-in hardware model
-in its own module (convoys, losses, common, rhythm, interference, shared, stores, speeds,
+in its own module (convoys, passing, common, rhythm, interference, shared, stores, speeds,
 episodes); ``compare`` reports one run against another as records, which
 :mod:`~simulator.fidelity.report` prints as tables.
 """

@@ -5,7 +5,7 @@ distribution of durations the simulator draws from, and writes a normal scenario
 devices carry the fitted timings (one device per worker, so worker r is simulated by thread
 r with worker r's own timing).
 
-Each hardware model has its own fitter module in this package (convoys, losses, common,
+Each hardware model has its own fitter module in this package (convoys, passing, common,
 rhythm, interference, shared, stores, speeds, episodes); this module runs them in order,
 each on the durations the earlier ones took their effect out of, and puts what they fitted
 on the devices.
@@ -82,7 +82,7 @@ def fit_models(loaded: list[tuple[Path, Trace, Scenario]], convoys: str, shared:
                episode: dict[str, Any] | None = None) -> Models:
     """The hardware models of one or more runs, each fitted on the durations the ones before
     it took their effect out of: convoys and shared lines, the store window, then (after the
-    speed ``episode``\'s slow rows and the shared writes are deflated) common factors and
+    speed ``episode``'s slow rows and the shared writes are deflated) common factors and
     interference."""
     traces = [trace for _, trace, _ in loaded]
     spans = [running_together(trace) for trace in traces]
@@ -218,7 +218,7 @@ def calibrate(run_dir: str | Path | list[str | Path], pool: bool = False, cores:
 def _finish(loaded: list[tuple[Path, Trace, Scenario]], paths: list[Path],
             calibrated: Scenario, models: Models, fits: dict[str, Any], common: str,
             repeats: bool) -> tuple[Scenario, dict[str, Any]]:
-    """The calibrated scenario, with ``--common rhythm``\'s common factors fitted to the
+    """The calibrated scenario, with ``--common rhythm``'s common factors fitted to the
     runs' rhythm (of repeats, their mean at the longest one's length; of several worker
     counts, each run's), and the fit report."""
     rhythms = {_rhythm_key(path, run, len(loaded) > 1 and repeats): trace_rhythm(trace)

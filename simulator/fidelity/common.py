@@ -1,6 +1,6 @@
 """Common factors (``timing.*_common``, ``common_ns``) from pairs of concurrent phases.
 
-Common factors (``timing.*_common``, ``common_ns``; two or more workers): how alike the
+With ``--common`` (two or more workers): how alike the
 durations of one phase are on two workers when the phases start Δt apart. Durations become
 normal scores per worker (from their ranks); for every update and every other worker, the
 other worker's first phase of the same kind starting in [Δ_lo, Δ_hi) after it forms a pair,
@@ -96,6 +96,9 @@ def common_bins(starts: np.ndarray, durations: np.ndarray, owners: np.ndarray
     return count, middle, corr
 
 
+_Bins = dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]
+
+
 def fit_common(runs: list[tuple[Trace, np.ndarray, np.ndarray | None]],
                mode: str = "off") -> dict[str, Any]:
     """Common factors from the rows of one or more traces with two or more workers (each
@@ -106,7 +109,36 @@ def fit_common(runs: list[tuple[Trace, np.ndarray, np.ndarray | None]],
     if mode == "off":
         report["why"] = "--common off"
         return report
-    measured: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+    measured = _measured(runs)
+    report["bins"] = {phase: {"pairs": c.astype(int).tolist(), "offset_ns": m.tolist(),
+                              "correlation": r.tolist()}
+                      for phase, (c, m, r) in measured.items()}
+    # Writes that met no other are the short ones: two of them, both selected so, are less
+    # alike than two writes (a simulated run with write c = 0.6 fits 0.23 from them, a
+    # 2-core MLP run's close pairs −1). With convoys the write takes the other phases' c.
+    borrowed = any(alone is not None for _, _, alone in runs)
+    if borrowed:
+        report["write_from_others"] = True
+    if not any((c >= _MIN_BIN).any() for c, _, _ in measured.values()):
+        report["why"] = ("fewer than two workers ran together" if not any(
+            c.any() for c, _, _ in measured.values()) else
+            f"no offset bin with {_MIN_BIN} pairs of phases")
+        return report
+    tau, weights = min((_weights(measured, tau, borrowed) for tau in _TAUS),
+                       key=lambda fit: fit[2])[:2]
+    report.update(common_ns=tau, weights=weights)
+    if mode == "auto" and max(weights.values()) < _MIN_COMMON:
+        report["why"] = f"concurrent phases alike by less than {_MIN_COMMON} (independent)"
+        return report
+    report["fields"] = {**{f"{phase}_common": weights[phase] for phase in weights},
+                        "common_ns": tau}
+    return report
+
+
+def _measured(runs: list[tuple[Trace, np.ndarray, np.ndarray | None]]) -> _Bins:
+    """Per phase and bin of ``COMMON_BINS``, over the runs: the pairs, their mean offset and
+    their correlation (means weighted by pairs; :func:`common_bins`)."""
+    measured: _Bins = {}
     windows = [phase_windows(trace) for trace, _, _ in runs]
     for phase in ("read", "grad", "write", "idle"):
         count, middle = np.zeros(len(COMMON_BINS) - 1), np.zeros(len(COMMON_BINS) - 1)
@@ -125,48 +157,28 @@ def fit_common(runs: list[tuple[Trace, np.ndarray, np.ndarray | None]],
         with np.errstate(invalid="ignore", divide="ignore"):
             measured[phase] = (count, np.where(count > 0, middle / count, 0.0),
                                np.where(count > 0, weighted / count, 0.0))
-    report["bins"] = {phase: {"pairs": c.astype(int).tolist(), "offset_ns": m.tolist(),
-                              "correlation": r.tolist()}
-                      for phase, (c, m, r) in measured.items()}
-    usable = {phase: (c >= _MIN_BIN) for phase, (c, _, _) in measured.items()}
-    # Writes that met no other are the short ones: two of them, both selected so, are less
-    # alike than two writes (a simulated run with write c = 0.6 fits 0.23 from them, a
-    # 2-core MLP run's close pairs −1). With convoys the write takes the other phases' c.
-    borrowed = any(alone is not None for _, _, alone in runs)
-    if borrowed:
-        report["write_from_others"] = True
-    if not any(u.any() for u in usable.values()):
-        report["why"] = ("fewer than two workers ran together" if not any(
-            c.any() for c, _, _ in measured.values()) else
-            f"no offset bin with {_MIN_BIN} pairs of phases")
-        return report
-    best: tuple[float, float, dict[str, float]] | None = None
-    for tau in _TAUS:
-        total, weights, pairs = 0.0, {}, {}
-        for phase, (count, middle, corr) in measured.items():
-            keep = usable[phase]
-            if not keep.any() or (borrowed and phase == "write"):
-                weights[phase] = 0.0
-                continue
-            decay = np.exp(-middle[keep] / tau)
-            n = count[keep]
-            c = float(np.clip(np.sum(n * decay * corr[keep]) / np.sum(n * decay**2), 0, 1))
-            weights[phase], pairs[phase] = c, float(np.sum(n))
-            total += float(np.sum(n * (corr[keep] - c * decay) ** 2))
-        if borrowed and pairs:
-            weights["write"] = sum(weights[q] * n for q, n in pairs.items()) / sum(
-                pairs.values())
-        if best is None or total < best[0]:
-            best = (total, float(tau), weights)
-    assert best is not None
-    _, tau, weights = best
-    report.update(common_ns=tau, weights=weights)
-    if mode == "auto" and max(weights.values()) < _MIN_COMMON:
-        report["why"] = f"concurrent phases alike by less than {_MIN_COMMON} (independent)"
-        return report
-    report["fields"] = {**{f"{phase}_common": weights[phase] for phase in weights},
-                        "common_ns": tau}
-    return report
+    return measured
+
+
+def _weights(measured: _Bins, tau: float, borrowed: bool
+             ) -> tuple[float, dict[str, float], float]:
+    """At correlation time ``tau``: each phase's c of c·exp(−Δt/τ) by least squares over
+    its bins of enough pairs (weighted by pairs, in [0, 1]), the write's the others' mean
+    when ``borrowed``; returned with τ and the squared error."""
+    total, weights, pairs = 0.0, {}, {}
+    for phase, (count, middle, corr) in measured.items():
+        keep = count >= _MIN_BIN
+        if not keep.any() or (borrowed and phase == "write"):
+            weights[phase] = 0.0
+            continue
+        decay = np.exp(-middle[keep] / tau)
+        n = count[keep]
+        c = float(np.clip(np.sum(n * decay * corr[keep]) / np.sum(n * decay**2), 0, 1))
+        weights[phase], pairs[phase] = c, float(np.sum(n))
+        total += float(np.sum(n * (corr[keep] - c * decay) ** 2))
+    if borrowed and pairs:
+        weights["write"] = sum(weights[q] * n for q, n in pairs.items()) / sum(pairs.values())
+    return float(tau), weights, total
 
 
 def common_fits(runs: list[tuple[Trace, np.ndarray, np.ndarray | None]], common: str

@@ -45,36 +45,9 @@ def compare_runs(a: str | Path, b: str | Path) -> dict[str, Any]:
         AsyngradError: a path is not a run directory, or the runs train different problems.
     """
     ra, rb = load_run(a), load_run(b)
-    pa, pb = ra.summary["problem"], rb.summary["problem"]
-    differ = sorted(k for k in set(pa) | set(pb) if not _same(pa.get(k), pb.get(k)))
-    if differ:
-        raise AsyngradError(f"compare: {ra.path} and {rb.path} train different problems "
-                            f"({', '.join(f'{k}: {pa.get(k)} vs {pb.get(k)}' for k in differ)})")
+    _check_same_problem(ra, rb)
     ta, tb = ra.trace, rb.trace
-    sa, sb = ta["staleness"].astype(np.float64), tb["staleness"].astype(np.float64)
-    ks = (float(scipy.stats.ks_2samp(sa, sb, method="asymp").statistic) if sa.size and sb.size
-          else None)
-    mean_a = float(sa.mean()) if sa.size else 0.0
-    mean_b = float(sb.mean()) if sb.size else 0.0
-
-    def errors(trace: Trace, summary: dict[str, Any]) -> dict[str, Any]:
-        relative = relative_error(trace)
-        return {"rate": float(error_mask(trace).mean()) if relative.size else None,
-                "measured": int(relative.size), "p50": _quantile(relative, 0.5),
-                "p95": _quantile(relative, 0.95)}
-
-    def overwrites(run: Run) -> dict[str, Any]:
-        trace, n = run.trace, max(len(run.trace), 1)
-        # Hardware loses stores without a trace of who lost them: a real run's lost blocks
-        # are unknown, what its classified pairs of writes lost is known.
-        lost = (None if run.summary.get("source") == "real"
-                else float(trace["lost_blocks"].sum()) / n)
-        return {"lost_blocks_per_update": lost,
-                "torn_read_fraction": float(trace["torn"].sum()) / n,
-                "read_overwrite_blocks_per_update": float(trace["read_overwrites"].sum()) / n,
-                **pair_losses(trace), "meeting_lags": meeting_lags([trace])}
-
-    ea, eb = errors(ta, ra.summary), errors(tb, rb.summary)
+    ea, eb = _errors(ta), _errors(tb)
     ia, ib = interference(ta), interference(tb)
     latency_a, latency_b = cpu_latency(ra.summary), cpu_latency(rb.summary)
     rate_gap = (abs(eb["rate"] - ea["rate"]) if ea["rate"] is not None
@@ -84,14 +57,10 @@ def compare_runs(a: str | Path, b: str | Path) -> dict[str, Any]:
     report: dict[str, Any] = {
         "a": {"path": str(ra.path), "label": ra.label, "updates": len(ta)},
         "b": {"path": str(rb.path), "label": rb.label, "updates": len(tb)},
-        "staleness": {"mean_a": mean_a, "mean_b": mean_b,
-                      "relative_mean_gap": (abs(mean_b - mean_a) / mean_a if mean_a > 0
-                                            else (0.0 if mean_b == 0 else math.inf)),
-                      "p95_a": _quantile(sa, 0.95), "p95_b": _quantile(sb, 0.95),
-                      "ks_distance": ks},
+        "staleness": _staleness(ta["staleness"], tb["staleness"]),
         "gradient_error": {"a": ea, "b": eb, "rate_gap": rate_gap,
                            "gap_split": error_gap_split(ia, ib)},
-        "overwrites": {"a": overwrites(ra), "b": overwrites(rb)},
+        "overwrites": {"a": _overwrites(ra), "b": _overwrites(rb)},
         "interference": {"a": ia, "b": ib},
         "rhythm": {"a": trace_rhythm(ta), "b": trace_rhythm(tb)},
         "offsets": {"a": offsets([ta]), "b": offsets([tb])},
@@ -106,6 +75,49 @@ def compare_runs(a: str | Path, b: str | Path) -> dict[str, Any]:
     report["targets"] = targets(report)
     report["details"] = details(report)
     return report
+
+
+def _check_same_problem(ra: Run, rb: Run) -> None:
+    """Raises AsyngradError where the runs train different problems."""
+    pa, pb = ra.summary["problem"], rb.summary["problem"]
+    differ = sorted(k for k in set(pa) | set(pb) if not _same(pa.get(k), pb.get(k)))
+    if differ:
+        raise AsyngradError(f"compare: {ra.path} and {rb.path} train different problems "
+                            f"({', '.join(f'{k}: {pa.get(k)} vs {pb.get(k)}' for k in differ)})")
+
+
+def _staleness(a: np.ndarray, b: np.ndarray) -> dict[str, Any]:
+    """Both runs' staleness: means, their relative gap, p95 and the KS distance."""
+    sa, sb = a.astype(np.float64), b.astype(np.float64)
+    ks = (float(scipy.stats.ks_2samp(sa, sb, method="asymp").statistic) if sa.size and sb.size
+          else None)
+    mean_a = float(sa.mean()) if sa.size else 0.0
+    mean_b = float(sb.mean()) if sb.size else 0.0
+    return {"mean_a": mean_a, "mean_b": mean_b,
+            "relative_mean_gap": (abs(mean_b - mean_a) / mean_a if mean_a > 0
+                                  else (0.0 if mean_b == 0 else math.inf)),
+            "p95_a": _quantile(sa, 0.95), "p95_b": _quantile(sb, 0.95), "ks_distance": ks}
+
+
+def _errors(trace: Trace) -> dict[str, Any]:
+    """A run's gradient error rate and relative-error quantiles."""
+    relative = relative_error(trace)
+    return {"rate": float(error_mask(trace).mean()) if relative.size else None,
+            "measured": int(relative.size), "p50": _quantile(relative, 0.5),
+            "p95": _quantile(relative, 0.95)}
+
+
+def _overwrites(run: Run) -> dict[str, Any]:
+    """A run's overwrites per update and what its pairs of writes that met lost."""
+    trace, n = run.trace, max(len(run.trace), 1)
+    # Hardware loses stores without a trace of who lost them: a real run's lost blocks are
+    # unknown, what its classified pairs of writes lost is known.
+    lost = (None if run.summary.get("source") == "real"
+            else float(trace["lost_blocks"].sum()) / n)
+    return {"lost_blocks_per_update": lost,
+            "torn_read_fraction": float(trace["torn"].sum()) / n,
+            "read_overwrite_blocks_per_update": float(trace["read_overwrites"].sum()) / n,
+            **pair_losses(trace), "meeting_lags": meeting_lags([trace])}
 
 
 def _quantile(values: np.ndarray, q: float) -> float | None:

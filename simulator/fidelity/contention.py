@@ -1,6 +1,6 @@
 """Contention: how phase durations grow with the number of workers in them.
 
-Contention, reported: the slope of read and write durations against the number of other
+Reported at one worker count: the slope of read and write durations against the number of other
 workers reading or writing at the same time (least squares), and the gradient's slope
 against the number of other workers computing. The calibrated scenario keeps one core per
 worker and no bus: the fitted distributions already contain the contention of the recorded

@@ -1,6 +1,6 @@
 """Write convoys (``timing.convoy_*``): writes that met and end together.
 
-Write convoys (one block per update): when writes that met end together (the median gap
+With one block per update: when writes that met end together (the median gap
 between their ends under half the median gap between their starts, over at least
 30 pairs of writes that met and no third), the time from the joiner's start to the
 leader's end is fitted by least squares as ``convoy_join``·W + ``convoy_rest``·E[min(R,
@@ -18,23 +18,21 @@ the empirical one from the Kaplan–Meier estimate. Writes that met no other are
 short ones (a long write is the likelier to be met: on a 2-core MLP run in write
 lockstep their mean is 6.2 µs, the censored estimate's 16 µs, docs/fidelity.md), so a fit
 on them alone draws writes too short to meet as often as the run's did.
-``convoy_lost_pairs`` is the share of the pairs a
-measure-mode run classified (``extra_convoy_pairs``) that lost any coordinate, among those
-that met within half a write (lag ≤ W/2: half the block or more swept together), and the
-lost shares are the lossy pairs' lost coordinates over their shared part
-max(1 − lag/W, 0); without
-classified pairs convoys are fitted only when asked (``convoys = "on"``), losing nothing.
+What the meetings lose is fitted as for passing writes
+(:mod:`simulator.fidelity.passing`); without classified pairs convoys are fitted only when
+asked (``convoys = "on"``), losing nothing. Runs of one worker have no writes that meet: their
+convoys are fitted the same way from the meetings the real run's probe made
+(:func:`probed_meetings`, ``real.write_meetings``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from simulator.fidelity.durations import MIN_PAIRS, Survival
-from simulator.fidelity.losses import _loses_anything, lossy_falloff, lossy_spread
+from simulator.fidelity.passing import Meetings, meeting_losses, merged_meetings
 from simulator.fidelity.runs import write_survival
 from simulator.fidelity.shared import shared_writes
 from simulator.metrics import write_pairs
@@ -53,64 +51,64 @@ def fit_convoys(runs: list[tuple[Trace, np.ndarray]], mode: str = "auto",
     ``mode = "on"``), and what was measured. ``shared``: the fitted ``write_shared``, by
     which the writes :func:`shared_writes` marks ran alone longer (their times alone are
     divided by it, and each pair's leader and joiner scaled back by it where marked)."""
-    lags, durations, shares, rests, gaps, fronts, flags = [], [], [], [], [], [], []
-    counts: list[np.ndarray] = []
-    spans: list[np.ndarray] = []
-    lost = np.zeros(2)
-    shared_total, classified, close, close_lossy = 0.0, 0, 0, 0
+    parts = []
     for trace, rows in runs:
         if len(trace) and int(np.diff(trace["op_offsets"]).max()) > 1:
             return {"pairs": 0, "fields": None, "why": "writes of more than one block"}
-        kept, share = write_survival(trace, rows)
-        if not np.any(share >= 1):
-            continue
-        # W: the mean time a write runs alone, the met ones counted as censored (a long
-        # write is the likelier to be met, so writes that met no other are the short ones).
-        # Each row's time-alone factor.
-        factor = (np.where(shared_writes(trace), shared, 1.0) if shared != 1
-                  else np.ones(len(trace)))
-        whole = (trace["write_end"][kept] - trace["write_start"][kept]) / factor[kept]
-        alone_time = Survival.of(whole[share >= 1], (whole * share)[share < 1])
-        mean = alone_time.mean()
-        ws, we = trace["write_start"][rows], trace["write_end"][rows]
-        lead, join, _, _ = write_pairs(ws, we, trace["thread"][rows])
-        lags.append((ws[join] - ws[lead]).astype(np.float64))
-        gaps.append(np.abs(we[join] - we[lead]).astype(np.float64))
-        # The convoy's end is the leader's: the joiner's own end trails it by the end gap.
-        durations.append((we[lead] - ws[join]).astype(np.float64))
-        shares.append(mean * factor[rows][join])
-        rests.append(alone_time.expected_rest(lags[-1], factor[rows][lead], factor[rows][join]))
-        pairs = convoy_pairs(trace)
-        if pairs is not None and pairs.size:
-            # Shares given that the pair lost anything (most meetings lose nothing), in the
-            # leader's own time alone.
-            lossy_rows = (pairs[:, 3] > 0) | (pairs[:, 4] > 0)
-            by_uid = np.argsort(trace["uid"], kind="stable")
-            at = np.searchsorted(trace["uid"][by_uid], pairs[:, 0].astype(np.int64))
-            pair_mean = mean * factor[by_uid[np.minimum(at, len(trace) - 1)]]
-            fronts.append(np.clip(pairs[:, 2] / pair_mean, 0, 1))
-            flags.append(lossy_rows)
-            part = np.clip(1 - pairs[lossy_rows, 2] / pair_mean[lossy_rows], 0, 1)
-            shared_total += float(part.sum())
-            lost += pairs[lossy_rows, 3:5].sum(axis=0)
-            classified += len(pairs)
-            # Whether a meeting loses anything: pairs that swept at least half the block
-            # together (a smaller shared part may lose nothing by chance alone).
-            half = pairs[:, 2] <= pair_mean / 2
-            close += int(half.sum())
-            close_lossy += int((half & lossy_rows).sum())
-            # How much each such meeting lost, in coordinates of its shared part.
-            size = int(trace["w0"].size)
-            counts.append(np.rint((pairs[half, 3] + pairs[half, 4]) * size))
-            spans.append(np.rint(np.clip(1 - pairs[half, 2] / pair_mean[half], 0, 1) * size))
-    def joined(parts: list[np.ndarray]) -> np.ndarray:
-        return np.concatenate(parts or [np.zeros(0)])
+        part = _trace_meetings(trace, rows, shared)
+        if part is not None:
+            parts.append(part)
+    return fit_meetings(merged_meetings(parts), mode)
 
-    return fit_meetings(Meetings(
-        lag=joined(lags), gap=joined(gaps), duration=joined(durations), alone=joined(shares),
-        rest=joined(rests), fronts=joined(fronts), lossy=joined(flags).astype(bool),
-        lost=lost, shared_total=shared_total, classified=classified, close=close,
-        close_lossy=close_lossy, counts=joined(counts), spans=joined(spans)), mode)
+
+def _trace_meetings(trace: Trace, rows: np.ndarray, shared: float) -> dict[str, Any] | None:
+    """The pairs of writes that met among one trace's ``rows``, as :class:`Meetings` fields
+    (None when no write ran alone)."""
+    kept, share = write_survival(trace, rows)
+    if not np.any(share >= 1):
+        return None
+    # W: the mean time a write runs alone, the met ones counted as censored (a long write is
+    # the likelier to be met, so writes that met no other are the short ones). Each row's
+    # time-alone factor.
+    factor = (np.where(shared_writes(trace), shared, 1.0) if shared != 1
+              else np.ones(len(trace)))
+    whole = (trace["write_end"][kept] - trace["write_start"][kept]) / factor[kept]
+    alone_time = Survival.of(whole[share >= 1], (whole * share)[share < 1])
+    mean = alone_time.mean()
+    ws, we = trace["write_start"][rows], trace["write_end"][rows]
+    lead, join, _, _ = write_pairs(ws, we, trace["thread"][rows])
+    lag = (ws[join] - ws[lead]).astype(np.float64)
+    # The convoy's end is the leader's: the joiner's own end trails it by the end gap.
+    return {"lag": lag, "gap": np.abs(we[join] - we[lead]).astype(np.float64),
+            "duration": (we[lead] - ws[join]).astype(np.float64),
+            "alone": mean * factor[rows][join],
+            "rest": alone_time.expected_rest(lag, factor[rows][lead], factor[rows][join]),
+            **_classified(trace, mean * factor)}
+
+
+def _classified(trace: Trace, mean: np.ndarray) -> dict[str, Any]:
+    """The :class:`Meetings` fields of a trace's classified pairs (``extra_convoy_pairs``),
+    ``mean`` each row's mean time alone: the shares lost given that the pair lost anything
+    (most meetings lose nothing), in the leader's own time alone."""
+    pairs = convoy_pairs(trace)
+    if pairs is None or not pairs.size:
+        return {}
+    lossy = (pairs[:, 3] > 0) | (pairs[:, 4] > 0)
+    by_uid = np.argsort(trace["uid"], kind="stable")
+    at = np.searchsorted(trace["uid"][by_uid], pairs[:, 0].astype(np.int64))
+    pair_mean = mean[by_uid[np.minimum(at, len(trace) - 1)]]
+    part = np.clip(1 - pairs[lossy, 2] / pair_mean[lossy], 0, 1)
+    # Whether a meeting loses anything: pairs that swept at least half the block together
+    # (a smaller shared part may lose nothing by chance alone), and how much each such
+    # meeting lost, in coordinates of its shared part.
+    half = pairs[:, 2] <= pair_mean / 2
+    size = int(trace["w0"].size)
+    return {"fronts": np.clip(pairs[:, 2] / pair_mean, 0, 1), "lossy": lossy,
+            "lost": pairs[lossy, 3:5].sum(axis=0), "shared_total": float(part.sum()),
+            "classified": len(pairs), "close": int(half.sum()),
+            "close_lossy": int((half & lossy).sum()),
+            "counts": np.rint((pairs[half, 3] + pairs[half, 4]) * size),
+            "spans": np.rint(np.clip(1 - pairs[half, 2] / pair_mean[half], 0, 1) * size)}
 
 
 def probed_meetings(probes: list[dict[str, Any] | None], mode: str = "auto",
@@ -130,138 +128,97 @@ def probed_meetings(probes: list[dict[str, Any] | None], mode: str = "auto",
         return {"pairs": 0, "fields": None,
                 "why": "one worker: no writes that met, and no probe in the runs "
                        "(real.write_meetings; record the runs with asyngrad real --probe)"}
-    parts: list[dict[str, Any]] = []
-    for probe in present:
-        table = np.asarray(probe["rows"], dtype=np.float64)
-        first = table[:, 0] <= table[:, 2]
-        lead = np.where(first[:, None], table[:, [0, 1, 4]], table[:, [2, 3, 5]])
-        join = np.where(first[:, None], table[:, [2, 3, 5]], table[:, [0, 1, 4]])
-        apart = join[:, 0] >= lead[:, 1]
-        if apart.sum() < 2 or (~apart).sum() < 2:
-            continue
-        leader_alone = float(np.median(lead[apart, 1] - lead[apart, 0]))
-        joiner_alone = float(np.median(join[apart, 1] - join[apart, 0]))
-        met = ~apart
-        size = float(probe["probed"])
-        lag = join[met, 0] - lead[met, 0]
-        planned = write_ns if write_ns else leader_alone
-        front = np.clip(lag / planned, 0, 1)
-        lost_lead, lost_join = lead[met, 2] / size, join[met, 2] / size
-        lossy = (lost_lead > 0) | (lost_join > 0)
-        half = lag <= planned / 2
-        parts.append(dict(
-            lag=lag, gap=np.abs(join[met, 1] - lead[met, 1]), duration=lead[met, 1] - join[met, 0],
-            alone=np.full(lag.size, joiner_alone),
-            rest=np.maximum(lead[met, 0] + leader_alone - join[met, 0], 0.0), fronts=front,
-            lossy=lossy, lost=np.array([lost_lead[lossy].sum(), lost_join[lossy].sum()]),
-            shared_total=float((1 - front[lossy]).sum()), classified=int(lag.size),
-            close=int(half.sum()), close_lossy=int((half & lossy).sum()),
-            counts=(lead[met, 2] + join[met, 2])[half], spans=np.rint((1 - front[half]) * size)))
+    parts = [part for part in (_probe_meetings(probe, write_ns) for probe in present)
+             if part is not None]
     if not parts:
         return {"pairs": 0, "fields": None,
                 "why": "the probes' writes all met, or none did (no time alone to fit from)"}
-    totals = ("lost", "shared_total", "classified", "close", "close_lossy")
-    merged: dict[str, Any] = {key: (sum(part[key] for part in parts) if key in totals else
-                                    np.concatenate([part[key] for part in parts]))
-                              for key in parts[0]}
-    meetings = Meetings(**merged)
-    report = fit_meetings(meetings, mode)
+    report = fit_meetings(merged_meetings(parts), mode)
     report["probes"] = len(parts)
     return report
 
 
-@dataclass(frozen=True)
-class Meetings:
-    """Pairs of writes that met (a leader and the joiner that started ``lag`` ns after it),
-    as the convoy fit reads them, from a trace (:func:`fit_convoys`) or a probe
-    (:func:`probed_meetings`). Per pair: ``lag``; ``gap``, how far apart the two ended;
-    ``duration``, the leader's end less the joiner's start; ``alone``, the joiner's time
-    alone; ``rest``, the leader's expected time left at the join. Per classified pair:
-    ``fronts``, the share of the block the leader had swept at the join, and ``lossy``,
-    whether it lost any coordinate. ``lost``: the leader's and joiner's lost shares summed
-    over lossy pairs, ``shared_total`` their shared parts summed; ``close`` pairs that swept
-    at least half the block together, ``close_lossy`` of them lossy, and per close pair
-    ``counts`` lost coordinates of ``spans`` shared."""
-
-    lag: np.ndarray
-    gap: np.ndarray
-    duration: np.ndarray
-    alone: np.ndarray
-    rest: np.ndarray
-    fronts: np.ndarray
-    lossy: np.ndarray
-    lost: np.ndarray
-    shared_total: float
-    classified: int
-    close: int
-    close_lossy: int
-    counts: np.ndarray
-    spans: np.ndarray
+def _probe_meetings(probe: dict[str, Any], write_ns: float | None) -> dict[str, Any] | None:
+    """The :class:`Meetings` fields of one probe's rows (:func:`probed_meetings`), or None
+    when fewer than two of its pairs of writes met or fewer than two did not."""
+    table = np.asarray(probe["rows"], dtype=np.float64)
+    first = table[:, 0] <= table[:, 2]
+    lead = np.where(first[:, None], table[:, [0, 1, 4]], table[:, [2, 3, 5]])
+    join = np.where(first[:, None], table[:, [2, 3, 5]], table[:, [0, 1, 4]])
+    apart = join[:, 0] >= lead[:, 1]
+    if apart.sum() < 2 or (~apart).sum() < 2:
+        return None
+    leader_alone = float(np.median(lead[apart, 1] - lead[apart, 0]))
+    joiner_alone = float(np.median(join[apart, 1] - join[apart, 0]))
+    met = ~apart
+    size = float(probe["probed"])
+    lag = join[met, 0] - lead[met, 0]
+    planned = write_ns if write_ns else leader_alone
+    front = np.clip(lag / planned, 0, 1)
+    lost_lead, lost_join = lead[met, 2] / size, join[met, 2] / size
+    lossy = (lost_lead > 0) | (lost_join > 0)
+    half = lag <= planned / 2
+    return dict(
+        lag=lag, gap=np.abs(join[met, 1] - lead[met, 1]), duration=lead[met, 1] - join[met, 0],
+        alone=np.full(lag.size, joiner_alone),
+        rest=np.maximum(lead[met, 0] + leader_alone - join[met, 0], 0.0), fronts=front,
+        lossy=lossy, lost=np.array([lost_lead[lossy].sum(), lost_join[lossy].sum()]),
+        shared_total=float((1 - front[lossy]).sum()), classified=int(lag.size),
+        close=int(half.sum()), close_lossy=int((half & lossy).sum()),
+        counts=(lead[met, 2] + join[met, 2])[half], spans=np.rint((1 - front[half]) * size))
 
 
 def fit_meetings(meetings: Meetings, mode: str = "auto") -> dict[str, Any]:
-    """The ``timing.convoy_*`` values from pairs of writes that met (:func:`fit_convoys`)."""
+    """The ``timing.convoy_*`` values from pairs of writes that met (:func:`fit_convoys`):
+    convoys when they ended together, passing writes (their losses alone) when apart."""
     m = meetings
-    lag, gap, lost, shared_total = m.lag, m.gap, m.lost, m.shared_total
-    classified, close, close_lossy = m.classified, m.close, m.close_lossy
-    report: dict[str, Any] = {"pairs": int(lag.size), "fields": None}
-    if lag.size < MIN_PAIRS or mode == "off":
+    report: dict[str, Any] = {"pairs": int(m.lag.size), "fields": None}
+    if m.lag.size < MIN_PAIRS or mode == "off":
         report["why"] = ("--convoys off" if mode == "off" else
-                         f"{lag.size} pairs of writes that met (fewer than {MIN_PAIRS})")
+                         f"{m.lag.size} pairs of writes that met (fewer than {MIN_PAIRS})")
         return report
-    together = float(np.median(gap) / max(np.median(lag), 1e-9))
+    together = float(np.median(m.gap) / max(np.median(m.lag), 1e-9))
     report["end_gap_over_start_gap"] = together
     apart = together >= _TOGETHER and mode == "auto"
-    unclassified = ("no pair's lost coordinates were classified (record the run with "
-                    "asyngrad real --measure)")
-    if apart and not lost.any():
-        report["why"] = ("writes that met ended apart (no convoys) and "
-                         + ("no classified pair lost a coordinate" if classified
-                            else unclassified))
+    why = _unfitted(m, mode, apart)
+    if why:
+        report["why"] = why
         return report
-    if not classified and mode == "auto":  # without losses, convoys would lose nothing
-        report["why"] = f"writes that met ended together, but {unclassified}"
-        return report
-    leader, joiner = ((lost / shared_total).tolist() if shared_total > 0 else [0.0, 0.0])
-    total = leader + joiner
-    if total > 1:
-        leader, joiner = leader / total, joiner / total
-    losses = {"convoy_lost_leader": leader, "convoy_lost_joiner": joiner,
-              "convoy_lost_pairs": close_lossy / close if close_lossy else 1.0,
-              "convoy_lost_within": 0.0}
-    if m.fronts.size:
-        falling = lossy_falloff(m.fronts, m.lossy)
-        if falling is not None:
-            losses["convoy_lost_pairs"], losses["convoy_lost_within"] = falling
-    close_lost, close_shared = m.counts, m.spans
-    spread = lossy_spread(close_lost, close_shared)
-    if spread is not None and leader + joiner > 0:
-        # Each lossy meeting draws its own rate from the fitted law (mean μ, split between
-        # the two writes as measured). A draw near 0 loses nothing, so more meetings are
-        # drawn lossy than are seen losing anything: q over the share seen, as fitted.
-        drawn, rate, rho = spread
-        scale = rate / (leader + joiner)
-        seen = float(np.mean(close_lost[close_shared >= 1] > 0))
-        losses.update(convoy_lost_leader=leader * scale, convoy_lost_joiner=joiner * scale,
-                      convoy_lost_spread=rho,
-                      convoy_lost_pairs=min(1.0, losses["convoy_lost_pairs"] * drawn / seen))
-        report["lossy_meetings_losing_nothing"] = 1 - _loses_anything(
-            rate, rho, float(np.median(close_shared)))
-    report["classified"] = classified
+    losses, found = meeting_losses(m)
+    report.update(found, classified=m.classified)
     if apart:  # they pass each other: their own durations, the losses as measured
         report["fields"] = {"convoy_join": 0.0, "convoy_rest": 0.0, **losses}
         return report
-    alone_mean = m.alone
-    design = np.column_stack([alone_mean, m.rest])
+    times, hinge = _convoy_times(m, together)
+    report.update(end_gap_hinge=hinge, fields={**times, **losses},
+                  alone_write_ns=float(m.alone.mean()))
+    return report
+
+
+def _unfitted(m: Meetings, mode: str, apart: bool) -> str | None:
+    """Why pairs that met (enough of them) fit nothing: they ended apart and lost nothing,
+    or under ``auto`` none was classified (convoys would lose nothing); None to fit."""
+    unclassified = ("no pair's lost coordinates were classified (record the run with "
+                    "asyngrad real --measure)")
+    if apart and not m.lost.any():
+        return ("writes that met ended apart (no convoys) and "
+                + ("no classified pair lost a coordinate" if m.classified else unclassified))
+    if not m.classified and mode == "auto":
+        return f"writes that met ended together, but {unclassified}"
+    return None
+
+
+def _convoy_times(m: Meetings, together: float) -> tuple[dict[str, float], dict[str, Any]]:
+    """How long a convoy takes (``convoy_join``, ``convoy_rest``: least squares) and how far
+    the joiner's end trails the leader's (:func:`end_gap_hinge`, or the median ratio
+    ``together``); and the hinge's fit."""
+    design = np.column_stack([m.alone, m.rest])
     solution = np.linalg.lstsq(design, m.duration, rcond=None)[0]
     joined, rest = max(float(solution[0]), 1e-3), max(float(solution[1]), 0.0)
-    hinge = end_gap_hinge(lag, gap)
-    report["end_gap_hinge"] = hinge
+    hinge = end_gap_hinge(m.lag, m.gap)
     end = ({"convoy_end_gap": hinge["slope"], "convoy_end_catch_up": hinge["catch_up_ns"]}
            if hinge["kept"] else {"convoy_end_gap": together, "convoy_end_catch_up": 0.0})
-    report.update(fields={"convoy_join": joined, "convoy_rest": rest, **end, **losses},
-                  alone_write_ns=float(alone_mean.mean()))
-    return report
+    return {"convoy_join": joined, "convoy_rest": rest, **end}, hinge
 
 
 def end_gap_hinge(lag: np.ndarray, gap: np.ndarray) -> dict[str, Any]:

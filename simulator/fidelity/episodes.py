@@ -1,6 +1,6 @@
 """Speed episodes (``DeviceSpec.slow_factor``, ``slow_ns``, ``fast_ns``).
 
-Speed episodes (``episodes``; :func:`fit_episodes`): when cores switch between their own
+With ``--episodes`` (:func:`fit_episodes`): when cores switch between their own
 pace and a slower one for stretches of milliseconds (on the 2-core machine of
 docs/fidelity.md: 1.7× for 5–30 ms, now on one core, now on the other), each worker's log
 gradient times in start order are smoothed by a running median of
@@ -47,26 +47,8 @@ def fit_episodes(traces: Trace | list[Trace], mode: str = "off") -> dict[str, An
     if mode == "off":
         report["why"] = "not asked for (--episodes off)"
         return report
-    smooth = [np.empty(len(trace)) for trace in runs]
-    orders: list[tuple[int, np.ndarray]] = []
-    for index, trace in enumerate(runs):
-        for thread in np.unique(trace["thread"]):
-            rows = np.flatnonzero(trace["thread"] == thread)
-            rows = rows[np.argsort(trace["read_start"][rows], kind="stable")]
-            orders.append((index, rows))
-            grad = np.log(np.maximum(trace["grad_ns"][rows], 1).astype(np.float64))
-            smooth[index][rows] = scipy.ndimage.median_filter(grad, size=EPISODE_WINDOW,
-                                                              mode="nearest")
-    levels = np.concatenate(smooth)
-    low, high = np.quantile(levels, [0.1, 0.9])
-    for _ in range(100):  # 1-D 2-means from the 10% and 90% quantiles
-        slow = levels > (low + high) / 2
-        if slow.all() or not slow.any():
-            break
-        new = float(np.mean(levels[~slow])), float(np.mean(levels[slow]))
-        if new == (low, high):
-            break
-        low, high = new
+    levels, orders = _smoothed(runs)
+    low, high, slow = _two_levels(levels)
     if slow.all() or not slow.any():
         report["why"] = "the gradient times show one level"
         return report
@@ -77,14 +59,7 @@ def fit_episodes(traces: Trace | list[Trace], mode: str = "off") -> dict[str, An
     spread = math.sqrt((float(np.var(levels[~slow])) + float(np.var(levels[slow]))) / 2)
     apart = math.sqrt(2) * (high - low) / spread if spread > 0 else math.inf
     factor = math.exp(high - low)
-    time, ended = np.zeros(2), np.zeros(2)
-    for index, rows in orders:
-        trace = runs[index]
-        state = slow_of[index][rows].astype(int)
-        start = trace["read_start"][rows].astype(np.float64)
-        spans = np.append(np.diff(start), float(trace["write_end"][rows[-1]]) - start[-1])
-        np.add.at(time, state, spans)
-        np.add.at(ended, state[:-1][state[1:] != state[:-1]], 1)
+    time, ended = _time_in_states(runs, orders, slow_of)
     means = time / np.maximum(ended, 1)
     report.update(factor=round(factor, 4), separation=round(apart, 3),
                   slow_share=round(float(slow.mean()), 4), episodes_ended=ended.tolist(),
@@ -100,6 +75,53 @@ def fit_episodes(traces: Trace | list[Trace], mode: str = "off") -> dict[str, An
                         "fast_ns": max(1, round(means[0]))}
     report["slow_rows"] = [np.flatnonzero(s) for s in slow_of]
     return report
+
+
+def _smoothed(runs: list[Trace]) -> tuple[np.ndarray, list[tuple[int, np.ndarray]]]:
+    """Every update's log gradient time smoothed by a running median over its worker's
+    updates in start order (runs one after the other), and each worker's rows in that order
+    (run index, rows)."""
+    smooth = [np.empty(len(trace)) for trace in runs]
+    orders: list[tuple[int, np.ndarray]] = []
+    for index, trace in enumerate(runs):
+        for thread in np.unique(trace["thread"]):
+            rows = np.flatnonzero(trace["thread"] == thread)
+            rows = rows[np.argsort(trace["read_start"][rows], kind="stable")]
+            orders.append((index, rows))
+            grad = np.log(np.maximum(trace["grad_ns"][rows], 1).astype(np.float64))
+            smooth[index][rows] = scipy.ndimage.median_filter(grad, size=EPISODE_WINDOW,
+                                                              mode="nearest")
+    return np.concatenate(smooth), orders
+
+
+def _two_levels(levels: np.ndarray) -> tuple[float, float, np.ndarray]:
+    """1-D 2-means from the 10% and 90% quantiles: the low and high level and which values
+    are in the high one."""
+    low, high = np.quantile(levels, [0.1, 0.9])
+    for _ in range(100):
+        slow = levels > (low + high) / 2
+        if slow.all() or not slow.any():
+            break
+        new = float(np.mean(levels[~slow])), float(np.mean(levels[slow]))
+        if new == (low, high):
+            break
+        low, high = new
+    return low, high, slow
+
+
+def _time_in_states(runs: list[Trace], orders: list[tuple[int, np.ndarray]],
+                    slow_of: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """The time spent fast and slow, and the episodes of each that ended, over every
+    worker's updates in order."""
+    time, ended = np.zeros(2), np.zeros(2)
+    for index, rows in orders:
+        trace = runs[index]
+        state = slow_of[index][rows].astype(int)
+        start = trace["read_start"][rows].astype(np.float64)
+        spans = np.append(np.diff(start), float(trace["write_end"][rows[-1]]) - start[-1])
+        np.add.at(time, state, spans)
+        np.add.at(ended, state[:-1][state[1:] != state[:-1]], 1)
+    return time, ended
 
 
 def _without_blips(states: np.ndarray, shortest: int) -> np.ndarray:

@@ -41,22 +41,15 @@ def _draw_rhythm(ax: Any, runs: tuple[Run, Run], colours: tuple[str, str]) -> No
     ax.set_title("Rhythm: where the other workers complete")
 
 
-def compare_figure(a: str | Path, b: str | Path) -> Figure:
-    """Both runs overlaid: staleness histogram, relative-error histogram, loss curve against
-    gradients computed, where the other workers complete in a worker's cycle, and a timeline
-    excerpt of each."""
-    ra, rb = load_run(a), load_run(b)
-    fig = Figure(figsize=(12, 10), layout="constrained")
-    grid = fig.add_gridspec(3, 2, height_ratios=[1, 1, 1.1])
-    colours = ("#4C72B0", "#DD8452")
-    ax = fig.add_subplot(grid[0, 0])
+def _draw_staleness(ax: Any, runs: tuple[Run, Run], colours: tuple[str, str]) -> None:
+    """Both runs' staleness histograms."""
     # One bar per staleness value up to the 99th percentile, the rarer tail in one last bar
     # (a descheduled worker's few updates can be hundreds stale: bars to there are invisible).
-    both = np.concatenate([ra.trace["staleness"], rb.trace["staleness"]])
+    both = np.concatenate([runs[0].trace["staleness"], runs[1].trace["staleness"]])
     top = int(both.max(initial=0))
     cap = min(top, max(int(np.percentile(both, 99)) if both.size else 0, 3))
     bins = (np.arange(cap + (3 if top > cap else 2)) - 0.5).tolist()
-    for run, colour in zip((ra, rb), colours, strict=True):
+    for run, colour in zip(runs, colours, strict=True):
         ax.hist(np.minimum(run.trace["staleness"], cap + 1), bins=bins, density=True,
                 alpha=0.5, color=colour, label=run.label)
     if top > cap:
@@ -66,14 +59,17 @@ def compare_figure(a: str | Path, b: str | Path) -> Figure:
     ax.set_ylabel("fraction of updates")
     ax.set_title("Staleness")
     ax.legend(fontsize=7)
-    ax = fig.add_subplot(grid[0, 1])
-    errors = [relative_error(r.trace)[error_mask(r.trace)] for r in (ra, rb)]
+
+
+def _draw_errors(ax: Any, runs: tuple[Run, Run], colours: tuple[str, str]) -> None:
+    """Both runs' histograms of the relative gradient error, where measured."""
+    errors = [relative_error(r.trace)[error_mask(r.trace)] for r in runs]
     present = [e for e in errors if e.size]
     if present:
         low = min(float(e.min()) for e in present)
         high = max(float(e.max()) for e in present)
         edges = np.logspace(np.log10(low), np.log10(high) + 1e-9, 40).tolist()
-        for run, values, colour in zip((ra, rb), errors, colours, strict=True):
+        for run, values, colour in zip(runs, errors, colours, strict=True):
             if values.size:
                 ax.hist(values, bins=edges, alpha=0.5, color=colour, label=run.label,
                         weights=np.full(values.size, 1 / values.size))
@@ -84,9 +80,12 @@ def compare_figure(a: str | Path, b: str | Path) -> Figure:
         _say(ax, "no measured gradient errors")
     ax.set_xlabel("relative gradient error ‖δ‖/‖g‖")
     ax.set_title("Gradient error (updates that carry one)")
-    ax = fig.add_subplot(grid[1, 0])
+
+
+def _draw_loss(ax: Any, runs: tuple[Run, Run], colours: tuple[str, str]) -> None:
+    """Both runs' loss curves against gradients computed."""
     floor = np.finfo(np.float64).tiny
-    for run, colour in zip((ra, rb), colours, strict=True):
+    for run, colour in zip(runs, colours, strict=True):
         ax.semilogy(run.curve[:, 0], np.maximum(run.curve[:, 1], floor), color=colour,
                     label=run.label)
     ax.set_xlabel("gradients computed")
@@ -94,6 +93,19 @@ def compare_figure(a: str | Path, b: str | Path) -> Figure:
     ax.set_title("Loss")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7)
+
+
+def compare_figure(a: str | Path, b: str | Path) -> Figure:
+    """Both runs overlaid: staleness histogram, relative-error histogram, loss curve against
+    gradients computed, where the other workers complete in a worker's cycle, and a timeline
+    excerpt of each."""
+    ra, rb = load_run(a), load_run(b)
+    fig = Figure(figsize=(12, 10), layout="constrained")
+    grid = fig.add_gridspec(3, 2, height_ratios=[1, 1, 1.1])
+    colours = ("#4C72B0", "#DD8452")
+    _draw_staleness(fig.add_subplot(grid[0, 0]), (ra, rb), colours)
+    _draw_errors(fig.add_subplot(grid[0, 1]), (ra, rb), colours)
+    _draw_loss(fig.add_subplot(grid[1, 0]), (ra, rb), colours)
     _draw_rhythm(fig.add_subplot(grid[1, 1]), (ra, rb), colours)
     for col, run in enumerate((ra, rb)):
         ax = fig.add_subplot(grid[2, col])

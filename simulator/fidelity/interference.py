@@ -1,6 +1,6 @@
 """Interference (``timing.*_under_*``): one worker's phase slowed under another's.
 
-Interference (``timing.*_under_*``; two or more workers): a phase's draw is its duration
+With ``--interference`` (two or more workers): a phase's draw is its duration
 with the time spent under another worker's phase q counted 1/(1 + slowdown_q)
 (:func:`undisturbed`; exact for two workers, the shares add for more). Rows are grouped
 by what the other workers were doing when the phase began, which its own duration cannot
@@ -19,8 +19,8 @@ on the draws.
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -156,84 +156,11 @@ def fit_interference(runs: list[tuple[Trace, np.ndarray, np.ndarray | None]],
     convoys = bool(runs) and runs[0][2] is not None
     windows = {id(trace): phase_windows(trace) for trace, _, _ in runs}
     for phase in ("read", "grad", "write", "idle"):
-        states[phase], starts, cuts, scales = [], [], [], []
-        for index, (trace, rows, alone) in enumerate(runs):
-            if np.unique(trace["thread"]).size < 2:
-                continue
-            use, share = rows, np.ones(rows.size)
-            if phase == "write" and alone is not None and write_scale is None:
-                use, share = alone, np.ones(alone.size)  # the writes that met no other
-            elif phase == "write" and alone is not None:  # the time alone, censored when met
-                use, share = write_survival(trace, rows)
-            cut = share < 1
-            lengths = (share * (trace["write_end"][use] - trace["write_start"][use])
-                       if cut.any() else None)
-            if use.size:
-                duration, under, others, remaining = phase_meetings(
-                    trace, use, phase, windows[id(trace)], lengths)
-                states[phase].append((use, duration, under))
-                starts.append((others, remaining))
-                cuts.append(cut)
-                scales.append(write_scale[index][use] if write_scale is not None
-                              and phase == "write" else np.ones(use.size))
-        if not states[phase]:
-            continue
-        duration = np.concatenate([d for _, d, _ in states[phase]])
-        under = np.concatenate([u for _, _, u in states[phase]])
-        censored, scale = np.concatenate(cuts), np.concatenate(scales)
-        width = max(o.shape[1] for o, _ in starts)
-        others = np.concatenate([np.pad(o, ((0, 0), (0, width - o.shape[1])),
-                                        constant_values=-1) for o, _ in starts])
-        remaining = np.concatenate([np.pad(r, ((0, 0), (0, width - r.shape[1])))
-                                    for _, r in starts])
-        keep = duration > 0
-        duration, under = duration[keep], under[keep]
-        censored, scale = censored[keep], scale[keep]
-        others, remaining = others[keep], remaining[keep]
-        # Rows grouped by what the others were doing when the phase began (which its own
-        # duration cannot have chosen): all idle, or one in phase q for a while yet.
-        quiet = np.all(others < 0, axis=1)
-        typical = float(np.median(duration)) if duration.size else 0.0
-        slowdown = np.zeros(len(_OTHERS))
-        groups = {}
-        for q, name in enumerate(_OTHERS):
-            if phase == "write" and name == "write" and convoys:
-                continue  # writes that meet are the convoys' (fitted on their own)
-            group = np.any((others == q) & (remaining >= _COVER * typical), axis=1)
-            if group.sum() >= MIN_PAIRS and quiet.sum() >= MIN_PAIRS:
-                groups[q] = group
-        if not groups:
-            continue
-        free = [q for q, group in groups.items()
-                if _slower(duration / scale, censored, group, quiet)]
-
-        def gaps(x: np.ndarray, free: list[int] = free, groups: dict = groups,
-                 duration: np.ndarray = duration, under: np.ndarray = under,
-                 quiet: np.ndarray = quiet, censored: np.ndarray = censored,
-                 scale: np.ndarray = scale) -> np.ndarray:
-            trial = np.zeros(len(_OTHERS))
-            trial[free] = x
-            work = undisturbed(duration, under, trial) / scale
-            base = log_median(work[quiet], censored[quiet])
-            return np.array([log_median(work[groups[q]], censored[groups[q]]) - base
-                             for q in free])
-
-        # Each group's median draw equal to the quiet rows' (one equation per slowdown),
-        # and a small pull toward no slowdown that only a slowdown the groups leave
-        # undetermined feels.
-        def penalized(x: np.ndarray, gaps: Callable = gaps) -> np.ndarray:
-            return np.concatenate([gaps(x), _RIDGE * x])
-
-        if free:
-            fit = scipy.optimize.least_squares(penalized, np.full(len(free), 0.5),
-                                               bounds=(0.0, _MAX_SLOWDOWN), diff_step=1e-2)
-            slowdown[free] = fit.x
-        slowed = {_OTHERS[q]: float(slowdown[q]) for q in groups}
-        phases[phase] = {"slowdown": slowed, "rows": int(duration.size),
-                         "within_noise": [_OTHERS[q] for q in groups if q not in free],
-                         "rows_other_idle": int(quiet.sum()),
-                         "rows_under": {_OTHERS[q]: int(g.sum()) for q, g in groups.items()}}
-        fields.update({f"{phase}_under_{q}": value for q, value in slowed.items()})
+        states[phase], rows = _phase_rows(runs, phase, windows, write_scale)
+        fit = None if rows is None else _phase_slowdown(rows, phase == "write" and convoys)
+        if fit is not None:
+            phases[phase], slowed = fit
+            fields.update({f"{phase}_under_{q}": value for q, value in slowed.items()})
     report["phases"] = phases
     if not phases:
         report["why"] = ("fewer than two workers ran together" if not any(
@@ -243,7 +170,123 @@ def fit_interference(runs: list[tuple[Trace, np.ndarray, np.ndarray | None]],
     if mode == "auto" and max(fields.values(), default=0.0) < _MIN_UNDER:
         report["why"] = f"no phase slowed by {_MIN_UNDER:.0%} under another's"
         return report
-    report["fields"] = fields
+    report.update(fields=fields, deflate=_deflate(runs, states, fields))
+    return report
+
+
+def _phase_rows(runs: list[tuple[Trace, np.ndarray, np.ndarray | None]], phase: str,
+                windows: dict[int, dict[str, tuple[np.ndarray, np.ndarray]]],
+                write_scale: list[np.ndarray] | None
+                ) -> tuple[list[tuple[np.ndarray, np.ndarray, np.ndarray]], _Rows | None]:
+    """The rows of ``phase`` that interference is fitted on, over the runs of two or more
+    workers: per run its rows, durations and times under the others' phases (for
+    :func:`_deflate`), and all of them together with a positive duration (None if none)."""
+    states, starts, cuts, scales = [], [], [], []
+    for index, (trace, rows, alone) in enumerate(runs):
+        if np.unique(trace["thread"]).size < 2:
+            continue
+        use, share = rows, np.ones(rows.size)
+        if phase == "write" and alone is not None and write_scale is None:
+            use, share = alone, np.ones(alone.size)  # the writes that met no other
+        elif phase == "write" and alone is not None:  # the time alone, censored when met
+            use, share = write_survival(trace, rows)
+        cut = share < 1
+        lengths = (share * (trace["write_end"][use] - trace["write_start"][use])
+                   if cut.any() else None)
+        if use.size:
+            duration, under, others, remaining = phase_meetings(
+                trace, use, phase, windows[id(trace)], lengths)
+            states.append((use, duration, under))
+            starts.append((others, remaining))
+            cuts.append(cut)
+            scales.append(write_scale[index][use] if write_scale is not None
+                          and phase == "write" else np.ones(use.size))
+    if not states:
+        return states, None
+    width = max(o.shape[1] for o, _ in starts)
+    found = _Rows(duration=np.concatenate([d for _, d, _ in states]),
+                 under=np.concatenate([u for _, _, u in states]),
+                 censored=np.concatenate(cuts), scale=np.concatenate(scales),
+                 others=np.concatenate([np.pad(o, ((0, 0), (0, width - o.shape[1])),
+                                               constant_values=-1) for o, _ in starts]),
+                 remaining=np.concatenate([np.pad(r, ((0, 0), (0, width - r.shape[1])))
+                                           for _, r in starts]))
+    return states, found.where(found.duration > 0)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Rows:
+    """One phase's rows of every run: duration, time under each other phase, whether the
+    duration is censored, the ``write_shared`` factor, and per other worker the phase it
+    was in at the start and how much of it was left."""
+
+    duration: np.ndarray
+    under: np.ndarray
+    censored: np.ndarray
+    scale: np.ndarray
+    others: np.ndarray
+    remaining: np.ndarray
+
+    def where(self, keep: np.ndarray) -> _Rows:
+        return _Rows(*(getattr(self, f.name)[keep] for f in dataclasses.fields(self)))
+
+
+def _phase_slowdown(rows: _Rows, skip_write: bool
+                    ) -> tuple[dict[str, Any], dict[str, float]] | None:
+    """A phase's slowdowns under each other phase from its ``rows`` (the module docstring),
+    ``skip_write`` leaving writes under writes to the convoys; the phase's report and the
+    slowdowns, or None when no group of rows met another phase at its start."""
+    # Rows grouped by what the others were doing when the phase began (which its own
+    # duration cannot have chosen): all idle, or one in phase q for a while yet.
+    quiet = np.all(rows.others < 0, axis=1)
+    typical = float(np.median(rows.duration)) if rows.duration.size else 0.0
+    groups = {}
+    for q, name in enumerate(_OTHERS):
+        if skip_write and name == "write":
+            continue  # writes that meet are the convoys' (fitted on their own)
+        group = np.any((rows.others == q) & (rows.remaining >= _COVER * typical), axis=1)
+        if group.sum() >= MIN_PAIRS and quiet.sum() >= MIN_PAIRS:
+            groups[q] = group
+    if not groups:
+        return None
+    free = [q for q, group in groups.items()
+            if _slower(rows.duration / rows.scale, rows.censored, group, quiet)]
+    slowdown = np.zeros(len(_OTHERS))
+    if free:
+        slowdown[free] = _solve(rows, quiet, {q: groups[q] for q in free})
+    slowed = {_OTHERS[q]: float(slowdown[q]) for q in groups}
+    return {"slowdown": slowed, "rows": int(rows.duration.size),
+            "within_noise": [_OTHERS[q] for q in groups if q not in free],
+            "rows_other_idle": int(quiet.sum()),
+            "rows_under": {_OTHERS[q]: int(g.sum()) for q, g in groups.items()}}, slowed
+
+
+def _solve(rows: _Rows, quiet: np.ndarray, groups: dict[int, np.ndarray]) -> np.ndarray:
+    """The slowdowns under the phases of ``groups`` that make each group's median draw equal
+    to the ``quiet`` rows' (one equation per slowdown), with a small pull toward no slowdown
+    that only a slowdown the groups leave undetermined feels."""
+    free = list(groups)
+
+    def gaps(x: np.ndarray) -> np.ndarray:
+        trial = np.zeros(len(_OTHERS))
+        trial[free] = x
+        work = undisturbed(rows.duration, rows.under, trial) / rows.scale
+        base = log_median(work[quiet], rows.censored[quiet])
+        return np.array([log_median(work[g], rows.censored[g]) - base
+                         for g in groups.values()])
+
+    def penalized(x: np.ndarray) -> np.ndarray:
+        return np.concatenate([gaps(x), _RIDGE * x])
+
+    return scipy.optimize.least_squares(penalized, np.full(len(free), 0.5),
+                                        bounds=(0.0, _MAX_SLOWDOWN), diff_step=1e-2).x
+
+
+def _deflate(runs: list[tuple[Trace, np.ndarray, np.ndarray | None]],
+             states: dict[str, list[tuple[np.ndarray, np.ndarray, np.ndarray]]],
+             fields: dict[str, float]) -> list[dict[str, tuple[np.ndarray, np.ndarray]]]:
+    """Per run and phase: the rows and the factors that take their recorded durations to
+    the draws with the others idle."""
     deflate: list[dict[str, tuple[np.ndarray, np.ndarray]]] = [{} for _ in runs]
     for phase, per_run in states.items():
         slowdown = np.array([fields.get(f"{phase}_under_{q}", 0.0) for q in _OTHERS])
@@ -255,8 +298,7 @@ def fit_interference(runs: list[tuple[Trace, np.ndarray, np.ndarray | None]],
             r += 1
             work = undisturbed(duration, under, slowdown)
             deflate[index][phase] = (use, work / np.maximum(duration, 1.0))
-    report["deflate"] = deflate
-    return report
+    return deflate
 
 
 def _slower(duration: np.ndarray, censored: np.ndarray, group: np.ndarray,

@@ -77,41 +77,56 @@ def calibrated_toml(scenario: Scenario, report: dict[str, Any]) -> str:
     lines = [MARKER, f"# fitted from {report['run']} ({report['source']} run; "
              f"{report['rows_fitted']} of {report['rows']} updates, those made while every "
              "worker was running)"]
-    for worker, fits in report["fits"].items():
-        for op, text in fits.items():
-            lines.append(f"#   {worker} {op}: {text}")
+    lines += [f"#   {worker} {op}: {text}" for worker, fits in report["fits"].items()
+              for op, text in fits.items()]
     if "time_slice" in report:
         lines.append(f"#   time slice: {report['time_slice']}")
     if "migrate" in report:
         lines.append(f"#   load balancer: {report['migrate']}")
-    for phase, fit in report["contention"].items():
-        if fit is not None and "per_thread" in fit:
-            means = ", ".join(f"k = {k}: {m:.4g} ns" for k, m in fit["means_ns"].items())
-            lines.append(f"#   contention, {phase}: ×(1 + {fit['per_thread']:.4g}·(k − 1)), "
-                         f"alone {fit['alone_ns']:.4g} ns (means {means})")
-            continue
-        lines.append(f"#   contention, {phase}: " + (
-            "no variation in concurrency" if fit is None else
-            f"{fit['ns_per_concurrent']:.4g} ns per other worker in the same phase "
-            f"(base {fit['base_ns']:.4g} ns, mean {fit['mean_concurrent']:.3g} others)"))
-    lines.append(f"#   write convoys: {_describe_convoys(report['convoys'])}")
-    lines.append(f"#   common factors: {_describe_common(report['common'])}")
-    lines.append(f"#   interference: {_describe_interference(report['interference'])}")
+    lines += [f"#   contention, {phase}: {_describe_contention(fit)}"
+              for phase, fit in report["contention"].items()]
+    lines += [f"#   {what}: {text}" for what, text in _models(report)]
+    lines += _placement_lines(report.get("cpu_latency", {}))
+    body = scenario_to_toml(scenario).split("\n", 1)[1]  # its own header line replaced
+    return "\n".join(lines) + "\n" + body
+
+
+def _models(report: dict[str, Any]) -> list[tuple[str, str]]:
+    """Each hardware model the report has: its name and one line on its fit."""
+    found = [("write convoys", _describe_convoys(report["convoys"])),
+             ("common factors", _describe_common(report["common"])),
+             ("interference", _describe_interference(report["interference"]))]
     if "shared" in report:
-        lines.append(f"#   lines another worker read last: {_describe_shared(report['shared'])}")
+        found.append(("lines another worker read last", _describe_shared(report["shared"])))
     if "stores" in report:
-        lines.append(f"#   stores in a write's window: {_describe_stores(report['stores'])}")
-    lines.append(f"#   rhythm: {_describe_rhythm(report['rhythm'], report['common'])}")
+        found.append(("stores in a write's window", _describe_stores(report["stores"])))
+    found.append(("rhythm", _describe_rhythm(report["rhythm"], report["common"])))
     if "speeds" in report:
-        lines.append(f"#   core speeds: {_describe_speeds(report['speeds'])}")
+        found.append(("core speeds", _describe_speeds(report["speeds"])))
     if "episodes" in report:
-        lines.append(f"#   speed episodes: {_describe_episodes(report['episodes'])}")
-    for run, latency in report.get("cpu_latency", {}).items():
-        if latency is not None:
-            lines.append(f"#   CPUs of {run}: {latency_line(latency)}: a prediction holds for "
-                         "runs whose CPUs are placed alike (dense shared writes take many times "
-                         "as long far apart)")
-    states = [placement(latency) for latency in report.get("cpu_latency", {}).values()]
+        found.append(("speed episodes", _describe_episodes(report["episodes"])))
+    return found
+
+
+def _describe_contention(fit: dict[str, Any] | None) -> str:
+    """One line on a phase's contention: per thread (several worker counts) or the slope
+    against the others in the same phase (one)."""
+    if fit is not None and "per_thread" in fit:
+        means = ", ".join(f"k = {k}: {m:.4g} ns" for k, m in fit["means_ns"].items())
+        return (f"×(1 + {fit['per_thread']:.4g}·(k − 1)), alone {fit['alone_ns']:.4g} ns "
+                f"(means {means})")
+    if fit is None:
+        return "no variation in concurrency"
+    return (f"{fit['ns_per_concurrent']:.4g} ns per other worker in the same phase "
+            f"(base {fit['base_ns']:.4g} ns, mean {fit['mean_concurrent']:.3g} others)")
+
+
+def _placement_lines(latencies: dict[str, Any]) -> list[str]:
+    """Where the host had each real run's CPUs, and a warning when the runs differ."""
+    lines = [f"#   CPUs of {run}: {latency_line(latency)}: a prediction holds for runs whose "
+             "CPUs are placed alike (dense shared writes take many times as long far apart)"
+             for run, latency in latencies.items() if latency is not None]
+    states = [placement(latency) for latency in latencies.values()]
     if len(set(states) - {None}) > 1:
         counts = ", ".join(f"{state} {states.count(state)}" for state in ("near", "far",
                                                                           "changing")
@@ -119,8 +134,12 @@ def calibrated_toml(scenario: Scenario, report: dict[str, Any]) -> str:
         lines.append(f"#   placements differ between the runs ({counts}): fitted together, "
                      "a rhythm or convoys that hold in one placement are averaged away; "
                      "fit runs of one placement")
-    body = scenario_to_toml(scenario).split("\n", 1)[1]  # its own header line replaced
-    return "\n".join(lines) + "\n" + body
+    return lines
+
+
+def _none_fitted(report: dict[str, Any]) -> str:
+    """What a model's line says when nothing was fitted: why."""
+    return f"none fitted ({report.get('why', '')})"
 
 
 def _describe_episodes(report: dict[str, Any]) -> str:
@@ -168,7 +187,7 @@ def _describe_rhythm(report: dict[str, dict[str, Any]], common: dict[str, Any]) 
 def _describe_convoys(report: dict[str, Any]) -> str:
     fields = report.get("fields")
     if not fields:
-        return f"none fitted ({report.get('why', '')})"
+        return _none_fitted(report)
     measured = (f"lost coordinates from {report['classified']} classified pairs"
                 if report.get("classified") else "no classified pairs: nothing lost")
     if report.get("probes"):
@@ -202,7 +221,7 @@ def _describe_convoys(report: dict[str, Any]) -> str:
 def _describe_common(report: dict[str, Any]) -> str:
     fields = report.get("fields")
     if not fields:
-        return f"none fitted ({report.get('why', '')})"
+        return _none_fitted(report)
     if "goal" in report:
         last = min(report["steps"], key=lambda step: abs(step[1] - report["goal"]))
         bound = " (the largest tried)" if fields["read_common"] == RHYTHM_HIGH else ""
@@ -224,7 +243,7 @@ def _describe_common(report: dict[str, Any]) -> str:
 def _describe_interference(report: dict[str, Any]) -> str:
     fields = report.get("fields")
     if not fields:
-        return f"none fitted ({report.get('why', '')})"
+        return _none_fitted(report)
     parts = []
     for phase, fit in report["phases"].items():
         noise = fit.get("within_noise", [])
@@ -259,5 +278,5 @@ def _describe_shared(report: dict[str, Any]) -> str:
                     f"median {report['median_shared_ns']:.4g} ns, against "
                     f"{report['median_other_ns']:.4g} ns for the {report['rows_other']} others")
     if not report.get("fields"):
-        return f"none fitted ({report.get('why', '')})" + (f": {measured}" if measured else "")
+        return _none_fitted(report) + (f": {measured}" if measured else "")
     return f"write_shared {report['factor']:.3g}: {measured}"

@@ -1,6 +1,6 @@
 """Shared lines (``timing.write_shared``): writes on lines another worker read last.
 
-Shared lines (``timing.write_shared``; ``shared``; two or more workers): a write whose
+With ``--shared`` (two or more workers): a write whose
 worker still holds the vector from its own read (no other write began since) while
 another worker read it after that (:func:`shared_writes`) runs longer: on hardware its
 cache lines are shared with the core that read them last and each store waits for that

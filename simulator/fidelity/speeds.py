@@ -1,6 +1,6 @@
 """Core speeds (``DeviceSpec.speed``): a core that ran slower for a whole run.
 
-Core speeds (``speeds``; pooled, one worker per core): worker r's speed s_r is the
+With ``--speeds`` (pooled, one worker per core), worker r's speed s_r is the
 geometric mean of all workers' median gradient times over its own (the gradient touches
 no shared memory, so its pace is the core's); every duration of worker r is multiplied by
 s_r before pooling (what it would take at speed 1), and the scenario gets one device of one
