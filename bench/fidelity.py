@@ -53,7 +53,7 @@ if sys.path and Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
     sys.path.pop(0)
 
 from simulator.cli import main as asyngrad
-from simulator.compare import LAG_EDGES, OFFSET_EDGES, meeting_lags, offsets
+from simulator.fidelity.compare import LAG_EDGES, OFFSET_EDGES, meeting_lags, offsets
 from simulator.rundir import latency_pair, placement, run_cpu_latency
 from simulator.trace import Trace
 
@@ -199,7 +199,7 @@ def _split_table(rows: list[dict]) -> None:
 def _lag_table(args: argparse.Namespace, work: Path,
                plans: list[tuple[str, list[str]]]) -> None:
     """How the pairs of writes that met were staggered, pooled over the repeats: the real runs
-    at each k' and each prediction's simulations (`simulator.compare.meeting_lags`)."""
+    at each k' and each prediction's simulations (`simulator.fidelity.compare.meeting_lags`)."""
     edges = "/".join(f"{e:g}" for e in LAG_EDGES[1:-1])
     print(f"\nHow the writes that met were staggered (classified pairs pooled over the "
           f"repeats; lag: the second write's start after the first's, over the median lone "
@@ -239,7 +239,7 @@ def _offset_table(args: argparse.Namespace, work: Path,
                   plans: list[tuple[str, list[str]]]) -> None:
     """How far apart the workers start their writes and how that moves, pooled over the
     repeats: the real runs at each k' and each prediction's simulations
-    (`simulator.compare.offsets`)."""
+    (`simulator.fidelity.compare.offsets`)."""
     edges = "/".join(f"{e:g}" for e in OFFSET_EDGES[1:-1])
     print(f"\nHow far apart the workers start their writes (pooled over the repeats; offset: "
           f"the time to another worker's nearest write start, over the median lone write W; "

@@ -46,7 +46,7 @@ from realrun.records import compiled
 from realrun.runner import run_real
 from realrun.timeline import overlap_rate, thread_ends
 from realrun.worker import START
-from simulator.calibrate import alone_writes, running_together
+from simulator.fidelity.runs import alone_writes, running_together
 from simulator.problems import MLPProblem, Problem, make_problem
 from simulator.rundir import FAR_NS, latency_pair, placement
 from simulator.scenario import Scenario, load_scenario

@@ -37,7 +37,7 @@ from pathlib import Path
 from IPython.display import Image, Markdown, display
 
 from simulator.cli import main
-from simulator.compare import targets_table
+from simulator.fidelity.report import targets_table
 
 out = Path(OUT)
 shutil.rmtree(out, ignore_errors=True)

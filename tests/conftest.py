@@ -176,6 +176,16 @@ def check_meeting_losses(trace: Trace, write_ns: int, lossy: float, leader: floa
         assert pairs[lost, 4].sum() / shared[lost].sum() == pytest.approx(joiner, rel=0.05)
 
 
+def detail_cells(text: str, metric: str) -> list[str]:
+    """The cells (run A, run B, gap, note) of ``metric``'s row in the details table that
+    ``compare`` printed in ``text``, cut at the header's column starts."""
+    lines = text.splitlines()
+    header = lines[lines.index("details:") + 1]
+    starts = [header.index(name) for name in ("run A", "run B", "gap", "note")]
+    line = next(x for x in lines[lines.index("details:"):] if x.startswith(metric + "  "))
+    return [line[a:b].strip() for a, b in zip(starts, [*starts[1:], None], strict=True)]
+
+
 def one_worker_run(where: Path) -> Path:
     """A small simulated run of one thread in ``where`` (nothing between workers to fit)."""
     from simulator.cli import main
@@ -189,8 +199,8 @@ def check_fit_choice(run: Path, tmp_path: Path, choice: str, value: str, comment
     """A calibrate fit chosen by ``--{choice}``: off unless asked for, written as a comment
     of the calibrated scenario when asked on the command line, and refused (with the reason)
     for a one-worker run."""
-    from simulator.calibrate import calibrate
     from simulator.cli import main
+    from simulator.fidelity.calibrate import calibrate
 
     _, report_off = calibrate(run, pool=True)
     assert report_off[choice]["why"] == f"--{choice} off"

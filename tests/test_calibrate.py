@@ -5,11 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from simulator.calibrate import calibrate, calibrate_counts, fit_durations
 from simulator.cli import main
-from simulator.compare import compare_runs
 from simulator.engine import simulate
 from simulator.errors import AsyngradError
+from simulator.fidelity.calibrate import calibrate, calibrate_counts
+from simulator.fidelity.compare import compare_runs
+from simulator.fidelity.durations import fit_durations
 from simulator.replay import load_trace
 from simulator.scenario import load_scenario
 

@@ -9,11 +9,13 @@ import pytest
 import scipy.special
 import scipy.stats
 
-from simulator.calibrate import calibrate, calibrated_toml, fit_common
 from simulator.cli import main
 from simulator.distributions import Duration
 from simulator.engine import simulate
 from simulator.errors import ScenarioError
+from simulator.fidelity.calibrate import calibrate
+from simulator.fidelity.common import fit_common
+from simulator.fidelity.report import calibrated_toml
 from simulator.metrics import interference, trace_rhythm
 from simulator.timing import CommonFactor
 from simulator.trace import Trace

@@ -8,15 +8,10 @@ import numpy as np
 import pytest
 
 from simulator.cli import main
-from simulator.compare import (
-    TARGETS,
-    compare_runs,
-    error_gap_split,
-    load_run,
-    targets,
-    targets_table,
-)
 from simulator.errors import AsyngradError
+from simulator.fidelity.compare import TARGETS, compare_runs, error_gap_split, targets
+from simulator.fidelity.report import targets_table
+from simulator.fidelity.runs import load_run
 from simulator.metrics import (
     PHASE_BINS,
     error_mask,
@@ -25,6 +20,8 @@ from simulator.metrics import (
     trace_rhythm,
     write_meetings,
 )
+
+from .conftest import detail_cells
 
 
 @pytest.fixture(scope="module")
@@ -246,7 +243,7 @@ def test_a_real_run_has_no_lost_blocks_but_its_classified_pairs(tmp_path, capsys
     """Hardware does not say which update lost a store: a real run's lost blocks are
     unknown (None, printed n/a), while what its classified pairs of writes lost is compared
     with the simulation's (passing writes record theirs)."""
-    from simulator.compare import pair_losses
+    from simulator.fidelity.compare import pair_losses
     from simulator.replay import load_trace
     from simulator.trace import convoy_pairs
 
@@ -259,7 +256,8 @@ def test_a_real_run_has_no_lost_blocks_but_its_classified_pairs(tmp_path, capsys
                  "timing.write.mean=8000", *(a for o in tiny for a in ("--set", o))]) == 0
     capsys.readouterr()
     assert main(["compare", str(real), str(sim), "--out", str(tmp_path / "cmp")]) == 0
-    assert "lost blocks per update n/a vs" in capsys.readouterr().out
+    assert detail_cells(capsys.readouterr().out, "lost blocks per update")[0::3] == [
+        "—", "unknown for a real run"]
     report = json.loads((tmp_path / "cmp" / "compare.json").read_text())["overwrites"]
     assert report["a"]["lost_blocks_per_update"] is None
     assert report["b"]["lost_blocks_per_update"] > 0
@@ -274,8 +272,8 @@ def test_a_real_run_has_no_lost_blocks_but_its_classified_pairs(tmp_path, capsys
 def test_pair_losses_give_the_lossy_shares_and_the_lags_quartiles():
     """Worked by hand: four pairs, lags 1000–4000 ns against constant lone writes of
     8000 ns, two of them lossy (shares 0.1 + 0.1 and 0.4)."""
-    from simulator.compare import pair_losses
     from simulator.engine import simulate
+    from simulator.fidelity.compare import pair_losses
     from simulator.scenario import scenario_from_dict
 
     trace = simulate(scenario_from_dict({
@@ -307,8 +305,9 @@ def test_compare_shows_how_far_apart_a_real_runs_cpus_were(runs, tmp_path, capsy
     capsys.readouterr()
     assert main(["compare", str(real), str(runs / "b"), "--out", str(tmp_path / "cmp")]) == 0
     assert report["placement"] == {"a": "changing", "b": None}
-    assert "CPU-to-CPU cache line before / after the run, ns: 372 / 44 vs — (CPUs changing vs " \
-        "—)" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert detail_cells(text, "CPU-to-CPU cache line before/after, ns")[:2] == ["372/44.2", "—"]
+    assert detail_cells(text, "CPU placement")[:2] == ["changing", "—"]
     other = tmp_path / "other"
     shutil.copytree(real, other)
     for run, before, after in ((real, 182.0, 176.0), (other, 40.0, 149.9)):
@@ -316,7 +315,8 @@ def test_compare_shows_how_far_apart_a_real_runs_cpus_were(runs, tmp_path, capsy
         (run / "summary.json").write_text(json.dumps(summary))
     assert compare_runs(real, other)["placement"] == {"a": "far", "b": "near"}
     assert main(["compare", str(real), str(other), "--out", str(tmp_path / "cmp3")]) == 0
-    assert "the runs' CPUs were placed differently" in capsys.readouterr().out
+    cells = detail_cells(capsys.readouterr().out, "CPU placement")
+    assert cells[:2] == ["far", "near"] and cells[3].startswith("placed differently")
     assert main(["compare", str(runs / "a"), str(runs / "b"), "--out",
                  str(tmp_path / "cmp2")]) == 0
     assert "CPU-to-CPU" not in capsys.readouterr().out
@@ -336,6 +336,35 @@ def test_targets_are_records_and_a_table(runs, tmp_path, capsys):
     lines = text.splitlines()
     assert lines[2].split()[:6] == ["metric", "run", "A", "run", "B", "gap"]
     assert all(line.rstrip().endswith("yes") for line in lines[3:7])
+
+
+def test_details_are_records_and_a_table(runs, tmp_path, capsys):
+    """compare.json's details: records of metric, both runs' values, the measure and gap
+    (b − a where both are numbers and no other is named) and a note, the same as
+    ``details`` gives; the printed details table shows every record's metric, values, gap
+    and note in its row."""
+    from simulator.fidelity.compare import details
+    from simulator.fidelity.report import cell
+
+    out = tmp_path / "cmp"
+    assert main(["compare", str(runs / "a"), str(runs / "c"), "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    report = json.loads((out / "compare.json").read_text())
+    rows = report["details"]
+    assert rows == json.loads(json.dumps(details(report)))
+    assert len(rows) >= 15
+    for row in rows:
+        assert list(row) == ["metric", "a", "b", "measure", "gap", "note"]
+        if row["measure"] == "b − a":
+            assert row["gap"] == pytest.approx(row["b"] - row["a"])
+        gap = cell(row["gap"]) + (f" ({row['measure']})" if row["measure"] else "")
+        assert detail_cells(text, row["metric"]) == [cell(row["a"]), cell(row["b"]), gap,
+                                                     row["note"]]
+    by = {row["metric"]: row for row in rows}
+    assert by["staleness p95"]["a"] == report["staleness"]["p95_a"]
+    assert by["updates/s"]["gap"] == report["throughput"]["ratio"]
+    split = report["gradient_error"]["gap_split"]
+    assert by["error rate at staleness 0"]["gap"] == split["fresh_errors"]
 
 
 def test_a_target_is_missed_or_unknown_by_its_gap():

@@ -10,24 +10,28 @@ import numpy as np
 import pytest
 
 from realrun.rebuild import convoy_losses
-from simulator.calibrate import (
-    Survival,
-    alone_writes,
-    calibrate,
-    end_gap_hinge,
-    running_together,
-    write_survival,
-)
 from simulator.cli import main
-from simulator.compare import LAG_EDGES, OFFSET_EDGES, load_run, meeting_lags, offsets
 from simulator.engine import simulate
 from simulator.errors import ScenarioError
+from simulator.fidelity.calibrate import calibrate
+from simulator.fidelity.compare import LAG_EDGES, OFFSET_EDGES, meeting_lags, offsets
+from simulator.fidelity.convoys import end_gap_hinge
+from simulator.fidelity.durations import Survival
+from simulator.fidelity.report import cell
+from simulator.fidelity.runs import alone_writes, load_run, running_together, write_survival
 from simulator.metrics import write_pairs
 from simulator.problems import make_problem
 from simulator.replay import replay
 from simulator.trace import convoy_pairs
 
-from .conftest import check_meeting_losses, convoy_run, same_every_way, scenario, two_writers
+from .conftest import (
+    check_meeting_losses,
+    convoy_run,
+    detail_cells,
+    same_every_way,
+    scenario,
+    two_writers,
+)
 
 CONVOY = ("timing.convoy_join=1.5", "timing.convoy_rest=2.0")
 
@@ -351,9 +355,9 @@ def test_meeting_lags_show_how_the_loss_falls_with_the_lag(tmp_path, capsys):
     assert twice["pairs_per_update"] == lags["pairs_per_update"]
     assert meeting_lags([simulate(scenario("run.updates=200"))]) is None  # no pairs recorded
     assert main(["compare", str(run), str(run), "--out", str(tmp_path / "cmp")]) == 0
-    shares = "/".join(format(v, ".2f") for v in lags["shares"])
-    assert f"pairs that met by start lag over a lone write (bins 0, 0.05, 0.1, 0.2, 0.4, 0.7, " \
-        f"1 W): shares {shares} vs {shares}" in capsys.readouterr().out
+    shares = cell(lags["shares"])
+    assert detail_cells(capsys.readouterr().out, "pairs that met per start-lag bin (share)") == [
+        shares, shares, "—", "bins from 0, 0.05, 0.1, 0.2, 0.4, 0.7, 1 W"]
 
 
 def test_a_joiner_makes_up_the_catch_up_before_its_end_gap():
@@ -456,7 +460,6 @@ def test_offsets_follow_the_writes_and_the_catch_up(tmp_path, capsys):
         [float(np.median(r)) if len(r) >= 5 else None for r in ratios])
     assert offsets([simulate(scenario("run.threads=1", "run.updates=50"))]) is None
     assert main(["compare", str(run), str(run), "--out", str(tmp_path / "cmp")]) == 0
-    shares = "/".join(format(v, ".2f") for v in found["shares"])
-    assert (f"write starts' offset to another worker's over a lone write (bins 0, 0.05, 0.1, "
-            f"0.2, 0.4, 0.7, 1, 2, 4 W): shares {shares} vs {shares}"
-            in capsys.readouterr().out)
+    shares = cell(found["shares"])
+    assert detail_cells(capsys.readouterr().out, "write starts' offset to another's (share)") == [
+        shares, shares, "—", "bins from 0, 0.05, 0.1, 0.2, 0.4, 0.7, 1, 2, 4 W (over a lone write)"]

@@ -4,10 +4,11 @@ milliseconds (``devices.slow_factor``, ``slow_ns``, ``fast_ns``), simulated and 
 import numpy as np
 import pytest
 
-from simulator.calibrate import _without_blips, calibrate, fit_episodes
 from simulator.cli import main
 from simulator.engine import simulate
 from simulator.errors import AsyngradError
+from simulator.fidelity.calibrate import calibrate
+from simulator.fidelity.episodes import _without_blips, fit_episodes
 from simulator.replay import load_trace
 from simulator.scenario import ScenarioError, load_scenario
 from simulator.timing import SampledSource, SpeedEpisodes

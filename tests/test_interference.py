@@ -9,19 +9,13 @@ import re
 import numpy as np
 import pytest
 
-from simulator.calibrate import (
-    _describe_interference,
-    _slower,
-    calibrate,
-    calibrate_counts,
-    fit_interference,
-    running_together,
-    under_times,
-    undisturbed,
-)
 from simulator.cli import main
 from simulator.engine import simulate
 from simulator.errors import ScenarioError
+from simulator.fidelity.calibrate import calibrate, calibrate_counts
+from simulator.fidelity.interference import _slower, fit_interference, under_times, undisturbed
+from simulator.fidelity.report import _describe_interference
+from simulator.fidelity.runs import running_together
 
 from .conftest import check_fit_choice, same_every_way, scenario
 

@@ -12,9 +12,10 @@ import numpy as np
 import pytest
 
 from realrun.host.probe import probe_cpus, write_meetings
-from simulator.calibrate import calibrate, probed_meetings
 from simulator.cli import main
 from simulator.engine import simulate
+from simulator.fidelity.calibrate import calibrate
+from simulator.fidelity.convoys import probed_meetings
 from simulator.scenario import with_overrides
 from simulator.trace import convoy_pairs
 

@@ -9,9 +9,11 @@ import numpy as np
 import pytest
 import scipy.stats
 
-from simulator.calibrate import calibrate, calibrated_toml, lossy_spread
 from simulator.engine import simulate
 from simulator.errors import ScenarioError
+from simulator.fidelity.calibrate import calibrate
+from simulator.fidelity.passing import lossy_spread
+from simulator.fidelity.report import calibrated_toml
 from simulator.metrics import write_pairs
 from simulator.problems import make_problem
 from simulator.trace import convoy_pairs

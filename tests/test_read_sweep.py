@@ -12,10 +12,11 @@ import numpy as np
 import pytest
 
 from realrun.rebuild import read_sweeps as rebuild_read_sweeps
-from simulator.calibrate import calibrate, store_shares
 from simulator.cli import main
 from simulator.engine import simulate
 from simulator.errors import ScenarioError
+from simulator.fidelity.calibrate import calibrate
+from simulator.fidelity.stores import store_shares
 from simulator.problems import make_problem
 from simulator.schedule import Scheduler, run_schedule
 from simulator.trace import read_sweeps

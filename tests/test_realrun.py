@@ -17,8 +17,8 @@ from realrun.host.probe import built, probe_cpus
 from realrun.host.timeslice import measure_migration, measure_time_slice
 from realrun.runner import run_real
 from realrun.worker import die_with_parent, wait_for_release, wait_for_start
-from simulator.compare import load_run
 from simulator.engine import simulate
+from simulator.fidelity.runs import load_run
 from simulator.problems import make_problem
 from simulator.replay import replay
 from simulator.scenario import scenario_from_dict
@@ -177,7 +177,7 @@ def test_a_one_worker_run_probes_its_shared_writes_and_calibrates_from_them(tmp_
     takes ``write_shared`` from it: (m + extra) / m, m the run's median write. It also makes
     two writes meet (``real.write_meetings``). Sparse problems write a few coordinates: no
     probe. Without ``--probe`` nothing is probed, and calibrate says so."""
-    from simulator.calibrate import calibrate
+    from simulator.fidelity.calibrate import calibrate
 
     out, plain = tmp_path / "one", tmp_path / "plain"
     args = [sys.executable, "-m", "simulator.cli", "real", "--workers", "1", "--quiet",

@@ -8,11 +8,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from simulator.calibrate import Survival, calibrate, fit_shared, running_together, shared_writes
 from simulator.cli import main
-from simulator.compare import load_run
 from simulator.engine import simulate
 from simulator.errors import ScenarioError
+from simulator.fidelity.calibrate import calibrate
+from simulator.fidelity.durations import Survival
+from simulator.fidelity.runs import load_run, running_together
+from simulator.fidelity.shared import fit_shared, shared_writes
 from simulator.scenario import with_overrides
 
 from .conftest import convoy_run, same_every_way, scenario

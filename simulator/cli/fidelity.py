@@ -20,14 +20,10 @@ COMPARE_FILES = ("compare.json", "compare.png")
 def _compare(args: argparse.Namespace) -> int:
     import json
 
-    from simulator.compare import (
-        LAG_EDGES,
-        OFFSET_EDGES,
-        compare_figure,
-        compare_runs,
-        targets_table,
-    )
-    from simulator.rundir import check_out, latency_pair, publish
+    from simulator.fidelity.compare import compare_runs
+    from simulator.fidelity.figure import compare_figure
+    from simulator.fidelity.report import compare_text
+    from simulator.rundir import check_out, publish
 
     out = Path(args.out or "runs/compare")
     check_out(out, COMPARE_FILES)
@@ -39,92 +35,7 @@ def _compare(args: argparse.Namespace) -> int:
 
     publish(out, COMPARE_FILES, write)
     if not args.quiet:
-        st, ge, lo = report["staleness"], report["gradient_error"], report["loss"]
-
-        def num(value: Any, spec: str = ".4g") -> str:
-            return "n/a" if value is None else format(value, spec)
-
-        def quartiles(values: list[float] | None) -> str:
-            return "n/a" if values is None else "/".join(format(v, ".3g") for v in values)
-
-        def bins(lags: dict[str, Any] | None, key: str) -> str:
-            return "n/a" if lags is None else "/".join(num(v, ".2f") for v in lags[key])
-
-        def us(ns: float | None) -> str:
-            return num(None if ns is None else ns / 1e3, ".1f")
-
-        print(f"A: {report['a']['label']}\nB: {report['b']['label']}")
-        print(targets_table(report["targets"]))
-        print("details:")
-        print(f"  staleness mean {num(st['mean_a'])} vs {num(st['mean_b'])} (gap "
-              f"{num(st['relative_mean_gap'], '.1%')}), p95 {num(st['p95_a'])} vs "
-              f"{num(st['p95_b'])}, KS distance {num(st['ks_distance'], '.3f')}")
-        print(f"  gradient error rate {num(ge['a']['rate'], '.3f')} vs "
-              f"{num(ge['b']['rate'], '.3f')}, relative error p50 {num(ge['a']['p50'])} vs "
-              f"{num(ge['b']['p50'])}, p95 {num(ge['a']['p95'])} vs {num(ge['b']['p95'])}")
-        oa, ob = report["overwrites"]["a"], report["overwrites"]["b"]
-        print(f"  lost blocks per update {num(oa['lost_blocks_per_update'], '.3g')} vs "
-              f"{num(ob['lost_blocks_per_update'], '.3g')}, torn reads "
-              f"{oa['torn_read_fraction']:.3g} vs {ob['torn_read_fraction']:.3g}; pairs of "
-              f"writes that met losing stores {num(oa['pairs_losing'], '.3f')} vs "
-              f"{num(ob['pairs_losing'], '.3f')} (of {oa['pairs_classified']} vs "
-              f"{ob['pairs_classified']} classified), share of the block lost per pair "
-              f"{num(oa['lost_per_pair'], '.3g')} vs {num(ob['lost_per_pair'], '.3g')}, by a "
-              f"pair that lost any (quartiles) {quartiles(oa['lost_per_lossy_pair'])} vs "
-              f"{quartiles(ob['lost_per_lossy_pair'])}, their start lag over a lone write "
-              f"(quartiles) {quartiles(oa['pair_lag_over_lone_write'])} vs "
-              f"{quartiles(ob['pair_lag_over_lone_write'])}")
-        la, lb = oa["meeting_lags"], ob["meeting_lags"]
-        if la is not None or lb is not None:
-            edges = ", ".join(f"{e:g}" for e in LAG_EDGES[:-1])
-            print(f"  pairs that met by start lag over a lone write (bins {edges} W): shares "
-                  f"{bins(la, 'shares')} vs {bins(lb, 'shares')}, lossy "
-                  f"{bins(la, 'lossy_by_lag')} vs {bins(lb, 'lossy_by_lag')}")
-        ia, ib = report["interference"]["a"], report["interference"]["b"]
-        print(f"  writes overlapping a write {num(ia['write_overlap_rate'], '.3f')} vs "
-              f"{num(ib['write_overlap_rate'], '.3f')}, reads under a write "
-              f"{num(ia['read_under_write_rate'], '.3f')} vs "
-              f"{num(ib['read_under_write_rate'], '.3f')}; error rate at staleness 0 "
-              f"{num(ia['error_rate_fresh'], '.3f')} vs {num(ib['error_rate_fresh'], '.3f')}, "
-              f"above 0 {num(ia['error_rate_stale'], '.3f')} vs "
-              f"{num(ib['error_rate_stale'], '.3f')}")
-        split = report["gradient_error"]["gap_split"]
-        if split is not None:
-            print(f"  error-rate gap b − a {sum(split.values()):+.3f}: the share of updates at "
-                  f"staleness 0 ({num(ia['fresh_share'], '.3f')} vs "
-                  f"{num(ib['fresh_share'], '.3f')}) moves it {split['fresh_share']:+.3f}, "
-                  f"their errors {split['fresh_errors']:+.3f}, the stale updates' errors "
-                  f"{split['stale_errors']:+.3f}")
-        print(f"  median write µs: met by another {us(ia['met_write_median_ns'])} vs "
-              f"{us(ib['met_write_median_ns'])}, lone {us(ia['lone_write_median_ns'])} vs "
-              f"{us(ib['lone_write_median_ns'])}")
-        rh_a, rh_b = report["rhythm"]["a"], report["rhythm"]["b"]
-        print(f"  rhythm: staleness / independent-phase value {num(rh_a['coupling'], '.3f')} vs "
-              f"{num(rh_b['coupling'], '.3f')} ({num(rh_a['independent_staleness'])} vs "
-              f"{num(rh_b['independent_staleness'])} independent), others' completions peak "
-              f"at {num(rh_a['phase_peak'], '.2f')}× vs {num(rh_b['phase_peak'], '.2f')}× uniform "
-              f"in a worker's cycle")
-        fa, fb = report["offsets"]["a"], report["offsets"]["b"]
-        if fa is not None or fb is not None:
-            edges = ", ".join(f"{e:g}" for e in OFFSET_EDGES[:-1])
-            print(f"  write starts' offset to another worker's over a lone write (bins {edges} "
-                  f"W): shares {bins(fa, 'shares')} vs {bins(fb, 'shares')}; next offset over "
-                  f"this one (below 2 W) {bins(fa, 'next_over_now')} vs "
-                  f"{bins(fb, 'next_over_now')}; end gap of writes that met (W, below 1 W) "
-                  f"{bins(fa, 'end_gap')} vs {bins(fb, 'end_gap')}")
-        print(f"  updates/s {report['throughput']['updates_per_second_a']:.4g} vs "
-              f"{report['throughput']['updates_per_second_b']:.4g}")
-        ca, cb = report["cpu_latency"]["a"], report["cpu_latency"]["b"]
-        if ca is not None or cb is not None:
-            pa, pb = report["placement"]["a"], report["placement"]["b"]
-            print(f"  CPU-to-CPU cache line before / after the run, ns: {latency_pair(ca)} vs "
-                  f"{latency_pair(cb)} (CPUs {pa or '—'} vs {pb or '—'})")
-            if {pa, pb} == {"near", "far"}:
-                print("  the runs' CPUs were placed differently: dense shared writes differ by "
-                      "that alone, so part of every gap above is the host's placement")
-        print(f"  final suboptimality {num(lo['final_a'])} vs {num(lo['final_b'])} (ratio "
-              f"{num(lo['final_ratio'], '.3g')}; largest ratio along the curves "
-              f"10^{num(lo['max_abs_log10_ratio'], '.2f')})")
+        print(compare_text(report))
         print(f"  wrote {out}/compare.json and compare.png")
     return 0
 
@@ -157,13 +68,9 @@ def _migrate(text: str, cores: int, quantum: int, slicing: str) -> tuple[int, st
 
 
 def _calibrate(args: argparse.Namespace) -> int:
-    from simulator.calibrate import (
-        MARKER,
-        calibrate,
-        calibrate_counts,
-        calibrated_toml,
-        run_workers,
-    )
+    from simulator.fidelity.calibrate import calibrate, calibrate_counts
+    from simulator.fidelity.report import MARKER, calibrated_toml
+    from simulator.fidelity.runs import run_workers
     from simulator.rundir import run_cpu_latency
 
     out = Path(args.out)

@@ -10,23 +10,23 @@ the throughput, the loss curves against gradients computed
 (the ratio of the final suboptimalities and the largest ratio along the common range), how
 updates met in time, and whether the workers kept a common rhythm (measured staleness against
 what workers with independent phases would give; `simulator.metrics.rhythm`).
+
+The report is records: the four fidelity targets (``targets``) and the details
+(``details``), each a list of rows that :mod:`simulator.fidelity.report` prints as tables.
 """
 
 from __future__ import annotations
 
-import csv
-import json
 import math
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import scipy.stats
-from matplotlib.figure import Figure
 
-from simulator.errors import AsyngradError, TraceError
+from simulator.errors import AsyngradError
+from simulator.fidelity.runs import Run, load_run
 from simulator.metrics import (
-    PHASE_BINS,
     error_mask,
     interference,
     relative_error,
@@ -34,64 +34,90 @@ from simulator.metrics import (
     write_meetings,
     write_pairs,
 )
-from simulator.plots import draw_timeline
 from simulator.rundir import cpu_latency, placement
 from simulator.trace import Trace, convoy_pairs
 
-__all__ = [
-    "OFFSET_EDGES",
-    "TARGETS",
-    "Run",
-    "compare_figure",
-    "compare_runs",
-    "load_run",
-    "offsets",
-    "pair_losses",
-    "targets",
-    "targets_table",
-]
 
-
-class Run:
-    """A run directory's summary, trace and loss curve."""
-
-    def __init__(self, path: Path, summary: dict[str, Any], trace: Trace,
-                 curve: np.ndarray) -> None:
-        self.path, self.summary, self.trace, self.curve = path, summary, trace, curve
-
-    @property
-    def label(self) -> str:
-        s = self.summary
-        return f"{self.path.name} ({s['source']}, {s['protocol']}, k={s['threads']})"
-
-
-def load_run(path: str | Path) -> Run:
-    """Read a run directory.
+def compare_runs(a: str | Path, b: str | Path) -> dict[str, Any]:
+    """The fidelity report of run ``b`` against run ``a`` (what ``compare.json`` holds).
 
     Raises:
-        AsyngradError: not a run directory, or a file in it is unreadable.
+        AsyngradError: a path is not a run directory, or the runs train different problems.
     """
-    path = Path(path)
-    if not path.is_dir():
-        raise AsyngradError(f"compare: {path}: no such run directory")
-    missing = [name for name in ("summary.json", "trace.npz", "curve.csv")
-               if not (path / name).is_file()]
-    if missing:
-        raise AsyngradError(f"compare: {path}: not a run directory (missing "
-                            f"{', '.join(missing)})")
-    try:
-        summary = json.loads((path / "summary.json").read_text())
-        with open(path / "curve.csv", newline="") as handle:
-            rows = list(csv.DictReader(handle))
-        curve = np.array([[float(r["gradients"]), float(r["suboptimality"]),
-                           float(r["time_ns"])] for r in rows])
-    except (OSError, ValueError, KeyError) as err:
-        raise AsyngradError(f"compare: {path}: unreadable run files ({err})") from None
-    try:
-        trace = Trace.load(path / "trace.npz")
-    except TraceError as err:
-        raise AsyngradError(f"compare: {err}") from None
-    return Run(path, summary, trace, curve)
+    ra, rb = load_run(a), load_run(b)
+    _check_same_problem(ra, rb)
+    ta, tb = ra.trace, rb.trace
+    ea, eb = _errors(ta), _errors(tb)
+    ia, ib = interference(ta), interference(tb)
+    latency_a, latency_b = cpu_latency(ra.summary), cpu_latency(rb.summary)
+    rate_gap = (abs(eb["rate"] - ea["rate"]) if ea["rate"] is not None
+                and eb["rate"] is not None else None)
+    ups_a = ra.summary["time"]["updates_per_second"]
+    ups_b = rb.summary["time"]["updates_per_second"]
+    report: dict[str, Any] = {
+        "a": {"path": str(ra.path), "label": ra.label, "updates": len(ta)},
+        "b": {"path": str(rb.path), "label": rb.label, "updates": len(tb)},
+        "staleness": _staleness(ta["staleness"], tb["staleness"]),
+        "gradient_error": {"a": ea, "b": eb, "rate_gap": rate_gap,
+                           "gap_split": error_gap_split(ia, ib)},
+        "overwrites": {"a": _overwrites(ra), "b": _overwrites(rb)},
+        "interference": {"a": ia, "b": ib},
+        "rhythm": {"a": trace_rhythm(ta), "b": trace_rhythm(tb)},
+        "offsets": {"a": offsets([ta]), "b": offsets([tb])},
+        # Real runs: how far apart their two CPUs were (a different state of the host makes
+        # a different machine: docs/fidelity.md, write lockstep).
+        "cpu_latency": {"a": latency_a, "b": latency_b},
+        "placement": {"a": placement(latency_a), "b": placement(latency_b)},
+        "throughput": {"updates_per_second_a": ups_a, "updates_per_second_b": ups_b,
+                       "ratio": ups_b / ups_a if ups_a else None},
+        "loss": _loss_agreement(ra.curve, rb.curve),
+    }
+    report["targets"] = targets(report)
+    report["details"] = details(report)
+    return report
+
+
+def _check_same_problem(ra: Run, rb: Run) -> None:
+    """Raises AsyngradError where the runs train different problems."""
+    pa, pb = ra.summary["problem"], rb.summary["problem"]
+    differ = sorted(k for k in set(pa) | set(pb) if not _same(pa.get(k), pb.get(k)))
+    if differ:
+        raise AsyngradError(f"compare: {ra.path} and {rb.path} train different problems "
+                            f"({', '.join(f'{k}: {pa.get(k)} vs {pb.get(k)}' for k in differ)})")
+
+
+def _staleness(a: np.ndarray, b: np.ndarray) -> dict[str, Any]:
+    """Both runs' staleness: means, their relative gap, p95 and the KS distance."""
+    sa, sb = a.astype(np.float64), b.astype(np.float64)
+    ks = (float(scipy.stats.ks_2samp(sa, sb, method="asymp").statistic) if sa.size and sb.size
+          else None)
+    mean_a = float(sa.mean()) if sa.size else 0.0
+    mean_b = float(sb.mean()) if sb.size else 0.0
+    return {"mean_a": mean_a, "mean_b": mean_b,
+            "relative_mean_gap": (abs(mean_b - mean_a) / mean_a if mean_a > 0
+                                  else (0.0 if mean_b == 0 else math.inf)),
+            "p95_a": _quantile(sa, 0.95), "p95_b": _quantile(sb, 0.95), "ks_distance": ks}
+
+
+def _errors(trace: Trace) -> dict[str, Any]:
+    """A run's gradient error rate and relative-error quantiles."""
+    relative = relative_error(trace)
+    return {"rate": float(error_mask(trace).mean()) if relative.size else None,
+            "measured": int(relative.size), "p50": _quantile(relative, 0.5),
+            "p95": _quantile(relative, 0.95)}
+
+
+def _overwrites(run: Run) -> dict[str, Any]:
+    """A run's overwrites per update and what its pairs of writes that met lost."""
+    trace, n = run.trace, max(len(run.trace), 1)
+    # Hardware loses stores without a trace of who lost them: a real run's lost blocks are
+    # unknown, what its classified pairs of writes lost is known.
+    lost = (None if run.summary.get("source") == "real"
+            else float(trace["lost_blocks"].sum()) / n)
+    return {"lost_blocks_per_update": lost,
+            "torn_read_fraction": float(trace["torn"].sum()) / n,
+            "read_overwrite_blocks_per_update": float(trace["read_overwrites"].sum()) / n,
+            **pair_losses(trace), "meeting_lags": meeting_lags([trace])}
 
 
 def _quantile(values: np.ndarray, q: float) -> float | None:
@@ -118,75 +144,6 @@ def _same(a: Any, b: Any) -> bool:
     if isinstance(a, float) and isinstance(b, float):
         return math.isclose(a, b, rel_tol=1e-9)
     return bool(a == b)
-
-
-def compare_runs(a: str | Path, b: str | Path) -> dict[str, Any]:
-    """The fidelity report of run ``b`` against run ``a`` (what ``compare.json`` holds).
-
-    Raises:
-        AsyngradError: a path is not a run directory, or the runs train different problems.
-    """
-    ra, rb = load_run(a), load_run(b)
-    pa, pb = ra.summary["problem"], rb.summary["problem"]
-    differ = sorted(k for k in set(pa) | set(pb) if not _same(pa.get(k), pb.get(k)))
-    if differ:
-        raise AsyngradError(f"compare: {ra.path} and {rb.path} train different problems "
-                            f"({', '.join(f'{k}: {pa.get(k)} vs {pb.get(k)}' for k in differ)})")
-    ta, tb = ra.trace, rb.trace
-    sa, sb = ta["staleness"].astype(np.float64), tb["staleness"].astype(np.float64)
-    ks = (float(scipy.stats.ks_2samp(sa, sb, method="asymp").statistic) if sa.size and sb.size
-          else None)
-    mean_a = float(sa.mean()) if sa.size else 0.0
-    mean_b = float(sb.mean()) if sb.size else 0.0
-
-    def errors(trace: Trace, summary: dict[str, Any]) -> dict[str, Any]:
-        relative = relative_error(trace)
-        return {"rate": float(error_mask(trace).mean()) if relative.size else None,
-                "measured": int(relative.size), "p50": _quantile(relative, 0.5),
-                "p95": _quantile(relative, 0.95)}
-
-    def overwrites(run: Run) -> dict[str, Any]:
-        trace, n = run.trace, max(len(run.trace), 1)
-        # Hardware loses stores without a trace of who lost them: a real run's lost blocks
-        # are unknown, what its classified pairs of writes lost is known.
-        lost = (None if run.summary.get("source") == "real"
-                else float(trace["lost_blocks"].sum()) / n)
-        return {"lost_blocks_per_update": lost,
-                "torn_read_fraction": float(trace["torn"].sum()) / n,
-                "read_overwrite_blocks_per_update": float(trace["read_overwrites"].sum()) / n,
-                **pair_losses(trace), "meeting_lags": meeting_lags([trace])}
-
-    ea, eb = errors(ta, ra.summary), errors(tb, rb.summary)
-    ia, ib = interference(ta), interference(tb)
-    latency_a, latency_b = cpu_latency(ra.summary), cpu_latency(rb.summary)
-    rate_gap = (abs(eb["rate"] - ea["rate"]) if ea["rate"] is not None
-                and eb["rate"] is not None else None)
-    ups_a = ra.summary["time"]["updates_per_second"]
-    ups_b = rb.summary["time"]["updates_per_second"]
-    report: dict[str, Any] = {
-        "a": {"path": str(ra.path), "label": ra.label, "updates": len(ta)},
-        "b": {"path": str(rb.path), "label": rb.label, "updates": len(tb)},
-        "staleness": {"mean_a": mean_a, "mean_b": mean_b,
-                      "relative_mean_gap": (abs(mean_b - mean_a) / mean_a if mean_a > 0
-                                            else (0.0 if mean_b == 0 else math.inf)),
-                      "p95_a": _quantile(sa, 0.95), "p95_b": _quantile(sb, 0.95),
-                      "ks_distance": ks},
-        "gradient_error": {"a": ea, "b": eb, "rate_gap": rate_gap,
-                           "gap_split": error_gap_split(ia, ib)},
-        "overwrites": {"a": overwrites(ra), "b": overwrites(rb)},
-        "interference": {"a": ia, "b": ib},
-        "rhythm": {"a": trace_rhythm(ta), "b": trace_rhythm(tb)},
-        "offsets": {"a": offsets([ta]), "b": offsets([tb])},
-        # Real runs: how far apart their two CPUs were (a different state of the host makes
-        # a different machine: docs/fidelity.md, write lockstep).
-        "cpu_latency": {"a": latency_a, "b": latency_b},
-        "placement": {"a": placement(latency_a), "b": placement(latency_b)},
-        "throughput": {"updates_per_second_a": ups_a, "updates_per_second_b": ups_b,
-                       "ratio": ups_b / ups_a if ups_a else None},
-        "loss": _loss_agreement(ra.curve, rb.curve),
-    }
-    report["targets"] = targets(report)
-    return report
 
 
 #: The fidelity targets a prediction is held to (run B against run A): the name, the
@@ -223,21 +180,118 @@ def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
-def targets_table(rows: list[dict[str, Any]]) -> str:
-    """``targets`` as a fixed-width text table: metric, run A, run B, gap, target, met."""
-    def cell(value: Any) -> str:
-        return "—" if value is None else format(value, ".4g")
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
-    body = [("metric", "run A", "run B", "gap", "target", "met")]
-    for r in rows:
-        limit = (f"{1 / r['target']:g}–{r['target']:g}" if r["measure"] == "ratio B/A"
-                 else f"≤ {r['target']:g}")
-        body.append((r["metric"], cell(r["a"]), cell(r["b"]),
-                     f"{cell(r['gap'])} ({r['measure']})", limit,
-                     {True: "yes", False: "no", None: "—"}[r["met"]]))
-    widths = [max(len(row[i]) for row in body) for i in range(len(body[0]))]
-    return "\n".join("  ".join(text.ljust(w) for text, w in zip(row, widths, strict=True))
-                     .rstrip() for row in body)
+
+def _row(metric: str, a: Any, b: Any, note: str = "", measure: str | None = None,
+         gap: float | None = None) -> dict[str, Any]:
+    """One record of ``details``; without a ``measure``, the gap is b − a where both are
+    numbers."""
+    if measure is None and _number(a) and _number(b):
+        measure, gap = "b − a", b - a
+    return {"metric": metric, "a": a, "b": b, "measure": measure, "gap": gap, "note": note}
+
+
+def _pair(section: dict[str, Any], key: str) -> tuple[Any, Any]:
+    """A value of runs A and B from a section keyed ``a`` and ``b`` (None for a run without
+    the section)."""
+    a, b = (None if section[side] is None else section[side][key] for side in "ab")
+    return a, b
+
+
+def _bins(edges: tuple[float, ...]) -> str:
+    return "bins from " + ", ".join(f"{e:g}" for e in edges) + " W"
+
+
+def _staleness_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
+    st, ge = report["staleness"], report["gradient_error"]
+    return [_row("staleness p95", st["p95_a"], st["p95_b"]),
+            _row("relative gradient error p50", *_pair(ge, "p50")),
+            _row("relative gradient error p95", *_pair(ge, "p95"))]
+
+
+def _overwrite_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
+    ow = report["overwrites"]
+    lost = _pair(ow, "lost_blocks_per_update")
+    rows = [_row("lost blocks per update", *lost,
+                 "unknown for a real run" if None in lost else ""),
+            _row("torn reads per update", *_pair(ow, "torn_read_fraction")),
+            _row("pairs of writes that met, classified", *_pair(ow, "pairs_classified")),
+            _row("classified pairs losing stores (share)", *_pair(ow, "pairs_losing")),
+            _row("share of the block lost per pair", *_pair(ow, "lost_per_pair")),
+            _row("lost by a pair that lost any", *_pair(ow, "lost_per_lossy_pair"),
+                 "quartiles"),
+            _row("pair start lag over a lone write", *_pair(ow, "pair_lag_over_lone_write"),
+                 "quartiles")]
+    lags = {side: ow[side]["meeting_lags"] for side in "ab"}
+    if lags["a"] is not None or lags["b"] is not None:
+        rows += [_row("pairs that met per start-lag bin (share)", *_pair(lags, "shares"),
+                      _bins(LAG_EDGES[:-1])),
+                 _row("lossy pairs per start-lag bin (share)", *_pair(lags, "lossy_by_lag"),
+                      _bins(LAG_EDGES[:-1]))]
+    return rows
+
+
+def _interference_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
+    ia = report["interference"]
+    split = report["gradient_error"]["gap_split"] or {}
+    part = "its part of the error-rate gap b − a" if split else ""
+
+    def parted(metric: str, key: str, share: str) -> dict[str, Any]:
+        if not split:
+            return _row(metric, *_pair(ia, key))
+        return _row(metric, *_pair(ia, key), part, "part of the gap", split[share])
+
+    return [_row("writes overlapping a write (share)", *_pair(ia, "write_overlap_rate")),
+            _row("reads under a write (share)", *_pair(ia, "read_under_write_rate")),
+            parted("updates at staleness 0 (share)", "fresh_share", "fresh_share"),
+            parted("error rate at staleness 0", "error_rate_fresh", "fresh_errors"),
+            parted("error rate above staleness 0", "error_rate_stale", "stale_errors"),
+            _row("median write met by another, ns", *_pair(ia, "met_write_median_ns")),
+            _row("median lone write, ns", *_pair(ia, "lone_write_median_ns"))]
+
+
+def _rhythm_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
+    rh, fo = report["rhythm"], report["offsets"]
+    rows = [_row("rhythm: staleness / independent-phase value", *_pair(rh, "coupling")),
+            _row("independent-phase staleness", *_pair(rh, "independent_staleness")),
+            _row("others' completions peak, × uniform", *_pair(rh, "phase_peak"),
+                 "where in a worker's cycle the others complete")]
+    if fo["a"] is not None or fo["b"] is not None:
+        rows += [_row("write starts' offset to another's (share)", *_pair(fo, "shares"),
+                      _bins(OFFSET_EDGES[:-1]) + " (over a lone write)"),
+                 _row("next offset over this one", *_pair(fo, "next_over_now"),
+                      _bins(OFFSET_EDGES[:-3])),
+                 _row("end gap of writes that met, W", *_pair(fo, "end_gap"),
+                      _bins(OFFSET_EDGES[:-4]) + " (their start lag)")]
+    return rows
+
+
+def _host_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
+    th, lo = report["throughput"], report["loss"]
+    rows = [_row("updates/s", th["updates_per_second_a"], th["updates_per_second_b"],
+                 measure="ratio B/A", gap=th["ratio"])]
+    latency, placed = report["cpu_latency"], report["placement"]
+    if latency["a"] is not None or latency["b"] is not None:
+        differ = {placed["a"], placed["b"]} == {"near", "far"}
+        a, b = (None if latency[s] is None else [latency[s]["before_ns"], latency[s]["after_ns"]]
+                for s in "ab")
+        rows += [_row("CPU-to-CPU cache line before/after, ns", a, b),
+                 _row("CPU placement", placed["a"], placed["b"],
+                      "placed differently: dense shared writes differ by that alone, so part "
+                      "of every gap is the host's placement" if differ else "")]
+    rows.append(_row("largest suboptimality ratio along the curves", None, None,
+                     "final ratio: the targets", "|log10 B/A|", lo["max_abs_log10_ratio"]))
+    return rows
+
+
+def details(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """Everything a comparison measured beyond its targets, as records: ``metric``, ``a``,
+    ``b`` (numbers, or lists of them per quartile or bin; None where a run has none),
+    ``measure`` and ``gap`` (b − a by default; None where there is no gap) and ``note``."""
+    return [*_staleness_rows(report), *_overwrite_rows(report), *_interference_rows(report),
+            *_rhythm_rows(report), *_host_rows(report)]
 
 
 def error_gap_split(a: dict[str, Any], b: dict[str, Any]) -> dict[str, float] | None:
@@ -302,6 +356,8 @@ def meeting_lags(traces: list[Trace]) -> dict[str, Any] | None:
 # Bins of a write's start offset to the nearest other worker's write start, over the median
 # lone write (offsets): the meetings' bins, then writes too far apart to meet.
 OFFSET_EDGES = (0.0, 0.05, 0.1, 0.2, 0.4, 0.7, 1.0, 2.0, 4.0, math.inf)
+
+
 _MIN_IN_BIN = 5  # offsets: a bin's median from at least this many rows
 
 
@@ -378,91 +434,3 @@ def pair_losses(trace: Trace) -> dict[str, Any]:
                                     if lossy.size else None),
             "pair_lag_over_lone_write": (np.quantile(pairs[:, 2] / lone, [0.25, 0.5, 0.75])
                                          .tolist() if lone else None)}
-
-
-def _say(ax: Any, text: str) -> None:
-    """A panel with nothing to draw says why, in its middle."""
-    ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes)
-
-
-def _draw_rhythm(ax: Any, runs: tuple[Run, Run], colours: tuple[str, str]) -> None:
-    """Where the other workers' completions fall in a worker's cycle (1 = uniform)."""
-    centres = (np.arange(PHASE_BINS) + 0.5) / PHASE_BINS
-    drawn = False
-    for run, colour in zip(runs, colours, strict=True):
-        found = trace_rhythm(run.trace)
-        if found["phase_profile"] is not None:
-            ax.step(centres, found["phase_profile"], where="mid", color=colour,
-                    label=f"{run.label}: staleness / independent {found['coupling']:.3f}"
-                    if found["coupling"] is not None else run.label)
-            drawn = True
-    if drawn:
-        ax.axhline(1.0, color="0.5", linewidth=0.8, linestyle=":")
-        ax.set_ylim(bottom=0)
-        ax.legend(fontsize=7)
-    else:
-        _say(ax, "fewer than two workers ran together")
-    ax.set_xlabel("phase in a worker's cycle (0: its read starts; 1: its next read)")
-    ax.set_ylabel("others' completions (1 = uniform)")
-    ax.set_title("Rhythm: where the other workers complete")
-
-
-def compare_figure(a: str | Path, b: str | Path) -> Figure:
-    """Both runs overlaid: staleness histogram, relative-error histogram, loss curve against
-    gradients computed, where the other workers complete in a worker's cycle, and a timeline
-    excerpt of each."""
-    ra, rb = load_run(a), load_run(b)
-    fig = Figure(figsize=(12, 10), layout="constrained")
-    grid = fig.add_gridspec(3, 2, height_ratios=[1, 1, 1.1])
-    colours = ("#4C72B0", "#DD8452")
-    ax = fig.add_subplot(grid[0, 0])
-    # One bar per staleness value up to the 99th percentile, the rarer tail in one last bar
-    # (a descheduled worker's few updates can be hundreds stale: bars to there are invisible).
-    both = np.concatenate([ra.trace["staleness"], rb.trace["staleness"]])
-    top = int(both.max(initial=0))
-    cap = min(top, max(int(np.percentile(both, 99)) if both.size else 0, 3))
-    bins = (np.arange(cap + (3 if top > cap else 2)) - 0.5).tolist()
-    for run, colour in zip((ra, rb), colours, strict=True):
-        ax.hist(np.minimum(run.trace["staleness"], cap + 1), bins=bins, density=True,
-                alpha=0.5, color=colour, label=run.label)
-    if top > cap:
-        ticks = list(range(0, cap + 1, max(1, (cap + 1) // 8)))
-        ax.set_xticks([*ticks, cap + 1], [*map(str, ticks), f"{cap + 1}–{top}"])
-    ax.set_xlabel("staleness (completions between read and write)")
-    ax.set_ylabel("fraction of updates")
-    ax.set_title("Staleness")
-    ax.legend(fontsize=7)
-    ax = fig.add_subplot(grid[0, 1])
-    errors = [relative_error(r.trace)[error_mask(r.trace)] for r in (ra, rb)]
-    present = [e for e in errors if e.size]
-    if present:
-        low = min(float(e.min()) for e in present)
-        high = max(float(e.max()) for e in present)
-        edges = np.logspace(np.log10(low), np.log10(high) + 1e-9, 40).tolist()
-        for run, values, colour in zip((ra, rb), errors, colours, strict=True):
-            if values.size:
-                ax.hist(values, bins=edges, alpha=0.5, color=colour, label=run.label,
-                        weights=np.full(values.size, 1 / values.size))
-        ax.set_xscale("log")
-        ax.set_ylabel("fraction of those updates")
-        ax.legend(fontsize=7)
-    else:
-        _say(ax, "no measured gradient errors")
-    ax.set_xlabel("relative gradient error ‖δ‖/‖g‖")
-    ax.set_title("Gradient error (updates that carry one)")
-    ax = fig.add_subplot(grid[1, 0])
-    floor = np.finfo(np.float64).tiny
-    for run, colour in zip((ra, rb), colours, strict=True):
-        ax.semilogy(run.curve[:, 0], np.maximum(run.curve[:, 1], floor), color=colour,
-                    label=run.label)
-    ax.set_xlabel("gradients computed")
-    ax.set_ylabel("f(w) − f*")
-    ax.set_title("Loss")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7)
-    _draw_rhythm(fig.add_subplot(grid[1, 1]), (ra, rb), colours)
-    for col, run in enumerate((ra, rb)):
-        ax = fig.add_subplot(grid[2, col])
-        draw_timeline(ax, run.trace, window=12)
-        ax.set_title(f"{run.path.name}: " + ax.get_title(), fontsize=9)
-    return fig
