@@ -71,7 +71,7 @@ from simulator.budget import preflight
 from simulator.errors import AsyngradError, ScenarioError
 from simulator.problems import Problem, make_problem
 from simulator.rules import mean_step, retirements, round_quota, too_stale, warmed_up
-from simulator.scenario import Scenario, scenario_from_dict, scenario_to_toml, with_overrides
+from simulator.scenario import Scenario, scenario_from_dict, scenario_to_toml
 from simulator.trace import COLUMNS, EXTRA, Trace, read_report
 from simulator.view import UNMEASURED, Measurement, SerializedView
 
@@ -538,8 +538,7 @@ def _ps_scenario(scenario: Scenario, trainers: int, measure: bool) -> Scenario:
     """
     refuse_unsupported(scenario, "ps", "paramserver")
     every = scenario.metrics.every
-    scenario = with_overrides(scenario, recorded("paramserver", trainers, False,
-                                                 every if measure else None, every))
+    scenario = recorded(scenario, "paramserver", trainers, False, every if measure else None)
     preflight(scenario)  # the trace the server builds, as a simulation of it would hold
     return scenario
 

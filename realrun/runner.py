@@ -49,7 +49,7 @@ from simulator.budget import check_memory, preflight
 from simulator.errors import ScenarioError
 from simulator.memory import block_bounds
 from simulator.problems import Problem, make_problem
-from simulator.scenario import Scenario, scenario_to_toml, with_overrides
+from simulator.scenario import Scenario, scenario_to_toml
 from simulator.trace import Trace
 
 __all__ = ["MODES", "RealRun", "run_real"]
@@ -278,10 +278,9 @@ def run_real(scenario: Scenario, workers: int, mode: str, dtype: str = "float32"
     # a per-block lock makes each block's read-modify-write atomic (atomic_add); the
     # whole-update lock is `locked`; each worker makes a fixed share of the updates (split =
     # even); a copy of a dense vector made while another worker's in-place write runs holds
-    # what that write has stored by then (read_view = sweep).
+    # what that write has stored by then ([hardware.sweeping_reads]).
     problem = problem if problem is not None else make_problem(scenario.problem)
-    scenario = with_overrides(scenario, recorded(mode, workers, problem.sparse, measure_every,
-                                                 scenario.metrics.every))
+    scenario = recorded(scenario, mode, workers, problem.sparse, measure_every)
     if scenario.run.blocks > problem.dim:
         raise ScenarioError("run.blocks", scenario.run.blocks,
                             f"must be <= the problem's dimension ({problem.dim})")

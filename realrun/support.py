@@ -15,7 +15,15 @@ import dataclasses
 from typing import Any
 
 from simulator.errors import ScenarioError
-from simulator.scenario import InjectSpec, Scenario, TimingSpec
+from simulator.scenario import (
+    HardwareSpec,
+    InjectSpec,
+    Scenario,
+    SweepingReadsSpec,
+    TimingSpec,
+    plain,
+    with_overrides,
+)
 
 __all__ = ["BACKENDS", "PROTOCOL_OF", "SUPPORT", "recorded", "refuse_unsupported",
            "support_markdown"]
@@ -47,9 +55,11 @@ SUPPORT: tuple[tuple[str, str, str], ...] = (
      "`atomic_add` with another mode refused", "inert (pushes are applied whole)"),
     ("`run.lr_schedule`", "refused unless `constant`", "refused unless `constant`"),
     ("`run.split`", "recorded: `even`", "refused unless `shared`"),
-    ("`run.read_view`", "recorded: `sweep` (dense), `end` (sparse)", "recorded: `end`"),
+    ("`[hardware.sweeping_reads]`", "recorded: set (dense), unset (sparse)",
+     "recorded: unset"),
     ("`run.store_grain`, `run.placement`", "refused unless default", "refused unless default"),
-    ("`[timing]`, `[[devices]]`", "refused unless default", "refused unless default"),
+    ("`[timing]`, `[[devices]]`, the other `[hardware.*]` tables", "refused unless default",
+     "refused unless default"),
     ("`metrics.exact`, `metrics.every`", "recorded: `--measure` measures every "
      "`metrics.every`-th update, `--measure-every N` every N-th",
      "recorded: as for shm"),
@@ -101,7 +111,9 @@ def _unsupported(scenario: Scenario, backend: str, mode: str) -> tuple[str, Any,
         if run.split != "shared":
             return ("run.split", run.split, "the server hands out the updates to whichever "
                     "trainer asks (shared)")
+    hardware = dataclasses.replace(scenario.hardware, sweeping_reads=None)  # (recorded)
     return (_changed("timing", scenario.timing, TimingSpec())
+            or _changed("hardware", hardware, HardwareSpec())
             or _devices(scenario)
             or _changed("inject", scenario.inject, InjectSpec(), _NO_INJECTION))
 
@@ -114,7 +126,7 @@ def _changed(section: str, spec: Any, default: Any,
         if value != getattr(default, f.name):
             shown = ([dataclasses.asdict(v) for v in value] if isinstance(value, tuple)
                      else value.to_dict() if hasattr(value, "to_dict")
-                     else dataclasses.asdict(value) if isinstance(value, TimingSpec)
+                     else plain(value) if dataclasses.is_dataclass(value)
                      else value)
             return f"{section}.{f.name}", shown, reason
     return None
@@ -127,18 +139,22 @@ def _devices(scenario: Scenario) -> tuple[str, Any, str] | None:
     return _changed("devices.0", scenario.devices[0], default[0])
 
 
-def recorded(mode: str, workers: int, sparse: bool, measure_every: int | None,
-             every: int) -> list[str]:
-    """The overrides that make a real run's resolved scenario state what ran: the mode's
-    protocol and write mode at ``workers`` threads, each worker's fixed share of the updates
-    (``split = even``; not for ``ps``, whose server hands them out), what a copy of a dense
-    vector holds while another worker's in-place write runs (``read_view = sweep``; a pull
-    is a consistent copy), and whether and how often it measured the serialized view
-    (``measure_every``, None: not at all; ``every``: the scenario's)."""
+def recorded(scenario: Scenario, mode: str, workers: int, sparse: bool,
+             measure_every: int | None) -> Scenario:
+    """``scenario`` as a real run's resolved scenario states what ran: the mode's protocol and
+    write mode at ``workers`` threads, each worker's fixed share of the updates (``split =
+    even``; not for ``ps``, whose server hands them out), whether a copy of the vector holds
+    part of another worker's in-place write in flight (``[hardware.sweeping_reads]``: dense
+    shared vectors; a pull is a consistent copy), and whether and how often it measured the
+    serialized view (``measure_every``, None: not at all)."""
+    every = measure_every or scenario.metrics.every
     overrides = [f"run.threads={workers}", f"run.protocol={PROTOCOL_OF[mode]}",
                  f"metrics.exact={'true' if measure_every is not None else 'false'}",
-                 f"metrics.every={measure_every or every}"]
-    if mode == "paramserver":
-        return [*overrides, "run.read_view=end"]
-    return [*overrides, "run.split=even", f"run.read_view={'end' if sparse else 'sweep'}",
-            f"run.write_mode={'atomic_add' if mode in ATOMIC_MODES else 'load_store'}"]
+                 f"metrics.every={every}"]
+    if mode != "paramserver":
+        overrides += ["run.split=even", "run.write_mode="
+                      f"{'atomic_add' if mode in ATOMIC_MODES else 'load_store'}"]
+    sweeps = SweepingReadsSpec() if mode != "paramserver" and not sparse else None
+    scenario = with_overrides(scenario, overrides)
+    return dataclasses.replace(scenario, hardware=dataclasses.replace(
+        scenario.hardware, sweeping_reads=sweeps))

@@ -157,35 +157,51 @@ def _update_terms(scenario: Any, device: int) -> list[tuple[float, dict[str, flo
     four phases, with every factor that lengthens them, and its network messages), each with
     its factors by field: a draw in ms, every other factor as the multiple it applies."""
     spec, run = scenario.devices[device], scenario.run
-    timing = scenario.timing_of(device)
+    timing, hardware = scenario.timing_of(device), scenario.hardware_of(device)
     prefix = f"devices.{device}.timing" if spec.timing is not None else "timing"
     slow = timing.slowdown(run.threads)
-    common = {f"devices.{device}.speed": 1 / spec.speed,
-              f"devices.{device}.slow_factor": spec.slow_factor}
+    common = {f"devices.{device}.speed": 1 / spec.speed}
+    if hardware.episodes is not None:
+        common[f"{_table(scenario, device, 'episodes')}.factor"] = hardware.episodes.factor
     for i, straggler in enumerate(scenario.inject.stragglers):
         common[f"inject.stragglers.{i}.factor"] = max(straggler.factor, 1.0)
-    rows = timing.interference or ((0.0,) * 4,) * 4
+    interference = hardware.interference
+    rows = (interference.slowdowns if interference is not None else None) or ((0.0,) * 4,) * 4
+    under = _table(scenario, device, "interference")
     terms = []
     for index, phase in enumerate(("read", "grad", "write", "idle")):
         duration = getattr(timing, phase)
         key = next(k for k in ("mean", "high", "values") if k in duration.to_dict())
         factors = {**common, f"{prefix}.{phase}.{key}": duration.at_score(_SCORE) / 1e6,
                    f"{prefix}.{phase}_per_thread": slow[index],
-                   f"{prefix}.{phase}_under_{PHASES[int(np.argmax(rows[index][:3]))]}":
+                   f"{under}.{phase}_under_{PHASES[int(np.argmax(rows[index][:3]))]}":
                        1 + sum(rows[index])}
         if phase == "grad" and run.protocol in ("admm", "paramserver"):
             factors["admm.local_steps" if run.protocol == "admm"
                     else "paramserver.accumulate"] = _grad_work(scenario)
-        if phase == "write":
-            factors[f"{prefix}.write_shared"] = timing.write_shared
-            factors[f"{prefix}.convoy_join"] = 1 + timing.convoy_join + timing.convoy_rest
+        if phase == "write" and hardware.shared_lines is not None:
+            factors[f"{_table(scenario, device, 'shared_lines')}.factor"] = (
+                hardware.shared_lines.factor)
+        if phase == "write" and hardware.convoys is not None:
+            factors[f"{_table(scenario, device, 'convoys')}.join"] = (
+                1 + hardware.convoys.join + hardware.convoys.rest)
         terms.append((1e6 * math.prod(factors.values()), factors))
     link = {f"devices.{device}.latency": 2.0 * spec.latency,
             f"devices.{device}.bandwidth": (8.0 * parameters(scenario.problem) / spec.bandwidth
-                                            if spec.bandwidth else 0.0),
-            f"devices.{device}.quantum": float(spec.quantum) * run.threads}
+                                            if spec.bandwidth else 0.0)}
+    if hardware.time_slices is not None:
+        link[f"{_table(scenario, device, 'time_slices')}.quantum"] = (
+            float(hardware.time_slices.quantum) * run.threads)
     terms.extend((value, {name: value}) for name, value in link.items())
     return terms
+
+
+def _table(scenario: Any, device: int, name: str) -> str:
+    """Where the device's hardware table ``name`` is set: its own, or the scenario's."""
+    own = scenario.devices[device].hardware
+    if own is not None and getattr(own, name) is not None:
+        return f"devices.{device}.hardware.{name}"
+    return f"hardware.{name}"
 
 
 def _grad_work(scenario: Any) -> int:

@@ -204,8 +204,9 @@ class Engine:
         per_device = [0] * len(scenario.devices)
         for thread in range(self.threads):
             per_device[scenario.device_of(thread)] += 1
-        pools = [simpy.Resource(self.env, d.cores) if 0 < d.cores < n and not d.quantum
-                 else None for d, n in zip(scenario.devices, per_device, strict=True)]
+        pools = [simpy.Resource(self.env, d.cores)
+                 if 0 < d.cores < n and scenario.hardware_of(i).time_slices is None else None
+                 for i, (d, n) in enumerate(zip(scenario.devices, per_device, strict=True))]
         buses = [simpy.Resource(self.env, d.bus) if d.bus > 0 else None
                  for d in scenario.devices]
         devices = [scenario.device_of(t) for t in range(self.threads)]

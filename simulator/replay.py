@@ -16,7 +16,7 @@ import numpy as np
 from simulator.engine import simulate
 from simulator.errors import ScenarioError, TraceError
 from simulator.problems import Problem, make_problem
-from simulator.scenario import Scenario, apply_override, scenario_from_dict, scenario_to_dict
+from simulator.scenario import Scenario, apply_override, plain, scenario_from_dict, scenario_to_dict
 from simulator.timing import ReplaySource
 from simulator.trace import Trace
 
@@ -28,8 +28,9 @@ FIXED_SECTIONS = {"paramserver": ("staleness_limit", "accumulate", "warm_start",
                                   "rebalance", "rebalance_after"),
                   "admm": ("local_steps",),
                   "inject": ("stragglers", "pauses", "deaths"),
-                  "timing": ("convoy_join", "convoy_rest", "convoy_end_gap",
-                               "convoy_end_catch_up", "write_shared")}
+                  "hardware": ("convoys.join", "convoys.rest", "convoys.end_gap",
+                               "convoys.end_catch_up", "shared_lines.factor", "time_slices",
+                               "episodes")}
 
 
 def load_trace(path: str | Path) -> Trace:
@@ -82,11 +83,20 @@ def replay_scenario(trace: Trace, overrides: list[str] | tuple[str, ...] = ()) -
                             "are fixed by the trace")
     for section, names in FIXED_SECTIONS.items():
         for name in names:
-            now, then = (getattr(getattr(x, section), name) for x in (scenario, original))
+            now, then = (_value(x, f"{section}.{name}") for x in (scenario, original))
             if now != then:
-                shown = scenario_to_dict(scenario)[section][name]
+                shown = plain(now) if now is not None else "unset"
                 raise ScenarioError(f"{section}.{name}", shown, "is fixed by the trace")
     return scenario
+
+
+def _value(scenario: Scenario, dotted: str) -> object:
+    """The value at a dotted path of ``scenario`` (None where a table on the way is
+    unset)."""
+    value: object = scenario
+    for part in dotted.split("."):
+        value = getattr(value, part) if value is not None else None
+    return value
 
 
 def replay(trace: Trace, overrides: list[str] | tuple[str, ...] = (),

@@ -14,7 +14,7 @@ import typing
 from dataclasses import dataclass
 from typing import Any
 
-from simulator.scenario import Scenario, _is_table, _plain, _toml_value
+from simulator.scenario import Scenario, is_table, plain, toml_value
 
 __all__ = ["Row", "Section", "reference", "sections"]
 
@@ -71,7 +71,7 @@ def _is_spec(tp: Any) -> bool:
 def _is_section(tp: Any) -> bool:
     """A spec written as a table of its own; a duration, by the rule the TOML writer
     follows, is written inline."""
-    return _is_spec(tp) and _is_table({f.name: None for f in dataclasses.fields(tp)})
+    return _is_spec(tp) and is_table({f.name: None for f in dataclasses.fields(tp)})
 
 
 def _default(item: dataclasses.Field[Any]) -> Any:
@@ -96,7 +96,7 @@ def _type_name(core: Any, array: bool) -> str:
 def _allowed(item: dataclasses.Field[Any]) -> str:
     choices = item.metadata.get("choices", ())
     if choices:
-        return ", ".join(_code(_toml_value(c)) for c in choices)
+        return ", ".join(_code(toml_value(c)) for c in choices)
     return _code(item.metadata.get("bounds", ""))
 
 
@@ -107,7 +107,7 @@ def _row(item: dataclasses.Field[Any], core: Any, array: bool, shown: str | None
                 else "the keys' defaults")
         return Row(item.name, "array of tables" if array else "table", text,
                    f"the keys of {shown}", item.metadata.get("doc", ""))
-    text = "unset" if default is None else _code(_toml_value(_plain(default)))
+    text = "unset" if default is None else _code(toml_value(plain(default)))
     return Row(item.name, _type_name(core, array), text, _allowed(item),
                item.metadata.get("doc", ""))
 
@@ -131,7 +131,7 @@ def _title(item: dataclasses.Field[Any], core: type, array: bool, path: str) -> 
 def _intro(item: dataclasses.Field[Any], core: type, array: bool) -> str:
     if not _is_section(core):
         return (f"The keys of a {core.__name__.lower()}, written inline, e.g. "
-                f"`{item.name} = {_toml_value(_plain(_default(item)))}`.")
+                f"`{item.name} = {toml_value(plain(_default(item)))}`.")
     return _array_intro(item) if array else _sentence(item.metadata.get("doc", ""))
 
 
@@ -164,15 +164,15 @@ def _array_intro(item: dataclasses.Field[Any]) -> str:
     """An array of tables: what it is and how many it has by default."""
     default = _default(item)
     count = f"{_count(default)}, with the defaults below" if default else "none"
-    if any(_plain(entry) != _plain_defaults(type(entry)) for entry in default):
-        count = f"`{_toml_value(_plain(default))}`"
+    if any(plain(entry) != _plain_defaults(type(entry)) for entry in default):
+        count = f"`{toml_value(plain(default))}`"
     return f"{_sentence(item.metadata.get('doc', ''))} Default: {count}."
 
 
 def _plain_defaults(spec: type) -> dict[str, Any]:
     """A spec's keys at their defaults as plain data (without building one: a spec's
     defaults need not make a valid one, as a death names no thread or device)."""
-    return {f.name: _plain(_default(f)) for f in dataclasses.fields(spec)
+    return {f.name: plain(_default(f)) for f in dataclasses.fields(spec)
             if _default(f) is not None}
 
 

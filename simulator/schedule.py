@@ -41,7 +41,7 @@ from simulator.errors import ScenarioError
 from simulator.memory import SharedMemory, block_ops
 from simulator.metrics import relative_error
 from simulator.problems import Problem, make_problem
-from simulator.scenario import Scenario, scenario_to_toml
+from simulator.scenario import Scenario, plain, scenario_to_toml
 from simulator.timing import sample_stream
 from simulator.trace import COLUMNS, Trace, read_report
 from simulator.view import SerializedView
@@ -179,10 +179,13 @@ class _Shared:
             raise ScenarioError("run.store_grain", run.store_grain,
                                 "controlled schedules write whole blocks: use run.blocks "
                                 "instead")
-        if run.read_view != "end":
-            raise ScenarioError("run.read_view", run.read_view,
-                                "controlled schedules copy a block at its read's end: use "
-                                "\"end\"")
+        for table in ("sweeping_reads", "convoys", "passing"):
+            specs = [getattr(scenario.hardware_of(d), table)
+                     for d in range(len(scenario.devices))]
+            if any(spec is not None for spec in specs):
+                raise ScenarioError(f"hardware.{table}", plain(next(s for s in specs if s)),
+                                    "controlled schedules copy a block at its read's end and "
+                                    "write it whole at its write's end")
         self.scenario = scenario
         self.problem = problem if problem is not None else make_problem(scenario.problem)
         if run.blocks > self.problem.dim:

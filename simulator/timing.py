@@ -3,7 +3,7 @@
 ``SampledSource`` gives every thread its own streams, from ``SeedSequence(seed).spawn``: one
 for samples and one per operation (read, gradient, write, idle), so changing a timing
 distribution never changes which samples a thread draws. With common factors
-(``timing.*_common``) a phase's durations are drawn when the phase starts, from the thread's
+(``[hardware.common]``) a phase's durations are drawn when the phase starts, from the thread's
 own normal draw and a factor every thread shares (:class:`CommonFactor`). ``ReplaySource``
 hands back, thread by thread and update by update, exactly the samples and per-block
 durations a trace recorded.
@@ -27,7 +27,7 @@ __all__ = ["GRAD", "IDLE", "READ", "WRITE", "CommonFactor", "DurationSource", "R
            "thread_seeds"]
 
 _CHUNK = 1024
-READ, GRAD, WRITE, IDLE = range(4)  # the phases, in the order of TimingSpec.common
+READ, GRAD, WRITE, IDLE = range(4)  # the phases, in the order of CommonSpec.weights
 _COMMON_TAG = 0xC1
 _EPISODE_TAG = 0xE9
 _GRID = 8  # grid points of a common factor per correlation time
@@ -247,11 +247,11 @@ class SampledSource:
         self._cores: dict[tuple[int, int], SpeedEpisodes] = {}
         for thread in range(threads):
             device = scenario.device_of(thread)
-            timing = scenario.timing_of(device)
+            timing, hardware = scenario.timing_of(device), scenario.hardware_of(device)
             gens = _thread_generators(scenario.run.seed, thread)
             spec = scenario.devices[device]
             self._episodes.append(self._core_episodes(device, scenario.core_of(thread))
-                                  if spec.slow_factor > 1 else None)
+                                  if hardware.episodes else None)
             speed = spec.speed / slow[thread]
             self._speed.append(speed)
             # Contention grows with the workers that run at once: all of them, or as many
@@ -275,18 +275,19 @@ class SampledSource:
             self._pending.append([[], [], [], []])
             self._dense_link.append(self._link_ns(thread, dense).tolist())
             self._coupling.append(None)
-            if timing.coupled:
+            common = hardware.common
+            if common is not None and any(common.weights):
                 fr, fg, fw, _ = self._slowdown[-1]
                 scales = (fr / speed, grad_work * fg / speed, fw / speed, self._idle_scale[-1])
                 dists = (timing.read, timing.grad, timing.write, timing.idle)
                 phases = []
-                for phase, weight in enumerate(timing.common):
+                for phase, weight in enumerate(common.weights):
                     factor = None
                     if weight > 0:
-                        key = (phase, timing.common_ns)
+                        key = (phase, common.ns)
                         if key not in self._factors:
                             self._factors[key] = CommonFactor(scenario.run.seed, phase,
-                                                              timing.common_ns)
+                                                              common.ns)
                         factor = self._factors[key]
                     phases.append((dists[phase].quantile_of_score(), scales[phase],
                                    math.sqrt(weight), math.sqrt(1.0 - weight), factor))
@@ -354,9 +355,10 @@ class SampledSource:
         """The speed episodes of ``core`` of ``device`` (made once, on first use)."""
         key = (device, core)
         if key not in self._cores:
-            spec = self.scenario.devices[device]
+            spec = self.scenario.hardware_of(device).episodes
+            assert spec is not None
             self._cores[key] = SpeedEpisodes(self.scenario.run.seed, device, core,
-                                             spec.slow_factor, spec.fast_ns, spec.slow_ns)
+                                             spec.factor, spec.fast_ns, spec.slow_ns)
         return self._cores[key]
 
     def place(self, thread: int, core: int) -> None:

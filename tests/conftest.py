@@ -11,6 +11,7 @@ from being passed by the others' next tests. Without xdist nothing is locked.
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import hashlib
 import json
@@ -19,6 +20,7 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -118,6 +120,34 @@ def _optimum_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
         del os.environ[CACHE_ENV]
     else:
         os.environ[CACHE_ENV] = before
+
+
+def fitted(scenario_: Scenario, device: int = 0) -> SimpleNamespace:
+    """A device's timing and hardware models in the flat names calibrate's fit reports use
+    (``convoy_join``, ``write_shared``, ...; a model that is off gives its neutral values),
+    with ``convoys`` and ``passing`` saying which writes that meet do."""
+    timing, hardware = scenario_.timing_of(device), scenario_.hardware_of(device)
+    values = {f.name: getattr(timing, f.name) for f in dataclasses.fields(timing)}
+    meeting = hardware.convoys or hardware.passing
+    values.update({f"convoy_{name}": getattr(meeting, name, default) for name, default in
+                   (("join", 0.0), ("rest", 0.0), ("lost_leader", 0.0), ("lost_joiner", 0.0),
+                    ("lost_pairs", 1.0), ("lost_within", 0.0), ("lost_spread", 0.0),
+                    ("end_gap", 0.0), ("end_catch_up", 0.0))})
+    common, lines, sweep = hardware.common, hardware.shared_lines, hardware.sweeping_reads
+    for phase, weight in zip(("read", "grad", "write", "idle"),
+                             common.weights if common else (0.0,) * 4, strict=True):
+        values[f"{phase}_common"] = weight
+    episodes = hardware.episodes
+    values.update(common_ns=common.ns if common else 0.0,
+                  write_shared=lines.factor if lines else 1.0,
+                  write_sweep_lead=sweep.lead if sweep else 0.0,
+                  write_sweep_tail=sweep.tail if sweep else 0.0,
+                  slow_factor=episodes.factor if episodes else 1.0,
+                  convoys=hardware.convoys is not None, passing=hardware.passing is not None)
+    under = hardware.interference
+    if under is not None:
+        values.update({f.name: getattr(under, f.name) for f in dataclasses.fields(under)})
+    return SimpleNamespace(**values)
 
 
 def scenario(*overrides: str) -> Scenario:

@@ -127,12 +127,16 @@ def test_what_a_backend_runs_is_accepted_and_recorded():
                                         "paramserver.warm_start=5"), "ps", "paramserver")
     support.refuse_unsupported(scenario("paramserver.accumulate=4", "dcasgd.lam=0.1",
                                         "metrics.curve_points=7"), "shm", "lockfree")
-    assert support.recorded("blocklock", 2, False, None, 1) == [
-        "run.threads=2", "run.protocol=lockfree", "metrics.exact=false", "metrics.every=1",
-        "run.split=even", "run.read_view=sweep", "run.write_mode=atomic_add"]
-    assert support.recorded("paramserver", 3, False, 4, 1) == [
-        "run.threads=3", "run.protocol=paramserver", "metrics.exact=true", "metrics.every=4",
-        "run.read_view=end"]
+    shm = support.recorded(scenario(), "blocklock", 2, False, None)
+    assert (shm.run.threads, shm.run.protocol, shm.run.split, shm.run.write_mode,
+            shm.metrics.exact) == (2, "lockfree", "even", "atomic_add", False)
+    assert shm.hardware.sweeping_reads is not None  # a copy sees part of a write in flight
+    sparse = support.recorded(scenario(), "lockfree", 2, True, None)
+    assert sparse.hardware.sweeping_reads is None
+    ps = support.recorded(scenario(), "paramserver", 3, False, 4)
+    assert (ps.run.threads, ps.run.protocol, ps.metrics.exact, ps.metrics.every) == (
+        3, "paramserver", True, 4)
+    assert ps.hardware.sweeping_reads is None  # a pull is a consistent copy
 
 
 def test_the_docs_show_the_support_table():

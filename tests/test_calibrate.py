@@ -14,6 +14,8 @@ from simulator.fidelity.durations import fit_durations
 from simulator.replay import load_trace
 from simulator.scenario import load_scenario
 
+from .conftest import fitted
+
 
 def _source(tmp_path, *overrides):
     out = tmp_path / "source"
@@ -44,7 +46,7 @@ def test_sparse_blocks_are_scaled_by_the_support_they_move(tmp_path):
                   "problem.density=0.05", "run.blocks=5",
                   "timing.read={dist='lognormal', mean=4000, cv=0.2}")
     scenario, _ = calibrate(run)
-    assert scenario.devices[0].timing.read.mean == pytest.approx(4000, rel=0.1)
+    assert fitted(scenario).read.mean == pytest.approx(4000, rel=0.1)
 
 
 def test_neither_family_fits_a_bimodal_sample():
@@ -105,11 +107,12 @@ def test_pooled_calibration_shares_cores_between_threads(tmp_path):
     assert len(scenario.devices) == 1 and scenario.devices[0].cores == 2
     # Threads beyond the cores stay on their core in OS-like time slices, which stop an
     # action midway as a timer interrupt does.
-    device = scenario.devices[0]
-    assert (device.quantum, device.slicing, device.preempt) == (4_000_000, "per_core", True)
-    assert not calibrate(run, pool=True, cores=2)[0].devices[0].preempt
+    slices = scenario.hardware_of(0).time_slices
+    assert slices is not None
+    assert (slices.quantum, slices.slicing, slices.preempt) == (4_000_000, "per_core", True)
+    assert calibrate(run, pool=True, cores=2)[0].hardware_of(0).time_slices is None
     assert list(report["fits"]) == ["all workers"]
-    assert scenario.devices[0].timing.grad.mean == pytest.approx(6000, rel=0.1)
+    assert fitted(scenario).grad.mean == pytest.approx(6000, rel=0.1)
 
 
 def test_calibrate_migrate_sets_the_balancer_of_sliced_devices(tmp_path):
@@ -121,8 +124,9 @@ def test_calibrate_migrate_sets_the_balancer_of_sliced_devices(tmp_path):
                  "--quantum", "4000000", "--migrate", "80000000", "--quiet"]) == 0
     text = out.read_text()
     assert "#   load balancer: 80 ms between moves (given)" in text
-    device = load_scenario(out).devices[0]
-    assert (device.migrate, device.slicing, device.quantum) == (80_000_000, "per_core",
+    slices = load_scenario(out).hardware_of(0).time_slices
+    assert slices is not None
+    assert (slices.migrate, slices.slicing, slices.quantum) == (80_000_000, "per_core",
                                                                 4_000_000)
 
 
@@ -131,7 +135,7 @@ def test_idle_time_between_updates_is_simulated_and_recovered(tmp_path):
     so it lowers staleness; calibration recovers it."""
     busy = _source(tmp_path, "timing.idle={dist='gamma', mean=3000, cv=0.4}")
     scenario, _ = calibrate(busy)
-    idle = scenario.devices[0].timing.idle
+    idle = fitted(scenario).idle
     assert idle.dist == "gamma" and idle.mean == pytest.approx(3000, rel=0.1)
     report = compare_runs(tmp_path / "source", busy)  # itself: zero distance
     assert report["staleness"]["ks_distance"] == 0
@@ -252,7 +256,7 @@ def test_core_speeds_are_recovered_and_simulated(tmp_path):
     assert pace["speeds"] == pytest.approx([1.25, 0.8], rel=0.05)  # geometric mean 1
     assert [(d.name, d.cores, d.speed) for d in scenario.devices] == [
         ("core0", 1, pace["speeds"][0]), ("core1", 1, pace["speeds"][1])]
-    assert scenario.devices[0].timing.grad.mean == pytest.approx(6000, rel=0.1)
+    assert fitted(scenario).grad.mean == pytest.approx(6000, rel=0.1)
     # Simulated again, each thread keeps its own pace and the run its staleness.
     source, again = load_trace(run), simulate(scenario)
     for thread in (0, 1):

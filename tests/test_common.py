@@ -20,7 +20,7 @@ from simulator.metrics import interference, trace_rhythm
 from simulator.timing import CommonFactor
 from simulator.trace import Trace
 
-from .conftest import check_fit_choice, same_every_way, scenario
+from .conftest import check_fit_choice, fitted, same_every_way, scenario
 
 COMMON = ("timing.read_common=0.8", "timing.grad_common=0.6", "timing.write_common=0.4",
           "timing.idle_common=0.7")
@@ -133,10 +133,10 @@ def test_calibrate_fits_common_factors_or_says_why_not(tmp_path):
                  "--set", "timing.grad={dist='gamma', mean=9000, cv=0.3}",
                  *(arg for o in COMMON for arg in ("--set", o))]) == 0
     calibrated, report = calibrate(run, pool=True, common="auto")
-    timing = calibrated.devices[0].timing
+    timing = fitted(calibrated)
     assert timing.coupled and timing.grad_common == pytest.approx(0.6, abs=0.1)
     off, _ = calibrate(run, pool=True)  # off unless asked for
-    assert not off.devices[0].timing.coupled
+    assert not fitted(off).coupled
     check_fit_choice(run, tmp_path, "common", "auto", "#   common factors: c·exp(−Δt/τ)")
     assert report["common"]["bins"]["grad"]["pairs"][0] > 0
 
@@ -162,7 +162,7 @@ def test_with_convoys_the_write_takes_the_other_phases_common_factor(tmp_path):
     seen = [(c, m) for n, c, m in zip(bins["pairs"], bins["correlation"], bins["offset_ns"],
                                       strict=True) if n >= 30]
     assert len(seen) >= 4 and all(c < 0.6 * np.exp(-m / 50_000) for c, m in seen)
-    weights, timing = fit["weights"], calibrated.devices[0].timing
+    weights, timing = fit["weights"], fitted(calibrated)
     others = [weights[p] for p in ("read", "grad", "idle")]
     assert min(others) <= timing.write_common == weights["write"] <= max(others)
     assert timing.write_common == pytest.approx(0.6, abs=0.15)
@@ -189,7 +189,7 @@ def test_common_factors_fitted_to_the_rhythm_give_it_back(tmp_path):
     goal = trace_rhythm(Trace.load(run / "trace.npz"))["coupling"]
     assert goal < 0.9
     calibrated, report = calibrate(run, pool=True, common="rhythm")
-    timing = calibrated.devices[0].timing
+    timing = fitted(calibrated)
     assert timing.coupled and timing.common_ns > 0
     assert 0.9 < timing.grad_common == timing.read_common == timing.idle_common <= 0.999
     again = simulate(calibrated)
@@ -198,7 +198,7 @@ def test_common_factors_fitted_to_the_rhythm_give_it_back(tmp_path):
     assert calibrate(run, pool=True, common="rhythm")[0] == calibrated  # the same fit again
     apart = _rhythm_run(tmp_path, "apart", 0)
     plain, said = calibrate(apart, pool=True, common="rhythm")
-    assert not plain.devices[0].timing.coupled and "independent" in said["common"]["why"]
+    assert not fitted(plain).coupled and "independent" in said["common"]["why"]
     check_fit_choice(run, tmp_path, "common", "rhythm", "#   common factors: fitted to the rhythm")
     _, alone = calibrate(tmp_path / "alone", common="rhythm")  # made by check_fit_choice
     assert alone["common"]["fields"] is None and "two workers" in alone["common"]["why"]

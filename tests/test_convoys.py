@@ -28,6 +28,7 @@ from .conftest import (
     check_meeting_losses,
     convoy_run,
     detail_cells,
+    fitted,
     same_every_way,
     scenario,
     two_writers,
@@ -161,7 +162,7 @@ def test_convoys_in_time_slices_join_only_writes_that_began():
 def test_writes_that_cannot_form_convoys_are_refused(override, message):
     with pytest.raises(ScenarioError, match=message) as err:
         simulate(_random_convoys(override))
-    assert "timing.convoy_join" in str(err.value)
+    assert "hardware.convoys" in str(err.value)
 
 
 def test_a_share_of_lossy_joins_outside_zero_to_one_is_refused(capsys):
@@ -186,24 +187,26 @@ def test_calibration_recovers_convoys_from_a_simulated_trace(tmp_path):
                       "timing.convoy_rest=2.5", "timing.convoy_lost_leader=0.08",
                       "timing.convoy_lost_joiner=0.04")
     calibrated, report = calibrate(run, pool=True)
-    timing = calibrated.devices[0].timing
+    convoys = calibrated.hardware_of(0).convoys
     assert report["convoys"]["pairs"] >= 200
-    assert timing.convoy_join == pytest.approx(1.5, rel=0.1)
-    assert timing.convoy_rest == pytest.approx(2.5, rel=0.1)
-    assert timing.convoy_lost_leader == pytest.approx(0.08, rel=0.05)
-    assert timing.convoy_lost_joiner == pytest.approx(0.04, rel=0.05)
-    assert timing.write.mean == pytest.approx(4000, rel=0.05)
-    assert timing.convoy_end_gap == 0.0  # simulated convoys end together
+    assert convoys is not None
+    assert convoys.join == pytest.approx(1.5, rel=0.1)
+    assert convoys.rest == pytest.approx(2.5, rel=0.1)
+    assert convoys.lost_leader == pytest.approx(0.08, rel=0.05)
+    assert convoys.lost_joiner == pytest.approx(0.04, rel=0.05)
+    assert calibrated.timing_of(0).write.mean == pytest.approx(4000, rel=0.05)
+    assert convoys.end_gap == 0.0  # simulated convoys end together
     gapped = convoy_run(tmp_path, "gapped", "timing.convoy_join=1.5",
                         "timing.convoy_rest=2.5", "timing.convoy_lost_leader=0.08",
                         "timing.convoy_lost_joiner=0.04", "timing.convoy_end_gap=0.1")
-    timing = calibrate(gapped, pool=True)[0].devices[0].timing
-    assert timing.convoy_end_gap == pytest.approx(0.1, rel=0.1)
-    assert timing.convoy_end_catch_up == 0.0  # a gap in proportion to the lag keeps none
-    assert timing.convoy_join == pytest.approx(1.5, rel=0.1)
-    assert timing.convoy_rest == pytest.approx(2.5, rel=0.1)
+    convoys = calibrate(gapped, pool=True)[0].hardware_of(0).convoys
+    assert convoys is not None
+    assert convoys.end_gap == pytest.approx(0.1, rel=0.1)
+    assert convoys.end_catch_up == 0.0  # a gap in proportion to the lag keeps none
+    assert convoys.join == pytest.approx(1.5, rel=0.1)
+    assert convoys.rest == pytest.approx(2.5, rel=0.1)
     off, report_off = calibrate(run, pool=True, convoys="off")
-    assert not off.devices[0].timing.convoys and report_off["convoys"]["fields"] is None
+    assert off.hardware_of(0).convoys is None and report_off["convoys"]["fields"] is None
 
 
 def test_writes_met_are_censored_so_long_writes_count(tmp_path):
@@ -217,11 +220,12 @@ def test_writes_met_are_censored_so_long_writes_count(tmp_path):
     alone = alone_writes(trace, rows)
     assert np.mean(trace["write_end"][alone] - trace["write_start"][alone]) < 0.88 * 4000
     calibrated, report = calibrate(run, pool=True)
-    timing = calibrated.devices[0].timing
+    timing, convoys = calibrated.timing_of(0), calibrated.hardware_of(0).convoys
+    assert convoys is not None
     assert timing.write.mean == pytest.approx(4000, rel=0.05)
     assert timing.write.cv == pytest.approx(0.5, rel=0.1)
-    assert timing.convoy_join == pytest.approx(1.5, rel=0.1)
-    assert timing.convoy_rest == pytest.approx(2.5, rel=0.1)
+    assert convoys.join == pytest.approx(1.5, rel=0.1)
+    assert convoys.rest == pytest.approx(2.5, rel=0.1)
     assert "censored" in report["fits"]["all workers"]["write"]
 
 
@@ -245,12 +249,14 @@ def test_calibration_recovers_how_often_a_meeting_loses_anything(tmp_path):
     run = convoy_run(tmp_path, "some", "timing.convoy_join=1.5", "timing.convoy_rest=2.5",
                       "timing.convoy_lost_leader=0.08", "timing.convoy_lost_joiner=0.04",
                       "timing.convoy_lost_pairs=0.4")
-    timing = calibrate(run, pool=True)[0].devices[0].timing
-    assert timing.convoy_lost_pairs == pytest.approx(0.4, abs=0.08)
-    assert timing.convoy_lost_leader == pytest.approx(0.08, rel=0.1)
+    convoys = calibrate(run, pool=True)[0].hardware_of(0).convoys
+    assert convoys is not None
+    assert convoys.lost_pairs == pytest.approx(0.4, abs=0.08)
+    assert convoys.lost_leader == pytest.approx(0.08, rel=0.1)
     every = convoy_run(tmp_path, "every", "timing.convoy_join=1.5", "timing.convoy_rest=2.5",
                         "timing.convoy_lost_leader=0.08", "timing.convoy_lost_joiner=0.04")
-    assert calibrate(every, pool=True)[0].devices[0].timing.convoy_lost_pairs == 1.0
+    fitted = calibrate(every, pool=True)[0].hardware_of(0).convoys
+    assert fitted is not None and fitted.lost_pairs == 1.0
 
 
 def test_writes_that_end_apart_are_not_convoys(tmp_path):
@@ -263,10 +269,10 @@ def test_writes_that_end_apart_are_not_convoys(tmp_path):
 def test_convoys_need_time_slices_when_cores_are_shared(tmp_path):
     run = convoy_run(tmp_path, "convoys", "timing.convoy_join=1.5", "timing.convoy_rest=2.5")
     calibrated, report = calibrate(run, pool=True, cores=1)
-    assert not calibrated.devices[0].timing.convoys
+    assert calibrated.hardware_of(0).convoys is None
     assert "quantum" in report["convoys"]["why"]
     sliced, _ = calibrate(run, pool=True, cores=1, quantum=4_000_000)
-    assert sliced.devices[0].timing.convoys
+    assert sliced.hardware_of(0).convoys is not None
     simulate(sliced)  # runs: threads beyond the core take turns in time slices
 
 
@@ -414,7 +420,7 @@ def test_calibration_recovers_a_catch_up_from_a_simulated_trace(tmp_path):
                      "timing.convoy_lost_leader=0.08", "timing.convoy_lost_joiner=0.04",
                      "timing.convoy_end_gap=0.8", "timing.convoy_end_catch_up=1000")
     calibrated, report = calibrate(run, pool=True)
-    timing = calibrated.devices[0].timing
+    timing = fitted(calibrated)
     assert report["convoys"]["end_gap_hinge"]["kept"]
     assert timing.convoy_end_gap == pytest.approx(0.8, rel=0.1)
     assert timing.convoy_end_catch_up == pytest.approx(1000, rel=0.1)

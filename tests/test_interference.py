@@ -17,7 +17,7 @@ from simulator.fidelity.interference import _slower, fit_interference, under_tim
 from simulator.fidelity.report import _describe_interference
 from simulator.fidelity.runs import running_together
 
-from .conftest import check_fit_choice, same_every_way, scenario
+from .conftest import check_fit_choice, fitted, same_every_way, scenario
 
 PHASES = ("read=lognormal:2500:0.3", "grad=lognormal:16000:0.3",
           "write=lognormal:3500:0.3", "idle=lognormal:15000:0.3")
@@ -123,12 +123,12 @@ def test_calibrate_fits_interference_or_says_why_not(tmp_path):
                  *(arg for o in (*TIMING, "run.updates=4000", "metrics.exact=false",
                                  "timing.write_under_grad=1.7") for arg in ("--set", o))]) == 0
     calibrated, _ = calibrate(run, pool=True, interference="auto")
-    timing = calibrated.devices[0].timing
+    timing = fitted(calibrated)
     assert timing.write_under_grad == pytest.approx(1.7, rel=0.15)
     # The write's draws are fitted as if the other thread were idle: the 3.5 µs drawn.
     assert timing.write.mean == pytest.approx(3500, rel=0.1)
     off, _ = calibrate(run, pool=True)  # off unless asked for
-    assert off.devices[0].timing.interference is None
+    assert fitted(off).interference is None
     check_fit_choice(run, tmp_path, "interference", "on",
                      "#   interference: slowdown per other worker")
 
@@ -171,7 +171,7 @@ def test_worker_counts_without_interference_fit_none(tmp_path):
                                      f"run.threads={k}", "run.split=even")
                        for arg in ("--set", o))]) == 0
     calibrated, report = calibrate_counts(runs, interference="auto")
-    timing = calibrated.devices[0].timing
+    timing = fitted(calibrated)
     assert timing.interference is None and report["interference"]["fields"] is None
     assert timing.grad.mean == pytest.approx(16000, rel=0.05)
     assert timing.grad_per_thread < 0.05

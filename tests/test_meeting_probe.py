@@ -19,6 +19,8 @@ from simulator.fidelity.convoys import probed_meetings
 from simulator.scenario import with_overrides
 from simulator.trace import convoy_pairs
 
+from .conftest import fitted
+
 pytestmark = pytest.mark.alone  # real processes, or the CPUs probed: see conftest
 
 needs_two = pytest.mark.skipif(probe_cpus() is None, reason="needs two usable CPUs")
@@ -158,21 +160,21 @@ def test_one_worker_takes_its_convoys_from_the_probe(tmp_path):
                  "--set", "timing.write={dist='constant', mean=4000}",
                  "--set", "timing.grad={dist='lognormal', mean=9000, cv=0.3}"]) == 0
     plain, report = calibrate(run, pool=True, convoys="on")
-    assert plain.devices[0].timing.convoy_join == 0
+    assert fitted(plain).convoy_join == 0
     assert "no probe" in report["convoys"]["why"]
     summary = json.loads((run / "summary.json").read_text())
     summary["real"] = {"write_meetings": _meetings(0.5, 1.0, 0.1, 0.08, 0.02)}
     (run / "summary.json").write_text(json.dumps(summary))
     calibrated, report = calibrate(run, pool=True)  # auto: they end together, convoys
     assert calibrate(run, pool=True, convoys="on")[0] == calibrated
-    timing = calibrated.devices[0].timing
+    timing = fitted(calibrated)
     assert report["convoys"]["probes"] == 1
     assert timing.convoy_join == pytest.approx(0.5, abs=0.01)
     assert timing.convoy_lost_leader == pytest.approx(0.08 * 20.5 / 35.125)
     two = simulate(with_overrides(calibrated, ["run.threads=2", "run.updates=2000"]))
     pairs = convoy_pairs(two)
     assert pairs.shape[0] > 50 and (pairs[:, 3] > 0).any()  # they meet and lose stores
-    assert calibrate(run, pool=True, convoys="off")[0].devices[0].timing.convoy_join == 0
+    assert fitted(calibrate(run, pool=True, convoys="off")[0]).convoy_join == 0
 
 
 def test_the_probe_sides_start_without_the_runner():

@@ -18,7 +18,14 @@ from simulator.metrics import write_pairs
 from simulator.problems import make_problem
 from simulator.trace import convoy_pairs
 
-from .conftest import check_meeting_losses, convoy_run, same_every_way, scenario, two_writers
+from .conftest import (
+    check_meeting_losses,
+    convoy_run,
+    fitted,
+    same_every_way,
+    scenario,
+    two_writers,
+)
 
 PASSING = ("convoy_join=0",)
 
@@ -38,7 +45,7 @@ def test_passing_writes_keep_their_times_and_lose_the_shared_part_as_told(leader
     is lost."""
     sc = two_writers(f"convoy_lost_leader={leader}", f"convoy_lost_joiner={joiner}",
                      meet=PASSING)
-    assert sc.devices[0].timing.passing and not sc.devices[0].timing.convoys
+    assert fitted(sc).passing and not fitted(sc).convoys
     trace = simulate(sc)
     rows = {int(t): i for i, t in enumerate(trace["thread"])}
     assert [int(trace["write_end"][rows[t]]) for t in (0, 1)] == [11000, 12000]
@@ -117,7 +124,7 @@ def test_passing_writes_run_on_shared_cores_and_with_interference():
 def test_writes_that_cannot_pass_are_refused(override, message):
     with pytest.raises(ScenarioError, match=message) as err:
         simulate(_passing(override))
-    assert "timing.convoy_lost_leader" in str(err.value)
+    assert "hardware.passing" in str(err.value)
 
 
 def test_calibration_recovers_passing_writes_from_a_simulated_trace(tmp_path):
@@ -127,7 +134,7 @@ def test_calibration_recovers_passing_writes_from_a_simulated_trace(tmp_path):
     run = convoy_run(tmp_path, "passing", "timing.convoy_lost_leader=0.08",
                      "timing.convoy_lost_joiner=0.04", "timing.convoy_lost_pairs=0.4")
     calibrated, report = calibrate(run, pool=True)
-    timing = calibrated.devices[0].timing
+    timing = fitted(calibrated)
     assert report["convoys"]["end_gap_over_start_gap"] > 0.5
     assert timing.passing and timing.convoy_join == 0 and timing.convoy_rest == 0
     assert timing.convoy_lost_pairs == pytest.approx(0.4, abs=0.08)
@@ -159,12 +166,12 @@ def test_calibration_recovers_how_lossy_meetings_fall(tmp_path):
     run = convoy_run(tmp_path, "falling", "timing.convoy_lost_leader=0.08",
                      "timing.convoy_lost_joiner=0.04", "timing.convoy_lost_pairs=0.8",
                      "timing.convoy_lost_within=0.2", "run.updates=8000")
-    timing = calibrate(run, pool=True)[0].devices[0].timing
+    timing = fitted(calibrate(run, pool=True)[0])
     assert timing.convoy_lost_pairs == pytest.approx(0.8, abs=0.12)
     assert timing.convoy_lost_within == pytest.approx(0.2, rel=0.3)
     flat = convoy_run(tmp_path, "flat", "timing.convoy_lost_leader=0.08",
                       "timing.convoy_lost_joiner=0.04", "timing.convoy_lost_pairs=0.4")
-    flat_timing = calibrate(flat, pool=True)[0].devices[0].timing
+    flat_timing = fitted(calibrate(flat, pool=True)[0])
     assert flat_timing.convoy_lost_within == 0 and flat_timing.convoy_lost_spread == 0
 
 
@@ -241,7 +248,7 @@ def test_calibration_recovers_the_spread_of_lossy_meetings(tmp_path):
                      "timing.convoy_lost_joiner=0.04", "timing.convoy_lost_pairs=0.6",
                      "timing.convoy_lost_spread=0.3", "run.updates=8000")
     calibrated, report = calibrate(run, pool=True)
-    timing = calibrated.devices[0].timing
+    timing = fitted(calibrated)
     assert timing.convoy_lost_spread == pytest.approx(0.3, rel=0.25)
     assert timing.convoy_lost_leader == pytest.approx(0.08, rel=0.2)
     assert timing.convoy_lost_joiner == pytest.approx(0.04, rel=0.2)

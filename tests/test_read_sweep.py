@@ -21,7 +21,7 @@ from simulator.problems import make_problem
 from simulator.schedule import Scheduler, run_schedule
 from simulator.trace import read_sweeps
 
-from .conftest import CONSTANT, same_every_way, scenario
+from .conftest import CONSTANT, fitted, same_every_way, scenario
 
 LOGNORMAL = ("timing.read={dist='lognormal', mean=2500, cv=0.3}",
              "timing.grad={dist='lognormal', mean=9000, cv=0.4}",
@@ -149,9 +149,9 @@ def test_a_bad_value_names_the_field(tmp_path, capsys, setting, field, value):
 
 
 def test_sparse_problems_and_explore_refuse_sweeping_reads():
-    with pytest.raises(ScenarioError, match=r"run\.read_view"):
+    with pytest.raises(ScenarioError, match=r"hardware\.sweeping_reads"):
         simulate(scenario("problem.name=sparse_logistic", "run.read_view=sweep"))
-    with pytest.raises(ScenarioError, match=r"run\.read_view"):
+    with pytest.raises(ScenarioError, match=r"hardware\.sweeping_reads"):
         run_schedule(scenario("run.threads=2", "run.updates=4", "run.read_view=sweep"),
                      Scheduler("random", 2))
 
@@ -178,7 +178,7 @@ def test_calibrate_recovers_the_store_window(tmp_path, lead, tail):
     assert main(["simulate", "--quiet", "--out", str(run),
                  *(arg for o in settings for arg in ("--set", o))]) == 0
     calibrated, report = calibrate(run)
-    timing = calibrated.devices[0].timing
+    timing = fitted(calibrated)
     assert abs(timing.write_sweep_lead - lead) <= 150
     assert abs(timing.write_sweep_tail - tail) <= 150
     assert report["stores"]["miss"] < 0.01
@@ -189,7 +189,7 @@ def test_a_run_that_reads_at_the_end_fits_no_store_window(tmp_path):
     assert main(["simulate", "--quiet", "--out", str(run), "--set", "run.threads=2"]) == 0
     calibrated, report = calibrate(run)
     assert report["stores"]["fields"] is None and "fewer than" in report["stores"]["why"]
-    assert calibrated.devices[0].timing.write_sweep_lead == 0
+    assert fitted(calibrated).write_sweep_lead == 0
 
 
 def test_real_read_copies_give_the_share_they_hold():

@@ -25,7 +25,7 @@ from simulator.scenario import scenario_from_dict
 from simulator.timing import sample_stream
 from simulator.trace import read_sweeps
 
-from .conftest import scenario
+from .conftest import fitted, scenario
 
 pytestmark = pytest.mark.alone  # real processes, or the CPUs probed: see conftest
 
@@ -72,8 +72,8 @@ def test_lock_free_workers_converge_and_merge_cleanly():
     # Each worker makes a fixed share, and the run's scenario says so for the simulator, as
     # it says that a copy of the dense vector sweeps it (reads part of a write in flight).
     assert np.bincount(trace["thread"]).tolist() == [3000, 3000]
-    recorded = scenario_from_dict(tomllib.loads(trace.scenario_toml)).run
-    assert (recorded.split, recorded.read_view) == ("even", "sweep")
+    recorded = scenario_from_dict(tomllib.loads(trace.scenario_toml))
+    assert recorded.run.split == "even" and recorded.hardware.sweeping_reads is not None
     for rank in (0, 1):
         rows = np.flatnonzero(trace["thread"] == rank)
         mine = trace["sample"][rows[np.argsort(trace["thread_seq"][rows])]]
@@ -200,7 +200,7 @@ def test_a_one_worker_run_probes_its_shared_writes_and_calibrates_from_them(tmp_
     trace = load_run(out).trace
     median = float(np.median(trace["write_end"] - trace["write_start"]))
     assert report["shared"]["probes"] == 1 and report["shared"]["median_write_ns"] == median
-    assert calibrated.devices[0].timing.write_shared == pytest.approx(
+    assert fitted(calibrated).write_shared == pytest.approx(
         (median + probed["extra_ns"]) / median)
     sparse = run_real(scenario("problem.name=sparse_logistic", "run.updates=200"), 1,
                       "lockfree", probe=True)

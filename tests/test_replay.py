@@ -69,7 +69,7 @@ def test_a_real_run_and_its_replay_count_the_same_overwrites_and_torn_reads():
     """Both traces take read-overwrites and torn reads from the same block copy and store
     ends (``simulator.trace.read_report``); the replay puts every event at its recorded
     time, so the counts agree update by update (a dense problem: the real run records
-    ``read_view = "sweep"``, whose copies of writes in flight are recorded apart)."""
+    ``[hardware.sweeping_reads]``, whose copies of writes in flight are recorded apart)."""
     from realrun.runner import run_real
     from simulator.metrics import summarize
 
@@ -77,7 +77,7 @@ def test_a_real_run_and_its_replay_count_the_same_overwrites_and_torn_reads():
     real = run_real(s, 2, "lockfree")
     assert real.failure is None and len(real.trace) == 3000
     scenario_, problem, again = replay(real.trace)
-    assert scenario_.run.read_view == "sweep"
+    assert scenario_.hardware.sweeping_reads is not None
     a, b = (np.lexsort((t["thread_seq"], t["thread"])) for t in (real.trace, again))
     for column in ("read_overwrites", "torn"):
         assert np.array_equal(real.trace[column][a], again[column][b]), column

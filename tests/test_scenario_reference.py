@@ -24,13 +24,12 @@ def _ids(fields):
     return [f"{spec.__name__}.{item.name}" for spec, item in fields]
 
 # Values other keys need for a probed value to be judged on its own (a real data set for a
-# holdout, a pause that ends, one thread that dies, a correlation time for common factors).
+# holdout, a pause that ends, one thread that dies).
 CONTEXT = {
     (scenario.ProblemSpec, "holdout"): {"name": "logistic", "data": "breast_cancer"},
     (scenario.PauseSpec, "thread"): {"end": 1},
     (scenario.PauseSpec, "start"): {"end": 1},
     (scenario.DeathSpec, "at"): {"thread": 0},
-    **{(scenario.TimingSpec, name): {"common_ns": 8.0} for name in scenario.COMMON_FIELDS},
 }
 _NUMBER = r"(-?\d+(?:\.\d+)?)"
 _HALF = re.compile(rf"^(>=|>) {_NUMBER}$")

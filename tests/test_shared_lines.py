@@ -17,7 +17,7 @@ from simulator.fidelity.runs import load_run, running_together
 from simulator.fidelity.shared import fit_shared, shared_writes
 from simulator.scenario import with_overrides
 
-from .conftest import convoy_run, same_every_way, scenario
+from .conftest import convoy_run, fitted, same_every_way, scenario
 
 TIMING = ("timing.read={dist='lognormal', mean=2500, cv=0.3}",
           "timing.grad={dist='lognormal', mean=9000, cv=0.4}",
@@ -64,13 +64,13 @@ def test_calibration_recovers_the_factor_and_the_draw(tmp_path):
                      "run.split=even", "timing.write={dist='lognormal', mean=3000, cv=0.3}",
                      "timing.write_shared=3.5")
     calibrated, report = calibrate(out, pool=True, convoys="off", shared="on")
-    timing = calibrated.devices[0].timing
+    timing = fitted(calibrated)
     assert timing.write_shared == pytest.approx(3.5, rel=0.05)
     assert timing.write.mean == pytest.approx(3000, rel=0.05)
     assert report["shared"]["rows_shared"] > 1000
     plain, _ = calibrate(out, pool=True, convoys="off")
-    assert plain.devices[0].timing.write_shared == 1
-    assert plain.devices[0].timing.write.mean > 1.3 * 3000  # the slow writes mixed in
+    assert fitted(plain).write_shared == 1
+    assert fitted(plain).write.mean > 1.3 * 3000  # the slow writes mixed in
 
 
 def test_auto_keeps_no_factor_where_there_is_none():
@@ -94,7 +94,7 @@ def test_with_convoys_the_factor_comes_from_the_times_alone(tmp_path):
     assert censored["factor"] == pytest.approx(3, rel=0.1)
     assert abs(whole["factor"] - 3) > abs(censored["factor"] - 3)
     calibrated, _ = calibrate(run, pool=True, shared="on")
-    timing = calibrated.devices[0].timing
+    timing = fitted(calibrated)
     assert timing.write_shared == pytest.approx(3, rel=0.1)
     assert timing.write.mean == pytest.approx(4000, rel=0.1)
     assert timing.convoy_join == pytest.approx(1.5, rel=0.15)
@@ -159,11 +159,11 @@ def test_one_worker_takes_the_factor_from_its_probe_and_predicts_two(tmp_path):
     rule marks."""
     run = _one_worker(tmp_path, 500)
     plain, report = calibrate(run, pool=True, shared="auto")
-    assert plain.devices[0].timing.write_shared == 1
+    assert fitted(plain).write_shared == 1
     assert "no probe" in report["shared"]["why"]
     _with_probe(run, 3000)
     calibrated, report = calibrate(run, pool=True, shared="auto")
-    timing = calibrated.devices[0].timing
+    timing = fitted(calibrated)
     assert timing.write_shared == 2.5 and timing.write.mean == 2000
     assert report["shared"]["probes"] == 1 and report["shared"]["median_write_ns"] == 2000
     two = simulate(with_overrides(calibrated, ["run.threads=2", "run.updates=2000"]))
@@ -176,11 +176,11 @@ def test_a_probe_under_the_threshold_is_kept_only_when_asked(tmp_path):
     run = _one_worker(tmp_path, 200)
     _with_probe(run, 200)  # 1.1x
     auto, report = calibrate(run, pool=True, shared="auto")
-    assert auto.devices[0].timing.write_shared == 1 and "under 1.2x" in report["shared"]["why"]
+    assert fitted(auto).write_shared == 1 and "under 1.2x" in report["shared"]["why"]
     on, _ = calibrate(run, pool=True, shared="on")
-    assert on.devices[0].timing.write_shared == pytest.approx(1.1)
+    assert fitted(on).write_shared == pytest.approx(1.1)
     off, report = calibrate(run, pool=True, shared="off")
-    assert off.devices[0].timing.write_shared == 1 and report["shared"]["why"] == "--shared off"
+    assert fitted(off).write_shared == 1 and report["shared"]["why"] == "--shared off"
 
 
 def test_two_workers_ignore_the_probe_and_fit_their_own_writes(tmp_path):
@@ -189,5 +189,5 @@ def test_two_workers_ignore_the_probe_and_fit_their_own_writes(tmp_path):
                      "timing.write_shared=3.5")
     _with_probe(out, 30000)  # would say 11x
     calibrated, report = calibrate(out, pool=True, convoys="off", shared="on")
-    assert calibrated.devices[0].timing.write_shared == pytest.approx(3.5, rel=0.05)
+    assert fitted(calibrated).write_shared == pytest.approx(3.5, rel=0.05)
     assert "probes" not in report["shared"]

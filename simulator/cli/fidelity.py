@@ -12,7 +12,7 @@ from typing import Any
 from simulator.cli.common import command as subcommand
 from simulator.cli.common import ns
 from simulator.errors import AsyngradError, ScenarioError
-from simulator.scenario import SLICINGS
+from simulator.scenario import SLICINGS, DeviceSpec
 
 COMPARE_FILES = ("compare.json", "compare.png")
 
@@ -38,6 +38,17 @@ def _compare(args: argparse.Namespace) -> int:
         print(compare_text(report))
         print(f"  wrote {out}/compare.json and compare.png")
     return 0
+
+
+def _migrating(device: DeviceSpec, migrate: int) -> DeviceSpec:
+    """``device`` with its per-core time slices' load balancer moving every ``migrate``
+    ns."""
+    hardware = device.hardware
+    slices = hardware.time_slices if hardware is not None else None
+    if hardware is None or slices is None or slices.slicing != "per_core":
+        return device
+    return dataclasses.replace(device, hardware=dataclasses.replace(
+        hardware, time_slices=dataclasses.replace(slices, migrate=migrate)))
 
 
 def _quantum(text: str) -> tuple[int, str]:
@@ -106,8 +117,7 @@ def _calibrate(args: argparse.Namespace) -> int:
                                      args.shared)
     if migrate:
         scenario = dataclasses.replace(scenario, devices=tuple(
-            dataclasses.replace(d, migrate=migrate) if d.quantum and d.slicing == "per_core" else d
-            for d in scenario.devices))
+            _migrating(d, migrate) for d in scenario.devices))
         report["migrate"] = balancer or f"{migrate / 1e6:.3g} ms between moves (given)"
     if measured:
         report["time_slice"] = measured

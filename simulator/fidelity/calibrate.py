@@ -42,7 +42,14 @@ from simulator.fidelity.speeds import at_speed_one, core_speeds
 from simulator.fidelity.stores import fit_store_window
 from simulator.metrics import trace_rhythm
 from simulator.rundir import run_shared_write, run_write_meetings
-from simulator.scenario import DeviceSpec, Scenario, TimingSpec
+from simulator.scenario import (
+    DeviceSpec,
+    HardwareSpec,
+    Scenario,
+    plain,
+    spec_from_dict,
+    upgrade_device,
+)
 from simulator.trace import Trace
 
 PHASES = ("read", "grad", "write", "idle")
@@ -62,12 +69,13 @@ class Models:
     slowed: dict[str, Any]
     runs: list[tuple[Trace, np.ndarray, np.ndarray | None]]
 
-    def timing(self, **fields: Any) -> TimingSpec:
-        """A timing of ``fields`` (the durations) with every model's fitted fields."""
-        timing = TimingSpec(**fields)
+    def timing(self, **fields: Any) -> dict[str, Any]:
+        """A device's plain timing of ``fields`` (the durations) with every model's fitted
+        fields (in the old flat keys: ``_device`` moves them to the hardware tables)."""
+        timing = {name: plain(value) for name, value in fields.items()}
         for report in (self.convoy, self.common, self.slowed, self.sharing, self.stores):
             if report.get("fields"):
-                timing = replace(timing, **report["fields"])
+                timing.update(report["fields"])
         return timing
 
     def report(self) -> dict[str, Any]:
@@ -90,7 +98,7 @@ def fit_models(loaded: list[tuple[Path, Trace, Scenario]], convoys: str, shared:
                                                   convoys, shared, cores, quantum,
                                                   [path for path, _, _ in loaded])
     stores = fit_store_window([trace for _, trace, run in loaded
-                               if run.run.read_view == "sweep"])
+                               if run.hardware.sweeping_reads is not None])
     if episode is not None and episode["fields"]:  # the durations at the cores' own pace
         own = 1 / episode["fields"]["slow_factor"]
         traces = [deflated(trace, {phase: (rows, np.full(rows.size, own)) for phase in PHASES})
@@ -123,18 +131,29 @@ def run_samples(models: Models, scenarios: list[Scenario]) -> list[dict[int, dic
     return per_run
 
 
-def _device(name: str, timing: TimingSpec, cores: int, quantum: int, slicing: str,
-            **fields: Any) -> DeviceSpec:
-    """A calibrated device: the machine's cores and time slices, the fitted timing."""
-    return DeviceSpec(name=name, cores=cores, quantum=quantum, slicing=slicing,
-                      preempt=quantum > 0, timing=timing, **fields)
+def _device(name: str, timing: dict[str, Any], cores: int, quantum: int, slicing: str,
+            sweep: bool, **fields: Any) -> DeviceSpec:
+    """A calibrated device: the machine's cores and time slices (preemptive), the fitted
+    timing and hardware models (``sweep``: with the store window of reads that see the
+    writes in flight)."""
+    data = {"name": name, "cores": cores, "timing": timing, **fields}
+    if quantum:
+        data.update(quantum=quantum, slicing=slicing, preempt=True)
+    return spec_from_dict(DeviceSpec, upgrade_device(data, sweep), "devices")
 
 
 def _calibrated(scenario: Scenario, devices: list[DeviceSpec]) -> Scenario:
-    """``scenario`` on the calibrated ``devices``. The recorded durations already contain
-    stragglers and network links: they are dropped."""
+    """``scenario`` on the calibrated ``devices``, which hold every fitted model; of the
+    run's own hardware tables only its reads that see writes in flight stay. The recorded
+    durations already contain stragglers and network links: they are dropped."""
+    hardware = HardwareSpec(sweeping_reads=scenario.hardware.sweeping_reads)
     return replace(scenario, name=f"{scenario.name}-calibrated", devices=tuple(devices),
-                   inject=replace(scenario.inject, stragglers=()))
+                   hardware=hardware, inject=replace(scenario.inject, stragglers=()))
+
+
+def _sweeps(loaded: list[tuple[Path, Trace, Scenario]]) -> bool:
+    """Whether the runs' reads saw the writes in flight."""
+    return any(run.hardware.sweeping_reads is not None for _, _, run in loaded)
 
 
 def _check_repeats(loaded: list[tuple[Path, Trace, Scenario]], speeds: str) -> None:
@@ -204,7 +223,8 @@ def calibrate(run_dir: str | Path | list[str | Path], pool: bool = False, cores:
         fits[name] = {op: fit.describe() for op, fit in fitted.items()}
         devices.append(_device(name.replace(" ", ""),
                                models.timing(**{op: f.duration for op, f in fitted.items()}),
-                               cores, quantum, slicing, **(episode["fields"] or {})))
+                               cores, quantum, slicing, _sweeps(loaded),
+                               **(episode["fields"] or {})))
     if pace["kept"]:  # one device per core, thread j on device j mod cores
         devices = [replace(devices[0], name=f"core{j}", cores=1, speed=speed)
                    for j, speed in enumerate(pace["speeds"])]
@@ -287,7 +307,8 @@ def calibrate_counts(run_dirs: list[str | Path], cores: int = 0, quantum: int = 
     models = fit_models(loaded, convoys, shared, common, interference, cores, quantum)
     pooled = [pooled_samples(mine) for mine in run_samples(models, [s for _, _, s in loaded])]
     timing, found, fits = per_thread(counts, pooled)
-    device = _device("allworkers", models.timing(**timing), cores, quantum, slicing)
+    device = _device("allworkers", models.timing(**timing), cores, quantum, slicing,
+                     _sweeps(loaded))
     calibrated, report = _finish(loaded, [Path(d) for d in run_dirs],
                                  _calibrated(base, [device]), models,
                                  {f"all workers at k = {counts[0]}": fits}, common,

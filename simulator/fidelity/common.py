@@ -25,8 +25,12 @@ import numpy as np
 import scipy.stats
 
 from simulator.fidelity.runs import phase_windows
-from simulator.scenario import Scenario
+from simulator.scenario import CommonSpec, HardwareSpec, Scenario, spec_from_dict, upgrade_device
 from simulator.trace import Trace
+
+# The fitted weights, in the flat keys of the fit report (``with_common`` makes them
+# [hardware.common]).
+COMMON_FIELDS = ("read_common", "grad_common", "write_common", "idle_common")
 
 # Common factors: bins of the start offset (ns), pairs a bin needs, the weakest c that
 # "auto" keeps, and the correlation times tried.
@@ -193,9 +197,10 @@ def common_fits(runs: list[tuple[Trace, np.ndarray, np.ndarray | None]], common:
 
 def with_common(scenario: Scenario, fields: dict[str, Any]) -> Scenario:
     """A calibrated ``scenario`` (every device has its timing) with common-factor
-    ``fields`` on each device's timing."""
-    devices = []
-    for device in scenario.devices:
-        assert device.timing is not None  # calibrate gives every device its timing
-        devices.append(replace(device, timing=replace(device.timing, **fields)))
+    ``fields`` (``read_common`` ..., ``common_ns``) as each device's ``[hardware.common]``
+    (none where every weight is 0)."""
+    common = upgrade_device({"timing": fields}).get("hardware", {}).get("common")
+    spec = None if common is None else spec_from_dict(CommonSpec, common, "hardware.common")
+    devices = [replace(d, hardware=replace(d.hardware or HardwareSpec(), common=spec))
+               for d in scenario.devices]
     return replace(scenario, devices=tuple(devices))

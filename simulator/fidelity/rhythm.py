@@ -18,10 +18,10 @@ from typing import Any
 
 import numpy as np
 
-from simulator.fidelity.common import with_common
+from simulator.fidelity.common import COMMON_FIELDS, with_common
 from simulator.metrics import trace_rhythm
 from simulator.problems import Problem, make_problem
-from simulator.scenario import COMMON_FIELDS, Scenario
+from simulator.scenario import Scenario
 
 # A run whose staleness is below this share of the independent-phase value kept a common
 # rhythm (said in the report; fitted by --common rhythm): above it, sampling noise.

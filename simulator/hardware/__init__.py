@@ -6,13 +6,14 @@ and the engine calls only the hooks of the models that are on, ``Hardware``):
 
 * ``slices``: time slices, preemption and migration of threads that outnumber their cores;
 * ``episodes``: speed episodes of a device's cores;
-* ``shared_lines``: writes of blocks another thread read since (``timing.write_shared``);
-* ``interference``: phases that slow each other (``timing.*_under_*``);
-* ``convoys`` and ``passing``: writes of one block that meet (``timing.convoy_*``);
-* ``sweeping``: reads that see part of the writes in flight (``run.read_view = "sweep"``).
+* ``shared_lines``: writes of blocks another thread read since;
+* ``interference``: phases that slow each other;
+* ``convoys`` and ``passing``: writes of one block that meet;
+* ``sweeping``: reads that see part of the writes in flight.
 
-Durations that go together across threads (``timing.*_common``) are drawn by the duration
-source (``simulator.timing``).
+Each has its own scenario table (``[hardware.time_slices]``, ...:
+``simulator.scenario.hardware``). Durations that go together across threads
+(``[hardware.common]``) are drawn by the duration source (``simulator.timing``).
 """
 
 from __future__ import annotations
@@ -27,12 +28,13 @@ from simulator.hardware.base import Hardware, overrides
 from simulator.hardware.convoys import Convoys
 from simulator.hardware.episodes import Episodes
 from simulator.hardware.interference import Interference
-from simulator.hardware.meetings import meeting_timing
+from simulator.hardware.meetings import meeting_spec
 from simulator.hardware.passing import Passing
 from simulator.hardware.shared_lines import SharedLines
 from simulator.hardware.slices import TimeSlices
 from simulator.hardware.sweeping import Sweeping, Writing
 from simulator.memory import WriteMode
+from simulator.scenario import PassingSpec
 
 if TYPE_CHECKING:
     from simulator.engine import Engine
@@ -66,22 +68,22 @@ def build(engine: Engine) -> Machine:
         ScenarioError: a model's values that the run's other values rule out.
     """
     scenario = engine.scenario
+    hardware = [scenario.hardware_of(d) for d in range(len(scenario.devices))]
     slices = TimeSlices(scenario, engine.threads)
     sliced = slices if slices.active else None
-    episodes = (Episodes(engine, sliced) if any(d.slow_factor > 1 for d in scenario.devices)
-                else None)
+    episodes = (Episodes(engine, sliced) if any(h.episodes for h in hardware) else None)
     under = Interference.slowdowns(engine)
     interference = Interference(engine, under) if any(under) else None
     factors = SharedLines.factors_of(engine)
     lines = (SharedLines(factors, scenario.run.blocks) if any(f is not None for f in factors)
              else None)
-    sweeping = Sweeping(engine) if scenario.run.read_view == "sweep" else None
-    timing = meeting_timing(engine)
+    sweeping = Sweeping(engine) if any(h.sweeping_reads for h in hardware) else None
+    spec = meeting_spec(engine)
     writer = mode = None
-    if timing is not None and timing.passing:
-        mode = Passing(engine, timing)
-    elif timing is not None:
-        writer = Convoys(engine, timing, interference, sweeping)
+    if isinstance(spec, PassingSpec):
+        mode = Passing(engine, spec)
+    elif spec is not None:
+        writer = Convoys(engine, spec, interference, sweeping)
     models = [m for m in (sliced, episodes, lines, interference, writer, mode, sweeping)
               if m is not None]
     return Machine(models, writer, mode, sweeping)  # type: ignore[arg-type]

@@ -1,5 +1,5 @@
 """Write convoys: a write that starts while other writes of the same block are in flight
-joins them, and all of them end together (``timing.convoy_*``, ``TimingSpec`` docstring),
+joins them, and all of them end together (``[hardware.convoys]``, ``ConvoySpec``),
 as in-place sweeps that meet on hardware end in lockstep and lose element stores."""
 
 from __future__ import annotations
@@ -12,12 +12,13 @@ import numpy as np
 from simulator.errors import ScenarioError
 from simulator.hardware.meetings import Meetings
 from simulator.hardware.sweeping import Writing
+from simulator.scenario import plain
 
 if TYPE_CHECKING:
     from simulator.engine import Engine
     from simulator.hardware.interference import Interference
     from simulator.hardware.sweeping import Sweeping
-    from simulator.scenario import TimingSpec
+    from simulator.scenario import ConvoySpec
     from simulator.update import Update
 
 __all__ = ["Convoy", "Convoys"]
@@ -48,17 +49,19 @@ class Convoys(Meetings):
             core pool or a bus inside a write.
     """
 
-    def __init__(self, engine: Engine, timing: TimingSpec, interference: Interference | None,
+    spec: ConvoySpec
+
+    def __init__(self, engine: Engine, spec: ConvoySpec, interference: Interference | None,
                  sweeping: Sweeping | None) -> None:
-        super().__init__(engine, timing)
+        super().__init__(engine, spec)
         if interference is not None and engine.scenario.run.blocks > 1:
             raise ScenarioError("run.blocks", engine.scenario.run.blocks,
-                                "write convoys with interference (timing.*_under_*) need "
-                                "run.blocks = 1")
+                                "write convoys with interference (hardware.interference) "
+                                "need run.blocks = 1")
         if not engine.own_cores:
-            raise ScenarioError("timing.convoy_join", timing.convoy_join,
+            raise ScenarioError("hardware.convoys", plain(spec),
                                 "write convoys need no bus and a core per thread or "
-                                "time slices (devices.quantum)")
+                                "time slices (hardware.time_slices)")
         self.interference, self.sweeping = interference, sweeping
         self.inflight: list[Convoy | None] = [None] * engine.scenario.run.blocks
         self.paired: list[Convoy] = []
@@ -66,9 +69,9 @@ class Convoys(Meetings):
 
     def write(self, thread: int, u: Update, step: np.ndarray) -> Generator[Any, Any, None]:
         """Write ``u``'s blocks in turn, each alone (a new convoy) or joining the writes of
-        it in flight; a write that joined late ends ``convoy_end_gap``·max(0, lag −
-        ``convoy_end_catch_up``) after its convoy's end."""
-        engine, timing = self.engine, self.timing
+        it in flight; a write that joined late ends ``end_gap``·max(0, lag −
+        ``end_catch_up``) after its convoy's end."""
+        engine, spec = self.engine, self.spec
         clock, interfered = engine.clock, (self.interference is not None
                                            and self.interference.on(thread))
         drawn = u.drawn_write_ns = u.write_ns
@@ -78,8 +81,7 @@ class Convoys(Meetings):
                 yield from engine.catch_up(thread)
             begun = clock[thread]
             convoy, duration = self._join(thread, u, block, index, drawn[i])
-            tail = round(timing.convoy_end_gap * max(
-                0, begun - convoy.first - timing.convoy_end_catch_up))
+            tail = round(spec.end_gap * max(0, begun - convoy.first - spec.end_catch_up))
             if self.sweeping is not None:
                 writing = self.sweeping.enter(block, Writing(
                     u, begun, 0, step[vsel], lost=convoy.lost, convoy=convoy, tail=tail))
@@ -106,13 +108,13 @@ class Convoys(Meetings):
         if convoy is None or convoy.end <= now:
             convoy = self.inflight[block] = Convoy(u, now, now + drawn)
             return convoy, drawn
-        timing = self.timing
+        spec = self.spec
         front = convoy.front + (1 - convoy.front) * (now - convoy.start) / (convoy.end
                                                                              - convoy.start)
         # The joiner sweeps along at most one write's worth of the convoy's rest: a chain of
         # joiners (many threads) lengthens the convoy by at most (join + rest)·W each, where
         # rest·(E − t) alone would grow it geometrically whenever rest > 1.
-        end = max(convoy.end, now + round(timing.convoy_join * drawn + timing.convoy_rest
+        end = max(convoy.end, now + round(spec.join * drawn + spec.rest
                                           * min(convoy.end - now, drawn)))
         size = index.stop - index.start
         counts = self.losses(convoy.leader, u, size, front, convoy.lost)

@@ -1,5 +1,5 @@
 """Speed episodes: each core of a device alternates between fast and slow episodes
-(``DeviceSpec``: ``slow_factor``, ``slow_ns``, ``fast_ns``; drawn by the duration source,
+(``[hardware.episodes]``, ``EpisodeSpec``; drawn by the duration source,
 ``simulator.timing.SpeedEpisodes``), as a virtual CPU whose host sibling is busy now and
 then."""
 
@@ -19,7 +19,7 @@ __all__ = ["Episodes"]
 
 class Episodes(Hardware):
     """Every duration of an update that begins in a slow episode of its core is
-    ``slow_factor`` times as long (threads whose durations are drawn as each phase starts
+    ``factor`` times as long (threads whose durations are drawn as each phase starts
     get it from the source itself)."""
 
     def __init__(self, engine: Engine, slices: TimeSlices | None) -> None:

@@ -1,5 +1,5 @@
 """Interference: a phase runs slower while other threads of its device are in phases that
-compete with it (``timing.p_under_q``; ``TimingSpec`` docstring), as processor sharing."""
+compete with it (``[hardware.interference]``, ``InterferenceSpec``), as processor sharing."""
 
 from __future__ import annotations
 
@@ -40,11 +40,12 @@ class Interference(Hardware):
 
     @staticmethod
     def slowdowns(engine: Engine) -> list[Slowdowns | None]:
-        """Per thread: its timing's slowdowns (None: none, or the durations are replayed,
+        """Per thread: its device's slowdowns (None: none, or the durations are replayed,
         which carry them already)."""
         scenario = engine.scenario
-        return [None if engine.replayed else scenario.timing_of(scenario.device_of(t))
-                .interference for t in range(engine.threads)]
+        specs = [scenario.hardware_of(scenario.device_of(t)).interference
+                 for t in range(engine.threads)]
+        return [None if engine.replayed or spec is None else spec.slowdowns for spec in specs]
 
     def on(self, thread: int) -> bool:
         return self.under[thread] is not None

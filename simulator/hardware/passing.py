@@ -1,5 +1,5 @@
 """Passing writes: writes of one block that meet keep their own durations and each lands
-whole at its end, less what the meeting lost (``TimingSpec`` docstring), as two in-place
+whole at its end, less what the meeting lost (``[hardware.passing]``), as two in-place
 sweeps on hardware that do not end in lockstep lose a few coordinates or none."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from simulator.memory import Coords, WriteMode
 
 if TYPE_CHECKING:
     from simulator.engine import Engine
-    from simulator.scenario import TimingSpec
+    from simulator.scenario import PassingSpec
     from simulator.update import Update
 
 __all__ = ["Flight", "Passing"]
@@ -39,8 +39,8 @@ class Passing(Meetings, WriteMode):
 
     runs = False
 
-    def __init__(self, engine: Engine, timing: TimingSpec) -> None:
-        super().__init__(engine, timing)
+    def __init__(self, engine: Engine, spec: PassingSpec) -> None:
+        super().__init__(engine, spec)
         blocks = engine.scenario.run.blocks
         self.flying: list[list[Flight]] = [[] for _ in range(blocks)]
         self.lost: list[dict[int, np.ndarray]] = [{} for _ in range(blocks)]

@@ -1,6 +1,7 @@
-"""Shared lines: a write of a block takes ``timing.write_shared`` times its draw when the
+"""Shared lines: a write of a block takes ``[hardware.shared_lines]``'s factor times its draw
+when the
 writer still holds the block from its own read and another thread has read it since
-(``TimingSpec`` docstring), as a store waits for the copy in another core's cache to be
+(``SharedLinesSpec``), as a store waits for the copy in another core's cache to be
 invalidated."""
 
 from __future__ import annotations
@@ -33,13 +34,13 @@ class SharedLines(Hardware):
 
     @staticmethod
     def factors_of(engine: Engine) -> list[float | None]:
-        """Per thread: its timing's ``write_shared`` factor, or None (1, or the durations
-        are replayed, which carry it)."""
+        """Per thread: its device's factor, or None (none, 1, or the durations are
+        replayed, which carry it)."""
         scenario = engine.scenario
-        factors = [None if engine.replayed else
-                   scenario.timing_of(scenario.device_of(t)).write_shared
-                   for t in range(engine.threads)]
-        return [None if f == 1 else f for f in factors]
+        specs = [scenario.hardware_of(scenario.device_of(t)).shared_lines
+                 for t in range(engine.threads)]
+        return [None if engine.replayed or s is None or s.factor == 1 else s.factor
+                for s in specs]
 
     def copied(self, thread: int, block: int, index: slice, local: np.ndarray,
                now: int) -> None:

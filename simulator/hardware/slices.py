@@ -1,5 +1,5 @@
 """Time slices: threads that outnumber their device's cores run in turns, as an OS runs
-processes (``DeviceSpec``: ``quantum``, ``slicing``, ``preempt``, ``migrate``).
+processes (``[hardware.time_slices]``, ``TimeSliceSpec``).
 
 ``global`` slicing rotates all the device's threads over its cores; ``per_core`` puts its
 j-th thread (in slot order: ``run.placement``) on core j mod cores, where it rotates with the
@@ -139,16 +139,17 @@ class TimeSlices(Hardware):
         self.slices: list[tuple[list[int], int, int, Migrating | None] | None] = [None] * threads
         self.preempts = [False] * threads
         for device, members in on.items():
-            spec = scenario.devices[device]
-            if not spec.quantum or not 0 < spec.cores < len(members):
+            spec, cores = (scenario.hardware_of(device).time_slices,
+                           scenario.devices[device].cores)
+            if spec is None or not 0 < cores < len(members):
                 continue
             ordered = sorted(members, key=scenario.slot_of)
-            moves = (Migrating(ordered, spec.cores, spec.quantum, spec.migrate,
-                               scenario.run.seed, device)
+            moves = (Migrating(ordered, cores, spec.quantum, spec.migrate, scenario.run.seed,
+                               device)
                      if spec.slicing == "per_core" else None)
             for thread in members:
-                self.slices[thread] = (ordered if moves else members, spec.cores,
-                                       spec.quantum, moves)
+                self.slices[thread] = (ordered if moves else members, cores, spec.quantum,
+                                       moves)
                 self.preempts[thread] = spec.preempt
         self._finished = [math.inf] * threads  # when each thread's loop ended
 

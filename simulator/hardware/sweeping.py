@@ -1,7 +1,5 @@
-"""Sweeping reads: a read copies part of the writes of its block in flight
-(``run.read_view = "sweep"``, ``RunSpec`` docstring), with store windows
-(``timing.write_sweep_lead`` and ``write_sweep_tail``: the part of a write's window its
-stores take, ``TimingSpec`` docstring)."""
+"""Sweeping reads: a read copies part of the writes of its block in flight, stored over
+each write's store window (``[hardware.sweeping_reads]``, ``SweepingReadsSpec``)."""
 
 from __future__ import annotations
 
@@ -11,6 +9,7 @@ import numpy as np
 
 from simulator.errors import ScenarioError
 from simulator.hardware.base import Hardware
+from simulator.scenario import plain
 
 if TYPE_CHECKING:
     from simulator.engine import Engine
@@ -50,13 +49,14 @@ class Sweeping(Hardware):
 
     def __init__(self, engine: Engine) -> None:
         if engine.sparse:
-            raise ScenarioError("run.read_view", engine.scenario.run.read_view,
+            raise ScenarioError("hardware.sweeping_reads",
+                                plain(engine.scenario.hardware.sweeping_reads),
                                 "sweeps dense blocks; the problem's updates are sparse")
         scenario = engine.scenario
         self.in_write: list[list[Writing]] = [[] for _ in range(scenario.run.blocks)]
-        timings = [scenario.timing_of(scenario.device_of(t)) for t in range(engine.threads)]
-        self.window = [(round(t.write_sweep_lead), round(t.write_sweep_tail))
-                       for t in timings]
+        specs = [scenario.hardware_of(scenario.device_of(t)).sweeping_reads
+                 for t in range(engine.threads)]
+        self.window = [(0, 0) if s is None else (round(s.lead), round(s.tail)) for s in specs]
         self.rows: list[tuple[int, int, int, int]] = []  # trace.READ_SWEEP_COLUMNS
 
     def enter(self, block: int, writing: Writing) -> Writing:
