@@ -231,7 +231,7 @@ def test_repeats_are_fitted_together(tmp_path, capsys):
     fitted = report["episodes"]
     assert episodes.factor == pytest.approx(1.7, rel=0.05), fitted
     assert episodes.slow_ns == pytest.approx(8_000_000, rel=0.4), fitted
-    assert device.fast_ns == pytest.approx(12_000_000, rel=0.4), fitted
+    assert episodes.fast_ns == pytest.approx(12_000_000, rel=0.4), fitted
     assert scenario.timing_of(0).grad.mean == pytest.approx(6000, rel=0.05)
     assert fitted["runs"] == 12 and len(fitted["slow_share_per_run"]) == 12
     assert report["rows"] == 12 * 2000 and report["run"] == ", ".join(map(str, runs))
