@@ -13,8 +13,14 @@ import pytest
 
 from simulator.engine import simulate
 from simulator.errors import ScenarioError
-from simulator.scenario import (HardwareSpec, Scenario, load_scenario, scenario_from_dict,
-                                scenario_to_dict, scenario_to_toml)
+from simulator.scenario import (
+    HardwareSpec,
+    Scenario,
+    load_scenario,
+    scenario_from_dict,
+    scenario_to_dict,
+    scenario_to_toml,
+)
 from simulator.scenario.legacy import upgrade
 
 DATA = Path(__file__).parent / "data"
