@@ -268,8 +268,8 @@ class _Controlled:
                 overwrote += len(lost)
             self.completed += 1
             t = self.completed
-            rows = self.records.rows
-            m = self.view.complete(t, mem.w, [sample], self.step, 1.0, len(rows) + 1)
+            m = self.view.complete(t, mem.w, [sample], self.step, 1.0,
+                                   len(self.records.rows) + 1)
             self.records.add((uid, thread, seq, sample, t, read_start, read_end, grad_start,
                               grad_end, write_start, self.step, 1, 0, start_completed, t,
                               overwrote, 0, 0.0, False, 1.0, *m),
