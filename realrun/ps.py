@@ -420,15 +420,13 @@ def _trace(state: _Server, origin: int) -> Trace:
     rows.sort(key=lambda r: r[:3])
     start = min([r[8] for r in rows], default=origin)
     uid = np.argsort(np.argsort([r[8] for r in rows], kind="stable"))
-    previous: dict[int, int] = {}
     records = TraceBuilder()
     for i, (_, thread, seq, sample, step, seen, completed, grad_ns, *stamps, copies, stores,
             m) in enumerate(rows):
         rs, re, gs, ge, ws, we = (t - start for t in stamps)
-        idle = max(rs - previous.get(thread, 0), 0)  # from the thread's previous write end
-        previous[thread] = we
+        # idle −1: from the thread's previous write end, by the builder
         records.add((int(uid[i]), thread, seq, sample, step, rs, re, gs, ge, ws, we, grad_ns,
-                     idle, seen, completed, 0, 0, 0.0, False, 1.0, *m),
+                     -1, seen, completed, 0, 0, 0.0, False, 1.0, *m),
                     [0], [re - rs], [we - ws], [re if copies else -1], [we if stores else -1])
     state.view.finish(state.version, state.w.astype(np.float64),
                       max([0, *(r[10] for r in records.rows)]), state.gradients)

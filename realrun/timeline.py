@@ -6,6 +6,10 @@ From the merged timeline, at block granularity, the records go to the one trace 
 * completions are write ends in time order; an update's staleness is the number of other
   completions between its read start and its own write end (the builder counts the writes
   that ended by the read's start: the workers count nothing);
+* an update's local work before its read (``idle_ns``) runs from its worker's previous write
+  end, or the run's first read, to its read start (the builder's, as the parameter
+  server's): replaying these with the recorded durations puts every event at its recorded
+  time;
 * read-overwrites and torn reads from the block copy and store ends, by the one definition
   every trace uses (:func:`simulator.trace.read_report`).
 
@@ -86,15 +90,6 @@ def merge(records: list[WorkerRecord], w0: np.ndarray, w_final: np.ndarray,
     if len(rel):
         rel[:, 1] = copy_end.max(axis=1)
         rel[:, 3] = store_end.max(axis=1)
-    # Local work before each update: from the same worker's previous update's last store (its
-    # write end) to this read start (sampling, recording timestamps); for a worker's first
-    # update, from the first read of the run. Replaying these with the recorded durations
-    # puts every event at its recorded time.
-    same = np.zeros(len(rel), dtype=bool)
-    same[1:] = data["thread"][1:] == data["thread"][:-1]
-    previous = np.zeros(len(rel), dtype=np.int64)
-    previous[1:] = rel[:-1, 3]
-    idle = np.maximum(rel[:, 0] - np.where(same, previous, 0), 0)
     start_order = np.lexsort((data["thread"], rel[:, 0]))
     uid = np.empty(len(rel), dtype=np.int64)
     uid[start_order] = np.arange(len(rel))
@@ -107,8 +102,11 @@ def merge(records: list[WorkerRecord], w0: np.ndarray, w_final: np.ndarray,
         "sample": data["samples"], "step": position + 1,
         "read_start": rel[:, 0], "read_end": rel[:, 1],
         "grad_start": rel[:, 1], "grad_end": rel[:, 2], "write_start": rel[:, 2],
-        "write_end": rel[:, 3], "grad_ns": rel[:, 2] - rel[:, 1], "idle_ns": idle,
-        "seen": np.full(len(rel), -1), "completed": position + 1,
+        "write_end": rel[:, 3], "grad_ns": rel[:, 2] - rel[:, 1],
+        # Local work before each update and the completions before its read: from the times,
+        # by the builder (the workers measure and count neither).
+        "idle_ns": np.full(len(rel), -1), "seen": np.full(len(rel), -1),
+        "completed": position + 1,
         "overwrote": np.zeros(len(rel)), "delay": np.zeros(len(rel)),
         "error_norm": np.zeros(len(rel)), "dropped": np.zeros(len(rel), dtype=bool),
         "lr_scale": np.ones(len(rel)), "measured": np.zeros(len(rel), dtype=bool),

@@ -26,8 +26,8 @@ import numpy as np
 from simulator.errors import AsyngradError, TraceError
 
 __all__ = ["COLUMNS", "CONVOY_PAIR_COLUMNS", "CURVE", "OP_RECORD", "READ_SWEEP_COLUMNS", "RECORD",
-           "SCHEMA", "Frames", "Trace", "TraceBuilder", "convoy_pairs", "read_report",
-           "read_sweeps", "staleness"]
+           "SCHEMA", "Frames", "Trace", "TraceBuilder", "convoy_pairs", "idle_gaps",
+           "read_report", "read_sweeps", "staleness"]
 
 SCHEMA = 2
 
@@ -66,7 +66,8 @@ OTHER: dict[str, type] = {"op_offsets": np.int64, "w0": np.float64, "w_final": n
 # What a backend records per gradient, in this order (``TraceBuilder.add``): the columns
 # above less the derived ones, plus two completion counts: ``seen``, the completions before
 # the vector the gradient read (−1: not counted, taken from the times), and ``completed``,
-# the completions when it was applied (its own included) or discarded.
+# the completions when it was applied (its own included) or discarded. ``idle_ns`` −1: not
+# measured, taken from the times (from the thread's previous write end, or time 0).
 RECORD = ("uid", "thread", "thread_seq", "sample", "step", "read_start", "read_end",
           "grad_start", "grad_end", "write_start", "write_end", "grad_ns", "idle_ns", "seen",
           "completed", "overwrote", "delay", "error_norm", "dropped", "lr_scale", "measured",
@@ -213,7 +214,8 @@ class TraceBuilder:
     merge (``realrun.timeline``) and the parameter server (``realrun.ps``) add one record per
     gradient, in trace order, and :meth:`build` derives the other columns, here and nowhere
     else: ``staleness`` (:func:`staleness`), ``read_overwrites`` and ``torn``
-    (:func:`read_report`), ``lost_blocks`` and the ``op_offsets``.
+    (:func:`read_report`), ``lost_blocks`` and the ``op_offsets``; and, where a backend
+    measured none, ``idle_ns`` (:func:`idle_gaps`).
 
     A record is a tuple of :data:`RECORD`'s fields (``add``, one gradient; ``rows`` holds
     them) or a block of columns (``extend``, many at once); each comes with its block
@@ -252,6 +254,9 @@ class TraceBuilder:
         overwrote, by uid (none: 0); ``curve`` holds the :data:`CURVE` arrays and ``extras``
         the ``extra_*`` ones, named without the prefix."""
         records, counts, ops = self._gathered()
+        if np.any(records["idle_ns"] < 0):
+            records["idle_ns"] = np.where(records["idle_ns"] >= 0, records["idle_ns"],
+                                          idle_gaps(records))
         step, seen = records["step"], records["seen"]
         if np.any(seen < 0):  # not counted: the applied writes that ended by the read's start
             seen = np.where(seen >= 0, seen, np.searchsorted(
@@ -288,6 +293,19 @@ class TraceBuilder:
 
 
 _RECORD_TYPES: dict[str, type] = {**COLUMNS, "seen": np.int64, "completed": np.int64}
+
+
+def idle_gaps(records: dict[str, np.ndarray]) -> np.ndarray:
+    """Per gradient, the time from its thread's previous write end (in ``thread_seq`` order;
+    for a thread's first, from time 0, a real run's first read) to its read start, never
+    negative: the local work before its read where a backend measures none."""
+    order = np.lexsort((records["thread_seq"], records["thread"]))
+    thread, read_start = records["thread"][order], records["read_start"][order]
+    previous = np.zeros(order.size, dtype=np.int64)
+    previous[1:] = np.where(thread[1:] == thread[:-1], records["write_end"][order][:-1], 0)
+    gaps = np.empty(order.size, dtype=np.int64)
+    gaps[order] = np.maximum(read_start - previous, 0)
+    return gaps
 
 
 def staleness(step: np.ndarray, seen: np.ndarray, completed: np.ndarray,

@@ -183,12 +183,14 @@ def test_builder_takes_columns_as_it_takes_records():
         assert np.array_equal(b[name], array, equal_nan=True), name
 
 
-def test_staleness_uncounted_is_taken_from_the_write_ends():
-    """Workers count no completions (``seen`` −1): the real merge's staleness counts the
-    writes that ended by the read's start. Worker 0: a reads from 0 (copy 10, store 30), b
-    from 40 (50, 100); worker 1: c from 5 (15, 35), d from 32 (copy 70, after c's store at
-    35: overwritten; store 110). In completion order a, c, b, d: d read after a's write only,
-    then c and b completed before its own."""
+def test_what_workers_do_not_count_is_taken_from_the_times():
+    """Workers count no completions and time no local work (``seen``, ``idle_ns`` −1): the
+    real merge's staleness counts the writes that ended by the read's start, its idle time
+    runs from the worker's previous write end (or the first read). Worker 0: a reads from 0
+    (copy 10, store 30), b from 40 (50, 100); worker 1: c from 5 (15, 35), d from 32 (copy
+    70, after c's store at 35: overwritten; store 110). In completion order a, c, b, d: d
+    read after a's write only, then c and b completed before its own; d began before its
+    worker's previous write ended (idle 0)."""
     def worker(*updates):
         times = np.array([[u[0], u[1], u[1] + 5, u[2]] for u in updates]) + 100
         return WorkerRecord(times, times[:, 1:2].copy(), times[:, 3:4].copy(),
@@ -196,11 +198,11 @@ def test_staleness_uncounted_is_taken_from_the_write_ends():
 
     trace, _ = merge([worker((0, 10, 30), (40, 50, 100)), worker((5, 15, 35), (32, 70, 110))],
                      np.zeros(2), np.ones(2), [(0, 100, 1.0, 1.0)], "")
-    log = {name: trace[name].tolist() for name in ("thread", "step", "read_start",
+    log = {name: trace[name].tolist() for name in ("thread", "step", "read_start", "idle_ns",
                                                    "staleness", "read_overwrites")}
     assert log == {"thread": [0, 1, 0, 1], "step": [1, 2, 3, 4],
-                   "read_start": [0, 5, 40, 32], "staleness": [0, 1, 0, 2],
-                   "read_overwrites": [0, 0, 0, 1]}
+                   "read_start": [0, 5, 40, 32], "idle_ns": [0, 5, 10, 0],
+                   "staleness": [0, 1, 0, 2], "read_overwrites": [0, 0, 0, 1]}
 
 
 def test_every_backend_builds_its_trace_through_the_one_builder(monkeypatch):
@@ -236,4 +238,5 @@ def test_every_backend_builds_its_trace_through_the_one_builder(monkeypatch):
     traces["ps"] = ps_trace(state, 0)
     assert calls == ["staleness", "read_report"] * 4
     assert traces["ps"]["staleness"].tolist() == [0, 1]
+    assert traces["ps"]["idle_ns"].tolist() == [0, 1]  # from time 0, its first read
     assert [t.source for t in traces.values()] == ["simulated", "scheduled", "real", "real"]
