@@ -72,7 +72,7 @@ from simulator.errors import AsyngradError, ScenarioError
 from simulator.problems import Problem, make_problem
 from simulator.rules import mean_step, retirements, round_quota, too_stale, warmed_up
 from simulator.scenario import Scenario, scenario_from_dict, scenario_to_toml
-from simulator.trace import COLUMNS, EXTRA, Trace, read_report
+from simulator.trace import Trace, TraceBuilder
 from simulator.view import UNMEASURED, Measurement, SerializedView
 
 __all__ = ["PSRun", "run_ps", "serve", "train"]
@@ -103,7 +103,7 @@ class _Push:
     step: np.ndarray
     applied: int = 0  # completion t (0: dropped)
     write_end: int = 0
-    staleness: int = 0
+    completed: int = 0  # completions when applied (its own included), dropped or received
     measurement: Measurement = UNMEASURED
 
 
@@ -329,7 +329,7 @@ def _answer(state: _Server, source: int, arrived: int) -> None:
 def _push(state: _Server, push: _Push) -> None:
     options = state.scenario.paramserver
     state.pushes.append(push)
-    push.staleness = state.version - push.version
+    push.completed = state.version
     if len(push.samples) < options.accumulate:  # gradients the budget left unpushed
         push.write_end = push.arrival
         return
@@ -341,7 +341,7 @@ def _push(state: _Server, push: _Push) -> None:
         state.round_pushes.append(push)
         _close_round(state)
         return
-    if too_stale(push.staleness, options.staleness_limit):
+    if too_stale(state.version - push.version, options.staleness_limit):
         push.write_end = push.arrival
         return
     state.w -= push.step
@@ -370,8 +370,8 @@ def _complete(state: _Server, group: list[_Push]) -> None:
     samples = [s for p in group for s in p.samples]
     m = state.view.complete(state.version, w, samples, now, n=state.gradients)
     for p in group:
-        p.applied, p.write_end = state.version, now
-        p.staleness = state.version - 1 - p.version
+        p.applied = p.completed = state.version
+        p.write_end = now
         for read_start in _rows(p)["read_start"]:
             state.busy[p.thread] += now - read_start
             state.count[p.thread] += 1
@@ -406,60 +406,36 @@ def _rows(p: _Push) -> dict[str, list[int]]:
 
 
 def _trace(state: _Server, origin: int) -> Trace:
-    """One row per gradient, in the order of their write ends (a group's writer last)."""
+    """One row per gradient, in the order of their write ends (a group's writer last), made
+    by the one trace builder. One block (the server's vector): a push's first gradient copies
+    it when its pull is answered, and an applied push's last one stores it when applied."""
     rows: list[tuple[Any, ...]] = []
     for p in state.pushes:
-        times = _rows(p)
+        times, last = _rows(p), len(p.samples) - 1
         for j, sample in enumerate(p.samples):
             rows.append((times["write_end"][j], p.thread, p.seq + j, sample, p.applied,
-                         p.staleness, p.grad_ns[j], *(times[name][j] for name in _TIMES),
-                         p.measurement if j == len(p.samples) - 1 else UNMEASURED))
+                         p.version, p.completed, p.grad_ns[j],
+                         *(times[name][j] for name in _TIMES), j == 0, j == last and p.applied,
+                         p.measurement if j == last else UNMEASURED))
     rows.sort(key=lambda r: r[:3])
-    start = min([r[7] for r in rows], default=origin)
-    n = len(rows)
-    columns = list(zip(*rows, strict=True)) if rows else [()] * (7 + len(_TIMES) + 1)
-
-    def col(i: int, name: str) -> np.ndarray:
-        return np.asarray(columns[i], dtype=COLUMNS[name]).reshape(n)
-
-    rel = {name: col(7 + i, name) - start for i, name in enumerate(_TIMES)}
-    uid = np.empty(n, dtype=np.int64)
-    uid[np.argsort(rel["read_start"], kind="stable")] = np.arange(n)
-    thread = col(1, "thread")
-    previous: dict[int, int] = {}
-    idle: np.ndarray = np.zeros(n, dtype=COLUMNS["idle_ns"])
-    for i, t in enumerate(thread.tolist()):  # a thread's rows in its own order
-        idle[i] = max(int(rel["read_start"][i]) - previous.get(t, 0), 0)
-        previous[t] = int(rel["write_end"][i])
-    measured = columns[-1]
-    step = col(4, "step")
-    # One block (the server's vector): a pull copies it when answered, an applied push
-    # stores it when applied; the one definition of both columns (simulator.trace).
-    overwritten, torn = read_report(rel["read_start"], np.arange(n), np.zeros(n, np.int64),
-                                    rel["read_end"], np.where(step > 0, rel["write_end"], -1))
-    arrays = {
-        "uid": uid, "thread": thread, "thread_seq": col(2, "thread_seq"),
-        "sample": col(3, "sample"), "step": step, "staleness": col(5, "staleness"),
-        "grad_ns": col(6, "grad_ns"), **rel, "idle_ns": idle,
-        "read_overwrites": overwritten, "torn": torn,
-        "lost_blocks": np.zeros(n, np.int32), "overwrote": np.zeros(n, np.int32),
-        "delay": np.zeros(n, np.int32), "error_norm": np.zeros(n),
-        "dropped": np.zeros(n, bool), "lr_scale": np.ones(n),
-        **{name: np.asarray([getattr(m, name) for m in measured], dtype=COLUMNS[name])
-           .reshape(n) for name in ("measured", "s_norm", "g_norm", "delta_norm", "delta_dot")},
-        "op_offsets": np.arange(n + 1, dtype=np.int64), "op_block": np.zeros(n, np.int32),
-        "op_read_ns": rel["read_end"] - rel["read_start"],
-        "op_write_ns": rel["write_end"] - rel["write_start"],
-        "w0": state.problem.initial().astype(np.float64),
-        "w_final": state.w.astype(np.float64),
-        f"{EXTRA}retired_threads": np.asarray(state.retired, dtype=np.int64),
-    }
+    start = min([r[8] for r in rows], default=origin)
+    uid = np.argsort(np.argsort([r[8] for r in rows], kind="stable"))
+    records = TraceBuilder()
+    for i, (_, thread, seq, sample, step, seen, completed, grad_ns, *stamps, copies, stores,
+            m) in enumerate(rows):
+        rs, re, gs, ge, ws, we = (t - start for t in stamps)
+        # idle −1: from the thread's previous write end, by the builder
+        records.add((int(uid[i]), thread, seq, sample, step, rs, re, gs, ge, ws, we, grad_ns,
+                     -1, seen, completed, 0, 0, 0.0, False, 1.0, *m),
+                    [0], [re - rs], [we - ws], [re if copies else -1], [we if stores else -1])
     state.view.finish(state.version, state.w.astype(np.float64),
-                      max(int(arrays["write_end"].max()) if n else 0, 0), state.gradients)
+                      max([0, *(r[10] for r in records.rows)]), state.gradients)
     curve = state.view.curve_arrays()
     curve["curve_time"] = np.maximum(curve["curve_time"] - start, 0)
-    arrays.update(curve)
-    return Trace(arrays, scenario_to_toml(state.scenario), source="real")
+    retired = np.asarray(state.retired, dtype=np.int64)
+    return records.build(scenario_to_toml(state.scenario), state.problem.initial(),
+                         state.w.astype(np.float64), curve,
+                         extras={"retired_threads": retired}, source="real")
 
 
 _TIMES = ("read_start", "read_end", "grad_start", "grad_end", "write_start", "write_end")

@@ -1,9 +1,15 @@
 """Merging real workers' timestamps into a trace in the simulator's schema.
 
-From the merged timeline, at block granularity:
+From the merged timeline, at block granularity, the records go to the one trace builder
+(:class:`simulator.trace.TraceBuilder`):
 
 * completions are write ends in time order; an update's staleness is the number of other
-  completions between its read start and its own write end;
+  completions between its read start and its own write end (the builder counts the writes
+  that ended by the read's start: the workers count nothing);
+* an update's local work before its read (``idle_ns``) runs from its worker's previous write
+  end, or the run's first read, to its read start (the builder's, as the parameter
+  server's): replaying these with the recorded durations puts every event at its recorded
+  time;
 * read-overwrites and torn reads from the block copy and store ends, by the one definition
   every trace uses (:func:`simulator.trace.read_report`).
 
@@ -21,7 +27,7 @@ import numpy as np
 
 from realrun.rebuild import convoy_losses, read_sweeps, rebuild
 from simulator.problems import Problem
-from simulator.trace import COLUMNS, Trace, read_report
+from simulator.trace import COLUMNS, RECORD, Trace, TraceBuilder
 
 __all__ = ["Measure", "WorkerRecord", "merge", "overlap_rate", "thread_ends"]
 
@@ -84,42 +90,32 @@ def merge(records: list[WorkerRecord], w0: np.ndarray, w_final: np.ndarray,
     if len(rel):
         rel[:, 1] = copy_end.max(axis=1)
         rel[:, 3] = store_end.max(axis=1)
-    # Local work before each update: from the same worker's previous update's last store (its
-    # write end) to this read start (sampling, recording timestamps); for a worker's first
-    # update, from the first read of the run. Replaying these with the recorded durations
-    # puts every event at its recorded time.
-    same = np.zeros(len(rel), dtype=bool)
-    same[1:] = data["thread"][1:] == data["thread"][:-1]
-    previous = np.zeros(len(rel), dtype=np.int64)
-    previous[1:] = rel[:-1, 3]
-    idle = np.maximum(rel[:, 0] - np.where(same, previous, 0), 0)
     start_order = np.lexsort((data["thread"], rel[:, 0]))
     uid = np.empty(len(rel), dtype=np.int64)
     uid[start_order] = np.arange(len(rel))
     order = np.lexsort((data["thread"], rel[:, 3]))  # completion order
     position = np.empty(len(rel), dtype=np.int64)
     position[order] = np.arange(len(rel))
-    staleness = position - np.searchsorted(np.sort(rel[:, 3]), rel[:, 0], side="right")
-    rows, blocks = np.nonzero(copy_end >= 0)
-    overwritten, torn = read_report(rel[:, 0], rows, blocks, copy_end[rows, blocks],
-                                    store_end[rows, blocks])
     nan = np.full(len(rel), np.nan)
     columns = {
         "uid": uid, "thread": data["thread"], "thread_seq": data["thread_seq"],
         "sample": data["samples"], "step": position + 1,
         "read_start": rel[:, 0], "read_end": rel[:, 1],
         "grad_start": rel[:, 1], "grad_end": rel[:, 2], "write_start": rel[:, 2],
-        "write_end": rel[:, 3], "grad_ns": rel[:, 2] - rel[:, 1], "idle_ns": idle,
-        "staleness": np.maximum(staleness, 0), "read_overwrites": overwritten, "torn": torn,
-        "lost_blocks": np.zeros(len(rel)), "overwrote": np.zeros(len(rel)),
-        "delay": np.zeros(len(rel)), "error_norm": np.zeros(len(rel)),
-        "dropped": np.zeros(len(rel), dtype=bool), "lr_scale": np.ones(len(rel)),
-        "measured": np.zeros(len(rel), dtype=bool), "s_norm": nan, "g_norm": nan,
-        "delta_norm": nan, "delta_dot": nan,
+        "write_end": rel[:, 3], "grad_ns": rel[:, 2] - rel[:, 1],
+        # Local work before each update and the completions before its read: from the times,
+        # by the builder (the workers measure and count neither).
+        "idle_ns": np.full(len(rel), -1), "seen": np.full(len(rel), -1),
+        "completed": position + 1,
+        "overwrote": np.zeros(len(rel)), "delay": np.zeros(len(rel)),
+        "error_norm": np.zeros(len(rel)), "dropped": np.zeros(len(rel), dtype=bool),
+        "lr_scale": np.ones(len(rel)), "measured": np.zeros(len(rel), dtype=bool),
+        "s_norm": nan, "g_norm": nan, "delta_norm": nan, "delta_dot": nan,
     }
-    arrays: dict[str, np.ndarray] = {name: np.asarray(columns[name], dtype=dtype)[order]
-                                     for name, dtype in COLUMNS.items()}
-    arrays.update(_ops(rel[order], copy_end[order], store_end[order]))
+    arrays: dict[str, np.ndarray] = {
+        name: np.asarray(columns[name], dtype=COLUMNS.get(name, np.int64))[order]
+        for name in RECORD}
+    extras: dict[str, np.ndarray] = {}
     loss = None
     if measure is not None:
         built = rebuild(measure.problem, measure.lr, measure.bounds, measure.dtype,
@@ -132,10 +128,10 @@ def merge(records: list[WorkerRecord], w0: np.ndarray, w_final: np.ndarray,
                                     strict=True):
                 arrays[name] = np.asarray(values, dtype=COLUMNS[name])
         if measure.reads is not None and len(measure.bounds) == 2:  # one block
-            arrays["extra_convoy_pairs"] = convoy_losses(
+            extras["convoy_pairs"] = convoy_losses(
                 rel[order], arrays["thread"], arrays["thread_seq"], arrays["uid"],
                 measure.steps, measure.reads, measure.dtype)
-            arrays["extra_read_sweeps"] = read_sweeps(
+            extras["read_sweeps"] = read_sweeps(
                 rel[order], arrays["thread"], arrays["thread_seq"], measure.steps,
                 measure.reads, measure.dtype)
         curve = [(t, time + origin, f, d) for t, time, f, d, _ in built.curve]
@@ -147,11 +143,15 @@ def merge(records: list[WorkerRecord], w0: np.ndarray, w_final: np.ndarray,
                 "view": "real memory" if measure.reads is not None else "lossless rebuild",
                 "quiet_reads": built.quiet_reads}
     t, time, f, dist2 = (np.asarray(c) for c in zip(*curve, strict=True))
-    arrays.update(w0=np.asarray(w0, dtype=np.float64), w_final=np.asarray(w_final, np.float64),
-                  curve_t=t.astype(np.int64), curve_time=np.maximum(time - origin, 0)
-                  .astype(np.int64), curve_loss=f.astype(np.float64),
-                  curve_dist2=dist2.astype(np.float64), curve_n=t.astype(np.int64))
-    return Trace(arrays, scenario_toml, source="real"), loss
+    builder = TraceBuilder()
+    builder.extend(arrays, *_ops(rel[order], copy_end[order], store_end[order]))
+    return builder.build(scenario_toml, w0, w_final,
+                         {"curve_t": t.astype(np.int64),
+                          "curve_time": np.maximum(time - origin, 0).astype(np.int64),
+                          "curve_loss": f.astype(np.float64),
+                          "curve_dist2": dist2.astype(np.float64),
+                          "curve_n": t.astype(np.int64)},
+                         extras=extras, source="real"), loss
 
 
 def _durations(start: np.ndarray, ends: np.ndarray) -> np.ndarray:
@@ -165,16 +165,16 @@ def _durations(start: np.ndarray, ends: np.ndarray) -> np.ndarray:
     return ends - np.take_along_axis(values, last, axis=1)[:, :-1]
 
 
-def _ops(rel: np.ndarray, copy_end: np.ndarray, store_end: np.ndarray) -> dict[str, np.ndarray]:
-    """Per-block durations of each update (touched blocks, in block order)."""
+def _ops(rel: np.ndarray, copy_end: np.ndarray, store_end: np.ndarray,
+         ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """Each update's count of block operations and the operations (touched blocks, in block
+    order): the block, its read and write durations, when its copy and store ended."""
     touched = copy_end >= 0
     rows, blocks = np.nonzero(touched)
-    reads = _durations(rel[:, 0], copy_end)[rows, blocks]
-    writes = _durations(rel[:, 2], store_end)[rows, blocks]
-    counts = touched.sum(axis=1)
-    return {"op_offsets": np.concatenate([[0], np.cumsum(counts)]).astype(np.int64),
-            "op_block": blocks.astype(np.int32), "op_read_ns": reads.astype(np.int64),
-            "op_write_ns": writes.astype(np.int64)}
+    return touched.sum(axis=1), {
+        "block": blocks, "read_ns": _durations(rel[:, 0], copy_end)[rows, blocks],
+        "write_ns": _durations(rel[:, 2], store_end)[rows, blocks],
+        "copied": copy_end[rows, blocks], "stored": store_end[rows, blocks]}
 
 
 def thread_ends(trace: Trace) -> list[np.ndarray]:

@@ -46,7 +46,7 @@ from simulator.protocols.base import GROUPED, MEMBER, Protocol
 from simulator.rules import LR_FACTORS, mean_step
 from simulator.scenario import Scenario, scenario_to_toml
 from simulator.timing import GRAD, IDLE, READ, WRITE, DurationSource, SampledSource
-from simulator.trace import COLUMNS, Trace, read_report
+from simulator.trace import Trace, TraceBuilder
 from simulator.update import Update
 from simulator.view import UNMEASURED, SerializedView
 
@@ -152,14 +152,8 @@ class Engine:
         self.dead: list[int] = []
         self._local = [np.zeros(self.problem.dim) for _ in range(self.threads)]
         self._pulled = [(0, 0)] * self.threads  # (completions, version) of each thread's read
-        self._rows: list[tuple[Any, ...]] = []
-        self._op_counts: list[int] = []
-        self._op_blocks: list[int] = []
-        self._op_read_ns: list[int] = []
-        # When each op's copy and store ended (``Update.copied``, ``stored``; −1: none).
-        self._op_copied: list[int] = []
-        self._op_stored: list[int] = []
-        self._op_write_ns: list[int] = []
+        self._builder = TraceBuilder()
+        self._rows = self._builder.rows  # the records so far (trace.RECORD)
         self.progress: Callable[[int], object] | None = None
 
     def _setup_hardware(self, lookahead: bool) -> None:
@@ -577,23 +571,17 @@ class Engine:
     # -- records -----------------------------------------------------------------------------
 
     def _row(self, u: Update, step: int, m: tuple[Any, ...]) -> None:
-        """Append ``u``'s trace row; ``step`` is its completion t (0: never applied)."""
-        # Staleness: the completions between the vector it read and its own.
-        staleness = (step - 1 if step else self.completed) - u.start_completed + u.delay
-        self._rows.append((u.uid, u.thread, u.seq, u.sample, step, u.read_start, u.read_end,
-                           u.grad_start, u.grad_end, u.write_start, u.write_end, u.grad_ns,
-                           u.idle_ns, staleness, 0, False, 0, u.overwrote, u.delay,
-                           u.error_norm, u.dropped, u.lr_scale, *m))
-        self._op_counts.append(len(u.ops))
-        self._op_blocks.extend(self._dense_blocks if u.ops is self.dense_ops
-                               else [op[0] for op in u.ops])
-        self._op_read_ns.extend(u.read_ns)
-        self._op_copied.extend(u.copied if u.copied else [-1] * len(u.ops))
+        """Append ``u``'s trace record; ``step`` is its completion t (0: never applied)."""
         stored = u.stored  # in op order when every block was stored (blocks are written in
         # op order; a block's grains keep its first place)
-        self._op_stored.extend(stored.values() if len(stored) == len(u.ops) else
-                               [stored.get(op[0], -1) for op in u.ops])
-        self._op_write_ns.extend(u.write_ns)
+        self._builder.add(
+            (u.uid, u.thread, u.seq, u.sample, step, u.read_start, u.read_end, u.grad_start,
+             u.grad_end, u.write_start, u.write_end, u.grad_ns, u.idle_ns, u.start_completed,
+             self.completed, u.overwrote, u.delay, u.error_norm, u.dropped, u.lr_scale, *m),
+            self._dense_blocks if u.ops is self.dense_ops else [op[0] for op in u.ops],
+            u.read_ns, u.write_ns, u.copied if u.copied else [-1] * len(u.ops),
+            stored.values() if len(stored) == len(u.ops) else
+            [stored.get(op[0], -1) for op in u.ops])
         for hook in self._row_hooks:
             hook(u)
         if self.active.get(u.thread) is u:
@@ -678,31 +666,13 @@ class Engine:
         return max((row[10] for row in self._rows), default=0)  # write_end
 
     def _trace(self) -> Trace:
-        names = list(COLUMNS)
-        columns = list(zip(*self._rows, strict=True))
-        arrays: dict[str, np.ndarray] = {name: np.asarray(col, dtype=COLUMNS[name])
-                  for name, col in zip(names, columns, strict=True)}
-        if not self._rows:
-            arrays = {name: np.zeros(0, dtype=dtype) for name, dtype in COLUMNS.items()}
-        arrays["lost_blocks"] = np.asarray(self.lost, dtype=np.int32)[arrays["uid"]]
-        op_block = np.asarray(self._op_blocks, dtype=np.int32)
-        arrays["read_overwrites"], arrays["torn"] = read_report(
-            arrays["read_start"], np.repeat(np.arange(len(self._op_counts)), self._op_counts),
-            op_block, np.asarray(self._op_copied, dtype=np.int64),
-            np.asarray(self._op_stored, dtype=np.int64))
-        arrays.update(
-            op_offsets=np.concatenate([[0], np.cumsum(self._op_counts)]).astype(np.int64),
-            op_block=op_block,
-            op_read_ns=np.asarray(self._op_read_ns, dtype=np.int64),
-            op_write_ns=np.asarray(self._op_write_ns, dtype=np.int64),
-            w0=self.problem.initial(), w_final=self.mem.w.copy())
-        arrays.update(self.view.curve_arrays())
         extras = {"dead_threads": np.asarray(sorted(self.dead), dtype=np.int64),
                   **self.protocol.report()}
         for model in self._models:
             extras.update(model.report())
-        arrays.update({f"extra_{name}": values for name, values in extras.items()})
-        return Trace(arrays, scenario_to_toml(self.scenario))
+        return self._builder.build(scenario_to_toml(self.scenario), self.problem.initial(),
+                                   self.mem.w.copy(), self.view.curve_arrays(), lost=self.lost,
+                                   extras=extras)
 
 
 def simulate(scenario: Scenario, problem: Problem | None = None,

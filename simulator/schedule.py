@@ -43,7 +43,7 @@ from simulator.metrics import relative_error
 from simulator.problems import Problem, make_problem
 from simulator.scenario import Scenario, plain, scenario_to_toml
 from simulator.timing import sample_stream
-from simulator.trace import COLUMNS, Trace, read_report
+from simulator.trace import Trace, TraceBuilder
 from simulator.view import SerializedView
 
 __all__ = ["OBJECTIVES", "SCHEDULERS", "Property", "Scheduler", "enumerate_schedules",
@@ -227,9 +227,7 @@ class _Controlled:
         self.step = 0
         self.started = self.completed = 0
         self.lost = [0] * run.updates
-        self.rows: list[tuple[Any, ...]] = []
-        # (update row, block, copy end, store end) per block an update moved
-        self.ops: list[tuple[int, int, int, int]] = []
+        self.records = TraceBuilder()
 
     def _thread(self, thread: int) -> Iterator[None]:
         mem, local, seq = self.mem, np.zeros(self.problem.dim), 0
@@ -271,15 +269,15 @@ class _Controlled:
                 for victim in lost:
                     self.lost[victim] += 1
                 overwrote += len(lost)
-            staleness = self.completed - start_completed
             self.completed += 1
             t = self.completed
-            m = self.view.complete(t, mem.w, [sample], self.step, 1.0, len(self.rows) + 1)
-            self.rows.append((uid, thread, seq, sample, t, read_start, read_end, grad_start,
-                              grad_end, write_start, self.step, 1, 0, staleness, 0, False, 0,
-                              overwrote, 0, 0.0, False, 1.0, *m))
-            self.ops.extend((len(self.rows) - 1, op[0], c, w)
-                            for op, c, w in zip(ops, copied, stored, strict=True))
+            m = self.view.complete(t, mem.w, [sample], self.step, 1.0,
+                                   len(self.records.rows) + 1)
+            self.records.add((uid, thread, seq, sample, t, read_start, read_end, grad_start,
+                              grad_end, write_start, self.step, 1, 0, start_completed, t,
+                              overwrote, 0, 0.0, False, 1.0, *m),
+                             [op[0] for op in ops], [1] * len(ops),
+                             [1 if self.atomic else 2] * len(ops), copied, stored)
             seq += 1
 
     def run(self, scheduler: Scheduler) -> ScheduledRun:
@@ -294,29 +292,10 @@ class _Controlled:
                 self.step += 1
                 if next(threads[thread], StopIteration) is not None:
                     runnable.remove(thread)
-            self.view.finish(self.completed, self.mem.w, self.step, len(self.rows))
-        return ScheduledRun(self._trace(), chosen, self.problem)
-
-    def _trace(self) -> Trace:
-        names = list(COLUMNS)
-        columns = list(zip(*self.rows, strict=True)) if self.rows else [()] * len(names)
-        arrays: dict[str, np.ndarray] = {name: np.asarray(col, dtype=COLUMNS[name])
-                                         for name, col in zip(names, columns, strict=True)}
-        arrays["lost_blocks"] = np.asarray(self.lost, dtype=np.int32)[arrays["uid"]]
-        rows, blocks, copied, stored = (np.asarray(c, dtype=np.int64).reshape(-1) for c in
-                                        zip(*self.ops, strict=True)) if self.ops else \
-            [np.zeros(0, dtype=np.int64)] * 4
-        arrays["read_overwrites"], arrays["torn"] = read_report(
-            arrays["read_start"], rows, blocks, copied, stored)
-        counts = np.bincount(rows, minlength=len(self.rows))
-        arrays.update(
-            op_offsets=np.concatenate([[0], np.cumsum(counts)]).astype(np.int64),
-            op_block=blocks.astype(np.int32),
-            op_read_ns=np.ones(len(self.ops), dtype=np.int64),
-            op_write_ns=np.full(len(self.ops), 1 if self.atomic else 2, dtype=np.int64),
-            w0=self.problem.initial(), w_final=self.mem.w.copy())
-        arrays.update(self.view.curve_arrays())
-        return Trace(arrays, self.shared.text, source="scheduled")
+            self.view.finish(self.completed, self.mem.w, self.step, len(self.records.rows))
+        trace = self.records.build(self.shared.text, self.problem.initial(), self.mem.w.copy(),
+                                   self.view.curve_arrays(), lost=self.lost, source="scheduled")
+        return ScheduledRun(trace, chosen, self.problem)
 
 
 def _log_schedules(threads: int, steps: int) -> float:

@@ -1,4 +1,6 @@
-"""The trace: one record per update, the one format both backends produce.
+"""The trace: one record per update, the one format every backend produces, made by the one
+builder every backend uses (:class:`TraceBuilder`, which derives staleness, read-overwrites,
+torn reads and lost blocks from the records).
 
 Rows are gradients in the order they were applied or discarded. Most protocols apply each
 gradient in its own write, so row t−1 is completion t of the serialized view; protocols that
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import io
 import zipfile
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,9 +25,9 @@ import numpy as np
 
 from simulator.errors import AsyngradError, TraceError
 
-__all__ = ["COLUMNS", "CONVOY_PAIR_COLUMNS", "CURVE", "READ_SWEEP_COLUMNS", "SCHEMA", "Frames",
-           "Trace",
-           "convoy_pairs", "read_report", "read_sweeps"]
+__all__ = ["COLUMNS", "CONVOY_PAIR_COLUMNS", "CURVE", "OP_RECORD", "READ_SWEEP_COLUMNS", "RECORD",
+           "SCHEMA", "Frames", "Trace", "TraceBuilder", "convoy_pairs", "idle_gaps",
+           "read_report", "read_sweeps", "staleness"]
 
 SCHEMA = 2
 
@@ -60,6 +63,18 @@ CURVE: dict[str, type] = {"curve_t": np.int64, "curve_time": np.int64,
                           "curve_n": np.int64}
 OTHER: dict[str, type] = {"op_offsets": np.int64, "w0": np.float64, "w_final": np.float64,
                           **CURVE}
+# What a backend records per gradient, in this order (``TraceBuilder.add``): the columns
+# above less the derived ones, plus two completion counts: ``seen``, the completions before
+# the vector the gradient read (−1: not counted, taken from the times), and ``completed``,
+# the completions when it was applied (its own included) or discarded. ``idle_ns`` −1: not
+# measured, taken from the times (from the thread's previous write end, or time 0).
+RECORD = ("uid", "thread", "thread_seq", "sample", "step", "read_start", "read_end",
+          "grad_start", "grad_end", "write_start", "write_end", "grad_ns", "idle_ns", "seen",
+          "completed", "overwrote", "delay", "error_norm", "dropped", "lr_scale", "measured",
+          "s_norm", "g_norm", "delta_norm", "delta_dot")
+# Per block operation: the block, its read and write durations, when its copy and its store
+# ended (−1: none; ``read_report``).
+OP_RECORD = ("block", "read_ns", "write_ns", "copied", "stored")
 EXTRA = "extra_"  # protocol- and run-specific 1-d arrays (dead threads, residuals, ...)
 # Two writes of one block that met in time and no third (write convoys): one row per pair,
 # stored flat. Lost shares are of the block's coordinates; simulated with timing.convoy_*,
@@ -192,6 +207,119 @@ class Frames:
     rows: Any
     ops: Any
     curve: Any
+
+
+class TraceBuilder:
+    """The one builder of every trace: the engine, the schedule explorer, the real workers'
+    merge (``realrun.timeline``) and the parameter server (``realrun.ps``) add one record per
+    gradient, in trace order, and :meth:`build` derives the other columns, here and nowhere
+    else: ``staleness`` (:func:`staleness`), ``read_overwrites`` and ``torn``
+    (:func:`read_report`), ``lost_blocks`` and the ``op_offsets``; and, where a backend
+    measured none, ``idle_ns`` (:func:`idle_gaps`).
+
+    A record is a tuple of :data:`RECORD`'s fields (``add``, one gradient; ``rows`` holds
+    them) or a block of columns (``extend``, many at once); each comes with its block
+    operations, :data:`OP_RECORD`'s fields."""
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[Any, ...]] = []
+        self._counts: list[int] = []
+        self._ops: tuple[list[int], ...] = tuple([] for _ in OP_RECORD)
+        self._columns: list[tuple[dict[str, Any], Any, dict[str, Any]]] = []
+
+    def add(self, record: tuple[Any, ...], blocks: Sequence[int], read_ns: Iterable[int],
+            write_ns: Iterable[int], copied: Iterable[int], stored: Iterable[int]) -> None:
+        """Append one gradient: ``record`` holds :data:`RECORD`'s fields in order, the other
+        arguments one entry per block operation (:data:`OP_RECORD`)."""
+        self.rows.append(record)
+        self._counts.append(len(blocks))
+        block, read, write, copy, store = self._ops
+        block.extend(blocks)
+        read.extend(read_ns)
+        write.extend(write_ns)
+        copy.extend(copied)
+        store.extend(stored)
+
+    def extend(self, records: dict[str, np.ndarray], counts: np.ndarray,
+               ops: dict[str, np.ndarray]) -> None:
+        """Append many gradients at once: ``records`` one column per :data:`RECORD` field,
+        ``counts`` each one's block operations, ``ops`` one flat column per
+        :data:`OP_RECORD` field. They come before the records ``add`` appends."""
+        self._columns.append((records, counts, ops))
+
+    def build(self, scenario_toml: str, w0: np.ndarray, w_final: np.ndarray,
+              curve: dict[str, np.ndarray], *, lost: Sequence[int] | np.ndarray | None = None,
+              extras: dict[str, np.ndarray] | None = None, source: str = "simulated") -> Trace:
+        """The trace of the records: ``lost`` counts each update's stores that others
+        overwrote, by uid (none: 0); ``curve`` holds the :data:`CURVE` arrays and ``extras``
+        the ``extra_*`` ones, named without the prefix."""
+        records, counts, ops = self._gathered()
+        if np.any(records["idle_ns"] < 0):
+            records["idle_ns"] = np.where(records["idle_ns"] >= 0, records["idle_ns"],
+                                          idle_gaps(records))
+        step, seen = records["step"], records["seen"]
+        if np.any(seen < 0):  # not counted: the applied writes that ended by the read's start
+            seen = np.where(seen >= 0, seen, np.searchsorted(
+                np.sort(records["write_end"][step > 0]), records["read_start"], side="right"))
+        derived = {"staleness": staleness(step, seen, records["completed"], records["delay"])}
+        derived["read_overwrites"], derived["torn"] = read_report(
+            records["read_start"], np.repeat(np.arange(counts.size), counts), ops["block"],
+            ops["copied"], ops["stored"])
+        derived["lost_blocks"] = (np.zeros(step.size) if lost is None else
+                                  np.asarray(lost, dtype=np.int32)[records["uid"]])
+        arrays: dict[str, np.ndarray] = {
+            name: np.asarray(derived[name] if name in derived else records[name], dtype=dtype)
+            for name, dtype in COLUMNS.items()}
+        arrays.update(
+            op_offsets=np.concatenate([[0], np.cumsum(counts)]).astype(np.int64),
+            **{f"op_{name}": ops[name].astype(OPS[f"op_{name}"])
+               for name in ("block", "read_ns", "write_ns")},
+            w0=np.asarray(w0, dtype=np.float64), w_final=np.asarray(w_final, dtype=np.float64),
+            **curve)
+        arrays.update({f"{EXTRA}{name}": values for name, values in (extras or {}).items()})
+        return Trace(arrays, scenario_toml, source)
+
+    def _gathered(self) -> tuple[dict[str, np.ndarray], np.ndarray, dict[str, np.ndarray]]:
+        """Every record and op as one column each (the ``extend`` blocks, then the rows)."""
+        columns = list(zip(*self.rows, strict=True)) if self.rows else [()] * len(RECORD)
+        blocks: list[tuple[dict[str, Any], Any, dict[str, Any]]] = [
+            *self._columns, (dict(zip(RECORD, columns, strict=True)), self._counts,
+                             dict(zip(OP_RECORD, self._ops, strict=True)))]
+        return ({name: np.concatenate([np.asarray(b[0][name], dtype=_RECORD_TYPES[name])
+                                       for b in blocks]) for name in RECORD},
+                np.concatenate([np.asarray(b[1], dtype=np.int64) for b in blocks]),
+                {name: np.concatenate([np.asarray(b[2][name], dtype=np.int64) for b in blocks])
+                 for name in OP_RECORD})
+
+
+_RECORD_TYPES: dict[str, type] = {**COLUMNS, "seen": np.int64, "completed": np.int64}
+
+
+def idle_gaps(records: dict[str, np.ndarray]) -> np.ndarray:
+    """Per gradient, the time from its thread's previous write end (in ``thread_seq`` order;
+    for a thread's first, from time 0, a real run's first read) to its read start, never
+    negative: the local work before its read where a backend measures none."""
+    order = np.lexsort((records["thread_seq"], records["thread"]))
+    thread, read_start = records["thread"][order], records["read_start"][order]
+    previous = np.zeros(order.size, dtype=np.int64)
+    previous[1:] = np.where(thread[1:] == thread[:-1], records["write_end"][order][:-1], 0)
+    gaps = np.empty(order.size, dtype=np.int64)
+    gaps[order] = np.maximum(read_start - previous, 0)
+    return gaps
+
+
+def staleness(step: np.ndarray, seen: np.ndarray, completed: np.ndarray,
+              delay: np.ndarray) -> np.ndarray:
+    """Per gradient, the write completions between the vector it read and its own, plus the
+    injected delay τ (its read saw w from τ completions further back): with ``seen``
+    completions before its read and ``completed`` when it was applied (its own, step > 0,
+    included) or discarded (step 0),
+
+        staleness = completed − [step > 0] − seen + τ,
+
+    the one definition of the column for simulated, scheduled, replayed and real traces.
+    Never below τ (a real update that stored nothing has no write end after its read)."""
+    return np.maximum(completed - (step > 0) - seen, 0) + delay
 
 
 def read_report(read_start: np.ndarray, op_row: np.ndarray, op_block: np.ndarray,
