@@ -14,14 +14,14 @@ by one CPU and then by the other, then written (``w[i] -= s[i]``) by the first, 
 same write when only the first copied it (``summary.json`` ``real.shared_write``, measured
 before the workers start, with one worker too). A run of one worker never shows a write on
 lines another worker read last; this tells ``asyngrad calibrate`` what such a write would cost
-on the run's machine and placement (``timing.write_shared``).
+on the run's machine and placement (``[hardware.shared_lines]``).
 
 The third probe makes two such writes meet: one process, pinned to one CPU, starts its write
 (the numpy worker's own), another process on the other CPU starts its own a chosen lag later,
 and the probe counts the element stores each lost to the other's (``summary.json``
 ``real.write_meetings``). A run of one worker has no meeting to fit write
 convoys from; this gives ``asyngrad calibrate`` the meetings the run's machine makes
-(``timing.convoy_*``).
+(``[hardware.convoys]``, ``[hardware.passing]``).
 """
 
 from __future__ import annotations

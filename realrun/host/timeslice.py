@@ -3,10 +3,10 @@ hands its core to another runnable process.
 
 With more worker processes than cores, a worker descheduled between its read and its write
 sees every update the others make for a whole slice, which sets the tail of the staleness
-distribution (``DeviceSpec.quantum`` in the simulator). The slice is a scheduler setting
-(on Linux: the base slice, rounded up to timer ticks), so it is measured, not guessed: two
-processes pinned to one core spin on ``time.monotonic_ns()``, and each gap in one's clock
-readings is the other's turn on the core.
+distribution (the ``quantum`` of ``[hardware.time_slices]`` in the simulator). The slice is a
+scheduler setting (on Linux: the base slice, rounded up to timer ticks), so it is measured,
+not guessed: two processes pinned to one core spin on ``time.monotonic_ns()``, and each gap
+in one's clock readings is the other's turn on the core.
 """
 
 from __future__ import annotations

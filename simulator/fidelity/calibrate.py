@@ -192,7 +192,7 @@ def calibrate(run_dir: str | Path | list[str | Path], pool: bool = False, cores:
     the simulation puts thread j on a device of one core with core j mod ``cores``'s speed;
     ``episodes``: the cores' speed episodes (:func:`fit_episodes`; ``auto`` keeps them when
     found), taken out of every duration before the rest is fitted; ``shared``: likewise for
-    ``timing.write_shared`` (:func:`fit_shared`; ``auto`` keeps a factor of 1.2 or more, or
+    ``[hardware.shared_lines]`` (:func:`fit_shared`; ``auto`` keeps a factor of 1.2 or more, or
     1/1.2 or less), taken out of the marked writes before the rest is fitted. Repeats add up: every
     fit sees the updates of all of them (a core's pace that changes between runs but holds
     within one shows as long episodes).

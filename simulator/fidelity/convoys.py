@@ -1,4 +1,4 @@
-"""Write convoys (``timing.convoy_*``): writes that met and end together.
+"""Write convoys (``[hardware.convoys]``): writes that met and end together.
 
 With one block per update: when writes that met end together (the median gap
 between their ends under half the median gap between their starts, over at least
@@ -47,7 +47,8 @@ _HINGE_GAIN = 0.95  # convoys: a catch-up kept when it cuts the end gaps' error 
 def fit_convoys(runs: list[tuple[Trace, np.ndarray]], mode: str = "auto",
                 shared: float = 1.0) -> dict[str, Any]:
     """Write convoys from the rows of one or more traces (the module docstring): the
-    ``timing.convoy_*`` values in ``"fields"`` when convoys are found (or forced with
+    ``convoy_*`` values (the ``[hardware.convoys]`` table's, in the fit report's flat keys)
+    in ``"fields"`` when convoys are found (or forced with
     ``mode = "on"``), and what was measured. ``shared``: the fitted ``write_shared``, by
     which the writes :func:`shared_writes` marks ran alone longer (their times alone are
     divided by it, and each pair's leader and joiner scaled back by it where marked)."""
@@ -169,8 +170,9 @@ def _probe_meetings(probe: dict[str, Any], write_ns: float | None) -> dict[str, 
 
 
 def fit_meetings(meetings: Meetings, mode: str = "auto") -> dict[str, Any]:
-    """The ``timing.convoy_*`` values from pairs of writes that met (:func:`fit_convoys`):
-    convoys when they ended together, passing writes (their losses alone) when apart."""
+    """The ``[hardware.convoys]`` values (as ``convoy_*``) from pairs of writes that met
+    (:func:`fit_convoys`): convoys when they ended together, passing writes (their losses
+    alone) when apart."""
     m = meetings
     report: dict[str, Any] = {"pairs": int(m.lag.size), "fields": None}
     if m.lag.size < MIN_PAIRS or mode == "off":

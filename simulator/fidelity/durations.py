@@ -165,7 +165,7 @@ class Survival:
         min(E − t, W) term (``convoy_rest``), in expectation; exact for the estimate's step
         function: ∫ S(lag + t)·S(t) dt / S(lag). With ``lead`` and ``join`` (one each per
         lag), the leader's time alone is ``lead`` times a draw and the joiner's ``join``
-        times one (``timing.write_shared``): ∫ S((lag + t)/a)·S(t/b) dt / S(lag/a)."""
+        times one (``[hardware.shared_lines]``): ∫ S((lag + t)/a)·S(t/b) dt / S(lag/a)."""
         knots = np.concatenate([[0.0], self.times, [self.longest]])
         a = np.ones(lags.size) if lead is None else lead
         b = np.ones(lags.size) if join is None else join

@@ -1,6 +1,7 @@
-"""Passing writes, and what any writes that met lose (``timing.convoy_lost_*``).
+"""Passing writes, and what any writes that met lose (the ``lost_*`` values of
+``[hardware.passing]`` and ``[hardware.convoys]``).
 
-When writes that met end apart, they pass each other (``TimingSpec.passing``):
+When writes that met end apart, they pass each other (``[hardware.passing]``):
 ``convoy_join`` and ``convoy_rest`` stay 0, the write distribution is fitted on every write,
 and only what the meetings lose is fitted (:func:`meeting_losses`; none lost: nothing
 fitted); convoys (:mod:`simulator.fidelity.convoys`) take their losses the same way. From the
@@ -87,7 +88,7 @@ _NONE: dict[str, Any] = {"lost": np.zeros(2), "shared_total": 0.0, "classified":
 
 
 def meeting_losses(m: Meetings) -> tuple[dict[str, float], dict[str, Any]]:
-    """The ``timing.convoy_lost_*`` values from pairs that met (the module docstring), and
+    """The ``lost_*`` values (as ``convoy_lost_*``) from pairs that met (the module docstring), and
     what the report adds: with a spread of lossy meetings, the share of lossy meetings that
     lose nothing."""
     leader, joiner = ((m.lost / m.shared_total).tolist() if m.shared_total > 0 else [0.0, 0.0])
