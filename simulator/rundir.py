@@ -125,7 +125,7 @@ def publish(out: str | Path, files: tuple[str, ...], write: Callable[[Path], Non
         shutil.rmtree(staging, ignore_errors=True)
 
 
-# Fault tests' pause (tests/test_faults.py): ``ASYNGRAD_HOLD=STAGE:PATH``.
+# Fault tests' pause (tests/realrun/test_faults.py): ``ASYNGRAD_HOLD=STAGE:PATH``.
 HOLD = "ASYNGRAD_HOLD"
 
 

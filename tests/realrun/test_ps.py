@@ -1,0 +1,302 @@
+"""The parameter server on torch.distributed (gloo) over loopback: real processes, real
+messages, 1–3 trainers on tiny problems."""
+
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from realrun.ps import _free_port, run_ps, summary_extra
+from simulator.cli import main
+from simulator.engine import simulate
+from simulator.metrics import summarize
+from simulator.replay import load_trace
+from tests.conftest import scenario
+
+pytestmark = pytest.mark.alone  # real processes, or the CPUs probed: see conftest
+
+TINY = ("problem.dim=20", "problem.n_samples=200", "run.updates=400", "run.lr=0.05")
+
+
+def test_one_trainer_is_serial_sgd_to_the_bit():
+    """One trainer, float64: the samples and arithmetic of the simulator's serial run."""
+    s = scenario(*TINY)
+    run = run_ps(s, 1, "float64", timeout=60)
+    simulated = simulate(scenario(*TINY, "run.protocol=serial"))
+    assert run.failure is None and len(run.trace) == 400
+    assert np.array_equal(run.trace["sample"], simulated["sample"])
+    assert np.array_equal(run.trace["w_final"], simulated["w_final"])
+    assert run.trace["staleness"].max() == 0
+
+
+def test_accumulated_pushes_count_gradients_as_the_simulator_does():
+    """run.updates counts gradients on both paths: 100 gradients in pushes of 3 are 33
+    applied pushes and one gradient the budget left unpushed (dropped), row for row the
+    simulator's paramserver at one thread, w_final to the bit."""
+    s = scenario(*TINY, "run.updates=100", "paramserver.accumulate=3")
+    run = run_ps(s, 1, "float64", timeout=60)
+    simulated = simulate(scenario(*TINY, "run.updates=100", "paramserver.accumulate=3",
+                                  "run.protocol=paramserver", "run.threads=1"))
+    assert run.failure is None and len(run.trace) == 100 and run.pushes == 34
+    for column in ("sample", "step", "thread_seq", "staleness"):
+        assert np.array_equal(run.trace[column], simulated[column]), column
+    assert np.array_equal(run.trace["w_final"], simulated["w_final"])
+    assert int((run.trace["step"] == 0).sum()) == 1 and run.trace["step"].max() == 33
+    assert summary_extra(run)["real"]["pushes"] == 34
+
+
+def test_two_trainers_converge_with_a_well_formed_measured_trace():
+    s = scenario(*TINY, "run.updates=1000")
+    run = run_ps(s, 2, "float64", timeout=60, measure=True)
+    trace = run.trace
+    assert run.failure is None and len(trace) == 1000
+    assert sorted(trace["step"].tolist()) == list(range(1, 1001))
+    assert np.all(np.diff(trace["write_end"]) >= 0)
+    for a, b in (("read_start", "read_end"), ("read_end", "grad_end"),
+                 ("grad_end", "write_end")):
+        assert np.all(trace[a] <= trace[b])
+    assert set(trace["thread"].tolist()) == {0, 1}
+    summary = summarize(trace, run.problem, run.scenario)
+    assert summary["exact_metrics"]["measured_updates"] == 1000
+    # A push with staleness 0 was computed on the vector it was applied to: no error.
+    fresh = (trace["staleness"] == 0) & trace["measured"]
+    assert np.all(trace["delta_norm"][fresh] <= 1e-9 * trace["g_norm"][fresh] + 1e-15)
+    f_star = run.problem.optimum()[1]
+    assert trace["curve_loss"][-1] - f_star < 0.3 * (trace["curve_loss"][0] - f_star)
+
+
+def test_staleness_limit_drops_exactly_the_stale_pushes():
+    s = scenario(*TINY, "run.updates=900", "paramserver.staleness_limit=1")
+    run = run_ps(s, 3, timeout=60)
+    trace = run.trace
+    dropped = trace["step"] == 0
+    assert run.failure is None and len(trace) == 900
+    assert np.all(trace["staleness"][dropped] > 1)
+    assert np.all(trace["staleness"][~dropped] <= 1)
+    assert summarize(trace, run.problem, run.scenario)["discarded"] == int(dropped.sum())
+
+
+def test_backup_worker_rounds_apply_pushes_computed_on_one_vector():
+    """fraction = 1: every round waits for both trainers and applies their mean; nothing is
+    stale. fraction = 0.5: the first push ends each round, later ones for it are dropped."""
+    full = run_ps(scenario(*TINY, "paramserver.fraction=1"), 2, "float64", timeout=60)
+    trace = full.trace
+    applied = trace["step"] > 0
+    assert full.failure is None and np.all(trace["staleness"][applied] == 0)
+    counts = np.bincount(trace["step"][applied])[1:]
+    assert counts.max() == 2 and (counts == 2).sum() >= len(counts) - 1
+    half = run_ps(scenario(*TINY, "paramserver.fraction=0.5"), 2, "float64", timeout=60)
+    trace = half.trace
+    applied = trace["step"] > 0
+    assert np.bincount(trace["step"][applied])[1:].max() == 1
+    assert np.all(trace["staleness"][~applied] >= 1)
+
+
+def test_a_dead_trainer_does_not_hang_the_server():
+    """Kill a trainer: the server's receive times out, it says which trainer is missing and
+    keeps the pushes it applied."""
+    s = scenario(*TINY, "run.updates=200000")
+    pids, pushes = [], []
+
+    def kill_one_after_50_pushes(n):
+        pushes.append(n)
+        if len(pushes) == 50:
+            os.kill(pids[0], signal.SIGKILL)
+
+    run = run_ps(s, 2, timeout=30, on_start=pids.extend, progress=kill_one_after_50_pushes)
+    assert run.failure == {"worker": 0, "reason": "trainer 1 died (exit code -9)"}
+    assert 50 <= len(run.trace) < 200000
+
+
+def test_a_hung_trainer_stops_the_server_after_the_receive_timeout():
+    """A stopped trainer is alive but silent: the receive times out and says so."""
+    s = scenario(*TINY, "run.updates=200000")
+    pids, pushes = [], []
+
+    def stop_one_after_50_pushes(n):
+        pushes.append(n)
+        if len(pushes) == 50:
+            os.kill(pids[0], signal.SIGSTOP)
+
+    try:
+        run = run_ps(s, 2, timeout=2, on_start=pids.extend, progress=stop_one_after_50_pushes)
+    finally:
+        for pid in pids:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+    # Stopped between exchanges (the server's receive from any trainer times out), or half
+    # way through one of its own (the server names it): either way after the timeout, not
+    # the group's 60 s.
+    assert run.failure is not None and run.seconds < 30
+    reason = run.failure["reason"]
+    assert (reason.startswith("no message for 2 s; trainers [1") and run.failure["worker"]
+            is None) or (re.match(r"trainer 1 (took no parameters|sent no step after its "
+                                  r"push|sent nothing) for 2 s", reason)
+                         and run.failure["worker"] == 0), reason
+    assert 50 <= len(run.trace) < 200000
+
+
+def _node(rank, world, port, out, extra=(), command=("-m", "realrun.ps", "--out")):
+    env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world),
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen([sys.executable, *command, str(out),
+                             "--timeout", "5", "--set", "problem.dim=20", *extra], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_torchrun_nodes_write_the_run_directory(tmp_path):
+    """The several-machine path on one: torchrun starts a server and two trainers."""
+    torchrun = Path(sys.executable).with_name("torchrun")
+    out = tmp_path / "ps"
+    done = subprocess.run([str(torchrun), "--standalone", "--nproc-per-node", "3", "-m",
+                           "realrun.ps", "--out", str(out), "--set", "problem.dim=20",
+                           "--set", "run.updates=300"], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["updates"] == 300 and summary["real"]["backend"] == "ps"
+    assert summary["threads"] == 2
+
+
+def test_a_dead_server_makes_trainers_exit(tmp_path):
+    port = _free_port()
+    world = 3
+    nodes = [_node(rank, world, port, tmp_path / "ps", ["--set", "run.updates=10000000"])
+             for rank in range(world)]
+    # Every rank has joined once the server says it serves; let them train a moment.
+    assert nodes[0].stdout.readline().startswith("realrun.ps: serving 2 trainers")
+    time.sleep(1)
+    nodes[0].kill()
+    for node in nodes[1:]:
+        _, err = node.communicate(timeout=30)
+        assert node.returncode == 1
+        assert "the server is gone" in err.strip().splitlines()[-1]
+
+
+def test_cli_real_ps_and_bad_backend(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["real", "--backend", "ps", "--workers", "2", "--out", str(out), "--quiet",
+                 "--set", "run.updates=300"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["protocol"] == "paramserver" and summary["updates"] == 300
+    capsys.readouterr()
+    assert main(["real", "--backend", "mpi", "--out", str(tmp_path / "x"), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--backend = 'mpi'" in err[0]
+    assert main(["real", "--backend", "ps", "--pin", "--out", str(tmp_path / "y"),
+                 "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--pin = 'on'" in err[0] and not (tmp_path / "y").exists()
+
+
+def test_a_trainer_silent_while_others_are_served_is_named():
+    """The silence rule on its own: finished trainers and those waiting for their round's
+    answer do not count; a trainer quiet for the timeout does."""
+    from types import SimpleNamespace
+
+    from realrun.ps import _silent
+
+    state = SimpleNamespace(done={3}, waiting=[(2, 0)])
+    heard = {1: 0, 2: 0, 3: 0}
+    assert _silent(state, heard, 4_900_000_000, 5.0) is None
+    assert _silent(state, heard, 5_100_000_000, 5.0) == {
+        "worker": 0, "reason": "trainer 1 sent nothing for 5 s while the others were served"}
+    heard[1] = 5_000_000_000
+    assert _silent(state, heard, 5_100_000_000, 5.0) is None
+
+
+def test_warm_start_lets_trainer_0_alone_make_the_first_pushes():
+    """paramserver.warm_start W: the first W applied pushes are trainer 0's, computed on the
+    vector each previous one left (staleness 0); then every trainer works."""
+    run = run_ps(scenario(*TINY, "run.updates=300", "paramserver.warm_start=40"), 3,
+                 "float64", timeout=60)
+    trace = run.trace
+    assert run.failure is None and len(trace) == 300
+    first = trace["step"] <= 40
+    assert np.all(trace["thread"][first] == 0) and int(first.sum()) == 40
+    assert np.all(trace["staleness"][first] == 0)
+    assert set(trace["thread"].tolist()) == {0, 1, 2}
+    assert run.scenario.paramserver.warm_start == 40
+
+
+def test_warm_start_with_rounds_closes_a_round_per_push_of_trainer_0():
+    """With rounds, the warm start's pushes (trainer 0 is the one that may arrive) close a
+    round each on both paths; then rounds of all the trainers (fraction 1)."""
+    overrides = (*TINY, "run.updates=120", "paramserver.warm_start=10",
+                 "paramserver.fraction=1")
+    run = run_ps(scenario(*overrides), 3, "float64", timeout=60)
+    simulated = simulate(scenario(*overrides, "run.protocol=paramserver", "run.threads=3"))
+    for trace in (run.trace, simulated):
+        sizes = np.bincount(trace["step"][trace["step"] > 0])[1:]
+        assert sizes[:10].tolist() == [1] * 10 and np.all(sizes[10:-1] == 3), sizes
+        assert np.all(trace["thread"][(trace["step"] > 0) & (trace["step"] <= 10)] == 0)
+    assert run.failure is None and len(run.trace) == len(simulated) == 120
+
+
+_SLOW_TRAINER = """
+import sys, time
+import realrun.ps as ps
+train = ps.train
+
+def slow_train(problem, *args, **kwargs):
+    grad = problem.dense_grad
+
+    def slow_grad(w, sample):
+        time.sleep(0.1)
+        return grad(w, sample)
+
+    problem.dense_grad = slow_grad
+    return train(problem, *args, **kwargs)
+
+ps.train = slow_train
+sys.exit(ps._node_main(sys.argv[1:]))
+"""
+
+
+def test_rebalance_retires_a_slow_trainer(tmp_path):
+    """Trainer 0 (a node whose gradients take 100 ms longer) is slower than r times the median
+    once every trainer made rebalance_after gradients: the server retires it (its next pull
+    gets no gradients, it exits), the others make the rest of the budget, and the trace and
+    summary name it as the simulator's report does."""
+    port, world, out = _free_port(), 4, tmp_path / "ps"
+    # The budget outlasts the slow trainer's first rebalance_after gradients by far (the
+    # rule needs every working trainer to have made them; fast trainers that finished
+    # the budget first would leave it alone).
+    extra = ["--set", "run.updates=2000", "--set", "paramserver.rebalance=3",
+             "--set", "paramserver.rebalance_after=3"]
+    nodes = [_node(rank, world, port, out, extra) for rank in (0, 2, 3)]
+    slow = _node(1, world, port, out, extra, ["-c", _SLOW_TRAINER, "--out"])
+    for node in [*nodes, slow]:
+        _, err = node.communicate(timeout=120)
+        assert node.returncode == 0, err[-2000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["retired_threads"] == [0] and summary["updates"] == 2000
+    trace = load_trace(out)
+    assert trace["extra_retired_threads"].tolist() == [0]
+    counts = np.bincount(trace["thread"], minlength=3)
+    assert counts[0] < 0.1 * min(counts[1], counts[2])
+
+
+def test_cli_ps_summary_says_backend_and_mode(tmp_path, capsys):
+    """summary.json's real block names the backend and mode, the header prints them, and
+    the resolved metrics say what was measured."""
+    out = tmp_path / "run"
+    assert main(["real", "--backend", "ps", "--workers", "2", "--out", str(out), "--measure",
+                 "--set", "run.updates=200", "--set", "paramserver.accumulate=2",
+                 "--set", "metrics.every=4"]) == 0
+    header = capsys.readouterr().out.splitlines()[0]
+    assert header.startswith("ps paramserver k=2 T=200 ")
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["real"]["backend"] == "ps" and summary["real"]["mode"] == "paramserver"
+    assert summary["updates"] == 200 and summary["real"]["pushes"] == 100
+    assert summary["real"]["paramserver"]["accumulate"] == 2
+    # --measure measured every metrics.every-th of the 100 completions, and says so.
+    assert summary["exact_metrics"] == {"enabled": True, "every": 4, "measured_updates": 25}

@@ -1,0 +1,168 @@
+"""The torch worker (realrun.torch_worker): on the CPU here, on CUDA where there is one.
+
+The CPU tests run the very loop a GPU worker runs (threads, the host pattern, accumulation,
+measure mode), against independent references: the problems' numpy gradients and a plain
+numpy SGD loop. Tests marked ``gpu`` need CUDA and skip cleanly without it.
+"""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from realrun.runner import run_real
+from realrun.torch_worker import TorchGradient
+from simulator.cli import main
+from simulator.metrics import summarize
+from simulator.problems import make_problem
+from simulator.timing import sample_stream
+from tests.conftest import scenario
+
+pytestmark = pytest.mark.alone  # real processes, or the CPUs probed: see conftest
+
+TINY = ("problem.dim=20", "problem.n_samples=200", "run.updates=600")
+CUDA = torch.cuda.is_available()
+gpu = pytest.mark.skipif(not CUDA, reason="needs CUDA")
+
+
+@pytest.mark.parametrize("problem", [
+    ("problem.name=quadratic",), ("problem.name=logistic",),
+    ("problem.name=sparse_logistic", "problem.dim=50", "problem.density=0.1"),
+    ("problem.name=mlp", "problem.dim=6", "problem.hidden=5", "problem.classes=3"),
+    ("problem.name=lstm_tagger", "problem.dim=7", "problem.hidden=3", "problem.classes=3",
+     "problem.length=4", "problem.n_samples=20"),
+])
+def test_torch_gradient_equals_the_numpy_gradient(problem):
+    """Autograd of the torch loss on the device copy of the data = the problem's numpy
+    gradient; with several samples, their mean."""
+    p = make_problem(scenario(*problem).problem)
+    w = p.initial() + 0.1 * np.random.default_rng(0).standard_normal(p.dim)
+    grad = TorchGradient(p)
+    got = grad(torch.as_tensor(w), [3]).numpy()
+    np.testing.assert_allclose(got, p.dense_grad(w, 3), rtol=1e-10, atol=1e-12)
+    mean = grad(torch.as_tensor(w), [1, 4, 7]).numpy()
+    expected = np.mean([p.dense_grad(w, s) for s in (1, 4, 7)], axis=0)
+    np.testing.assert_allclose(mean, expected, rtol=1e-10, atol=1e-12)
+
+
+def _numpy_sgd(s, accumulate):
+    """Serial SGD written plainly: n samples from the worker's stream, a step of lr times
+    the mean of their gradients."""
+    p = make_problem(s.problem)
+    stream = sample_stream(s.run.seed, 1, 0, p.n_samples)
+    w = p.initial()
+    for _ in range(s.run.updates):
+        drawn = [int(stream.take()) for _ in range(accumulate)]
+        w = w - s.run.lr * np.mean([p.dense_grad(w, d) for d in drawn], axis=0)
+    return w
+
+
+@pytest.mark.parametrize(("launch", "pattern", "accumulate"), [
+    ("threads", "shared", 1), ("threads", "host", 3), ("processes", "shared", 2)])
+def test_serial_torch_worker_equals_plain_numpy_sgd(launch, pattern, accumulate):
+    s = scenario(*TINY, "run.updates=200")
+    run = run_real(s, 1, "serial", "float64", timeout=120, launch=launch, pattern=pattern,
+                   accumulate=accumulate)
+    assert run.failure is None and len(run.trace) == 200
+    np.testing.assert_allclose(run.trace["w_final"], _numpy_sgd(s, accumulate), rtol=1e-12,
+                               atol=1e-14)
+
+
+def test_locked_threads_measure_no_error_and_lose_nothing():
+    """Locked worker threads: the rebuilt serialized view is the real vector to the last bit,
+    and no update carries a gradient error."""
+    s = scenario(*TINY)
+    run = run_real(s, 2, "locked", "float64", timeout=120, measure_every=1, launch="threads",
+                   accumulate=2)
+    assert run.failure is None and len(run.trace) == 600
+    assert run.hardware_loss is not None
+    assert run.hardware_loss["rebuilt_vs_real_norm"] == 0.0
+    summary = summarize(run.trace, run.problem, run.scenario)
+    assert summary["gradient_error"]["rate"] == 0.0
+    assert summary["staleness"]["max"] == 0
+
+
+def test_lock_free_threads_converge():
+    s = scenario(*TINY, "run.updates=2000")
+    run = run_real(s, 2, "lockfree", "float32", timeout=120, launch="threads")
+    f_star = run.problem.optimum()[1]
+    curve = run.trace["curve_loss"] - f_star
+    assert run.failure is None and curve[-1] < 0.2 * curve[0]
+
+
+@pytest.mark.parametrize(("flag", "value", "message"), [
+    ("--launch", "fibers", "--launch = 'fibers': must be one of processes, threads"),
+    ("--pattern", "remote", "--pattern = 'remote': must be one of shared, host"),
+    ("--accumulate", "0", "--accumulate = 0: must be >= 1"),
+    ("--device", "tpu", "--device = 'tpu': must be cpu, cuda or cuda:N"),
+])
+def test_bad_real_options_are_one_line(tmp_path, capsys, flag, value, message):
+    out = tmp_path / "run"
+    assert main(["real", "--out", str(out), "--quiet", flag, value]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
+    assert not out.exists()
+
+
+@pytest.mark.skipif(CUDA, reason="checks the message on a machine without CUDA")
+def test_cuda_without_a_gpu_is_one_line(tmp_path, capsys):
+    assert main(["real", "--out", str(tmp_path / "r"), "--quiet", "--device", "cuda"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "CUDA is not available" in err[0]
+
+
+# ---- CUDA -------------------------------------------------------------------------------
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("launch", ["threads", "processes"])
+def test_cuda_serial_equals_plain_numpy_sgd(launch):
+    s = scenario(*TINY, "run.updates=200")
+    run = run_real(s, 1, "serial", "float64", timeout=300, device="cuda", launch=launch)
+    assert run.failure is None
+    np.testing.assert_allclose(run.trace["w_final"], _numpy_sgd(s, 1), rtol=1e-10,
+                               atol=1e-12)
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("launch", ["threads", "processes"])
+def test_cuda_lock_free_workers_converge_and_measure(launch):
+    """Four lock-free workers on one CUDA tensor: the run converges, the trace is well
+    formed, and measure mode rebuilds the serialized view."""
+    s = scenario("problem.name=mlp", "problem.dim=16", "problem.hidden=32",
+                 "problem.n_samples=300", "run.updates=2000", "run.lr=0.05")
+    run = run_real(s, 4, "lockfree", "float32", timeout=300, device="cuda", launch=launch,
+                   measure_every=1)
+    trace = run.trace
+    assert run.failure is None and len(trace) == 2000
+    for a, b in (("read_start", "read_end"), ("read_end", "grad_end"),
+                 ("grad_end", "write_end")):
+        assert np.all(trace[a] <= trace[b])
+    assert trace["curve_loss"][-1] < 0.8 * trace["curve_loss"][0]
+    assert trace["staleness"].mean() > 0
+    assert run.hardware_loss is not None
+    assert summarize(trace, run.problem, run.scenario)["gradient_error"]["rate"] > 0
+
+
+@gpu
+@pytest.mark.gpu
+def test_cuda_locked_and_host_pattern_lose_nothing():
+    s = scenario(*TINY)
+    run = run_real(s, 2, "locked", "float64", timeout=300, device="cuda", measure_every=1)
+    assert run.failure is None and run.hardware_loss["rebuilt_vs_real_norm"] == 0.0
+    host = run_real(s, 1, "serial", "float64", timeout=300, device="cuda", pattern="host",
+                    accumulate=2, launch="processes")
+    np.testing.assert_allclose(host.trace["w_final"], _numpy_sgd(s, 2), rtol=1e-10,
+                               atol=1e-12)
+
+
+@gpu
+@pytest.mark.gpu
+def test_cli_real_on_cuda(tmp_path):
+    out = tmp_path / "run"
+    assert main(["real", "--device", "cuda", "--workers", "2", "--out", str(out), "--quiet",
+                 "--set", "run.updates=500"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["real"]["device"] == "cuda" and summary["updates"] == 500

@@ -1,0 +1,86 @@
+"""Replay: recorded samples and durations reproduce the run; other values keep the schedule."""
+
+import numpy as np
+import pytest
+
+from simulator.engine import simulate
+from simulator.errors import ScenarioError
+from simulator.replay import replay
+from tests.conftest import scenario
+
+SCHEDULE = ("uid", "thread", "thread_seq", "sample", "read_start", "read_end", "grad_start",
+            "grad_end", "write_start", "write_end", "staleness", "read_overwrites", "torn",
+            "lost_blocks", "overwrote", "op_block", "op_read_ns", "op_write_ns")
+
+
+@pytest.fixture(scope="module")
+def recorded():
+    return simulate(scenario("run.updates=600", "run.blocks=3", "devices.0.cores=4"))
+
+
+def test_replay_reproduces_the_run_bit_for_bit(recorded):
+    """Replaying with the trace's own scenario gives identical arrays, metrics included."""
+    _, _, again = replay(recorded)
+    for name, array in recorded.arrays.items():
+        assert np.array_equal(again[name], array, equal_nan=array.dtype.kind == "f"), name
+    assert again.source == "replay"
+
+
+def test_replay_with_another_lr_keeps_the_interleaving(recorded):
+    """A new learning rate changes the values, not the schedule."""
+    _, _, again = replay(recorded, ["run.lr=0.001"])
+    for name in SCHEDULE:
+        assert np.array_equal(again[name], recorded[name]), name
+    assert not np.array_equal(again["w_final"], recorded["w_final"])
+
+
+def test_replay_on_a_larger_problem_keeps_the_interleaving(recorded):
+    """A larger dense problem (same samples) replays the same schedule."""
+    _, problem, again = replay(recorded, ["problem.dim=300"])
+    assert problem.dim == 300
+    for name in SCHEDULE:
+        assert np.array_equal(again[name], recorded[name]), name
+
+
+def test_replay_ignores_timing_distributions(recorded):
+    """Durations come from the trace, so a new timing distribution changes nothing."""
+    _, _, again = replay(recorded, ["timing.grad.mean=1"])
+    assert np.array_equal(again["write_end"], recorded["write_end"])
+
+
+@pytest.mark.parametrize("override", ["run.threads=3", "run.blocks=2", "run.updates=10",
+                                      "run.protocol=locked", "devices.0.cores=2"])
+def test_replay_refuses_to_change_what_the_trace_fixes(recorded, override):
+    """Thread, block and update counts, the protocol and the devices come from the trace."""
+    field = override.split("=")[0].split(".")[0 if override.startswith("devices") else 1]
+    with pytest.raises(ScenarioError, match=field):
+        replay(recorded, [override])
+
+
+def test_replay_needs_the_recorded_samples(recorded):
+    """A problem with fewer samples than the trace used is refused with the field named."""
+    with pytest.raises(ScenarioError, match=r"problem\.n_samples"):
+        replay(recorded, ["problem.n_samples=10"])
+
+
+@pytest.mark.alone  # real worker processes
+def test_a_real_run_and_its_replay_count_the_same_overwrites_and_torn_reads():
+    """Both traces take read-overwrites and torn reads from the same block copy and store
+    ends (``simulator.trace.read_report``); the replay puts every event at its recorded
+    time, so the counts agree update by update (a dense problem: the real run records
+    ``[hardware.sweeping_reads]``, whose copies of writes in flight are recorded apart)."""
+    from realrun.runner import run_real
+    from simulator.metrics import summarize
+
+    s = scenario("problem.dim=40", "problem.n_samples=200", "run.updates=3000", "run.blocks=3")
+    real = run_real(s, 2, "lockfree")
+    assert real.failure is None and len(real.trace) == 3000
+    scenario_, problem, again = replay(real.trace)
+    assert scenario_.hardware.sweeping_reads is not None
+    a, b = (np.lexsort((t["thread_seq"], t["thread"])) for t in (real.trace, again))
+    for column in ("read_overwrites", "torn"):
+        assert np.array_equal(real.trace[column][a], again[column][b]), column
+    assert real.trace["read_overwrites"].sum() > 0
+    counts = [summarize(t, problem, scenario_)["overwrites"] for t in (real.trace, again)]
+    for key in ("read_overwrite_blocks", "updates_with_read_overwrite", "torn_reads"):
+        assert counts[0][key] == counts[1][key], key

@@ -1,0 +1,237 @@
+"""Controlled schedules: hand-worked interleavings, exact replay, and PCT's guarantee."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from simulator.cli import main
+from simulator.errors import ScenarioError
+from simulator.schedule import (
+    Property,
+    Scheduler,
+    enumerate_schedules,
+    explore,
+    format_schedule,
+    parse_schedule,
+    run_schedule,
+    search_violation,
+)
+from tests.conftest import scenario
+
+TINY = ("run.threads=2", "problem.dim=4", "run.blocks=2", "metrics.curve_points=0",
+        "problem.n_samples=20")
+
+
+@given(st.lists(st.integers(0, 5), max_size=60))
+def test_schedule_strings_round_trip(choices):
+    assert parse_schedule(format_schedule(choices)) == choices
+
+
+def test_bad_schedule_strings_and_schedules_are_one_clear_error():
+    for text in ("0x", "ax2", "1x0", "0..1"):
+        with pytest.raises(ScenarioError, match="--schedule"):
+            parse_schedule(text)
+    s = scenario(*TINY, "run.updates=2")
+    with pytest.raises(ScenarioError, match="ends after 3 steps"):
+        run_schedule(s, Scheduler("fixed", 2, schedule=[0, 0, 1]))
+    with pytest.raises(ScenarioError, match="picks thread 3 at step 0"):
+        run_schedule(s, Scheduler("fixed", 2, schedule=[3]))
+    with pytest.raises(ScenarioError, match=r"run\.protocol = 'locked'"):
+        run_schedule(scenario(*TINY, "run.protocol=locked"), Scheduler("random", 2))
+
+
+def test_round_robin_interleaving_worked_by_hand():
+    """k = 2, B = 2, load_store, one update each (7 actions: 2 block reads, the gradient,
+    2 × (load, store)), threads alternating: both read both blocks (steps 0–3), compute
+    (4–5), then load b0, load b0, store b0, store b0, … : thread 1's stores land last and
+    overwrite both of thread 0's."""
+    s = scenario(*TINY, "run.updates=2")
+    result = run_schedule(s, Scheduler("roundrobin", 2))
+    assert result.text == ".".join(["0.1"] * 7)
+    t = result.trace
+    assert t["thread"].tolist() == [0, 1]
+    assert t["read_start"].tolist() == [0, 1] and t["read_end"].tolist() == [3, 4]
+    assert t["grad_start"].tolist() == [4, 5] and t["write_end"].tolist() == [13, 14]
+    assert t["lost_blocks"].tolist() == [2, 0] and t["overwrote"].tolist() == [0, 2]
+    assert t["staleness"].tolist() == [0, 1]
+    # Thread 0's update was lost entirely: w_T is w_0 minus thread 1's step alone.
+    serial = run_schedule(s, Scheduler("fixed", 2, schedule=[1] * 7 + [0] * 7))
+    assert serial.trace["lost_blocks"].sum() == 0
+
+
+def test_replaying_a_schedule_is_bit_identical():
+    s = scenario(*TINY, "run.updates=6")
+    first = run_schedule(s, Scheduler("random", 2, seed=11))
+    again = run_schedule(s, Scheduler("fixed", 2, schedule=parse_schedule(first.text)))
+    assert again.text == first.text
+    for name, values in first.trace.arrays.items():
+        assert np.array_equal(values, again.trace[name], equal_nan=True), name
+
+
+def test_pct_meets_its_guarantee_on_a_planted_depth_two_bug():
+    """One update per thread, B = 1: an update is lost only if a thread is preempted between
+    its load and its store (depth 2). PCT with d = 2 must find it with probability at least
+    1/(n·k) per run (n = 8 steps: 4 actions per thread, k = 2); with d = 1 it never
+    preempts, so it never can."""
+    s = scenario(*TINY, "run.updates=2", "run.blocks=1")
+    n, k, runs = 8, 2, 400
+    found = [run_schedule(s, Scheduler("pct", k, seed, 2, n)).trace["lost_blocks"].sum() > 0
+             for seed in range(runs)]
+    assert np.mean(found) >= 1 / (n * k)
+    never = [run_schedule(s, Scheduler("pct", k, seed, 1, n)).trace["lost_blocks"].sum()
+             for seed in range(50)]
+    assert sum(never) == 0
+
+
+def test_explore_keeps_distinct_worst_schedules_that_replay(tmp_path):
+    s = scenario(*TINY, "run.updates=4")
+    report, worst = explore(s, "pct", 120, "lost_blocks", depth=2, keep=3)
+    texts = [w["schedule"] for w in report["worst"]]
+    assert len(set(texts)) == len(texts) == 3
+    values = [w["value"] for w in report["worst"]]
+    assert values == sorted(values, reverse=True) and values[0] == report["values"]["max"]
+    assert report["replayed_identically"] and worst.text == texts[0]
+    assert worst.trace["lost_blocks"].sum() == values[0]
+
+
+@pytest.mark.parametrize("kind", ["random", "dfs", "adversarial"])
+def test_a_diverged_worst_schedule_still_replays_identically(kind):
+    """Runs that diverge (lr = 1e300: objectives inf or NaN) are explored without warnings
+    and their worst reproduces: NaN counts as equal to NaN."""
+    s = scenario(*TINY, "run.updates=2", "run.lr=1e300")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        report, _ = explore(s, kind, 8, "suboptimality")
+    assert not np.isfinite(report["worst"][0]["value"]) and report["replayed_identically"]
+
+
+def test_cli_explore_and_replay_schedule(tmp_path, capsys):
+    out = tmp_path / "ex"
+    sets = [arg for o in (*TINY, "run.updates=4") for arg in ("--set", o)]
+    assert main(["explore", "--out", str(out), "--runs", "60", "--objective", "staleness",
+                 "--quiet", *sets]) == 0
+    report = json.loads((out / "explore.json").read_text())
+    schedule = report["worst"][0]["schedule"]
+    assert (out / "worst" / "timeline.png").is_file()
+    assert (out / "worst.schedule").read_text().strip() == schedule
+    assert main(["replay", str(out), "--schedule", str(out / "worst.schedule"), "--out",
+                 str(tmp_path / "r"), "--quiet"]) == 0
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert summary["staleness"]["max"] == report["worst"][0]["value"]
+    assert main(["explore", "--out", str(tmp_path / "bad"), "--objective", "speed"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--objective = 'speed'" in err[0]
+
+
+@pytest.mark.parametrize(("threads", "blocks", "actions"), [(2, 1, 4), (2, 2, 7), (3, 1, 4)])
+def test_dfs_enumerates_every_interleaving(threads, blocks, actions):
+    """One update per thread of `actions` atomic actions: (k·n)!/(n!)^k interleavings."""
+    from math import factorial
+
+    s = scenario(*TINY, f"run.threads={threads}", f"run.updates={threads}",
+                 f"run.blocks={blocks}")
+    if threads == 3:  # 34,650 schedules: count them without the exact metrics
+        s = scenario(*TINY, "run.threads=3", "run.updates=3", "run.blocks=1",
+                     "metrics.exact=false")
+    report = enumerate_schedules(s, "lost_blocks")
+    expected = factorial(threads * actions) // factorial(actions) ** threads
+    assert report["complete"] and report["schedules"] == expected
+    none = enumerate_schedules(s, "lost_blocks", preemptions=0)
+    assert none["schedules"] == factorial(threads)  # each thread runs to the end in turn
+    assert none["values"]["max"] == 0  # no preemption, no lost update
+
+
+def test_dfs_finds_the_exact_worst_case_and_resumes_from_a_checkpoint(tmp_path):
+    s = scenario(*TINY, "run.updates=2", "run.blocks=1")
+    full = enumerate_schedules(s, "grad_error")
+    sampled, _ = explore(s, "pct", 60, "grad_error", depth=2)
+    assert full["values"]["max"] >= sampled["values"]["max"]
+    state = tmp_path / "dfs.json"
+    first = enumerate_schedules(s, "grad_error", limit=25, checkpoint=str(state))
+    assert not first["complete"] and first["schedules"] == 25 and state.is_file()
+    rest = enumerate_schedules(s, "grad_error", limit=1000, checkpoint=str(state))
+    assert rest["complete"] and rest["schedules"] == 70 and not state.exists()
+    assert rest["worst"] == full["worst"]
+
+
+def test_properties_parse_and_reject_bad_text():
+    prop = Property.parse("lost_fraction <= 0.5")
+    assert (prop.metric, prop.op, prop.value) == ("lost_fraction", "<=", 0.5)
+    assert str(Property.parse("staleness<3")) == "staleness < 3"
+    for bad in ("speed <= 1", "lost_blocks == 0", "staleness <= x", "staleness"):
+        with pytest.raises(ScenarioError, match="--property"):
+            Property.parse(bad)
+
+
+@pytest.mark.parametrize("text", ["lost_fraction <= 0.5", "lost_blocks <= 0",
+                                  "staleness <= 2"])
+def test_shrunk_counterexamples_violate_and_are_minimal(text):
+    """The counterexample still violates the property, and no single removal — of one run of
+    a thread, or of the last step — keeps it violating."""
+    from simulator.problems import make_problem
+
+    s = scenario(*TINY, "run.updates=6")
+    prop = Property.parse(text)
+    report = search_violation(s, prop, "random", 200)
+    assert report["counterexample"] is not None
+    minimal = parse_schedule(report["counterexample"])
+    found = parse_schedule(report["found"])
+    assert len(minimal) <= len(found)
+    problem = make_problem(s.problem)
+    f_star = problem.optimum()[1]
+
+    def violates(prefix):
+        try:
+            run = run_schedule(s, Scheduler("dfs", 2, schedule=prefix), problem)
+        except ScenarioError:
+            return False
+        return not prop.holds(run.trace, f_star)
+
+    assert violates(minimal)
+    runs = [(int(p.split("x")[0]), int(p.split("x")[1]) if "x" in p else 1)
+            for p in report["counterexample"].split(".")]
+    for i in range(len(runs)):
+        fewer = [t for j, (t, n) in enumerate(runs) if j != i for _ in range(n)]
+        assert not violates(fewer), (report["counterexample"], i)
+    assert not violates(minimal[:-1])
+    assert report["counterexample_preemptions"] == len(runs) - 1
+
+
+def test_cli_property_search_writes_the_counterexample(tmp_path):
+    out = tmp_path / "prop"
+    sets = [arg for o in (*TINY, "run.updates=6") for arg in ("--set", o)]
+    code = main(["explore", "--out", str(out), "--scheduler", "random", "--runs", "200",
+                 "--property", "lost_blocks <= 0", "--quiet", *sets])
+    assert code == 1  # a violation was found
+    report = json.loads((out / "explore.json").read_text())
+    assert report["counterexample"] and (out / "worst" / "timeline.png").is_file()
+    # The file holds the whole schedule the shrunk run executed: the shrunk prefix, then
+    # the continuation; replaying it as written reproduces the violating run bit for bit.
+    written = (out / "worst.schedule").read_text().strip()
+    assert written == report["counterexample_schedule"]
+    assert parse_schedule(written)[:len(parse_schedule(report["counterexample"]))] == \
+        parse_schedule(report["counterexample"])
+    assert main(["replay", str(out), "--schedule", str(out / "worst.schedule"), "--out",
+                 str(tmp_path / "again"), "--quiet"]) == 0
+    for name in ("trace.npz", "summary.json"):
+        assert (tmp_path / "again" / name).read_bytes() == (out / "worst" / name).read_bytes()
+    held = main(["explore", "--out", str(tmp_path / "ok"), "--scheduler", "random", "--runs",
+                 "20", "--property", "lost_blocks >= 0", "--quiet", *sets])
+    assert held == 0
+
+
+def test_adversarial_greedy_search_finds_the_exact_worst_case_of_a_small_run():
+    s = scenario(*TINY, "run.updates=2", "run.blocks=1")
+    exact = enumerate_schedules(s, "grad_error")["values"]["max"]
+    report, _ = explore(s, "adversarial", 1, "grad_error")
+    assert report["worst"][0]["value"] == exact and report["replayed_identically"]
+    bigger = scenario(*TINY, "run.updates=4")
+    greedy, _ = explore(bigger, "adversarial", 1, "grad_error")
+    sampled, _ = explore(bigger, "random", 100, "grad_error")
+    assert greedy["worst"][0]["value"] >= sampled["values"]["max"]

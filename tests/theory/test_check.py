@@ -1,0 +1,128 @@
+"""Theorem 1 checked on simulated runs: conditions, Monte Carlo validation, honest refusals."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from simulator.errors import ScenarioError
+from simulator.problems import QuadraticProblem
+from tests.conftest import scenario
+from theory.check import check_theorem
+
+SMALL = ("problem.dim=10", "problem.n_samples=200", "run.updates=2000")
+QUADRATIC = ("problem.name=quadratic", "problem.l2=0.5", *SMALL)
+
+
+@pytest.fixture(scope="module")
+def quadratic_atomic():
+    return check_theorem(scenario(*QUADRATIC, "run.write_mode=atomic_add"), 0.05, 10)
+
+
+def test_bound_holds_on_lock_free_quadratic(quadratic_atomic):
+    """Lock-free k=8 (atomic_add): the assumptions hold in the validation runs and the mean
+    suboptimality after t updates is below ε with its one-sided 95% bound."""
+    r = quadratic_atomic
+    assert r["guarantee"] and r["verdict"].startswith("holds")
+    v = r["validation"]
+    assert v["final_upper"] <= 0.05 and r["rounds"][-1]["ran_updates"] == r["rounds"][-1]["updates"]
+    assert 0 < v["tightness"] <= 1
+
+
+def test_recursion_bound_dominates_a_t_on_the_quadratic(quadratic_atomic):
+    """With exact c and q, the mean of ‖w_t − w*‖² stays under the recursion's bound."""
+    assert quadratic_atomic["conditions"]["4_strong_convexity"]["method"] == "closed form"
+    assert quadratic_atomic["validation"]["a_t_within_bound"] is True
+
+
+def test_bound_holds_on_lock_free_logistic():
+    """The same on dense logistic regression (closed-form c = λ, q a bound)."""
+    r = check_theorem(scenario("problem.l2=0.1", *SMALL, "run.write_mode=atomic_add"), 0.05, 10)
+    assert r["guarantee"] and r["verdict"].startswith("holds")
+    assert r["validation"]["final_upper"] <= 0.05
+
+
+def test_lost_updates_push_tau_past_the_limit():
+    """load_store loses stores; the measured τ exceeds cε/(2q) and no guarantee is claimed,
+    while the empirical result is still reported."""
+    r = check_theorem(scenario(*QUADRATIC), 0.05, 10)
+    assert not r["guarantee"] and r["verdict"].startswith("no guarantee")
+    last = r["rounds"][-1]
+    assert "infeasible" in last and last["tau"] > last["tau_limit"]
+
+
+def test_nonconvex_problem_gets_no_guarantee():
+    """A quadratic with a negative-definite direction fails condition (4) and runs nothing."""
+    s = scenario("problem.name=quadratic", "problem.dim=6", "problem.n_samples=100")
+    r = check_theorem(s, 0.05, 5, problem=QuadraticProblem(6, 100, -5.0, seed=0))
+    assert not r["guarantee"] and "condition (4) fails" in r["verdict"]
+    assert r["rounds"] == [] and "validation" not in r
+
+
+@pytest.mark.parametrize(("kwargs", "field"), [({"beta": 0.5}, "beta"), ({"eps": 0.0}, "eps"),
+                                               ({"seeds": 1}, "--seeds")])
+def test_invalid_check_arguments(kwargs, field):
+    """β < 1, ε <= 0 and fewer than two seeds are refused with the field named."""
+    args = {"eps": 0.05, "seeds": 5, **kwargs}
+    eps, seeds = args.pop("eps"), args.pop("seeds")
+    with pytest.raises(ScenarioError) as err:
+        check_theorem(scenario(*QUADRATIC), eps, seeds, **args)
+    assert err.value.field == field
+
+
+def test_cli_check_writes_json_and_plot(tmp_path):
+    """`asyngrad check` prints the conditions and writes check.json and check.png."""
+    out = tmp_path / "check"
+    result = subprocess.run(
+        [sys.executable, "-m", "simulator.cli", "check", "--eps", "0.05", "--seeds", "4",
+         "--out", str(out), *[x for o in (*QUADRATIC, "run.write_mode=atomic_add")
+                              for x in ("--set", o)]],
+        capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "(7) τ" in result.stdout and "round 0" in result.stdout
+    data = json.loads((out / "check.json").read_text())
+    assert data["eps"] == 0.05 and data["seeds"] == 4
+    assert (out / "check.png").read_bytes()[:4] == b"\x89PNG"
+    bad = subprocess.run([sys.executable, "-m", "simulator.cli", "check", "--eps", "-1",
+                          "--out", str(tmp_path / "bad")], capture_output=True, text=True,
+                         timeout=300)
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
+    assert "eps = -1.0" in bad.stderr and not (tmp_path / "bad").exists()
+
+
+def test_the_mlp_gets_no_guarantee():
+    """A nonconvex model: condition (4) is reported as failing; nothing is claimed."""
+    r = check_theorem(scenario("problem.name=mlp", "problem.dim=5", "problem.n_samples=60",
+                               "problem.hidden=4"), 0.05, 3)
+    assert not r["guarantee"] and "condition (4) fails" in r["verdict"]
+    assert r["conditions"]["4_strong_convexity"]["method"].startswith("nonconvex")
+
+
+def _shown(rounds):
+    """A check result whose last validated runs are tiny with a wide band (two seeds)."""
+    x = list(range(0, 1000, 100))
+    mean = [1.0, 0.3, 0.1, 0.03, 0.01, 3e-3, 1e-3, 1e-3, 1e-3, 1e-3]
+    half = [0.1, 0.1, 0.1, 0.05, 0.02, 0.01, 2e-3, 5e-3, 5e-4, 1e-3]  # lower edge <= 0
+    validation = {"checkpoints": x, "mean": mean, "half_width": half,
+                  "upper": [m + h for m, h in zip(mean, half, strict=True)],
+                  "envelope": None, "reached_eps_at": 400}
+    rounds[0]["validation"] = validation
+    return {"scenario": "hand", "eps": 0.01, "seeds": 2, "rounds": rounds,
+            "validation": validation, "verdict": ""}
+
+
+def test_check_plot_clips_the_band_and_titles_the_gamma_the_runs_used():
+    """The band's lower edge, zero or below with few seeds, stops a decade under the lowest
+    curve instead of at 1e-308; the title gives the γ the runs used and says when (9) has no
+    γ for the constants re-measured in them."""
+    from theory.plots import check_figure
+
+    ran = {"gamma": 0.0629, "updates": 900, "ran_updates": 900}
+    fig = check_figure(_shown([dict(ran), {"infeasible": "2τq >= cε"}]))
+    ax = fig.axes[0]
+    assert ax.get_ylim()[0] == pytest.approx(1e-4)  # the lowest curve, 1e-3, over 10
+    title = ax.get_title()
+    assert "runs at γ = 0.0629" in title and "no γ by (9)" in title
+    held = check_figure(_shown([dict(ran, assumptions_held=True)])).axes[0].get_title()
+    assert "runs at γ = 0.0629" in held and "no γ" not in held
