@@ -125,7 +125,8 @@ def _optimum_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
 def fitted(scenario_: Scenario, device: int = 0) -> SimpleNamespace:
     """A device's timing and hardware models in the flat names calibrate's fit reports use
     (``convoy_join``, ``write_shared``, ...; a model that is off gives its neutral values),
-    with ``convoys`` and ``passing`` saying which writes that meet do."""
+    with ``convoys`` and ``passing`` saying which writes that meet do, ``coupled`` whether
+    durations share a common factor and ``interference`` the slowdowns (None: none)."""
     timing, hardware = scenario_.timing_of(device), scenario_.hardware_of(device)
     values = {f.name: getattr(timing, f.name) for f in dataclasses.fields(timing)}
     meeting = hardware.convoys or hardware.passing
@@ -143,7 +144,10 @@ def fitted(scenario_: Scenario, device: int = 0) -> SimpleNamespace:
                   write_sweep_lead=sweep.lead if sweep else 0.0,
                   write_sweep_tail=sweep.tail if sweep else 0.0,
                   slow_factor=episodes.factor if episodes else 1.0,
-                  convoys=hardware.convoys is not None, passing=hardware.passing is not None)
+                  convoys=hardware.convoys is not None, passing=hardware.passing is not None,
+                  coupled=common is not None and any(common.weights),
+                  interference=None if hardware.interference is None
+                  else hardware.interference.slowdowns)
     under = hardware.interference
     if under is not None:
         values.update({f.name: getattr(under, f.name) for f in dataclasses.fields(under)})

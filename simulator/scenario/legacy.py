@@ -104,8 +104,8 @@ def _move_timing(owner: dict[str, Any], sweep: bool, where: str = "timing") -> b
     old = {name: timing.pop(name) for name in list(timing) if name in _TIMING}
     weights = {p: (f"{p}_common", old[f"{p}_common"]) for p in _PHASES if f"{p}_common" in old}
     coupled = any(v for _, v in weights.values())
-    if coupled and "common_ns" in old:
-        weights["ns"] = ("common_ns", old["common_ns"])
+    if coupled:  # (the old default correlation time was 0: one must be given)
+        weights["ns"] = ("common_ns", old.get("common_ns", 0.0))
     under = {name: (name, old[name]) for name in _UNDER if name in old}
     shared = {"factor": ("write_shared", old["write_shared"])} if "write_shared" in old else {}
     window = {new: (f"write_sweep_{new}", old[f"write_sweep_{new}"])
