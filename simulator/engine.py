@@ -58,6 +58,8 @@ _PROGRESS_EVERY = 256
 
 def _ends(end: int, durations: list[int]) -> list[int]:
     """The end of each of consecutive actions of ``durations`` that ended at ``end``."""
+    if len(durations) == 1:
+        return [end]
     ends = list(itertools.accumulate(durations, initial=end - sum(durations)))
     return ends[1:]
 
@@ -87,6 +89,7 @@ class Engine:
                                 f"must be <= the problem's dimension ({self.problem.dim})")
         self.env = simpy.Environment()
         self.protocol = make_protocol(run.protocol, scenario)
+        self._stops = type(self.protocol).active is not Protocol.active  # may stop a thread
         self.threads = self.protocol.threads(run)
         self.lr, self.updates = run.lr, run.updates
         self._setup_memory()
@@ -181,9 +184,14 @@ class Engine:
         self._row_hooks = [m.row for m in models if overrides(m, "row")]
         self._models = models
         self._coupled = [self.source.coupled(t) for t in threads]
-        self._free = [self.lookahead and core is None and bus is None and not holds
-                      for core, bus, holds in zip(self._cores, self._bus, self._holds,
-                                                  strict=True)]
+        # Threads whose phase durations are redrawn or changed as each phase starts.
+        self._reshaped = [coupled or bool(phase) for coupled, phase
+                          in zip(self._coupled, self._phase_hooks, strict=True)]
+        # Threads that wait for no core, bus, pause or slice: their clock only moves.
+        self._plain = [core is None and bus is None and not holds
+                       for core, bus, holds in zip(self._cores, self._bus, self._holds,
+                                                   strict=True)]
+        self._free = [self.lookahead and plain for plain in self._plain]
 
     def _block_ops(self, support: np.ndarray | None) -> tuple[list[Op], list[float]]:
         """The blocks a sample moves, and the fraction of all coordinates each moves."""
@@ -215,20 +223,21 @@ class Engine:
     def _advance(self, thread: int, duration: int, transfer: bool) -> simpy.Event | None:
         """Spend ``duration`` ns on one action; the event to wait for, or ``None`` if the
         action completes without anything else happening first."""
-        if self._holds[thread]:
-            self.skip_holds(thread)
-            for stretch in self._stretch[thread]:
-                duration = stretch(thread, self.clock[thread], duration)
-        core = self._cores[thread]
-        bus = self._bus[thread] if transfer else None
-        env, end = self.env, self.clock[thread] + duration
-        if core is not None or bus is not None:
-            return env.process(self._held(self.clock[thread] - int(env.now), duration, core,
-                                           bus))
-        self.clock[thread] = end
+        env = self.env
+        if not self._plain[thread]:
+            if self._holds[thread]:
+                self.skip_holds(thread)
+                for stretch in self._stretch[thread]:
+                    duration = stretch(thread, self.clock[thread], duration)
+            core = self._cores[thread]
+            bus = self._bus[thread] if transfer else None
+            if core is not None or bus is not None:
+                return env.process(self._held(self.clock[thread] - int(env.now), duration,
+                                               core, bus))
+        end = self.clock[thread] = self.clock[thread] + duration
         if self.lookahead and end < env.peek():
             return None
-        return env.timeout(end - env.now)
+        return simpy.Timeout(env, end - env.now)
 
     def advance(self, thread: int, duration: int, transfer: bool) -> Generator[Any, Any, None]:
         """Spend ``duration`` ns on one action (a block transfer when ``transfer``)."""
@@ -265,11 +274,9 @@ class Engine:
         run's end. Returns ``start`` when the thread waits on resources or lookahead is off."""
         if not self._free[thread]:
             return start
-        horizon, end, stop = self.env.peek(), self.clock[thread], start
-        for duration in durations[start:]:
-            if end + duration >= horizon:
-                break
-            end += duration
+        horizon, end, stop, n = self.env.peek(), self.clock[thread], start, len(durations)
+        while stop < n and end + durations[stop] < horizon:
+            end += durations[stop]
             stop += 1
         self.clock[thread] = end
         return stop
@@ -332,11 +339,11 @@ class Engine:
     def _loop(self, thread: int) -> Generator[Any, Any, None]:
         """The update loop of one thread; the protocol's gates around each phase."""
         protocol, seq = self.protocol, 0
-        gated = protocol.gated
+        gated, reshaped = protocol.gated, self._reshaped[thread]
         while self._may_start(thread, seq):
             u = self._begin(thread, seq)
             seq += 1
-            if u.idle_ns or self._coupled[thread] or self._phase_hooks[thread]:
+            if u.idle_ns or reshaped:
                 yield from self._idle(thread, u)
             if gated:
                 yield from self.catch_up(thread)
@@ -376,9 +383,8 @@ class Engine:
     def _may_start(self, thread: int, seq: int) -> bool:
         """Whether ``thread`` starts its ``seq``-th update."""
         return (self.started < self.updates and seq < self._quota[thread]
-                and self.source.remaining(thread) != 0
-                and (type(self.protocol).active is Protocol.active
-                     or self.protocol.active(self, thread)))
+                and (not self.replayed or self.source.remaining(thread) != 0)
+                and (not self._stops or self.protocol.active(self, thread)))
 
     def _begin(self, thread: int, seq: int) -> Update:
         """Draw the next update's sample and durations."""
@@ -398,7 +404,7 @@ class Engine:
 
     def _idle(self, thread: int, u: Update) -> Generator[Any, Any, None]:
         """Local work before the update (sampling, bookkeeping)."""
-        if self._coupled[thread] or self._phase_hooks[thread]:
+        if self._reshaped[thread]:
             u.idle_ns = self._durations(thread, IDLE, u, [u.idle_ns])[0]
         if u.idle_ns:
             wait = self._advance(thread, u.idle_ns, False)
@@ -414,10 +420,11 @@ class Engine:
         if self._holds[thread]:
             yield from self._hold_point(thread)
         u.read_start, u.start_completed = clock[thread], self.completed
-        if self._coupled[thread] or self._phase_hooks[thread]:
+        if self._reshaped[thread]:
             u.read_ns = self._durations(thread, READ, u, u.read_ns)
         ops, n = u.ops, len(u.ops)
-        u.start_versions = [mem.count[op[0]] for op in ops]
+        u.start_versions = (mem.count.copy() if ops is self.dense_ops
+                            else [mem.count[op[0]] for op in ops])
         if self._delays:  # the gradient will see w as it was τ completions before
             u.delay = min(self.injector.delay(thread), u.start_completed)  # type: ignore[union-attr]
             past = self._history[-1 - u.delay]
@@ -430,7 +437,7 @@ class Engine:
                 u.copied.extend(_ends(clock[thread], u.read_ns[i:run]))
                 i = run
                 continue
-            block, index = ops[i][:2]
+            block, index = ops[i][0], ops[i][1]
             wait = self._advance(thread, u.read_ns[i], True)
             if wait is not None:
                 yield wait
@@ -454,7 +461,7 @@ class Engine:
         if self._holds[thread]:
             yield from self._hold_point(thread)
         u.grad_start = self.clock[thread]
-        if self._coupled[thread] or self._phase_hooks[thread]:
+        if self._reshaped[thread]:
             u.grad_ns = self._durations(thread, GRAD, u, [u.grad_ns])[0]
         wait = self._advance(thread, u.grad_ns, False)
         if wait is not None:
@@ -502,7 +509,7 @@ class Engine:
         if self._holds[thread]:
             yield from self._hold_point(thread)
             u.write_start = clock[thread]
-        if self._coupled[thread] or self._phase_hooks[thread]:
+        if self._reshaped[thread]:
             u.write_ns = self._durations(thread, WRITE, u, u.write_ns)
         n = len(u.ops)
         if u.dropped:  # lost in transit: its time passes, nothing is stored
@@ -530,7 +537,7 @@ class Engine:
         sweeping = self._sweeping if not self._grain else None  # (grains land as they sweep)
         overruns, n, i = self._overruns[thread], len(writes), 0
         while i < n:
-            run = self._uninterrupted(thread, write_ns, i) if n > 1 and mode.runs else i
+            run = self._uninterrupted(thread, write_ns, i) if mode.runs else i
             if run > i:
                 mem.write_run(writes[i:run], step, u.uid, self.atomic)
                 u.stored.update(zip([piece[0] for piece in writes[i:run]],

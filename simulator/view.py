@@ -60,6 +60,8 @@ class SerializedView:
         self.exact = exact
         self.w_star = problem.optimum()[0]
         self.prev = np.array(w0, dtype=np.float64)
+        # Work vectors of ``_measure`` (s_t, δ_t, w_{t−1} − w*), filled in place.
+        self._s, self._delta, self._gap = (np.empty_like(self.prev) for _ in range(3))
         self._checkpoints = curve_checkpoints(updates, curve_points)
         self._next = 1
         self.curve: list[tuple[int, int, float, float, int]] = [(0, 0, *self._position(w0), 0)]
@@ -103,15 +105,16 @@ class SerializedView:
         return self.problem.full_loss(w), float(gap @ gap)
 
     def _measure(self, w: np.ndarray, samples: list[int], scale: float) -> Measurement:
-        prev, w_star = self.prev, self.w_star
-        s = np.subtract(prev, w)
+        prev, s, delta, gap = self.prev, self._s, self._delta, self._gap
+        np.subtract(prev, w, out=s)
         s /= self.lr * scale
         g = self.problem.dense_grad(prev, samples[0])
         if len(samples) > 1:
             for sample in samples[1:]:
                 g += self.problem.dense_grad(prev, sample)
             g /= len(samples)
-        delta = s - g
+        np.subtract(s, g, out=delta)
+        np.subtract(prev, self.w_star, out=gap)
         # ‖x‖ as sqrt(x·x): what numpy's norm computes for a real vector, without its overhead.
         return Measurement(True, math.sqrt(s @ s), math.sqrt(g @ g), math.sqrt(delta @ delta),
-                           float(delta @ (prev - w_star)))
+                           float(delta @ gap))
