@@ -10,9 +10,10 @@ The engine owns the loop and the clock and nothing else: a protocol
 and hardware effects (``simulator.hardware``) plug in through their hooks only when a
 scenario switches them on.
 
-Every action's duration goes through :meth:`Engine._advance`, the one place where time
-passes: cores and the memory bus are simpy resources acquired there, so the order of atomic
-actions (block read, gradient, block load, block store) is decided in one place. Durations and
+Every action's duration goes through the threads' clocks (``simulator.clock``), the one
+place where time passes: cores and the memory bus are simpy resources acquired there, so the
+order of atomic actions (block read, gradient, block load, block store) is decided in one
+place. Durations and
 samples come from a ``DurationSource``: seeded draws, or a recorded trace (replay).
 """
 
@@ -27,6 +28,7 @@ import numpy as np
 import simpy
 
 from simulator.budget import preflight
+from simulator.clock import Clocks
 from simulator.errors import ScenarioError
 from simulator.hardware import Writing, build, overrides
 from simulator.inject import Injector, Pauses
@@ -187,11 +189,12 @@ class Engine:
         # Threads whose phase durations are redrawn or changed as each phase starts.
         self._reshaped = [coupled or bool(phase) for coupled, phase
                           in zip(self._coupled, self._phase_hooks, strict=True)]
-        # Threads that wait for no core, bus, pause or slice: their clock only moves.
-        self._plain = [core is None and bus is None and not holds
-                       for core, bus, holds in zip(self._cores, self._bus, self._holds,
-                                                   strict=True)]
-        self._free = [self.lookahead and plain for plain in self._plain]
+        clocks = Clocks(self.env, self.clock, self._cores, self._bus, self._holds,
+                        self._stretch, self.lookahead)
+        self._held, self._advance, self.advance = clocks.held, clocks.advance, clocks.spend
+        self.skip_holds, self.catch_up, self._hold_point = (clocks.skip_holds, clocks.catch_up,
+                                                            clocks.hold_point)
+        self._uninterrupted, self._gate = clocks.uninterrupted, clocks.gate
 
     def _block_ops(self, support: np.ndarray | None) -> tuple[list[Op], list[float]]:
         """The blocks a sample moves, and the fraction of all coordinates each moves."""
@@ -213,97 +216,6 @@ class Engine:
                  for d in scenario.devices]
         devices = [scenario.device_of(t) for t in range(self.threads)]
         return [pools[d] for d in devices], [buses[d] for d in devices]
-
-    # -- the clock ---------------------------------------------------------------------------
-    # Each thread keeps its own clock, which may run ahead of simpy's: an action that ends
-    # strictly before the next scheduled event (``env.peek()``) cannot be interleaved with
-    # anything, so it is applied at once, exactly as if its timeout had fired. Threads that
-    # wait for cores or a bus, and protocol gates, always go through simpy.
-
-    def _advance(self, thread: int, duration: int, transfer: bool) -> simpy.Event | None:
-        """Spend ``duration`` ns on one action; the event to wait for, or ``None`` if the
-        action completes without anything else happening first."""
-        env = self.env
-        if not self._plain[thread]:
-            if self._holds[thread]:
-                self.skip_holds(thread)
-                for stretch in self._stretch[thread]:
-                    duration = stretch(thread, self.clock[thread], duration)
-            core = self._cores[thread]
-            bus = self._bus[thread] if transfer else None
-            if core is not None or bus is not None:
-                return env.process(self._held(self.clock[thread] - int(env.now), duration,
-                                               core, bus))
-        end = self.clock[thread] = self.clock[thread] + duration
-        if self.lookahead and end < env.peek():
-            return None
-        return simpy.Timeout(env, end - env.now)
-
-    def advance(self, thread: int, duration: int, transfer: bool) -> Generator[Any, Any, None]:
-        """Spend ``duration`` ns on one action (a block transfer when ``transfer``)."""
-        wait = self._advance(thread, duration, transfer)
-        if wait is not None:
-            yield wait
-            self.clock[thread] = int(self.env.now)
-
-    def skip_holds(self, thread: int) -> bool:
-        """Move the thread's clock past what holds it (a pause, the slices it sits out):
-        its next action starts when nothing does. Whether the clock moved."""
-        holds = self._holds[thread]
-        if not holds:
-            return False
-        before = t = self.clock[thread]
-        while True:
-            moved = t
-            for hold in holds:
-                t = hold(thread, t)
-            if t == moved:
-                break
-        self.clock[thread] = t
-        return t != before
-
-    def _hold_point(self, thread: int) -> Generator[Any, Any, None]:
-        """Before a phase: sit out what holds the thread, on simpy's clock (so the phase
-        sees every completion that happened meanwhile)."""
-        self.skip_holds(thread)
-        yield from self.catch_up(thread)
-
-    def _uninterrupted(self, thread: int, durations: list[int], start: int) -> int:
-        """End of the longest run of block actions from ``start`` that all end before the next
-        scheduled event (so nothing can come between them); the thread's clock moves to the
-        run's end. Returns ``start`` when the thread waits on resources or lookahead is off."""
-        if not self._free[thread]:
-            return start
-        horizon, end, stop, n = self.env.peek(), self.clock[thread], start, len(durations)
-        while stop < n and end + durations[stop] < horizon:
-            end += durations[stop]
-            stop += 1
-        self.clock[thread] = end
-        return stop
-
-    def _held(self, lag: int, duration: int,
-              *pools: simpy.Resource | None) -> Generator[Any, Any, None]:
-        """Catch up with the thread's clock, take core/bus places, hold them ``duration``."""
-        if lag:
-            yield self.env.timeout(lag)
-        requests = [(pool, pool.request()) for pool in pools if pool is not None]
-        for _, request in requests:
-            yield request
-        yield self.env.timeout(duration)
-        for pool, request in requests:
-            pool.release(request)
-
-    def catch_up(self, thread: int) -> Generator[Any, Any, None]:
-        """Bring simpy's clock up to the thread's (before touching shared simpy state)."""
-        lag = self.clock[thread] - int(self.env.now)
-        if lag:
-            yield self.env.timeout(lag)
-
-    def _gate(self, thread: int, event: simpy.Event | None) -> Generator[Any, Any, None]:
-        """Wait for a protocol's event (if any) and move the thread's clock to simpy's."""
-        if event is not None:
-            yield event
-            self.clock[thread] = int(self.env.now)
 
     def _durations(self, thread: int, phase: int, u: Update, drawn: list[int]) -> list[int]:
         """The durations of ``phase``'s actions as it starts: drawn now for coupled threads,

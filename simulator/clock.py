@@ -1,0 +1,128 @@
+"""The threads' clocks over simpy's: when each action of a thread ends, and whether anything
+can happen before it does.
+
+Each thread keeps its own clock, which may run ahead of simpy's: an action that ends strictly
+before the next scheduled event (``env.peek()``) cannot be interleaved with anything, so it is
+applied at once, exactly as if its timeout had fired. Threads that wait for cores or a bus,
+for what holds them (a pause, the time slices they sit out), and protocol gates always go
+through simpy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator
+from typing import Any
+
+import simpy
+
+__all__ = ["Clocks"]
+
+Hold = Callable[[int, int], int]
+Stretch = Callable[[int, int, int], int]
+
+
+class Clocks:
+    """Per thread: its clock (``now``), its device's core pool and bus (None: none to wait
+    for), what holds it and what stretches its actions (preemption); ``lookahead`` false
+    sends every action through simpy."""
+
+    def __init__(self, env: simpy.Environment, now: list[int],
+                 cores: list[simpy.Resource | None], bus: list[simpy.Resource | None],
+                 holds: list[list[Hold]], stretch: list[list[Stretch]],
+                 lookahead: bool) -> None:
+        self.env, self.now, self.lookahead = env, now, lookahead
+        self._cores, self._bus, self._holds, self._stretch = cores, bus, holds, stretch
+        # Threads that wait for no core, bus, pause or slice: their clock only moves.
+        self._plain = [core is None and b is None and not held
+                       for core, b, held in zip(cores, bus, holds, strict=True)]
+        self._free = [lookahead and plain for plain in self._plain]
+
+    def held(self, thread: int) -> bool:
+        """Whether something (a pause, time slices) may hold ``thread`` before an action."""
+        return bool(self._holds[thread])
+
+    def advance(self, thread: int, duration: int, transfer: bool) -> simpy.Event | None:
+        """Spend ``duration`` ns on one action (a block transfer when ``transfer``); the
+        event to wait for, or ``None`` if the action completes without anything else
+        happening first."""
+        env = self.env
+        if not self._plain[thread]:
+            if self._holds[thread]:
+                self.skip_holds(thread)
+                for stretch in self._stretch[thread]:
+                    duration = stretch(thread, self.now[thread], duration)
+            core = self._cores[thread]
+            bus = self._bus[thread] if transfer else None
+            if core is not None or bus is not None:
+                return env.process(self._take(self.now[thread] - int(env.now), duration,
+                                               core, bus))
+        end = self.now[thread] = self.now[thread] + duration
+        if self.lookahead and end < env.peek():
+            return None
+        return simpy.Timeout(env, end - env.now)
+
+    def spend(self, thread: int, duration: int, transfer: bool) -> Generator[Any, Any, None]:
+        """:meth:`advance`, waiting for its event when there is one."""
+        wait = self.advance(thread, duration, transfer)
+        if wait is not None:
+            yield wait
+            self.now[thread] = int(self.env.now)
+
+    def skip_holds(self, thread: int) -> bool:
+        """Move the thread's clock past what holds it: its next action starts when nothing
+        does. Whether the clock moved."""
+        holds = self._holds[thread]
+        if not holds:
+            return False
+        before = t = self.now[thread]
+        while True:
+            moved = t
+            for hold in holds:
+                t = hold(thread, t)
+            if t == moved:
+                break
+        self.now[thread] = t
+        return t != before
+
+    def hold_point(self, thread: int) -> Generator[Any, Any, None]:
+        """Before a phase: sit out what holds the thread, on simpy's clock (so the phase
+        sees every completion that happened meanwhile)."""
+        self.skip_holds(thread)
+        yield from self.catch_up(thread)
+
+    def uninterrupted(self, thread: int, durations: list[int], start: int) -> int:
+        """End of the longest run of block actions from ``start`` that all end before the next
+        scheduled event (so nothing can come between them); the thread's clock moves to the
+        run's end. Returns ``start`` when the thread waits on resources or lookahead is off."""
+        if not self._free[thread]:
+            return start
+        horizon, end, stop, n = self.env.peek(), self.now[thread], start, len(durations)
+        while stop < n and end + durations[stop] < horizon:
+            end += durations[stop]
+            stop += 1
+        self.now[thread] = end
+        return stop
+
+    def _take(self, lag: int, duration: int,
+              *pools: simpy.Resource | None) -> Generator[Any, Any, None]:
+        """Catch up with the thread's clock, take core/bus places, hold them ``duration``."""
+        if lag:
+            yield self.env.timeout(lag)
+        requests = [(pool, pool.request()) for pool in pools if pool is not None]
+        for _, request in requests:
+            yield request
+        yield self.env.timeout(duration)
+        for pool, request in requests:
+            pool.release(request)
+
+    def catch_up(self, thread: int) -> Generator[Any, Any, None]:
+        """Bring simpy's clock up to the thread's (before touching shared simpy state)."""
+        lag = self.now[thread] - int(self.env.now)
+        if lag:
+            yield self.env.timeout(lag)
+
+    def gate(self, thread: int, event: simpy.Event | None) -> Generator[Any, Any, None]:
+        """Wait for a protocol's event (if any) and move the thread's clock to simpy's."""
+        if event is not None:
+            yield event
+            self.now[thread] = int(self.env.now)
