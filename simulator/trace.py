@@ -83,7 +83,7 @@ CONVOY_PAIR_COLUMNS = ("leader_uid", "joiner_uid", "lag_ns", "leader_lost", "joi
 # A read that another worker's write overlapped: one row per (read, write), stored flat. How
 # long before the read's end the write began, the write's duration (planned, in a
 # simulation), the coordinates its step changes and how many of them the read's copy holds
-# (``run.read_view = "sweep"``: recorded by simulations, and by measure-mode real runs from
+# (``[hardware.sweeping_reads]``: recorded by simulations, and by measure-mode real runs from
 # the workers' read copies).
 READ_SWEEP_COLUMNS = ("begun_ns", "write_ns", "coordinates", "stored")
 
@@ -341,7 +341,7 @@ def read_report(read_start: np.ndarray, op_row: np.ndarray, op_block: np.ndarray
       first missed store). A read of one block is never torn.
 
     A block store is one instant, its end (the serialized view's completion of that block);
-    what a copy holds of a write still in flight (``run.read_view = "sweep"``) is recorded
+    what a copy holds of a write still in flight (``[hardware.sweeping_reads]``) is recorded
     apart, in the trace's ``extra_read_sweeps``, and shows in δ.
     """
     n = int(read_start.size)

@@ -186,7 +186,7 @@ def add_commands(commands: Any) -> None:
              "write while the other computes, say): fit them when one reaches 0.1 (auto, "
              "default), whenever two workers ran (on), or never (off)"),
             ("--shared", "auto", "writes slowed on lines another worker read last "
-             "(timing.write_shared: the worker still holds them from its own read, no one "
+             "([hardware.shared_lines]: the worker still holds them from its own read, no one "
              "wrote them since): fit the factor when it is 1.2x or more (or 1/1.2 or less) "
              "(auto, default), whenever two workers ran (on), or never (off)"),
             ("--speeds", "off", "with --pool and one worker per core (--cores = the run's "
