@@ -391,18 +391,18 @@ def _rebalance(state: _Server) -> None:
 
 def _rows(p: _Push) -> dict[str, list[int]]:
     """The times of a push's gradient rows, as the simulator keeps a group's: the first
-    gradient reads (the pull), the next ones start where the previous one's compute ended
-    (on the trainer's clock, placed in the pull's answer to push's arrival window); the last
-    one's gradient ends at the push's arrival and writes until it was applied (or dropped),
-    the others' writes are empty at that end (at its arrival for a push still waiting for
-    its round when the run stopped)."""
+    gradient reads (the pull), each computes after the previous one's compute ended (on the
+    trainer's clock, placed in the pull's answer to push's arrival window); the last one's
+    write runs from the end of its compute (when the push left, as far as the server can
+    tell) until the push was applied (or dropped): the push's transfer is part of its write,
+    as the simulator's pushes pay their link there. The others' writes are empty at that end
+    (at its arrival for a push still waiting for its round when the run stopped)."""
     n, end = len(p.samples), p.write_end or p.arrival
     starts = [min(p.read_end + sum(p.grad_ns[:j]), p.arrival) for j in range(n)]
-    ends = [*(min(s + ns, p.arrival) for s, ns in zip(starts[:-1], p.grad_ns, strict=False)),
-            p.arrival]
+    ends = [min(s + ns, p.arrival) for s, ns in zip(starts, p.grad_ns, strict=True)]
     return {"read_start": [p.read_start, *starts[1:]], "read_end": [p.read_end, *starts[1:]],
             "grad_start": starts, "grad_end": ends,
-            "write_start": [*[end] * (n - 1), p.arrival], "write_end": [end] * n}
+            "write_start": [*[end] * (n - 1), ends[-1]], "write_end": [end] * n}
 
 
 def _trace(state: _Server, origin: int) -> Trace:

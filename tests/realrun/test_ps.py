@@ -18,7 +18,7 @@ from realrun.ps import _free_port, run_ps, summary_extra
 from simulator.cli import main
 from simulator.engine import simulate
 from simulator.metrics import summarize
-from simulator.replay import load_trace
+from simulator.replay import load_trace, replay
 from tests.conftest import scenario
 
 pytestmark = pytest.mark.alone  # real processes, or the CPUs probed: see conftest
@@ -71,6 +71,19 @@ def test_two_trainers_converge_with_a_well_formed_measured_trace():
     assert np.all(trace["delta_norm"][fresh] <= 1e-9 * trace["g_norm"][fresh] + 1e-15)
     f_star = run.problem.optimum()[1]
     assert trace["curve_loss"][-1] - f_star < 0.3 * (trace["curve_loss"][0] - f_star)
+
+
+def test_a_replayed_ps_trace_puts_every_event_at_its_recorded_time():
+    """Three trainers: replaying the real trace in the simulated paramserver gives back
+    every write end, staleness and read-overwrite count row for row (a push's transfer is
+    recorded in its write, where the simulated push pays its link)."""
+    s = scenario(*TINY, "run.protocol=paramserver", "run.updates=600")
+    run = run_ps(s, 3, "float64", timeout=60)
+    assert run.failure is None
+    _, _, again = replay(run.trace)
+    a, b = (np.lexsort((t["thread_seq"], t["thread"])) for t in (run.trace, again))
+    for column in ("write_end", "grad_end", "staleness", "read_overwrites", "step"):
+        assert np.array_equal(run.trace[column][a], again[column][b]), column
 
 
 def test_staleness_limit_drops_exactly_the_stale_pushes():
