@@ -11,14 +11,32 @@ through simpy.
 from __future__ import annotations
 
 from collections.abc import Callable, Generator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import simpy
 
-__all__ = ["Clocks"]
+if TYPE_CHECKING:
+    from simulator.scenario import Scenario
+
+__all__ = ["Clocks", "resources"]
 
 Hold = Callable[[int, int], int]
 Stretch = Callable[[int, int, int], int]
+
+
+def resources(env: simpy.Environment, scenario: Scenario, threads: int,
+              ) -> tuple[list[simpy.Resource | None], list[simpy.Resource | None]]:
+    """Per thread: its device's core pool (when threads outnumber cores and the device does
+    not slice time) and bus; None where there is none to wait for."""
+    per_device = [0] * len(scenario.devices)
+    for thread in range(threads):
+        per_device[scenario.device_of(thread)] += 1
+    pools = [simpy.Resource(env, d.cores)
+             if 0 < d.cores < n and scenario.hardware_of(i).time_slices is None else None
+             for i, (d, n) in enumerate(zip(scenario.devices, per_device, strict=True))]
+    buses = [simpy.Resource(env, d.bus) if d.bus > 0 else None for d in scenario.devices]
+    devices = [scenario.device_of(t) for t in range(threads)]
+    return [pools[d] for d in devices], [buses[d] for d in devices]
 
 
 class Clocks:

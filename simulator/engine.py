@@ -28,10 +28,10 @@ import numpy as np
 import simpy
 
 from simulator.budget import preflight
-from simulator.clock import Clocks
+from simulator.clock import Clocks, resources
 from simulator.errors import ScenarioError
 from simulator.hardware import Writing, build, overrides
-from simulator.inject import Injector, Pauses
+from simulator.inject import Injector, Pauses, start_deaths
 from simulator.memory import (
     AtomicAdd,
     Grain,
@@ -103,7 +103,7 @@ class Engine:
         self.view = SerializedView(self.problem, self.lr, self.mem.w.copy(), run.updates,
                                    metrics.exact and self.protocol.exact_view, metrics.every,
                                    metrics.curve_points)
-        self._cores, self._bus = self._resources()
+        self._cores, self._bus = resources(self.env, scenario, self.threads)
         self.own_cores = all(c is None and b is None for c, b in zip(self._cores, self._bus,
                                                                      strict=True))
         self._setup_injection()
@@ -171,18 +171,15 @@ class Engine:
         if machine.mode is not None:
             self.stores = machine.mode
         self.lookahead = lookahead and all(m.lookahead for m in models)
-
-        def hooks(name: str, thread: int) -> list[Any]:
-            return [getattr(m, name) for m in models if overrides(m, name) and m.on(thread)]
-
         threads = range(self.threads)
-        self._drawn = [hooks("drawn", t) for t in threads]
-        self._holds = [([self._pauses.hold] if self._pauses.paused(t) else [])
-                       + hooks("hold", t) for t in threads]
-        self._stretch = [hooks("stretch", t) for t in threads]
-        self._phase_hooks = [hooks("phase", t) for t in threads]
-        self._overruns = [hooks("overrun", t) for t in threads]
-        self._copied_hooks = [hooks("copied", t) for t in threads]
+        self._drawn = machine.hooks("drawn", self.threads)
+        self._holds = [([self._pauses.hold] if self._pauses.paused(t) else []) + holds
+                       for t, holds in zip(threads, machine.hooks("hold", self.threads),
+                                           strict=True)]
+        self._stretch = machine.hooks("stretch", self.threads)
+        self._phase_hooks = machine.hooks("phase", self.threads)
+        self._overruns = machine.hooks("overrun", self.threads)
+        self._copied_hooks = machine.hooks("copied", self.threads)
         self._row_hooks = [m.row for m in models if overrides(m, "row")]
         self._models = models
         self._coupled = [self.source.coupled(t) for t in threads]
@@ -201,21 +198,6 @@ class Engine:
         ops = block_ops(self.mem.bounds, support)
         dim = self.problem.dim
         return ops, [(op[2].stop - op[2].start) / dim for op in ops]
-
-    def _resources(self) -> tuple[list[simpy.Resource | None], list[simpy.Resource | None]]:
-        """Per thread: its device's core pool (when threads outnumber cores and the device
-        does not slice time) and bus."""
-        scenario = self.scenario
-        per_device = [0] * len(scenario.devices)
-        for thread in range(self.threads):
-            per_device[scenario.device_of(thread)] += 1
-        pools = [simpy.Resource(self.env, d.cores)
-                 if 0 < d.cores < n and scenario.hardware_of(i).time_slices is None else None
-                 for i, (d, n) in enumerate(zip(scenario.devices, per_device, strict=True))]
-        buses = [simpy.Resource(self.env, d.bus) if d.bus > 0 else None
-                 for d in scenario.devices]
-        devices = [scenario.device_of(t) for t in range(self.threads)]
-        return [pools[d] for d in devices], [buses[d] for d in devices]
 
     def _durations(self, thread: int, phase: int, u: Update, drawn: list[int]) -> list[int]:
         """The durations of ``phase``'s actions as it starts: drawn now for coupled threads,
@@ -552,25 +534,11 @@ class Engine:
                 keep[op[0]] = min(keep[op[0]], version)
         self.mem.trim(keep)
 
-    def _deaths(self, processes: list[simpy.Process]) -> None:
-        for death in self.scenario.inject.deaths:
-            victims = ([death.thread] if death.thread >= 0 else
-                       [t for t in range(self.threads)
-                        if self.scenario.device_of(t) == death.device])
-            for thread in victims:
-                if thread < self.threads:
-                    self.env.process(self._kill(processes[thread], death.at))
-
-    def _kill(self, process: simpy.Process, at: int) -> Generator[Any, Any, None]:
-        yield self.env.timeout(at)
-        if process.is_alive:
-            process.interrupt("death")
-
     def run(self) -> Trace:
         """Run every thread until T updates have started and every thread has stopped (or
         nothing can happen any more: threads waiting on a dead one); return the trace."""
         processes = [self.env.process(self._thread(thread)) for thread in range(self.threads)]
-        self._deaths(processes)
+        start_deaths(self.env, self.scenario, processes)
         # A run that diverges (a step too large) carries inf and NaN through the same math:
         # recorded as they are and reported as ``diverged_at`` in its summary, not warned
         # about at every operation.

@@ -12,13 +12,20 @@ engine's clock; the rest is here.
 from __future__ import annotations
 
 import math
+from collections.abc import Generator
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from simulator.rules import round_significand
 from simulator.scenario import InjectSpec
 
-__all__ = ["Injector", "Pauses"]
+if TYPE_CHECKING:
+    import simpy
+
+    from simulator.scenario import Scenario
+
+__all__ = ["Injector", "Pauses", "start_deaths"]
 
 _TAG = 0x1A7EC7  # separates these streams from the sample and timing streams
 
@@ -91,3 +98,22 @@ class Pauses:
             if start <= t < end:
                 t = end
         return t
+
+
+def start_deaths(env: simpy.Environment, scenario: Scenario,
+                 processes: list[simpy.Process]) -> None:
+    """Schedule the injected deaths (``[[inject.deaths]]``): each interrupts its thread's
+    process (or every thread of its device) at its time, if it is still running."""
+    threads = len(processes)
+    for death in scenario.inject.deaths:
+        victims = ([death.thread] if death.thread >= 0 else
+                   [t for t in range(threads) if scenario.device_of(t) == death.device])
+        for thread in victims:
+            if thread < threads:
+                env.process(_kill(env, processes[thread], death.at))
+
+
+def _kill(env: simpy.Environment, process: simpy.Process, at: int) -> Generator[Any, Any, None]:
+    yield env.timeout(at)
+    if process.is_alive:
+        process.interrupt("death")

@@ -60,6 +60,12 @@ class Machine:
     mode: WriteMode | None = None
     sweeping: Sweeping | None = None
 
+    def hooks(self, name: str, threads: int) -> list[list[Any]]:
+        """Per thread, the hook ``name`` of each model that implements it and acts on the
+        thread, in model order."""
+        return [[getattr(m, name) for m in self.models if overrides(m, name) and m.on(t)]
+                for t in range(threads)]
+
 
 def build(engine: Engine) -> Machine:
     """The hardware models ``engine``'s scenario switches on.
