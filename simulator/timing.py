@@ -20,7 +20,7 @@ from typing import Protocol
 import numpy as np
 
 from simulator.errors import TraceError
-from simulator.scenario import Scenario
+from simulator.scenario import CommonSpec, Scenario, TimingSpec
 
 __all__ = ["GRAD", "IDLE", "READ", "WRITE", "CommonFactor", "DurationSource", "ReplaySource",
            "SampledSource", "SpeedEpisodes", "sample_stream", "thread_seed",
@@ -274,25 +274,32 @@ class SampledSource:
             self._pos.append(0)
             self._pending.append([[], [], [], []])
             self._dense_link.append(self._link_ns(thread, dense).tolist())
-            self._coupling.append(None)
             common = hardware.common
-            if common is not None and any(common.weights):
-                fr, fg, fw, _ = self._slowdown[-1]
-                scales = (fr / speed, grad_work * fg / speed, fw / speed, self._idle_scale[-1])
-                dists = (timing.read, timing.grad, timing.write, timing.idle)
-                phases = []
-                for phase, weight in enumerate(common.weights):
-                    factor = None
-                    if weight > 0:
-                        key = (phase, common.ns)
-                        if key not in self._factors:
-                            self._factors[key] = CommonFactor(scenario.run.seed, phase,
-                                                              common.ns)
-                        factor = self._factors[key]
-                    phases.append((dists[phase].quantile_of_score(), scales[phase],
-                                   math.sqrt(weight), math.sqrt(1.0 - weight), factor))
-                self._coupling[-1] = (phases, [_Stream(partial(_normals, gens[1 + p]))
-                                               for p in range(4)])
+            self._coupling.append(
+                self._coupled(timing, common, speed, gens)
+                if common is not None and any(common.weights) else None)
+
+    def _coupled(self, timing: TimingSpec, common: CommonSpec, speed: float,
+                 gens: list[np.random.Generator]
+                 ) -> tuple[list[tuple[Callable[[float], float], float, float, float,
+                                       CommonFactor | None]], list[_Stream]]:
+        """A coupled thread's phases (quantile of a normal score, scale of a draw, √c,
+        √(1 − c), the factor its device shares) and its normal streams
+        (``[hardware.common]``); the thread's scales are the last appended."""
+        fr, fg, fw, _ = self._slowdown[-1]
+        scales = (fr / speed, self.grad_work * fg / speed, fw / speed, self._idle_scale[-1])
+        dists = (timing.read, timing.grad, timing.write, timing.idle)
+        phases = []
+        for phase, weight in enumerate(common.weights):
+            factor = None
+            if weight > 0:
+                key = (phase, common.ns)
+                if key not in self._factors:
+                    self._factors[key] = CommonFactor(self.scenario.run.seed, phase, common.ns)
+                factor = self._factors[key]
+            phases.append((dists[phase].quantile_of_score(), scales[phase],
+                           math.sqrt(weight), math.sqrt(1.0 - weight), factor))
+        return phases, [_Stream(partial(_normals, gens[1 + p])) for p in range(4)]
 
     def next_sample(self, thread: int) -> int:
         return int(self._streams[thread][0].take())
