@@ -14,11 +14,12 @@ from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING, Any
 
 import simpy
+from simpy.core import NORMAL
 
 if TYPE_CHECKING:
     from simulator.scenario import Scenario
 
-__all__ = ["Clocks", "resources"]
+__all__ = ["Clocks", "Scheduled", "resources"]
 
 Hold = Callable[[int, int], int]
 Stretch = Callable[[int, int, int], int]
@@ -54,6 +55,11 @@ class Clocks:
         self._plain = [core is None and b is None and not held
                        for core, b, held in zip(cores, bus, holds, strict=True)]
         self._free = [lookahead and plain for plain in self._plain]
+        # Threads that stop at a hold point before each phase (``hold_point``).
+        self.points = [bool(held) for held in holds]
+
+    def start(self) -> None:
+        """The threads' processes exist: start what drives the clock (nothing here)."""
 
     def held(self, thread: int) -> bool:
         """Whether something (a pause, time slices) may hold ``thread`` before an action."""
@@ -144,3 +150,77 @@ class Clocks:
         if event is not None:
             yield event
             self.now[thread] = int(self.env.now)
+
+
+class _Step(simpy.Event):
+    """A thread's next action, waiting to be chosen; once chosen it ends ``after`` steps
+    later (0: a hold point, where the phase begins; 1: an action)."""
+
+    __slots__ = ("after",)
+
+    def __init__(self, env: simpy.Environment, after: int) -> None:
+        super().__init__(env)
+        self.after = after
+
+    def go(self) -> None:
+        self._ok, self._value = True, None
+        self.env.schedule(self, NORMAL, self.after)
+
+
+class Scheduled(Clocks):
+    """Time counts steps, and a scheduler decides who acts: at each step it picks one of
+    the threads waiting to act (``choose(runnable)``, threads in increasing order), whose
+    action spans [s, s + 1). Each phase starts at the step its first action is chosen (a
+    hold point), so a phase's records (its start, the completions it saw) are those of that
+    step; a ``load_store`` write's load is an action of its own (``load``). Threads held by
+    a protocol's gate (a lock, a barrier) are not runnable. Durations, cores and buses play
+    no part: the schedule is the timing."""
+
+    def __init__(self, env: simpy.Environment, now: list[int],
+                 choose: Callable[[list[int]], int]) -> None:
+        threads = len(now)
+        super().__init__(env, now, [None] * threads, [None] * threads,
+                         [[] for _ in now], [[] for _ in now], False)
+        self.points = [True] * threads
+        self.choose = choose
+        self._waiting: dict[int, _Step] = {}
+        self._chosen = [False] * threads  # chosen at a hold point: its next action is due
+
+    def start(self) -> None:
+        self.env.process(self._schedule())
+
+    def _schedule(self) -> Generator[Any, Any, None]:
+        """Once nothing else can happen at this step, pick the thread that acts."""
+        env, waiting = self.env, self._waiting
+        while True:
+            while env.peek() == env.now:  # let every event of this step happen first
+                yield env.timeout(0)
+            if not waiting:
+                if env.peek() == simpy.core.Infinity:
+                    return  # every thread done (or waiting on one that is)
+                yield env.timeout(env.peek() - env.now)
+                continue
+            thread = self.choose(sorted(waiting))
+            waiting.pop(thread).go()
+            yield env.timeout(1)
+
+    def _action(self, thread: int) -> simpy.Event:
+        if self._chosen[thread]:
+            self._chosen[thread] = False
+            return simpy.Timeout(self.env, 1)
+        step = self._waiting[thread] = _Step(self.env, 1)
+        return step
+
+    def advance(self, thread: int, duration: int, transfer: bool) -> simpy.Event:
+        return self._action(thread)
+
+    def load(self, thread: int) -> simpy.Event:
+        """The load of a ``load_store`` write: an action of its own before the store."""
+        return self._action(thread)
+
+    def hold_point(self, thread: int) -> Generator[Any, Any, None]:
+        if not self._chosen[thread]:
+            step = self._waiting[thread] = _Step(self.env, 0)
+            yield step
+            self.now[thread] = int(self.env.now)
+            self._chosen[thread] = True

@@ -28,7 +28,7 @@ import numpy as np
 import simpy
 
 from simulator.budget import preflight
-from simulator.clock import Clocks, resources
+from simulator.clock import Clocks, Scheduled, resources
 from simulator.errors import ScenarioError
 from simulator.hardware import Writing, build, overrides
 from simulator.inject import Injector, Pauses, start_deaths
@@ -81,7 +81,8 @@ class Engine:
     """
 
     def __init__(self, scenario: Scenario, problem: Problem | None = None,
-                 source: DurationSource | None = None, lookahead: bool = True) -> None:
+                 source: DurationSource | None = None, lookahead: bool = True,
+                 choose: Callable[[list[int]], int] | None = None) -> None:
         preflight(scenario)
         self.scenario = scenario
         self.problem = problem if problem is not None else make_problem(scenario.problem)
@@ -99,6 +100,7 @@ class Engine:
             scenario, self.threads, self.problem.n_samples, self._dense_fractions,
             self.protocol.network, self.problem.dim, self.protocol.grad_work)
         self.replayed = not isinstance(self.source, SampledSource)
+        self.label = "simulated" if choose is None else "scheduled"  # the trace's source
         metrics = scenario.metrics
         self.view = SerializedView(self.problem, self.lr, self.mem.w.copy(), run.updates,
                                    metrics.exact and self.protocol.exact_view, metrics.every,
@@ -108,7 +110,7 @@ class Engine:
                                                                      strict=True))
         self._setup_injection()
         self._setup_threads()
-        self._setup_hardware(lookahead)
+        self._setup_hardware(lookahead, choose)
         self.protocol.setup(self)
 
     # -- setup -------------------------------------------------------------------------------
@@ -161,10 +163,12 @@ class Engine:
         self._rows = self._builder.rows  # the records so far (trace.RECORD)
         self.progress: Callable[[int], object] | None = None
 
-    def _setup_hardware(self, lookahead: bool) -> None:
-        """The hardware models the scenario switches on, and per thread the hooks to call.
-        A thread runs ahead of simpy's clock only when every model allows it and it waits
-        for no core, bus, pause or slice."""
+    def _setup_hardware(self, lookahead: bool,
+                        choose: Callable[[list[int]], int] | None) -> None:
+        """The hardware models the scenario switches on, per thread the hooks to call, and
+        the threads' clocks. A thread runs ahead of simpy's clock only when every model
+        allows it and it waits for no core, bus, pause or slice. With ``choose`` a scheduler
+        decides who acts at each step instead of durations (``simulator.clock.Scheduled``)."""
         machine = build(self)
         models = machine.models
         self._writer, self._sweeping = machine.writer, machine.sweeping
@@ -186,8 +190,13 @@ class Engine:
         # Threads whose phase durations are redrawn or changed as each phase starts.
         self._reshaped = [coupled or bool(phase) for coupled, phase
                           in zip(self._coupled, self._phase_hooks, strict=True)]
-        clocks = Clocks(self.env, self.clock, self._cores, self._bus, self._holds,
-                        self._stretch, self.lookahead)
+        clocks = (Clocks(self.env, self.clock, self._cores, self._bus, self._holds,
+                         self._stretch, self.lookahead) if choose is None
+                  else Scheduled(self.env, self.clock, choose))
+        self._clocks, self._points = clocks, clocks.points
+        # Under a scheduler a load_store write's load is an action of its own.
+        self._load = (clocks.load if isinstance(clocks, Scheduled)
+                      and isinstance(self.stores, LoadStore) else None)
         self._held, self._advance, self.advance = clocks.held, clocks.advance, clocks.spend
         self.skip_holds, self.catch_up, self._hold_point = (clocks.skip_holds, clocks.catch_up,
                                                             clocks.hold_point)
@@ -311,7 +320,7 @@ class Engine:
     def _read(self, thread: int, u: Update) -> Generator[Any, Any, None]:
         """READ: each block is copied when its read ends (so a read can be torn)."""
         clock, mem, local = self.clock, self.mem, self._local[thread]
-        if self._holds[thread]:
+        if self._points[thread]:
             yield from self._hold_point(thread)
         u.read_start, u.start_completed = clock[thread], self.completed
         if self._reshaped[thread]:
@@ -352,7 +361,7 @@ class Engine:
 
     def _gradient(self, thread: int, u: Update) -> Generator[Any, Any, None]:
         """GRADIENT: the real gradient at the local copy, holding the device."""
-        if self._holds[thread]:
+        if self._points[thread]:
             yield from self._hold_point(thread)
         u.grad_start = self.clock[thread]
         if self._reshaped[thread]:
@@ -400,7 +409,7 @@ class Engine:
         """WRITE: block by block (or grain by grain), as the write mode says; a hardware
         model may write the blocks itself (convoys)."""
         clock = self.clock
-        if self._holds[thread]:
+        if self._points[thread]:
             yield from self._hold_point(thread)
             u.write_start = clock[thread]
         if self._reshaped[thread]:
@@ -439,6 +448,9 @@ class Engine:
                 i = run
                 continue
             block, index, vsel, touched = writes[i]
+            if self._load is not None:
+                yield self._load(thread)
+                clock[thread] = int(self.env.now)
             begun = mode.begin(u, block, index, clock[thread], write_ns[i])
             if sweeping is not None:
                 writing = sweeping.enter(block, Writing(
@@ -539,6 +551,7 @@ class Engine:
         nothing can happen any more: threads waiting on a dead one); return the trace."""
         processes = [self.env.process(self._thread(thread)) for thread in range(self.threads)]
         start_deaths(self.env, self.scenario, processes)
+        self._clocks.start()
         # A run that diverges (a step too large) carries inf and NaN through the same math:
         # recorded as they are and reported as ``diverged_at`` in its summary, not warned
         # about at every operation.
@@ -559,7 +572,7 @@ class Engine:
             extras.update(model.report())
         return self._builder.build(scenario_to_toml(self.scenario), self.problem.initial(),
                                    self.mem.w.copy(), self.view.curve_arrays(), lost=self.lost,
-                                   extras=extras)
+                                   extras=extras, source=self.label)
 
 
 def simulate(scenario: Scenario, problem: Problem | None = None,

@@ -16,7 +16,10 @@ class ScenarioError(AsyngradError):
 
     def __init__(self, field: str, value: Any, reason: str) -> None:
         self.field, self.value, self.reason = field, value, reason
-        super().__init__(f"{field} = {value!r}: {reason}")
+        super().__init__(field, value, reason)  # rebuilt from its args: copies and pickles
+
+    def __str__(self) -> str:
+        return f"{self.field} = {self.value!r}: {self.reason}"
 
     def under(self, prefix: str) -> ScenarioError:
         """The same error with its field placed under ``prefix`` (e.g. ``timing.read``)."""

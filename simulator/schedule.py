@@ -30,21 +30,21 @@ Time in the resulting trace counts steps: the action at step s spans [s, s + 1).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from simulator.budget import preflight
+from simulator.engine import Engine
 from simulator.errors import ScenarioError
-from simulator.memory import SharedMemory, block_ops
 from simulator.metrics import relative_error
 from simulator.problems import Problem, make_problem
-from simulator.scenario import Scenario, plain, scenario_to_toml
+from simulator.protocols import make_protocol
+from simulator.scenario import Scenario, plain
 from simulator.timing import sample_stream
-from simulator.trace import Trace, TraceBuilder
-from simulator.view import SerializedView
+from simulator.trace import Trace
 
 __all__ = ["OBJECTIVES", "SCHEDULERS", "Property", "Scheduler", "enumerate_schedules",
            "explore", "format_schedule", "greedy_schedule", "parse_schedule", "run_schedule",
@@ -96,6 +96,7 @@ class Scheduler:
         self.schedule = schedule or []
         self.step = 0
         self.last = -1
+        self.chosen: list[int] = []  # the schedule so far
         self.seen: list[list[int]] = []  # dfs: the runnable threads at each step
         if kind == "pct":
             # Initial priorities d .. d+k−1 (distinct, random order); change points get 1..d−1.
@@ -135,6 +136,7 @@ class Scheduler:
                                     f"picks thread {choice} at step {step}, which cannot act "
                                     f"(runnable: {runnable})")
         self.last = choice
+        self.chosen.append(choice)
         return choice
 
 
@@ -151,17 +153,19 @@ class ScheduledRun:
         return format_schedule(self.schedule)
 
 
-_Action = Generator[None, None, None]
-
-
 def run_schedule(scenario: Scenario, scheduler: Scheduler | Callable[[int], Scheduler],
                  problem: Problem | None = None) -> ScheduledRun:
-    """Run ``scenario`` (lock-free or serial) under ``scheduler``.
+    """Run ``scenario`` under ``scheduler``.
 
     Raises:
-        ScenarioError: another protocol, or a schedule that does not fit the run.
+        ScenarioError: a field the scheduler cannot honour, or a schedule that does not fit
+            the run.
     """
     return _Shared(scenario, problem).run(scheduler)
+
+
+# Scenario fields that say when things happen in time: under a scheduler the schedule does.
+_TIMED = ("stragglers", "pauses", "deaths")
 
 
 class _Shared:
@@ -171,28 +175,24 @@ class _Shared:
 
     def __init__(self, scenario: Scenario, problem: Problem | None = None) -> None:
         preflight(scenario)  # what the engine's constructor refuses, this loop refuses too
-        run = scenario.run
-        if run.protocol not in ("lockfree", "serial"):
-            raise ScenarioError("run.protocol", run.protocol,
-                                "controlled schedules support lockfree and serial")
-        if run.store_grain:
-            raise ScenarioError("run.store_grain", run.store_grain,
-                                "controlled schedules write whole blocks: use run.blocks "
-                                "instead")
-        for table in ("sweeping_reads", "convoys", "passing"):
-            specs = [getattr(scenario.hardware_of(d), table)
-                     for d in range(len(scenario.devices))]
-            if any(spec is not None for spec in specs):
-                raise ScenarioError(f"hardware.{table}", plain(next(s for s in specs if s)),
-                                    "controlled schedules copy a block at its read's end and "
-                                    "write it whole at its write's end")
+        for d in range(len(scenario.devices)):
+            for table, spec in vars(scenario.hardware_of(d)).items():
+                if spec is not None:
+                    raise ScenarioError(f"hardware.{table}", plain(spec),
+                                        "under a scheduler the schedule is the timing: "
+                                        "hardware timing models do not apply (a write that "
+                                        "reads see part of: run.store_grain)")
+        for name in _TIMED:
+            if getattr(scenario.inject, name):
+                raise ScenarioError(f"inject.{name}", plain(getattr(scenario.inject, name)),
+                                    "under a scheduler the schedule decides when each "
+                                    "thread acts")
         self.scenario = scenario
         self.problem = problem if problem is not None else make_problem(scenario.problem)
-        if run.blocks > self.problem.dim:
-            raise ScenarioError("run.blocks", run.blocks,
-                                f"must be <= the problem's dimension ({self.problem.dim})")
-        self.threads = 1 if run.protocol == "serial" else run.threads
-        self.text = scenario_to_toml(scenario)
+        run = scenario.run
+        protocol = make_protocol(run.protocol, scenario)
+        self.threads = protocol.threads(run)
+        self.store_ns = 1 if run.write_mode == "atomic_add" or protocol.atomic else 2
         self._streams = [sample_stream(run.seed, self.threads, t, self.problem.n_samples)
                          for t in range(self.threads)]
         self._samples: list[list[int]] = [[] for _ in range(self.threads)]
@@ -208,94 +208,49 @@ class _Shared:
         """One run under ``scheduler`` (or a factory of one, given the thread count)."""
         if callable(scheduler) and not isinstance(scheduler, Scheduler):
             scheduler = scheduler(self.threads)
-        return _Controlled(self).run(scheduler)
+        engine = Engine(self.scenario, self.problem, _Steps(self), lookahead=False,
+                        choose=scheduler.choose)
+        trace = engine.run()
+        return ScheduledRun(trace, scheduler.chosen, self.problem)
 
 
-class _Controlled:
-    """The update loop of the engine as generators, one ``yield`` per atomic action."""
+class _Steps:
+    """The engine's duration source under a scheduler: the shared samples, and each action
+    one step (a ``load_store`` block write two: its load and its store), as the trace
+    records them."""
 
     def __init__(self, shared: _Shared) -> None:
-        self.shared, self.problem, self.threads = shared, shared.problem, shared.threads
-        run = shared.scenario.run
-        self.lr, self.updates = run.lr, run.updates
-        self.atomic = run.write_mode == "atomic_add"
-        w0 = self.problem.initial()
-        self.mem = SharedMemory(w0, run.blocks)
-        metrics = shared.scenario.metrics
-        self.view = SerializedView(self.problem, self.lr, w0, run.updates, metrics.exact,
-                                   metrics.every, metrics.curve_points)
-        self.step = 0
-        self.started = self.completed = 0
-        self.lost = [0] * run.updates
-        self.records = TraceBuilder()
+        self.shared = shared
+        self._seq = [0] * shared.threads
 
-    def _thread(self, thread: int) -> Iterator[None]:
-        mem, local, seq = self.mem, np.zeros(self.problem.dim), 0
-        while self.started < self.updates:
-            uid, sample = self.started, self.shared.sample(thread, seq)
-            self.started += 1
-            support = self.problem.support(sample)
-            ops = block_ops(mem.bounds, support)
-            # Each block action happens when the thread resumes after its ``yield``: at step
-            # self.step − 1. The read begins with its first block action.
-            read_start, start_completed = self.step, self.completed
-            copied: list[int] = []  # when each block's copy and store ended (read_report)
-            stored: list[int] = []
-            for i, op in enumerate(ops):
-                yield  # one block read
-                if i == 0:
-                    read_start, start_completed = self.step - 1, self.completed
-                mem.copy(op[1], local)
-                copied.append(self.step)
-            read_end = self.step
-            yield  # the gradient
-            grad_start = self.step - 1
-            step, _ = self.problem.grad(local, sample)
-            step *= self.lr
-            grad_end = write_start = self.step
-            overwrote = 0
-            for i, (block, index, vsel, coords) in enumerate(ops):
-                yield  # one atomic block add, or the load of a read-modify-write
-                if i == 0:
-                    write_start = self.step - 1
-                if self.atomic:
-                    mem.add(block, index, coords, -step[vsel], uid)
-                    stored.append(self.step)
-                    continue
-                loaded_at, loaded = mem.count[block], mem.load(index)
-                yield  # the store
-                lost = mem.store(block, index, coords, loaded, step[vsel], uid, loaded_at)
-                stored.append(self.step)
-                for victim in lost:
-                    self.lost[victim] += 1
-                overwrote += len(lost)
-            self.completed += 1
-            t = self.completed
-            m = self.view.complete(t, mem.w, [sample], self.step, 1.0,
-                                   len(self.records.rows) + 1)
-            self.records.add((uid, thread, seq, sample, t, read_start, read_end, grad_start,
-                              grad_end, write_start, self.step, 1, 0, start_completed, t,
-                              overwrote, 0, 0.0, False, 1.0, *m),
-                             [op[0] for op in ops], [1] * len(ops),
-                             [1 if self.atomic else 2] * len(ops), copied, stored)
-            seq += 1
+    def next_sample(self, thread: int) -> int:
+        seq, self._seq[thread] = self._seq[thread], self._seq[thread] + 1
+        return self.shared.sample(thread, seq)
 
-    def run(self, scheduler: Scheduler) -> ScheduledRun:
-        threads = [self._thread(t) for t in range(self.threads)]
-        # Prime each thread up to its first action; a thread with nothing to do is done.
-        runnable = [t for t, gen in enumerate(threads) if next(gen, StopIteration) is None]
-        chosen: list[int] = []
-        with np.errstate(all="ignore"):  # a run that diverges: as in the engine's run
-            while runnable:
-                thread = scheduler.choose(runnable)
-                chosen.append(thread)
-                self.step += 1
-                if next(threads[thread], StopIteration) is not None:
-                    runnable.remove(thread)
-            self.view.finish(self.completed, self.mem.w, self.step, len(self.records.rows))
-        trace = self.records.build(self.shared.text, self.problem.initial(), self.mem.w.copy(),
-                                   self.view.curve_arrays(), lost=self.lost, source="scheduled")
-        return ScheduledRun(trace, chosen, self.problem)
+    def remaining(self, thread: int) -> int | None:
+        return None
+
+    def durations(self, thread: int, fractions: Sequence[float]) -> tuple[list[int], int,
+                                                                          list[int]]:
+        return [1] * len(fractions), 1, [self.shared.store_ns] * len(fractions)
+
+    def idle(self, thread: int) -> int:
+        return 0
+
+    def coupled(self, thread: int) -> bool:
+        return False
+
+    def slowness(self, thread: int, t: int) -> float:
+        return 1.0
+
+    def place(self, thread: int, core: int) -> None:
+        pass
+
+    def at(self, thread: int, phase: int, t: int) -> list[int]:
+        raise AssertionError("a scheduled run draws no durations")
+
+    def done(self, thread: int) -> None:
+        pass
 
 
 def _log_schedules(threads: int, steps: int) -> float:

@@ -444,14 +444,9 @@ def test_bad_split_or_slicing_names_the_field(override, field):
         scenario(override)
 
 
-def test_bad_store_grain_names_the_field_and_explore_refuses_grains():
+def test_bad_store_grain_names_the_field():
     with pytest.raises(ScenarioError, match="store_grain"):
         scenario("run.store_grain=-1")
-    from simulator.schedule import Scheduler, run_schedule
-
-    with pytest.raises(ScenarioError, match=r"run\.store_grain"):
-        run_schedule(scenario("run.updates=4", "run.threads=2", "run.store_grain=2"),
-                     Scheduler("random", 2))
 
 
 def test_even_split_is_refused_for_protocols_with_rounds_or_turns():

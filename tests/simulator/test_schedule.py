@@ -42,8 +42,12 @@ def test_bad_schedule_strings_and_schedules_are_one_clear_error():
         run_schedule(s, Scheduler("fixed", 2, schedule=[0, 0, 1]))
     with pytest.raises(ScenarioError, match="picks thread 3 at step 0"):
         run_schedule(s, Scheduler("fixed", 2, schedule=[3]))
-    with pytest.raises(ScenarioError, match=r"run\.protocol = 'locked'"):
-        run_schedule(scenario(*TINY, "run.protocol=locked"), Scheduler("random", 2))
+    # What says when things happen in time is refused: the schedule decides.
+    with pytest.raises(ScenarioError, match=r"hardware\.sweeping_reads = .*schedule is the"):
+        run_schedule(scenario(*TINY, "hardware.sweeping_reads.lead=0"), Scheduler("random", 2))
+    with pytest.raises(ScenarioError, match=r"inject\.stragglers = .*decides when"):
+        run_schedule(scenario(*TINY, "inject.stragglers=[{thread = 0, factor = 2.0}]"),
+                     Scheduler("random", 2))
 
 
 def test_round_robin_interleaving_worked_by_hand():
@@ -235,3 +239,54 @@ def test_adversarial_greedy_search_finds_the_exact_worst_case_of_a_small_run():
     greedy, _ = explore(bigger, "adversarial", 1, "grad_error")
     sampled, _ = explore(bigger, "random", 100, "grad_error")
     assert greedy["worst"][0]["value"] >= sampled["values"]["max"]
+
+
+PROTOCOLS = ("lockfree", "serial", "locked", "roundrobin", "minibatch", "paramserver",
+             "staleness_lr", "dcasgd", "admm")
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_every_protocol_runs_under_a_scheduler_and_replays_bit_for_bit(protocol):
+    """The scheduler is a time source for the engine's own loop, so every protocol runs under
+    it: locks and barriers hold a thread out of the runnable set until they open."""
+    s = scenario("run.threads=3", "problem.dim=6", "run.blocks=2", "run.updates=9",
+                 "problem.n_samples=30", f"run.protocol={protocol}")
+    first = run_schedule(s, Scheduler("random", 3, seed=5))
+    again = run_schedule(s, Scheduler("fixed", 3, schedule=parse_schedule(first.text)))
+    assert again.text == first.text and first.trace.source == "scheduled"
+    for name, values in first.trace.arrays.items():
+        assert np.array_equal(values, again.trace[name], equal_nan=True), name
+    t = first.trace
+    assert len(t["uid"]) == 9 and (t["step"] > 0).sum() == 9  # every update applied once
+    if protocol in ("serial", "locked"):  # one update at a time: nothing stale, nothing lost
+        assert t["staleness"].max() == 0 and t["lost_blocks"].sum() == 0
+    if protocol in ("roundrobin", "minibatch", "paramserver", "admm"):  # writes in turn
+        assert t["lost_blocks"].sum() == 0
+
+
+def test_locked_threads_wait_for_the_lock_so_the_scheduler_cannot_pick_them():
+    """Under the lock only its holder can act: every schedule is serial update by update
+    (4 actions each: read, gradient, load, store), whatever the scheduler prefers."""
+    s = scenario(*TINY, "run.blocks=1", "run.updates=3", "run.protocol=locked")
+    run = run_schedule(s, Scheduler("roundrobin", 2))
+    assert run.text == "0x4.1x4.0x4"
+    assert run.trace["read_start"].tolist() == [0, 4, 8]
+
+
+def test_a_read_between_grain_stores_copies_half_a_write():
+    """``run.store_grain = 1`` under a scheduler: thread 0 reads, computes, loads and stores
+    coordinate 0 (4 steps); thread 1 then reads (1 step) a block holding half of thread 0's
+    step, and the run ends each in turn. w_T, worked by hand from the problem's gradients:
+    w0 − lr·g(w0) − lr·g(w_half), w_half = w0 with coordinate 0 stepped."""
+    s = scenario("problem.name=quadratic", "problem.dim=2", "problem.n_samples=10",
+                 "run.threads=2", "run.blocks=1", "run.store_grain=1", "run.updates=2",
+                 "run.lr=0.05", "metrics.curve_points=0")
+    run = run_schedule(s, Scheduler("dfs", 2, schedule=[0, 0, 0, 0, 1, 0, 0]))
+    assert run.text == "0x4.1.0x2.1x5"  # thread 1: gradient, then two grains (load, store)
+    t, problem = run.trace, run.problem
+    w0, lr = problem.initial(), 0.05
+    g0, _ = problem.grad(w0.copy(), int(t["sample"][0]))
+    half = w0 - lr * g0 * np.array([1.0, 0.0])
+    g1, _ = problem.grad(half, int(t["sample"][1]))
+    np.testing.assert_array_equal(t["w_final"], w0 - lr * g0 - lr * g1)
+    assert t["lost_blocks"].sum() == 0 and t["staleness"].tolist() == [0, 1]
