@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any
 import simpy
 from simpy.core import NORMAL
 
+_LAST = NORMAL + 1  # the scheduler's priority: after every event of its step
+
 if TYPE_CHECKING:
     from simulator.scenario import Scenario
 
@@ -187,22 +189,24 @@ class Scheduled(Clocks):
         self._chosen = [False] * threads  # chosen at a hold point: its next action is due
 
     def start(self) -> None:
-        self.env.process(self._schedule())
+        self._next(0)
 
-    def _schedule(self) -> Generator[Any, Any, None]:
-        """Once nothing else can happen at this step, pick the thread that acts."""
-        env, waiting = self.env, self._waiting
-        while True:
-            while env.peek() == env.now:  # let every event of this step happen first
-                yield env.timeout(0)
-            if not waiting:
-                if env.peek() == simpy.core.Infinity:
-                    return  # every thread done (or waiting on one that is)
-                yield env.timeout(env.peek() - env.now)
-                continue
-            thread = self.choose(sorted(waiting))
-            waiting.pop(thread).go()
-            yield env.timeout(1)
+    def _next(self, delay: int) -> None:
+        """Choose ``delay`` steps from now, after every other event of that step (a lower
+        priority than simpy's own: whatever the step's actions set off happens first)."""
+        wake = simpy.Event(self.env)
+        wake.callbacks.append(self._choose)
+        wake._ok, wake._value = True, None
+        self.env.schedule(wake, _LAST, delay)
+
+    def _choose(self, _: simpy.Event) -> None:
+        """Nothing else can happen at this step: pick the thread that acts."""
+        waiting = self._waiting
+        if not waiting:
+            return  # every thread done (or waiting on one that is)
+        thread = self.choose(sorted(waiting))
+        waiting.pop(thread).go()
+        self._next(1)
 
     def _action(self, thread: int) -> simpy.Event:
         if self._chosen[thread]:

@@ -75,6 +75,10 @@ class Engine:
     ``dense_ops``, ``sparse``, ``replayed``, ``own_cores``, and the methods ``advance``,
     ``catch_up``, ``skip_holds`` and ``discard``.
 
+    ``choose`` puts a scheduler in place of durations (``simulator.schedule``); ``text`` is
+    the scenario as TOML when a caller that runs it many times has already written it and
+    checked it (``simulator.budget.preflight``).
+
     Raises:
         ScenarioError: a value that only the built problem can check (``run.blocks`` > dim),
             or a scenario that cannot run on this machine (``simulator.budget.preflight``).
@@ -82,8 +86,11 @@ class Engine:
 
     def __init__(self, scenario: Scenario, problem: Problem | None = None,
                  source: DurationSource | None = None, lookahead: bool = True,
-                 choose: Callable[[list[int]], int] | None = None) -> None:
-        preflight(scenario)
+                 choose: Callable[[list[int]], int] | None = None,
+                 text: str | None = None) -> None:
+        if text is None:
+            preflight(scenario)
+        self._text = text
         self.scenario = scenario
         self.problem = problem if problem is not None else make_problem(scenario.problem)
         run = scenario.run
@@ -570,7 +577,8 @@ class Engine:
                   **self.protocol.report()}
         for model in self._models:
             extras.update(model.report())
-        return self._builder.build(scenario_to_toml(self.scenario), self.problem.initial(),
+        text = self._text if self._text is not None else scenario_to_toml(self.scenario)
+        return self._builder.build(text, self.problem.initial(),
                                    self.mem.w.copy(), self.view.curve_arrays(), lost=self.lost,
                                    extras=extras, source=self.label)
 

@@ -42,7 +42,7 @@ from simulator.errors import ScenarioError
 from simulator.metrics import relative_error
 from simulator.problems import Problem, make_problem
 from simulator.protocols import make_protocol
-from simulator.scenario import Scenario, plain
+from simulator.scenario import Scenario, plain, scenario_to_toml
 from simulator.timing import sample_stream
 from simulator.trace import Trace
 
@@ -187,7 +187,7 @@ class _Shared:
                 raise ScenarioError(f"inject.{name}", plain(getattr(scenario.inject, name)),
                                     "under a scheduler the schedule decides when each "
                                     "thread acts")
-        self.scenario = scenario
+        self.scenario, self.text = scenario, scenario_to_toml(scenario)
         self.problem = problem if problem is not None else make_problem(scenario.problem)
         run = scenario.run
         protocol = make_protocol(run.protocol, scenario)
@@ -209,7 +209,7 @@ class _Shared:
         if callable(scheduler) and not isinstance(scheduler, Scheduler):
             scheduler = scheduler(self.threads)
         engine = Engine(self.scenario, self.problem, _Steps(self), lookahead=False,
-                        choose=scheduler.choose)
+                        choose=scheduler.choose, text=self.text)
         trace = engine.run()
         return ScheduledRun(trace, scheduler.chosen, self.problem)
 

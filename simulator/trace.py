@@ -282,6 +282,12 @@ class TraceBuilder:
     def _gathered(self) -> tuple[dict[str, np.ndarray], np.ndarray, dict[str, np.ndarray]]:
         """Every record and op as one column each (the ``extend`` blocks, then the rows)."""
         columns = list(zip(*self.rows, strict=True)) if self.rows else [()] * len(RECORD)
+        if not self._columns:  # (the rows alone: nothing to join)
+            return ({name: np.asarray(column, dtype=_RECORD_TYPES[name])
+                     for name, column in zip(RECORD, columns, strict=True)},
+                    np.asarray(self._counts, dtype=np.int64),
+                    {name: np.asarray(values, dtype=np.int64)
+                     for name, values in zip(OP_RECORD, self._ops, strict=True)})
         blocks: list[tuple[dict[str, Any], Any, dict[str, Any]]] = [
             *self._columns, (dict(zip(RECORD, columns, strict=True)), self._counts,
                              dict(zip(OP_RECORD, self._ops, strict=True)))]
