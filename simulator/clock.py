@@ -14,9 +14,9 @@ from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING, Any
 
 import simpy
-from simpy.core import NORMAL
+from simpy.events import NORMAL, EventPriority
 
-_LAST = NORMAL + 1  # the scheduler's priority: after every event of its step
+_LAST = EventPriority(NORMAL + 1)  # the scheduler's: after every event of its step
 
 if TYPE_CHECKING:
     from simulator.scenario import Scenario

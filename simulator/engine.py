@@ -20,7 +20,6 @@ samples come from a ``DurationSource``: seeded draws, or a recorded trace (repla
 from __future__ import annotations
 
 import itertools
-from collections import deque
 from collections.abc import Callable, Generator, Sequence
 from typing import Any
 
@@ -32,6 +31,7 @@ from simulator.clock import Clocks, Scheduled, resources
 from simulator.errors import ScenarioError
 from simulator.hardware import Writing, build, overrides
 from simulator.inject import Injector, Pauses, start_deaths
+from simulator.ledger import Ledger
 from simulator.memory import (
     AtomicAdd,
     Grain,
@@ -40,6 +40,7 @@ from simulator.memory import (
     SharedMemory,
     WriteMode,
     block_ops,
+    grain_durations,
     grain_ops,
 )
 from simulator.problems import Problem, make_problem
@@ -48,14 +49,12 @@ from simulator.protocols.base import GROUPED, MEMBER, Protocol
 from simulator.rules import LR_FACTORS, mean_step
 from simulator.scenario import Scenario, scenario_to_toml
 from simulator.timing import GRAD, IDLE, READ, WRITE, DurationSource, SampledSource
-from simulator.trace import Trace, TraceBuilder
+from simulator.trace import Trace
 from simulator.update import Update
-from simulator.view import UNMEASURED, SerializedView
+from simulator.view import SerializedView
 
 __all__ = ["Engine", "Update", "simulate"]
 
-_TRIM_EVERY = 2048
-_PROGRESS_EVERY = 256
 
 
 def _ends(end: int, durations: list[int]) -> list[int]:
@@ -135,7 +134,6 @@ class Engine:
         # update, cut once.
         self._grain = 0 if self.atomic else run.store_grain
         self._dense_grains = grain_ops(self.dense_ops, self._grain) if self._grain else None
-        self._dense_blocks = [op[0] for op in self.dense_ops]
         self.sparse = self.problem.sparse and not self.protocol.dense
         self._dense_grad = self.problem.sparse and self.protocol.dense
         self._schedule = LR_FACTORS.get(run.lr_schedule)
@@ -143,13 +141,11 @@ class Engine:
     def _setup_injection(self) -> None:
         """Injected errors, drops, delays (snapshots w_t of the last completions) and
         pauses."""
-        inject, w0 = self.scenario.inject, self.mem.w.copy()
+        inject = self.scenario.inject
         self.injector = (Injector(inject, self.scenario.run.seed, self.threads,
                                   self.view.w_star) if inject.active else None)
         if inject.write_bits:
             self.mem.quantize = self.injector.quantize if self.injector else None
-        self._history: deque[np.ndarray] = deque([w0], maxlen=inject.max_delay + 1)
-        self._keep_history = inject.max_delay > 0
         self._delays = self.injector is not None and self.injector.max_delay > 0
         self._pauses = Pauses(inject, self.threads)
 
@@ -160,15 +156,14 @@ class Engine:
         self._quota = ([run.updates // self.threads + (thread < run.updates % self.threads)
                         for thread in range(self.threads)] if run.split == "even"
                        else [run.updates] * self.threads)
-        self.started = self.completed = 0
+        self.started = 0
         self.clock = [0] * self.threads
         self.active: dict[int, Update] = {}
         self.dead: list[int] = []
         self._local = [np.zeros(self.problem.dim) for _ in range(self.threads)]
         self._pulled = [(0, 0)] * self.threads  # (completions, version) of each thread's read
-        self._builder = TraceBuilder()
-        self._rows = self._builder.rows  # the records so far (trace.RECORD)
-        self.progress: Callable[[int], object] | None = None
+        self.ledger = Ledger(self.mem, self.view, self.dense_ops, self.active,
+                             self.scenario.inject.max_delay)
 
     def _setup_hardware(self, lookahead: bool,
                         choose: Callable[[list[int]], int] | None) -> None:
@@ -191,7 +186,7 @@ class Engine:
         self._phase_hooks = machine.hooks("phase", self.threads)
         self._overruns = machine.hooks("overrun", self.threads)
         self._copied_hooks = machine.hooks("copied", self.threads)
-        self._row_hooks = [m.row for m in models if overrides(m, "row")]
+        self.ledger.hooks = [m.row for m in models if overrides(m, "row")]
         self._models = models
         self._coupled = [self.source.coupled(t) for t in threads]
         # Threads whose phase durations are redrawn or changed as each phase starts.
@@ -280,9 +275,9 @@ class Engine:
             self._rule(thread, u)
             yield from self._write(thread, u)
             if u.role == GROUPED:
-                self._complete_group(u)
+                self.ledger.complete_group(u)
             else:
-                self._complete(u)
+                self.ledger.complete(u)
             if gated:
                 yield from self.catch_up(thread)
                 protocol.after_write(self, u)
@@ -337,7 +332,7 @@ class Engine:
                             else [mem.count[op[0]] for op in ops])
         if self._delays:  # the gradient will see w as it was τ completions before
             u.delay = min(self.injector.delay(thread), u.start_completed)  # type: ignore[union-attr]
-            past = self._history[-1 - u.delay]
+            past = self.ledger.history[-1 - u.delay]
         overruns, copied = self._overruns[thread], self._copied_hooks[thread]
         i = 0
         while i < n:
@@ -482,76 +477,18 @@ class Engine:
         of its block's write duration (integer ns that add up to the block's)."""
         pieces, counts = (self._dense_grains if u.ops is self.dense_ops and self._dense_grains
                           else grain_ops(u.ops, self._grain))
-        durations: list[int] = []
-        for block_ns, count in zip(u.write_ns, counts, strict=True):
-            ends = [block_ns * (c + 1) // count for c in range(count)]
-            durations.extend(end - start for start, end in zip([0, *ends], ends, strict=False))
-        return pieces, durations
+        return pieces, grain_durations(u.write_ns, counts)
 
-    # -- records -----------------------------------------------------------------------------
+    # -- the run ------------------------------------------------------------------------------
 
-    def _row(self, u: Update, step: int, m: tuple[Any, ...]) -> None:
-        """Append ``u``'s trace record; ``step`` is its completion t (0: never applied)."""
-        stored = u.stored  # in op order when every block was stored (blocks are written in
-        # op order; a block's grains keep its first place)
-        self._builder.add(
-            (u.uid, u.thread, u.seq, u.sample, step, u.read_start, u.read_end, u.grad_start,
-             u.grad_end, u.write_start, u.write_end, u.grad_ns, u.idle_ns, u.start_completed,
-             self.completed, u.overwrote, u.delay, u.error_norm, u.dropped, u.lr_scale, *m),
-            self._dense_blocks if u.ops is self.dense_ops else [op[0] for op in u.ops],
-            u.read_ns, u.write_ns, u.copied if u.copied else [-1] * len(u.ops),
-            stored.values() if len(stored) == len(u.ops) else
-            [stored.get(op[0], -1) for op in u.ops])
-        for hook in self._row_hooks:
-            hook(u)
-        if self.active.get(u.thread) is u:
-            del self.active[u.thread]
-        n = len(self._rows)
-        if self.progress is not None and n % _PROGRESS_EVERY == 0:
-            self.progress(_PROGRESS_EVERY)
-
-    def _completed(self) -> int:
-        """Count a completion: the shared vector has a new serialized state w_t."""
-        self.completed += 1
-        if self._keep_history:
-            self._history.append(self.mem.w.copy())
-        if self.completed % _TRIM_EVERY == 0:
-            self._trim()
-        return self.completed
-
-    def _complete(self, u: Update) -> None:
-        t = self._completed()
-        m = self.view.complete(t, self.mem.w, [u.sample], u.write_end, u.lr_scale,
-                               len(self._rows) + 1)
-        self._row(u, t, m)
-
-    def _complete_group(self, writer: Update) -> None:
-        """One completion applying the mean step of the group's gradients; the exact metrics
-        sit on the writer's row (the last of the group), the others share its step and get an
-        empty write at its end."""
-        group = writer.group
-        t = self._completed()
-        m = self.view.complete(t, self.mem.w, [v.sample for v in group], writer.write_end,
-                               writer.lr_scale, len(self._rows) + len(group))
-        for member in group:
-            if member is not writer:  # applied, without writing itself, when the write ended
-                member.write_start = member.write_end = writer.write_end
-                self._row(member, t, UNMEASURED)
-        self._row(writer, t, m)
+    @property
+    def completed(self) -> int:
+        """Write completions so far (the serialized view's t)."""
+        return self.ledger.completed
 
     def discard(self, u: Update) -> None:
         """A gradient the protocol threw away: a row with step 0, no completion."""
-        u.write_end = u.write_start
-        for member in u.group or [u]:
-            member.write_start = member.write_end = u.write_start
-            self._row(member, 0, UNMEASURED)
-
-    def _trim(self) -> None:
-        keep = list(self.mem.count)
-        for u in self.active.values():
-            for op, version in zip(u.ops, u.start_versions, strict=False):
-                keep[op[0]] = min(keep[op[0]], version)
-        self.mem.trim(keep)
+        self.ledger.discard(u)
 
     def run(self) -> Trace:
         """Run every thread until T updates have started and every thread has stopped (or
@@ -564,23 +501,13 @@ class Engine:
         # about at every operation.
         with np.errstate(all="ignore"):
             self.env.run()
-            self.view.finish(self.completed, self.mem.w, self._end_time(), len(self._rows))
-        if self.progress is not None:
-            self.progress(len(self._rows) % _PROGRESS_EVERY)
-        return self._trace()
-
-    def _end_time(self) -> int:
-        return max((row[10] for row in self._rows), default=0)  # write_end
-
-    def _trace(self) -> Trace:
+            self.ledger.finish()
         extras = {"dead_threads": np.asarray(sorted(self.dead), dtype=np.int64),
                   **self.protocol.report()}
         for model in self._models:
             extras.update(model.report())
         text = self._text if self._text is not None else scenario_to_toml(self.scenario)
-        return self._builder.build(text, self.problem.initial(),
-                                   self.mem.w.copy(), self.view.curve_arrays(), lost=self.lost,
-                                   extras=extras, source=self.label)
+        return self.ledger.trace(text, self.problem.initial(), self.lost, extras, self.label)
 
 
 def simulate(scenario: Scenario, problem: Problem | None = None,

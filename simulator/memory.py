@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 __all__ = ["AtomicAdd", "Grain", "LoadStore", "Op", "SharedMemory", "WriteMode", "block_bounds",
-           "block_ops", "grain_ops"]
+           "block_ops", "grain_durations", "grain_ops"]
 
 Index = slice | np.ndarray
 
@@ -69,6 +69,16 @@ def grain_ops(ops: list[Op], grain: int) -> tuple[list[Grain], list[int]]:
                                part))
         counts.append(len(pieces) - before)
     return pieces, counts
+
+
+def grain_durations(block_ns: list[int], counts: list[int]) -> list[int]:
+    """Each grain's share of its block's write duration: integer ns, consecutive, that add up
+    to the block's (``counts``: the grains of each block, as :func:`grain_ops` gives them)."""
+    durations: list[int] = []
+    for ns, count in zip(block_ns, counts, strict=True):
+        ends = [ns * (c + 1) // count for c in range(count)]
+        durations.extend(end - start for start, end in zip([0, *ends], ends, strict=False))
+    return durations
 
 
 def block_ops(bounds: list[int], support: np.ndarray | None) -> list[Op]:

@@ -25,7 +25,7 @@ def _simulate(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     engine = Engine(scenario)
     with progress(scenario.run.updates, args.quiet) as bar:
-        engine.progress = bar.update
+        engine.ledger.progress = bar.update
         trace = engine.run()
     summary = write_run(args.out, scenario, trace, engine.problem)
     if not args.quiet:

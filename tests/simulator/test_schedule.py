@@ -115,9 +115,11 @@ def test_a_diverged_worst_schedule_still_replays_identically(kind):
     assert not np.isfinite(report["worst"][0]["value"]) and report["replayed_identically"]
 
 
-def test_cli_explore_and_replay_schedule(tmp_path, capsys):
+@pytest.mark.parametrize("protocol", ["lockfree", "paramserver"])
+def test_cli_explore_and_replay_schedule(tmp_path, capsys, protocol):
     out = tmp_path / "ex"
-    sets = [arg for o in (*TINY, "run.updates=4") for arg in ("--set", o)]
+    sets = [arg for o in (*TINY, "run.updates=4", f"run.protocol={protocol}")
+            for arg in ("--set", o)]
     assert main(["explore", "--out", str(out), "--runs", "60", "--objective", "staleness",
                  "--quiet", *sets]) == 0
     report = json.loads((out / "explore.json").read_text())
