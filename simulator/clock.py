@@ -16,12 +16,15 @@ from typing import TYPE_CHECKING, Any
 import simpy
 from simpy.events import NORMAL, EventPriority
 
+from simulator.errors import ScenarioError
+from simulator.scenario import plain
+
 _LAST = EventPriority(NORMAL + 1)  # the scheduler's: after every event of its step
 
 if TYPE_CHECKING:
     from simulator.scenario import Scenario
 
-__all__ = ["Clocks", "Scheduled", "resources"]
+__all__ = ["Clocks", "Scheduled", "refuse_unscheduled", "resources"]
 
 Hold = Callable[[int, int], int]
 Stretch = Callable[[int, int, int], int]
@@ -45,7 +48,10 @@ def resources(env: simpy.Environment, scenario: Scenario, threads: int,
 class Clocks:
     """Per thread: its clock (``now``), its device's core pool and bus (None: none to wait
     for), what holds it and what stretches its actions (preemption); ``lookahead`` false
-    sends every action through simpy."""
+    sends every action through simpy. ``loads``: a ``load_store`` write's load is an action
+    of its own (``load``), as under a scheduler."""
+
+    loads = False
 
     def __init__(self, env: simpy.Environment, now: list[int],
                  cores: list[simpy.Resource | None], bus: list[simpy.Resource | None],
@@ -63,9 +69,9 @@ class Clocks:
     def start(self) -> None:
         """The threads' processes exist: start what drives the clock (nothing here)."""
 
-    def held(self, thread: int) -> bool:
-        """Whether something (a pause, time slices) may hold ``thread`` before an action."""
-        return bool(self._holds[thread])
+    def load(self, thread: int) -> simpy.Event:
+        """A ``load_store`` write's load as an action of its own (where ``loads``)."""
+        raise NotImplementedError
 
     def advance(self, thread: int, duration: int, transfer: bool) -> simpy.Event | None:
         """Spend ``duration`` ns on one action (a block transfer when ``transfer``); the
@@ -154,6 +160,30 @@ class Clocks:
             self.now[thread] = int(self.env.now)
 
 
+# What says when things happen in time: under a scheduler the schedule does.
+_TIMED = ("stragglers", "pauses", "deaths")
+
+
+def refuse_unscheduled(scenario: Scenario) -> None:
+    """Refuse what a scheduler cannot honour: hardware timing models and timed injections.
+
+    Raises:
+        ScenarioError: naming the first such field.
+    """
+    for d in range(len(scenario.devices)):
+        for table, spec in vars(scenario.hardware_of(d)).items():
+            if spec is not None:
+                hint = (" (under a scheduler a read sees part of a write swept grain by grain: "
+                        "run.store_grain)" if table == "sweeping_reads" else "")
+                raise ScenarioError(f"hardware.{table}", plain(spec), "under a scheduler the "
+                                    "schedule is the timing: hardware timing models do not "
+                                    f"apply{hint}")
+    for name in _TIMED:
+        if getattr(scenario.inject, name):
+            raise ScenarioError(f"inject.{name}", plain(getattr(scenario.inject, name)),
+                                "under a scheduler the schedule decides when each thread acts")
+
+
 class _Step(simpy.Event):
     """A thread's next action, waiting to be chosen; once chosen it ends ``after`` steps
     later (0: a hold point, where the phase begins; 1: an action)."""
@@ -218,9 +248,20 @@ class Scheduled(Clocks):
     def advance(self, thread: int, duration: int, transfer: bool) -> simpy.Event:
         return self._action(thread)
 
+    loads = True
+
     def load(self, thread: int) -> simpy.Event:
         """The load of a ``load_store`` write: an action of its own before the store."""
         return self._action(thread)
+
+    def gate(self, thread: int, event: simpy.Event | None) -> Generator[Any, Any, None]:
+        """A thread that must wait at a gate gives up its choice: it is chosen again once
+        the gate lets it go."""
+        if event is not None:
+            if not event.triggered:
+                self._chosen[thread] = False
+            yield event
+            self.now[thread] = int(self.env.now)
 
     def hold_point(self, thread: int) -> Generator[Any, Any, None]:
         if not self._chosen[thread]:

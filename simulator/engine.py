@@ -27,7 +27,7 @@ import numpy as np
 import simpy
 
 from simulator.budget import preflight
-from simulator.clock import Clocks, Scheduled, resources
+from simulator.clock import Clocks, Scheduled, refuse_unscheduled, resources
 from simulator.errors import ScenarioError
 from simulator.hardware import Writing, build, overrides
 from simulator.inject import Injector, Pauses, start_deaths
@@ -56,7 +56,6 @@ from simulator.view import SerializedView
 __all__ = ["Engine", "Update", "simulate"]
 
 
-
 def _ends(end: int, durations: list[int]) -> list[int]:
     """The end of each of consecutive actions of ``durations`` that ended at ``end``."""
     if len(durations) == 1:
@@ -74,9 +73,9 @@ class Engine:
     ``dense_ops``, ``sparse``, ``replayed``, ``own_cores``, and the methods ``advance``,
     ``catch_up``, ``skip_holds`` and ``discard``.
 
-    ``choose`` puts a scheduler in place of durations (``simulator.schedule``); ``text`` is
-    the scenario as TOML when a caller that runs it many times has already written it and
-    checked it (``simulator.budget.preflight``).
+    ``choose`` puts a scheduler in place of durations (``simulator.schedule``). A caller
+    that runs one scenario many times passes it written as TOML (``text``) and says it has
+    already checked it (``checked``: ``simulator.budget.preflight``).
 
     Raises:
         ScenarioError: a value that only the built problem can check (``run.blocks`` > dim),
@@ -86,9 +85,11 @@ class Engine:
     def __init__(self, scenario: Scenario, problem: Problem | None = None,
                  source: DurationSource | None = None, lookahead: bool = True,
                  choose: Callable[[list[int]], int] | None = None,
-                 text: str | None = None) -> None:
-        if text is None:
+                 text: str | None = None, checked: bool = False) -> None:
+        if not checked:
             preflight(scenario)
+        if choose is not None:
+            refuse_unscheduled(scenario)
         self._text = text
         self.scenario = scenario
         self.problem = problem if problem is not None else make_problem(scenario.problem)
@@ -197,9 +198,9 @@ class Engine:
                   else Scheduled(self.env, self.clock, choose))
         self._clocks, self._points = clocks, clocks.points
         # Under a scheduler a load_store write's load is an action of its own.
-        self._load = (clocks.load if isinstance(clocks, Scheduled)
-                      and isinstance(self.stores, LoadStore) else None)
-        self._held, self._advance, self.advance = clocks.held, clocks.advance, clocks.spend
+        self._load = (clocks.load if clocks.loads and isinstance(self.stores, LoadStore)
+                      else None)
+        self._advance, self.advance = clocks.advance, clocks.spend
         self.skip_holds, self.catch_up, self._hold_point = (clocks.skip_holds, clocks.catch_up,
                                                             clocks.hold_point)
         self._uninterrupted, self._gate = clocks.uninterrupted, clocks.gate
@@ -244,15 +245,14 @@ class Engine:
     def _loop(self, thread: int) -> Generator[Any, Any, None]:
         """The update loop of one thread; the protocol's gates around each phase."""
         protocol, seq = self.protocol, 0
-        gated, reshaped = protocol.gated, self._reshaped[thread]
+        gated, reshaped, points = protocol.gated, self._reshaped[thread], self._points[thread]
         while self._may_start(thread, seq):
             u = self._begin(thread, seq)
             seq += 1
             if u.idle_ns or reshaped:
                 yield from self._idle(thread, u)
-            if gated:
-                yield from self.catch_up(thread)
-                yield from self._gate(thread, protocol.before_read(self, u))
+            if points or gated:
+                yield from self._enter(thread, u, protocol.before_read if gated else None)
             if u.read:
                 yield from self._read(thread, u)
             else:  # gradients accumulated on the vector this thread read last
@@ -261,10 +261,11 @@ class Engine:
             if gated:
                 yield from self.catch_up(thread)
                 protocol.after_read(self, u)
+            if points:
+                yield from self._hold_point(thread)
             yield from self._gradient(thread, u)
-            if gated:
-                yield from self.catch_up(thread)
-                yield from self._gate(thread, protocol.before_write(self, u))
+            if points or gated:
+                yield from self._enter(thread, u, protocol.before_write if gated else None)
                 u.write_start = self.clock[thread]
                 if u.role == MEMBER:  # a group's writer completes this update
                     continue
@@ -284,6 +285,25 @@ class Engine:
         if gated:
             yield from self.catch_up(thread)
             protocol.finish(self, thread)
+
+    def _enter(self, thread: int, u: Update,
+               gate: Callable[[Engine, Update], simpy.Event | None] | None,
+               ) -> Generator[Any, Any, None]:
+        """A phase of ``u`` begins: sit out what holds the thread (under a scheduler: wait
+        to be chosen), then pass the protocol's ``gate``, asked at that moment; a gate that
+        made the thread wait sends it back to what holds it."""
+        if self._points[thread]:
+            yield from self._hold_point(thread)
+        if gate is None:
+            return
+        yield from self.catch_up(thread)
+        event = gate(self, u)
+        if event is None:
+            return
+        waits = not event.triggered
+        yield from self._gate(thread, event)
+        if waits and self._points[thread]:
+            yield from self._hold_point(thread)
 
     def _may_start(self, thread: int, seq: int) -> bool:
         """Whether ``thread`` starts its ``seq``-th update."""
@@ -322,8 +342,6 @@ class Engine:
     def _read(self, thread: int, u: Update) -> Generator[Any, Any, None]:
         """READ: each block is copied when its read ends (so a read can be torn)."""
         clock, mem, local = self.clock, self.mem, self._local[thread]
-        if self._points[thread]:
-            yield from self._hold_point(thread)
         u.read_start, u.start_completed = clock[thread], self.completed
         if self._reshaped[thread]:
             u.read_ns = self._durations(thread, READ, u, u.read_ns)
@@ -363,8 +381,6 @@ class Engine:
 
     def _gradient(self, thread: int, u: Update) -> Generator[Any, Any, None]:
         """GRADIENT: the real gradient at the local copy, holding the device."""
-        if self._points[thread]:
-            yield from self._hold_point(thread)
         u.grad_start = self.clock[thread]
         if self._reshaped[thread]:
             u.grad_ns = self._durations(thread, GRAD, u, [u.grad_ns])[0]
@@ -411,9 +427,6 @@ class Engine:
         """WRITE: block by block (or grain by grain), as the write mode says; a hardware
         model may write the blocks itself (convoys)."""
         clock = self.clock
-        if self._points[thread]:
-            yield from self._hold_point(thread)
-            u.write_start = clock[thread]
         if self._reshaped[thread]:
             u.write_ns = self._durations(thread, WRITE, u, u.write_ns)
         n = len(u.ops)

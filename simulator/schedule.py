@@ -37,12 +37,13 @@ from typing import Any
 import numpy as np
 
 from simulator.budget import preflight
+from simulator.clock import refuse_unscheduled
 from simulator.engine import Engine
 from simulator.errors import ScenarioError
 from simulator.metrics import relative_error
 from simulator.problems import Problem, make_problem
 from simulator.protocols import make_protocol
-from simulator.scenario import Scenario, plain, scenario_to_toml
+from simulator.scenario import Scenario, scenario_to_toml
 from simulator.timing import sample_stream
 from simulator.trace import Trace
 
@@ -164,35 +165,18 @@ def run_schedule(scenario: Scenario, scheduler: Scheduler | Callable[[int], Sche
     return _Shared(scenario, problem).run(scheduler)
 
 
-# Scenario fields that say when things happen in time: under a scheduler the schedule does.
-_TIMED = ("stragglers", "pauses", "deaths")
-
-
 class _Shared:
     """What every controlled run of one scenario shares: the problem, the scenario text the
     traces carry and each thread's samples (drawn once, then read by index: a thread's i-th
     update takes its stream's i-th sample whatever the schedule)."""
 
     def __init__(self, scenario: Scenario, problem: Problem | None = None) -> None:
-        preflight(scenario)  # what the engine's constructor refuses, this loop refuses too
-        for d in range(len(scenario.devices)):
-            for table, spec in vars(scenario.hardware_of(d)).items():
-                if spec is not None:
-                    raise ScenarioError(f"hardware.{table}", plain(spec),
-                                        "under a scheduler the schedule is the timing: "
-                                        "hardware timing models do not apply (a write that "
-                                        "reads see part of: run.store_grain)")
-        for name in _TIMED:
-            if getattr(scenario.inject, name):
-                raise ScenarioError(f"inject.{name}", plain(getattr(scenario.inject, name)),
-                                    "under a scheduler the schedule decides when each "
-                                    "thread acts")
+        preflight(scenario)  # checked once here, then by no run (Engine checked=True)
+        refuse_unscheduled(scenario)
         self.scenario, self.text = scenario, scenario_to_toml(scenario)
         self.problem = problem if problem is not None else make_problem(scenario.problem)
         run = scenario.run
-        protocol = make_protocol(run.protocol, scenario)
-        self.threads = protocol.threads(run)
-        self.store_ns = 1 if run.write_mode == "atomic_add" or protocol.atomic else 2
+        self.threads = make_protocol(run.protocol, scenario).threads(run)
         self._streams = [sample_stream(run.seed, self.threads, t, self.problem.n_samples)
                          for t in range(self.threads)]
         self._samples: list[list[int]] = [[] for _ in range(self.threads)]
@@ -208,20 +192,29 @@ class _Shared:
         """One run under ``scheduler`` (or a factory of one, given the thread count)."""
         if callable(scheduler) and not isinstance(scheduler, Scheduler):
             scheduler = scheduler(self.threads)
-        engine = Engine(self.scenario, self.problem, _Steps(self), lookahead=False,
-                        choose=scheduler.choose, text=self.text)
+        steps = _Steps(self)
+        engine = Engine(self.scenario, self.problem, steps, choose=scheduler.choose,
+                        text=self.text, checked=True)
+        steps.writes(engine)
         trace = engine.run()
         return ScheduledRun(trace, scheduler.chosen, self.problem)
 
 
 class _Steps:
-    """The engine's duration source under a scheduler: the shared samples, and each action
-    one step (a ``load_store`` block write two: its load and its store), as the trace
-    records them."""
+    """The engine's duration source under a scheduler: the shared samples, and the steps
+    each phase takes, as the trace records them: one per block read, one for the gradient,
+    per block write one add (``atomic_add``) or a load and a store (``load_store``), per
+    grain with ``run.store_grain``."""
 
     def __init__(self, shared: _Shared) -> None:
         self.shared = shared
         self._seq = [0] * shared.threads
+        self._store, self._grain, self._dim = 1, 0, shared.problem.dim
+
+    def writes(self, engine: Engine) -> None:
+        """Take the write mode and grain of ``engine``'s run."""
+        self._store = 1 if engine.atomic else 2
+        self._grain = 0 if engine.atomic else self.shared.scenario.run.store_grain
 
     def next_sample(self, thread: int) -> int:
         seq, self._seq[thread] = self._seq[thread], self._seq[thread] + 1
@@ -232,7 +225,10 @@ class _Steps:
 
     def durations(self, thread: int, fractions: Sequence[float]) -> tuple[list[int], int,
                                                                           list[int]]:
-        return [1] * len(fractions), 1, [self.shared.store_ns] * len(fractions)
+        if not self._grain:
+            return [1] * len(fractions), 1, [self._store] * len(fractions)
+        return [1] * len(fractions), 1, [self._store * -(-round(f * self._dim) // self._grain)
+                                         for f in fractions]
 
     def idle(self, thread: int) -> int:
         return 0

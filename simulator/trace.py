@@ -210,10 +210,10 @@ class Frames:
 
 
 class TraceBuilder:
-    """The one builder of every trace: the engine, the schedule explorer, the real workers'
-    merge (``realrun.timeline``) and the parameter server (``realrun.ps``) add one record per
-    gradient, in trace order, and :meth:`build` derives the other columns, here and nowhere
-    else: ``staleness`` (:func:`staleness`), ``read_overwrites`` and ``torn``
+    """The one builder of every trace: the engine (timed or under a scheduler), the real
+    workers' merge (``realrun.timeline``) and the parameter server (``realrun.ps``) add one
+    record per gradient, in trace order, and :meth:`build` derives the other columns, here
+    and nowhere else: ``staleness`` (:func:`staleness`), ``read_overwrites`` and ``torn``
     (:func:`read_report`), ``lost_blocks`` and the ``op_offsets``; and, where a backend
     measured none, ``idle_ns`` (:func:`idle_gaps`).
 

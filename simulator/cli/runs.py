@@ -63,9 +63,9 @@ def _replay_schedule(path: Path, text: str, overrides: list[str]) -> tuple[Any, 
     scenario = load_scenario(source, overrides)
     if Path(text).is_file():  # a schedule file, such as explore's worst.schedule
         text = Path(text).read_text().strip()
-    threads = 1 if scenario.run.protocol == "serial" else scenario.run.threads
-    result = run_schedule(scenario, Scheduler("fixed", threads,
-                                              schedule=parse_schedule(text)))
+    choices = parse_schedule(text)
+    result = run_schedule(scenario, lambda threads: Scheduler("fixed", threads,
+                                                              schedule=choices))
     return scenario, result.problem, result.trace
 
 

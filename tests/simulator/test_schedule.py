@@ -12,6 +12,8 @@ from hypothesis import strategies as st
 
 from simulator.cli import main
 from simulator.errors import ScenarioError
+from simulator.problems import SparseLogisticProblem
+from simulator.rules import staleness_scale
 from simulator.schedule import (
     Property,
     Scheduler,
@@ -22,6 +24,7 @@ from simulator.schedule import (
     run_schedule,
     search_violation,
 )
+from simulator.trace import Trace
 from tests.conftest import scenario
 
 TINY = ("run.threads=2", "problem.dim=4", "run.blocks=2", "metrics.curve_points=0",
@@ -130,6 +133,9 @@ def test_cli_explore_and_replay_schedule(tmp_path, capsys, protocol):
                  str(tmp_path / "r"), "--quiet"]) == 0
     summary = json.loads((tmp_path / "r" / "summary.json").read_text())
     assert summary["staleness"]["max"] == report["worst"][0]["value"]
+    worst, replayed = (Trace.load(d / "trace.npz") for d in (out / "worst", tmp_path / "r"))
+    for name, values in worst.arrays.items():
+        assert np.array_equal(values, replayed[name], equal_nan=True), name
     assert main(["explore", "--out", str(tmp_path / "bad"), "--objective", "speed"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--objective = 'speed'" in err[0]
@@ -266,13 +272,78 @@ def test_every_protocol_runs_under_a_scheduler_and_replays_bit_for_bit(protocol)
         assert t["lost_blocks"].sum() == 0
 
 
-def test_locked_threads_wait_for_the_lock_so_the_scheduler_cannot_pick_them():
-    """Under the lock only its holder can act: every schedule is serial update by update
-    (4 actions each: read, gradient, load, store), whatever the scheduler prefers."""
+def test_a_thread_chosen_at_a_closed_gate_waits_and_is_chosen_again():
+    """Under the lock only its holder acts. A thread is asked for the lock at the step it is
+    chosen to begin its read: thread 1 tries at step 1 and waits (the step passes without an
+    action), is not runnable while thread 0 finishes (gradient, load, store), and reads once
+    chosen again (step 5); then thread 0 tries at step 6 and waits in turn."""
     s = scenario(*TINY, "run.blocks=1", "run.updates=3", "run.protocol=locked")
     run = run_schedule(s, Scheduler("roundrobin", 2))
-    assert run.text == "0x4.1x4.0x4"
-    assert run.trace["read_start"].tolist() == [0, 4, 8]
+    assert run.text == "0.1.0x3.1.0.1x3.0x4"
+    t = run.trace
+    assert t["read_start"].tolist() == [0, 5, 10] and t["write_end"].tolist() == [5, 10, 14]
+    assert t["staleness"].tolist() == [0, 0, 0]
+
+
+def test_a_rule_sees_the_completions_before_its_write_begins():
+    """staleness_lr under a scheduler: thread 0 reads and computes, thread 1 then makes two
+    whole updates, and thread 0's write, chosen after those completions, is scaled for a
+    staleness of 2 (the rule is applied at the step the write begins)."""
+    s = scenario(*TINY, "run.blocks=1", "run.updates=3", "run.protocol=staleness_lr")
+    run = run_schedule(s, Scheduler("fixed", 2, schedule=[0, 0, *[1] * 8, 0, 0]))
+    t = run.trace
+    first = int(np.flatnonzero(t["uid"] == 0)[0])
+    assert t["staleness"][first] == 2
+    assert t["lr_scale"][first] == staleness_scale(2) == 0.5
+
+
+class _SometimesEmpty(SparseLogisticProblem):
+    """Every third sample has no coordinates: its read and write have no action at all."""
+
+    def support(self, idx: int) -> np.ndarray:
+        return super().support(idx)[:0] if idx % 3 == 0 else super().support(idx)
+
+    def grad(self, w: np.ndarray, idx: int):
+        g, cols = super().grad(w, idx)
+        return (g[:0], cols[:0]) if idx % 3 == 0 else (g, cols)
+
+
+def test_a_phase_without_actions_does_not_carry_its_choice_past_a_gate():
+    """A read of no block uses no step; a thread that then waits at the lock must be chosen
+    again, and the run still makes every update."""
+    s = scenario("problem.name=sparse_logistic", "problem.dim=12", "run.threads=3",
+                 "run.blocks=3", "run.updates=9", "run.protocol=locked", "metrics.exact=false",
+                 "metrics.curve_points=0")
+    spec = s.problem
+    problem = _SometimesEmpty(spec.dim, spec.n_samples, spec.l2, spec.density, spec.seed)
+    for kind in ("random", "roundrobin", "pct"):
+        run = run_schedule(s, Scheduler(kind, 3, seed=1, depth=2, steps=60), problem)
+        assert len(run.trace) == 9 and (run.trace["step"] > 0).sum() == 9
+        again = run_schedule(s, Scheduler("fixed", 3, schedule=run.schedule), problem)
+        assert again.text == run.text
+
+
+@pytest.mark.parametrize("extra", [("inject.drop=0.5",), ("inject.delay=2",),
+                                   ("run.lr_schedule=inv_sqrt",), ("run.split=even",),
+                                   ("inject.error=noise", "inject.error_bound=0.1")])
+def test_injections_and_schedules_are_honoured_under_a_scheduler(extra):
+    s = scenario("run.threads=3", "problem.dim=6", "run.blocks=2", "run.updates=12",
+                 "problem.n_samples=30", *extra)
+    first = run_schedule(s, Scheduler("random", 3, seed=2))
+    again = run_schedule(s, Scheduler("fixed", 3, schedule=first.schedule))
+    for name, values in first.trace.arrays.items():
+        assert np.array_equal(values, again.trace[name], equal_nan=True), name
+    t = first.trace
+    if extra[0] == "inject.drop=0.5":
+        assert 0 < t["dropped"].sum() < 12
+    if extra[0] == "inject.delay=2":  # τ = 2 once two completions exist to lag behind
+        assert t["delay"].max() == 2 and (t["staleness"] >= t["delay"]).all()
+    if extra[0] == "run.lr_schedule=inv_sqrt":
+        assert t["lr_scale"].min() < 1.0
+    if extra[0] == "run.split=even":
+        assert np.bincount(t["thread"]).tolist() == [4, 4, 4]
+    if extra[0] == "inject.error=noise":
+        assert (t["error_norm"] > 0).all()
 
 
 def test_a_read_between_grain_stores_copies_half_a_write():
@@ -292,3 +363,4 @@ def test_a_read_between_grain_stores_copies_half_a_write():
     g1, _ = problem.grad(half, int(t["sample"][1]))
     np.testing.assert_array_equal(t["w_final"], w0 - lr * g0 - lr * g1)
     assert t["lost_blocks"].sum() == 0 and t["staleness"].tolist() == [0, 1]
+    assert t["op_write_ns"].tolist() == [4, 4]  # the steps taken: two grains, load and store
