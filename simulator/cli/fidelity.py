@@ -86,7 +86,12 @@ def _migrate(text: str | None, cores: int, quantum: int, slicing: str,
              runs: list[str]) -> tuple[int, str]:
     """``--migrate``: ns, or ``auto`` to measure this machine's load balancer (and say how);
     not given, ``auto`` where it applies (per-core time slices, runs made here), else 0 and,
-    with per-core slices, why not."""
+    with per-core slices, why not (also when the measurement fails).
+
+    Raises:
+        ScenarioError: ``text`` is not ns, or a value other than 0 without per-core slices.
+        AsyngradError: ``auto`` given and this machine's balancer cannot be measured.
+    """
     if text is None:
         if not (cores and quantum and slicing == "per_core"):
             return 0, ""
@@ -94,7 +99,10 @@ def _migrate(text: str | None, cores: int, quantum: int, slicing: str,
         if elsewhere:
             return 0, (f"none: not measured, as {elsewhere} (--migrate auto measures this "
                        "machine's balancer, --migrate NS gives one)")
-        text = "auto"
+        try:
+            return _migrate("auto", cores, quantum, slicing, runs)
+        except AsyngradError as err:  # a default does not stop the calibration
+            return 0, f"none: the measurement failed ({err})"
     migrate = None if text == "auto" else ns("--migrate", text)
     if migrate == 0:
         return 0, ""
@@ -207,7 +215,7 @@ def add_commands(commands: Any) -> None:
                           "left idle; auto: measure this machine's balancer). Default: auto "
                           "where it applies (--cores and --quantum given, per-core slicing, "
                           "and real runs of unpinned CPU processes that say they ran on this "
-                          "host), else 0")
+                          "host), else 0 (also when the measurement fails; the file says why)")
     for flag, default, what in (
             ("--convoys", "auto", "write convoys (overlapping writes that end together): fit "
              "them when the run shows them (for runs of one worker, in the meetings their "

@@ -145,7 +145,8 @@ def test_calibrate_measures_the_balancer_by_default_only_where_it_moved_the_runs
         tmp_path, monkeypatch):
     """Not given, ``--migrate`` is ``auto`` for real runs of unpinned CPU processes made on
     this host, with per-core time slices; otherwise 0, and with per-core slices the file
-    says why. ``--migrate 0`` still leaves the balancer out."""
+    says why, as it does when the measurement fails. ``--migrate 0`` still leaves the balancer
+    out; ``--migrate auto`` that cannot measure is an error."""
     import realrun.host.timeslice
 
     asked = []
@@ -185,6 +186,17 @@ def test_calibrate_measures_the_balancer_by_default_only_where_it_moved_the_runs
         migrate, lines = balancer(run, *sliced)
         assert migrate == 0 and why in lines[0], lines
     assert len(asked) == 1
+
+    def failed(cores, quantum):
+        raise AsyngradError("--migrate auto: no two spinning processes were seen sharing a "
+                            "core; give the mean interval in ns")
+
+    monkeypatch.setattr(realrun.host.timeslice, "measure_migration", failed)
+    migrate, lines = balancer(here, *sliced)  # the default: said, and the fit goes on
+    assert migrate == 0 and lines[0].startswith("#   load balancer: none: the measurement "
+                                                "failed (--migrate auto: no two spinning")
+    assert main(["calibrate", str(here), "--out", str(tmp_path / "x.toml"), *sliced,
+                 "--migrate", "auto"]) == 2  # asked for: an error
 
 
 def test_idle_time_between_updates_is_simulated_and_recovered(tmp_path):
