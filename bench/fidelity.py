@@ -310,14 +310,16 @@ def main() -> None:
     parser.add_argument("--quantum", default="0",
                         help="time slice (ns; 0: none; auto: measure this machine's)")
     parser.add_argument("--slicing", default="per_core", help="per_core or global")
-    parser.add_argument("--migrate", default="0",
+    parser.add_argument("--migrate", default=None,
                         help="calibrate --migrate (ns between load-balancer moves; 0: only to "
-                             "an idle core; auto: measure this machine's, once)")
+                             "an idle core; auto: measure this machine's, once; default: "
+                             "calibrate's)")
     parser.add_argument("--updates", type=int, default=20_000)
     parser.add_argument("--mode", default="lockfree")
     parser.add_argument("--set", action="append", default=[], help="scenario overrides")
     parser.add_argument("--convoys", default="auto", help="calibrate --convoys (auto, on, off)")
-    parser.add_argument("--common", default="off", help="calibrate --common (auto, on, off)")
+    parser.add_argument("--common", default=None,
+                        help="calibrate --common (rhythm, auto, on, off; default: calibrate's)")
     parser.add_argument("--interference", default="auto",
                         help="calibrate --interference (auto, on, off)")
     parser.add_argument("--shared", default="auto",
@@ -356,9 +358,9 @@ def main() -> None:
             args.migrate = str(measure_migration(args.cores, int(args.quantum))[0])
     print(f"# {time.strftime('%Y-%m-%d')}, {platform.machine()}, {os.cpu_count()} cores, "
           f"{args.mode}, {args.updates:,} updates, calibrated with --pool --cores {args.cores}"
-          f" --quantum {args.quantum} --slicing {args.slicing} --migrate {args.migrate}"
-          f" --convoys {args.convoys}"
-          f" --common {args.common} --interference {args.interference}"
+          f" --quantum {args.quantum} --slicing {args.slicing}"
+          f" --migrate {args.migrate or '(default)'} --convoys {args.convoys}"
+          f" --common {args.common or '(default)'} --interference {args.interference}"
           f" --shared {args.shared}"
           f" --speeds {args.speeds} --episodes {args.episodes}"
           + (", workers pinned" if args.pin else ""))
@@ -394,7 +396,8 @@ def main() -> None:
         one = pooled and len(sources) == 2  # one run: each core's speed can be fitted
         _run("calibrate", *sources, "--out", str(work / f"cal{k}.toml"), "--cores",
              str(args.cores), "--quantum", args.quantum, "--slicing", args.slicing,
-             "--migrate", args.migrate, "--convoys", args.convoys, "--common", args.common,
+             *(["--migrate", args.migrate] if args.migrate else []),
+             "--convoys", args.convoys, *(["--common", args.common] if args.common else []),
              "--interference", args.interference, "--shared", args.shared,
              *(["--speeds", args.speeds] if one else []),
              *(["--episodes", args.episodes] if pooled else []),

@@ -17,7 +17,7 @@
 #    calibration worker count (float64, measure mode, so real gradient errors are exact).
 # 2. Replay the real trace in the simulator (trace-driven: recorded samples and durations).
 # 3. Calibrate the simulator's timing model on the real run (one timing for all workers,
-#    threads sharing the machine's cores).
+#    threads sharing the machine's cores), with calibrate's defaults otherwise.
 # 4. Predict another worker count with the calibrated simulator, run it for real, compare.
 #
 # The conclusion at the end is computed from the numbers of this run.
@@ -73,6 +73,9 @@ display(Image(filename=str(out / "compare-replay" / "compare.png")))
 # %%
 calibrated = out / "calibrated.toml"
 # Threads beyond the cores run in per-core time slices of this machine's measured OS slice.
+# By default calibrate also measures this machine's load balancer (the run was made here) and
+# fits common factors to the workers' rhythm where they kept one (`--migrate 0` and
+# `--common off` leave them out).
 run("calibrate", str(measured), "--out", str(calibrated), "--pool", "--cores", str(CORES),
     "--quantum", "auto")
 print("\n".join(line for line in calibrated.read_text().splitlines()
@@ -116,7 +119,9 @@ if ra["coupling"] is not None and rb["coupling"] is not None:
         f"{ra['independent_staleness']:.3g} measured and {rb['independent_staleness']:.3g} "
         f"simulated; the measured staleness is {ra['coupling']:.3f} of its value and the "
         f"simulated {rb['coupling']:.3f}"
-        + (" (the real workers kept a common rhythm: `calibrate --common rhythm` fits it)."
+        + (" (the real workers kept a common rhythm that the prediction lacks; the "
+           "calibration's `common factors` and `rhythm` lines above say what was fitted to "
+           f"the k = {CALIBRATE_AT} run's)."
            if ra["coupling"] < 0.95 <= rb["coupling"] else ".")
     )
 display(Markdown(text))

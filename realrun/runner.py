@@ -16,6 +16,7 @@ parent (``realrun.worker.die_with_parent``).
 from __future__ import annotations
 
 import dataclasses
+import platform
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -491,6 +492,7 @@ def summary_extra(run: RealRun) -> dict[str, Any]:
                      "workers": run.workers, "dtype": run.dtype,
                      "device": run.device, "launch": run.launch, "pattern": run.pattern,
                      "accumulate": run.accumulate, "cpus": run.cpus,
+                     "host": platform.node(),
                      "recorder": run.recorder, "cpu_latency": run.cpu_latency,
                      "shared_write": run.shared_write, "write_meetings": run.write_meetings,
                      "wall_seconds": run.seconds,

@@ -168,15 +168,21 @@ def cpu_latency(summary: dict[str, Any]) -> dict[str, Any] | None:
     return real.get("cpu_latency") if isinstance(real, dict) else None
 
 
-def _real_field(run_dir: str | Path, key: str) -> dict[str, Any] | None:
-    """``real.<key>`` of the run directory's ``summary.json`` (None without a readable one,
-    for a simulated run, or where it was not measured)."""
+def run_real(run_dir: str | Path) -> dict[str, Any] | None:
+    """The ``real`` section of the run directory's ``summary.json``: what a real backend
+    recorded (None without a readable summary, or for a simulated or replayed run)."""
     try:
         summary = json.loads((Path(run_dir) / "summary.json").read_text())
     except (OSError, ValueError):
         return None
     real = summary.get("real") if isinstance(summary, dict) else None
-    value = real.get(key) if isinstance(real, dict) else None
+    return real if isinstance(real, dict) else None
+
+
+def _real_field(run_dir: str | Path, key: str) -> dict[str, Any] | None:
+    """``real.<key>`` of the run directory's ``summary.json`` (None without a readable one,
+    for a simulated run, or where it was not measured)."""
+    value = (run_real(run_dir) or {}).get(key)
     return value if isinstance(value, dict) else None
 
 

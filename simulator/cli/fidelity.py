@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import platform
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -62,8 +63,46 @@ def _quantum(text: str) -> tuple[int, str]:
     return ns("--quantum", text), ""
 
 
-def _migrate(text: str, cores: int, quantum: int, slicing: str) -> tuple[int, str]:
-    """``--migrate``: ns, or ``auto`` to measure this machine's load balancer (and say how)."""
+def _balanced_elsewhere(runs: list[str]) -> str:
+    """Why this machine's load balancer may not be the one that moved the runs' workers (''
+    when it is: real runs of unpinned CPU worker processes, recorded on this host)."""
+    from simulator.rundir import run_real
+
+    here = platform.node()
+    for run in runs:
+        real = run_real(run)
+        if real is None:
+            return f"{run} is not a real run"
+        if real.get("backend") != "shm":
+            return f"{run} ran on the {real.get('backend')} backend, not CPU processes"
+        if real.get("host") != here:
+            return f"{run} does not say it ran on this host ({here})"
+        if real.get("cpus"):
+            return f"{run}'s workers were pinned"
+    return ""
+
+
+def _migrate(text: str | None, cores: int, quantum: int, slicing: str,
+             runs: list[str]) -> tuple[int, str]:
+    """``--migrate``: ns, or ``auto`` to measure this machine's load balancer (and say how);
+    not given, ``auto`` where it applies (per-core time slices, runs made here), else 0 and,
+    with per-core slices, why not (also when the measurement fails).
+
+    Raises:
+        ScenarioError: ``text`` is not ns, or a value other than 0 without per-core slices.
+        AsyngradError: ``auto`` given and this machine's balancer cannot be measured.
+    """
+    if text is None:
+        if not (cores and quantum and slicing == "per_core"):
+            return 0, ""
+        elsewhere = _balanced_elsewhere(runs)
+        if elsewhere:
+            return 0, (f"none: not measured, as {elsewhere} (--migrate auto measures this "
+                       "machine's balancer, --migrate NS gives one)")
+        try:
+            return _migrate("auto", cores, quantum, slicing, runs)
+        except AsyngradError as err:  # a default does not stop the calibration
+            return 0, f"none: the measurement failed ({err})"
     migrate = None if text == "auto" else ns("--migrate", text)
     if migrate == 0:
         return 0, ""
@@ -91,10 +130,12 @@ def _calibrate(args: argparse.Namespace) -> int:
     if args.cores < 0:
         raise ScenarioError("--cores", args.cores, "must be >= 0 (0: one per thread)")
     quantum, measured = _quantum(args.quantum)
-    migrate, balancer = _migrate(args.migrate, args.cores, quantum, args.slicing)
+    migrate, balancer = _migrate(args.migrate, args.cores, quantum, args.slicing,
+                                 list(args.run_dir))
     if args.common == "rhythm" and not args.quiet:
-        print("fitting common factors to the runs' rhythm (up to 12 simulations of the calibrated "
-              "scenario, at most 20,000 updates each)...", flush=True)
+        print("common factors: fitted to the runs' rhythm where their workers kept one (up to "
+              "12 simulations of the calibrated scenario, at most 20,000 updates each)...",
+              flush=True)
     resolved = [Path(run).resolve() for run in args.run_dir]
     for index, run in enumerate(args.run_dir):
         if resolved[index] in resolved[:index]:
@@ -119,6 +160,8 @@ def _calibrate(args: argparse.Namespace) -> int:
         scenario = dataclasses.replace(scenario, devices=tuple(
             _migrating(d, migrate) for d in scenario.devices))
         report["migrate"] = balancer or f"{migrate / 1e6:.3g} ms between moves (given)"
+    elif balancer:
+        report["migrate"] = balancer
     if measured:
         report["time_slice"] = measured
     # Where the host put the runs' CPUs (real runs on a virtual machine): a scenario fitted
@@ -166,10 +209,13 @@ def add_commands(commands: Any) -> None:
                      help="time slices per core (each thread keeps its core, as Linux keeps "
                           "processes, until a core goes idle; default) or global (all threads "
                           "rotate over all cores)")
-    cal.add_argument("--migrate", default="0", metavar="NS",
+    cal.add_argument("--migrate", default=None, metavar="NS",
                      help="with --slicing per_core: the OS load balancer moves a waiting "
                           "thread to another core every NS ns on average (0: only to a core "
-                          "left idle; auto: measure this machine's balancer)")
+                          "left idle; auto: measure this machine's balancer). Default: auto "
+                          "where it applies (--cores and --quantum given, per-core slicing, "
+                          "and real runs of unpinned CPU processes that say they ran on this "
+                          "host), else 0 (also when the measurement fails; the file says why)")
     for flag, default, what in (
             ("--convoys", "auto", "write convoys (overlapping writes that end together): fit "
              "them when the run shows them (for runs of one worker, in the meetings their "
@@ -177,11 +223,13 @@ def add_commands(commands: Any) -> None:
              "overlapping writes end apart, what their meetings lose (passing writes) (auto, "
              "default); convoys whenever "
              "writes met (on); neither (off)"),
-            ("--common", "off", "common factors (durations of one phase alike on workers "
-             "that start it together): fit them when some phase's correlation reaches 0.05 "
-             "(auto), whenever two workers ran (on), with one strength chosen so the "
-             "simulation keeps the run's rhythm (rhythm: staleness over the independent-"
-             "phase value, as compare reports it), or never (off, default)"),
+            ("--common", "rhythm", "common factors (durations of one phase alike on workers "
+             "that start it together): with one strength chosen so the simulation keeps the "
+             "run's rhythm (rhythm, default: fitted only when the run's staleness is below "
+             "0.95 of the independent-phase value, as compare reports it, and the simulation "
+             "without them does not keep it; otherwise none), when some phase's "
+             "correlation reaches 0.05 (auto), whenever two workers ran (on), or never "
+             "(off)"),
             ("--interference", "auto", "slowdowns of a worker's phase under another's (a "
              "write while the other computes, say): fit them when one reaches 0.1 (auto, "
              "default), whenever two workers ran (on), or never (off)"),

@@ -176,8 +176,10 @@ def _describe_rhythm(report: dict[str, dict[str, Any]], common: dict[str, Any]) 
     low = min(r["coupling"] for r in found.values())
     if low >= RHYTHM_NOTE:
         return f"{parts} (phases independent, as simulated)"
-    if common.get("fields") and "goal" in common:
-        return f"{parts}: the workers kept a common rhythm, modelled by the common factors above"
+    if common.get("to_rhythm"):  # --common rhythm: fitted, or why not
+        return (f"{parts}: the workers kept a common rhythm, " + (
+            "modelled by the common factors above" if common["fields"] else
+            f"no common factors fitted to it ({common['why']})"))
     expect = ("no update saw another's completion (a lock)" if low == 0 else
               f"expect simulated staleness up to {1 / low:.2f}× the real one")
     return (f"{parts}: the workers kept a common rhythm that the simulator's independent "

@@ -45,8 +45,9 @@ def fit_rhythm(scenario: Scenario, targets: list[tuple[int, int, float | None]],
     ``targets``: (workers, updates, coupling) of each run; ``bins``: :func:`fit_common`'s
     report in ``on`` mode, whose τ is kept. One c for every phase, chosen by bisection so
     that ``scenario`` simulated at each run's worker count gives the runs' mean coupling.
-    Returns a report like :func:`fit_common`'s, with the bisection's steps."""
-    report: dict[str, Any] = {"fields": None, "bins": bins.get("bins")}
+    Returns a report like :func:`fit_common`'s, with the bisection's steps (``to_rhythm``
+    marks it as this fit's, fields or none)."""
+    report: dict[str, Any] = {"fields": None, "bins": bins.get("bins"), "to_rhythm": True}
     wanted = [t for t in targets if t[2] is not None]
     if not wanted:
         report["why"] = "fewer than two workers ran together"

@@ -2,6 +2,7 @@
 
 import json
 import os
+import platform
 import signal
 import subprocess
 import sys
@@ -219,6 +220,7 @@ def test_cli_real_run_and_its_replay(tmp_path):
     assert recorded.source == "real" and len(recorded) == 3000
     summary = json.loads((out / "summary.json").read_text())
     assert set(summary["real"]) >= {"cpu_latency", "recorder"}
+    assert summary["real"]["host"] == platform.node()  # calibrate's balancer applies here
     _, _, again = replay(recorded)
     # Trace-driven simulation puts every event at its recorded time: per worker, the same
     # timestamps; hence the same interleaving (up to the order of equal timestamps).

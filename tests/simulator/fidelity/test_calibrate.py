@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import platform
+
 import numpy as np
 import pytest
 
@@ -127,6 +129,74 @@ def test_calibrate_migrate_sets_the_balancer_of_sliced_devices(tmp_path):
     assert slices is not None
     assert (slices.migrate, slices.slicing, slices.quantum) == (80_000_000, "per_core",
                                                                 4_000_000)
+
+
+def _as_real(run, **real):
+    """``run`` with a real backend's summary section, as ``asyngrad real`` writes it."""
+    import json
+
+    summary = json.loads((run / "summary.json").read_text())
+    summary["real"] = {"backend": "shm", "host": platform.node(), "cpus": None, **real}
+    (run / "summary.json").write_text(json.dumps(summary))
+    return run
+
+
+def test_calibrate_measures_the_balancer_by_default_only_where_it_moved_the_runs(
+        tmp_path, monkeypatch):
+    """Not given, ``--migrate`` is ``auto`` for real runs of unpinned CPU processes made on
+    this host, with per-core time slices; otherwise 0, and with per-core slices the file
+    says why, as it does when the measurement fails. ``--migrate 0`` still leaves the balancer
+    out; ``--migrate auto`` that cannot measure is an error."""
+    import realrun.host.timeslice
+
+    asked = []
+
+    def measured(cores, quantum):
+        asked.append((cores, quantum))
+        return 93_000_000, 31
+
+    monkeypatch.setattr(realrun.host.timeslice, "measure_migration", measured)
+    sliced = ["--pool", "--cores", "2", "--quantum", "4000000", "--quiet"]
+
+    files = iter(range(100))
+
+    def balancer(run, *options):
+        out = tmp_path / f"cal{next(files)}.toml"
+        assert main(["calibrate", str(run), "--out", str(out), *options]) == 0
+        slices = load_scenario(out).hardware_of(0).time_slices
+        lines = [x for x in out.read_text().splitlines() if x.startswith("#   load balancer")]
+        return (slices.migrate if slices else None), lines
+
+    simulated = _source(tmp_path)
+    migrate, lines = balancer(simulated, *sliced)
+    assert migrate == 0 and not asked
+    assert lines == [f"#   load balancer: none: not measured, as {simulated} is not a real run "
+                     "(--migrate auto measures this machine's balancer, --migrate NS gives one)"]
+    assert balancer(simulated, "--quiet") == (None, [])  # no time slices: nothing to say
+    here = _as_real(_source(tmp_path / "here"))
+    migrate, lines = balancer(here, *sliced)
+    assert migrate == 93_000_000 and asked == [(2, 4_000_000)]
+    assert lines[0].startswith("#   load balancer: 93 ms between moves, measured on this machine")
+    assert balancer(here, *sliced, "--migrate", "0") == (0, [])
+    assert balancer(here, *sliced, "--slicing", "global")[0] == 0
+    for real, why in (({"host": "elsewhere"}, "does not say it ran on this host"),
+                      ({"cpus": [0, 1]}, "workers were pinned"),
+                      ({"backend": "ps"}, "ran on the ps backend")):
+        run = _as_real(_source(tmp_path / why.split()[-1]), **real)
+        migrate, lines = balancer(run, *sliced)
+        assert migrate == 0 and why in lines[0], lines
+    assert len(asked) == 1
+
+    def failed(cores, quantum):
+        raise AsyngradError("--migrate auto: no two spinning processes were seen sharing a "
+                            "core; give the mean interval in ns")
+
+    monkeypatch.setattr(realrun.host.timeslice, "measure_migration", failed)
+    migrate, lines = balancer(here, *sliced)  # the default: said, and the fit goes on
+    assert migrate == 0 and lines[0].startswith("#   load balancer: none: the measurement "
+                                                "failed (--migrate auto: no two spinning")
+    assert main(["calibrate", str(here), "--out", str(tmp_path / "x.toml"), *sliced,
+                 "--migrate", "auto"]) == 2  # asked for: an error
 
 
 def test_idle_time_between_updates_is_simulated_and_recovered(tmp_path):

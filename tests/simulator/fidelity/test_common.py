@@ -17,9 +17,16 @@ from simulator.fidelity.calibrate import calibrate
 from simulator.fidelity.common import fit_common
 from simulator.fidelity.report import calibrated_toml
 from simulator.metrics import interference, trace_rhythm
+from simulator.scenario import load_scenario
 from simulator.timing import CommonFactor
 from simulator.trace import Trace
-from tests.conftest import check_fit_choice, fitted, same_every_way, scenario
+from tests.conftest import (
+    check_fit_choice,
+    fitted,
+    one_worker_run,
+    same_every_way,
+    scenario,
+)
 
 COMMON = ("timing.read_common=0.8", "timing.grad_common=0.6", "timing.write_common=0.4",
           "timing.idle_common=0.7")
@@ -201,3 +208,25 @@ def test_common_factors_fitted_to_the_rhythm_give_it_back(tmp_path):
     check_fit_choice(run, tmp_path, "common", "rhythm", "#   common factors: fitted to the rhythm")
     _, alone = calibrate(tmp_path / "alone", common="rhythm")  # made by check_fit_choice
     assert alone["common"]["fields"] is None and "two workers" in alone["common"]["why"]
+
+
+def test_calibrate_fits_the_rhythm_by_default_only_where_the_workers_kept_one(tmp_path):
+    """``asyngrad calibrate`` without ``--common`` fits common factors to a run whose workers
+    kept a rhythm, and writes none for independent workers or one worker; ``--common off``
+    writes none at all."""
+    def common(run, *options):
+        out = tmp_path / f"{run.name}{len(options)}.toml"
+        assert main(["calibrate", str(run), "--pool", "--out", str(out), "--quiet",
+                     *options]) == 0
+        return load_scenario(out).hardware_of(0).common, out.read_text()
+
+    together = _rhythm_run(tmp_path, "together", 0.99)
+    spec, text = common(together)
+    assert spec is not None and "#   common factors: fitted to the rhythm" in text
+    assert "modelled by the common factors above" in text
+    spec, text = common(together, "--common", "off")
+    assert spec is None and "calibrate --common rhythm models it" in text
+    spec, text = common(_rhythm_run(tmp_path, "apart", 0))
+    assert spec is None and "the run's workers are independent" in text
+    spec, text = common(one_worker_run(tmp_path / "alone"))
+    assert spec is None and "fewer than two workers ran together" in text
