@@ -8,7 +8,7 @@ import pytest
 from simulator.engine import simulate
 from simulator.errors import ScenarioError
 from simulator.problems import make_problem
-from simulator.rules import round_significand
+from simulator.rules import round_significand, staleness_scale
 from tests.conftest import CONSTANT, scenario
 
 SERIAL = ("problem.name=quadratic", "problem.dim=6", "problem.n_samples=40", "run.lr=0.05",
@@ -174,3 +174,16 @@ def test_injection_streams_leave_samples_and_timings_alone():
         assert np.array_equal(a, b)
     assert np.array_equal(plain["write_end"], injected["write_end"])
     assert not np.array_equal(plain["w_final"], injected["w_final"])
+
+
+def test_a_paused_thread_applies_its_rule_when_its_write_begins():
+    """staleness_lr with thread 0 paused from within its first gradient (ends at 8,000 ns)
+    until 59,000 ns, while thread 1 completes an update every 10,000 ns: thread 0's write
+    begins after the pause and is scaled for the 5 completions made by then (not for the
+    none made when its gradient ended)."""
+    _, _, trace = run("run.protocol=staleness_lr", "run.threads=2",
+                      "inject.pauses=[{thread=0, start=5000, end=59000}]")
+    first = int(np.flatnonzero(trace["thread"] == 0)[0])
+    assert trace["grad_end"][first] == 8000 and trace["write_start"][first] == 59000
+    before = int((trace["write_end"][trace["step"] > 0] <= 59000).sum())
+    assert before == 5 and trace["lr_scale"][first] == staleness_scale(before)
