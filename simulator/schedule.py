@@ -99,6 +99,7 @@ class Scheduler:
         self.last = -1
         self.chosen: list[int] = []  # the schedule so far
         self.seen: list[list[int]] = []  # dfs: the runnable threads at each step
+        self._uniform: list[float] = []  # random: uniform draws on [0, 1), in chunks
         if kind == "pct":
             # Initial priorities d .. d+k−1 (distinct, random order); change points get 1..d−1.
             self.priority = (self.rng.permutation(threads) + depth).tolist()
@@ -119,7 +120,9 @@ class Scheduler:
             else:
                 choice = self.last if self.last in runnable else runnable[0]
         elif self.kind == "random":
-            choice = runnable[int(self.rng.integers(len(runnable)))]
+            if not self._uniform:
+                self._uniform = self.rng.random(256).tolist()[::-1]
+            choice = runnable[int(self._uniform.pop() * len(runnable))]
         elif self.kind == "roundrobin":
             later = [t for t in runnable if t > self.last]
             choice = later[0] if later else runnable[0]

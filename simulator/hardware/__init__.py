@@ -75,6 +75,9 @@ def build(engine: Engine) -> Machine:
     """
     scenario = engine.scenario
     hardware = [scenario.hardware_of(d) for d in range(len(scenario.devices))]
+    if all(spec is None for h in hardware for table, spec in vars(h).items()
+           if table != "common"):  # (common factors shape the drawn durations alone)
+        return Machine([])
     slices = TimeSlices(scenario, engine.threads)
     sliced = slices if slices.active else None
     episodes = (Episodes(engine, sliced) if any(h.episodes for h in hardware) else None)
