@@ -1,0 +1,164 @@
+"""The floor of an exact event-ordered simulation in Python: minimal loops of the engine's
+lock-free semantics (k threads, one block: the read's copy at its end, the load at the
+write's start, the store ``loaded − lr·g`` at its end, in time order), with no records, against
+the bare SGD loop and the engine, side by side (docs/performance.md).
+
+    python bench/floor.py            # d = 100, k = 8, 20,000 updates, 5 alternating repeats
+    python bench/floor.py --quick
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import platform
+import sys
+import time
+from pathlib import Path
+
+if sys.path and Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
+    sys.path.pop(0)  # (this folder would shadow the simulator package)
+
+import numpy as np
+import simpy
+
+from simulator.engine import Engine
+from simulator.problems import Problem, make_problem
+from simulator.scenario import load_scenario
+
+LR = 0.02
+_SHIFT = 8  # heap keys: time << _SHIFT | thread
+
+
+def _durations(threads: int, updates: int) -> list[list[tuple[int, int, int]]]:
+    """Per thread, (read, gradient, write) ns for as many updates as the run has."""
+    rng = np.random.default_rng(1)
+    ns = np.maximum(1, rng.lognormal(np.log(500), 0.5, size=(threads, updates, 3)).astype(int))
+    return [[tuple(row) for row in per.tolist()] for per in ns]
+
+
+def heap_loop(problem: Problem, samples: list[int], threads: int,
+              durations: list[list[tuple[int, int, int]]], record: bool = False) -> np.ndarray:
+    """One ``heapq`` of integer keys; one pop or replace per touch."""
+    grad, copyto, subtract = problem.grad, np.copyto, np.subtract
+    w = problem.initial()
+    local = [np.empty_like(w) for _ in range(threads)]
+    loaded = [np.empty_like(w) for _ in range(threads)]
+    step: list[np.ndarray | None] = [None] * threads
+    phase, sample, todo = [0] * threads, [0] * threads, [iter(d) for d in durations]
+    now: list[tuple[int, int, int]] = [(0, 0, 0)] * threads
+    rows: list[tuple[int, int, int]] = []
+    heap, started, n = [], 0, len(samples)
+    for thread in range(min(threads, n)):
+        now[thread], sample[thread] = next(todo[thread]), samples[started]
+        started += 1
+        heap.append((now[thread][0] << _SHIFT) | thread)
+    heapq.heapify(heap)
+    mask = (1 << _SHIFT) - 1
+    while heap:
+        key = heap[0]
+        thread = key & mask
+        if phase[thread] == 0:
+            copyto(local[thread], w)
+            phase[thread] = 1
+            heapq.heapreplace(heap, key + (now[thread][1] << _SHIFT))
+        elif phase[thread] == 1:
+            g, _ = grad(local[thread], sample[thread])
+            g *= LR
+            step[thread] = g
+            copyto(loaded[thread], w)
+            phase[thread] = 2
+            heapq.heapreplace(heap, key + (now[thread][2] << _SHIFT))
+        else:
+            subtract(loaded[thread], step[thread], out=w)
+            if record:
+                rows.append((started, thread, key >> _SHIFT))
+            if started < n:
+                now[thread], sample[thread] = next(todo[thread]), samples[started]
+                started += 1
+                phase[thread] = 0
+                heapq.heapreplace(heap, key + (now[thread][0] << _SHIFT))
+            else:
+                heapq.heappop(heap)
+    return w
+
+
+def simpy_loop(problem: Problem, samples: list[int], threads: int,
+               durations: list[list[tuple[int, int, int]]]) -> np.ndarray:
+    """The same loop with one simpy timeout per touch."""
+    env, w = simpy.Environment(), problem.initial()
+    state = {"started": 0}
+
+    def thread(index: int):
+        local, loaded = np.empty_like(w), np.empty_like(w)
+        todo = iter(durations[index])
+        while state["started"] < len(samples):
+            z = samples[state["started"]]
+            state["started"] += 1
+            read, grad_ns, write = next(todo)
+            yield env.timeout(read)
+            np.copyto(local, w)
+            yield env.timeout(grad_ns)
+            g, _ = problem.grad(local, z)
+            g *= LR
+            np.copyto(loaded, w)
+            yield env.timeout(write)
+            np.subtract(loaded, g, out=w)
+
+    for index in range(threads):
+        env.process(thread(index))
+    env.run()
+    return w
+
+
+def bare(problem: Problem, samples: list[int]) -> np.ndarray:
+    w = problem.initial()
+    for z in samples:
+        g, _ = problem.grad(w, z)
+        w -= LR * g
+    return w
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="2,000 updates, 3 repeats")
+    args = parser.parse_args()
+    updates, repeats, threads = (2_000, 3, 8) if args.quick else (20_000, 5, 8)
+    scenario = load_scenario(None, [f"run.threads={threads}", f"run.updates={updates}",
+                                    "metrics.exact=false", "metrics.curve_points=0"])
+    problem = make_problem(scenario.problem)
+    problem.optimum()
+    samples = np.random.default_rng(0).integers(0, problem.n_samples, updates).tolist()
+    durations = _durations(threads, updates)
+    # A check before the timings: one thread is plain SGD, bit for bit.
+    one = _durations(1, updates)
+    assert heap_loop(problem, samples, 1, one).tobytes() == bare(problem, samples).tobytes()
+    assert simpy_loop(problem, samples, 1, one).tobytes() == bare(problem, samples).tobytes()
+    cases = {
+        "bare SGD loop": lambda: bare(problem, samples),
+        "heapq, one pop or replace per touch": lambda: heap_loop(problem, samples, threads,
+                                                                 durations),
+        "the same, one record per update": lambda: heap_loop(problem, samples, threads,
+                                                             durations, record=True),
+        "the same loop, one simpy timeout per touch": lambda: simpy_loop(
+            problem, samples, threads, durations),
+        "the engine": lambda: Engine(scenario, problem).run(),
+    }
+    times: dict[str, list[float]] = {name: [] for name in cases}
+    for repeat in range(repeats):  # alternating, the order reversed every other repeat
+        for name in (list(cases) if repeat % 2 == 0 else list(cases)[::-1]):
+            started = time.perf_counter()
+            cases[name]()
+            times[name].append((time.perf_counter() - started) / updates)
+    print(f"# {time.strftime('%Y-%m-%d')}, {platform.machine()}, Python "
+          f"{platform.python_version()}, numpy {np.__version__}, simpy {simpy.__version__}; "
+          f"d = {problem.dim}, k = {threads}, B = 1, {updates:,} updates, min of {repeats}")
+    base = min(times["bare SGD loop"])
+    print("| loop | µs/update | ratio to the bare loop |")
+    print("|---|---:|---:|")
+    for name, spent in times.items():
+        print(f"| {name} | {min(spent) * 1e6:.2f} | {min(spent) / base:.2f} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,18 @@
+"""bench/floor.py runs (its loops agree with plain SGD at one thread before any timing)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_the_floor_bench_checks_its_loops_and_prints_its_table():
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "floor.py"), "--quick"],
+                         capture_output=True, text=True, check=True, cwd=ROOT).stdout
+    rows = [line for line in out.splitlines() if line.startswith("| ") and "µs" not in line]
+    assert [row.split(" | ")[0][2:] for row in rows] == [
+        "bare SGD loop", "heapq, one pop or replace per touch", "the same, one record per update",
+        "the same loop, one simpy timeout per touch", "the engine"]
