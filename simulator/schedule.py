@@ -1,10 +1,11 @@
 """Controlled interleavings: a scheduler, not sampled durations, decides who acts next.
 
 The timing engine shows what typical timings produce; the interesting interleavings are often
-rare. Here every thread runs the same update as in the engine (DESIGN §3), cut into atomic
-actions — one block read, the gradient, one block load, one block store (``load_store``) or
-one block add (``atomic_add``) — and at each step a scheduler picks the thread that performs
-its next action. A run is fully described by its scenario and its schedule, the sequence of
+rare. Here the engine's own loop runs with a scheduler as its time source
+(``simulator.clock.Scheduled``): every protocol, its update cut into atomic actions — one
+block read, the gradient, one block load, one block store (``load_store``) or one block add
+(``atomic_add``) — and at each step the scheduler picks the thread that performs its next
+action. A run is fully described by its scenario and its schedule, the sequence of
 chosen threads, written compactly as ``0x3.1.0x2`` (thread 0 three times, then 1, then 0
 twice); replaying a schedule reproduces the run bit for bit.
 
@@ -84,7 +85,8 @@ def parse_schedule(text: str) -> list[int]:
 
 
 class Scheduler:
-    """Chooses the thread that acts at each step."""
+    """Chooses the thread that acts at each step of one run (it keeps that run's state:
+    ``chosen``, the schedule so far; a new run takes a new scheduler)."""
 
     def __init__(self, kind: str, threads: int, seed: int = 0, depth: int = 1,
                  steps: int = 1, schedule: list[int] | None = None) -> None:
