@@ -123,7 +123,7 @@ class Scheduler:
                 choice = self.last if self.last in runnable else runnable[0]
         elif self.kind == "random":
             if not self._uniform:
-                self._uniform = self.rng.random(256).tolist()[::-1]
+                self._uniform = self.rng.random(32).tolist()[::-1]
             choice = runnable[int(self._uniform.pop() * len(runnable))]
         elif self.kind == "roundrobin":
             later = [t for t in runnable if t > self.last]

@@ -63,6 +63,8 @@ CURVE: dict[str, type] = {"curve_t": np.int64, "curve_time": np.int64,
                           "curve_n": np.int64}
 OTHER: dict[str, type] = {"op_offsets": np.int64, "w0": np.float64, "w_final": np.float64,
                           **CURVE}
+# Every array a trace must hold, with its dtype (checked when a trace is made).
+_EXPECTED = {name: np.dtype(t) for name, t in {**COLUMNS, **OPS, **OTHER}.items()}
 # What a backend records per gradient, in this order (``TraceBuilder.add``): the columns
 # above less the derived ones, plus two completion counts: ``seen``, the completions before
 # the vector the gradient read (−1: not counted, taken from the times), and ``completed``,
@@ -106,14 +108,14 @@ class Trace:
         return self.arrays[name]
 
     def _validate(self) -> None:
-        expected = {**COLUMNS, **OPS, **OTHER}
+        expected = _EXPECTED
         missing = sorted(set(expected) - set(self.arrays))
         if missing:
             raise TraceError(f"trace: missing arrays {', '.join(missing)}")
         rows = self.arrays["uid"].shape
         for name, dtype in expected.items():
             array = self.arrays[name]
-            if array.dtype != np.dtype(dtype) or array.ndim != 1:
+            if array.dtype != dtype or array.ndim != 1:
                 raise TraceError(f"trace: array {name} has dtype {array.dtype} and shape "
                                  f"{array.shape}; expected 1-d {np.dtype(dtype)}")
             if name in COLUMNS and array.shape != rows:

@@ -63,6 +63,8 @@ class Machine:
     def hooks(self, name: str, threads: int) -> list[list[Any]]:
         """Per thread, the hook ``name`` of each model that implements it and acts on the
         thread, in model order."""
+        if not self.models:
+            return [[] for _ in range(threads)]
         return [[getattr(m, name) for m in self.models if overrides(m, name) and m.on(t)]
                 for t in range(threads)]
 
