@@ -71,7 +71,8 @@ class Engine:
     ``env``, ``clock`` (each thread's own, which may run ahead of simpy's), ``mem``,
     ``source``, ``completed``, ``started``, ``lost`` (per uid: its stores overwritten),
     ``dense_ops``, ``sparse``, ``replayed``, ``own_cores``, and the methods ``advance``,
-    ``catch_up``, ``skip_holds`` and ``discard``.
+    ``catch_up``, ``skip_holds`` and ``discard``. Its ``ledger`` (``simulator.ledger``)
+    keeps the completions and the trace rows; set ``ledger.progress`` to follow a run.
 
     ``choose`` puts a scheduler in place of durations (``simulator.schedule``). A caller
     that runs one scenario many times passes it written as TOML (``text``) and says it has

@@ -11,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from simulator.cli import main
+from simulator.engine import Engine
 from simulator.errors import ScenarioError
 from simulator.problems import SparseLogisticProblem
 from simulator.rules import staleness_scale
@@ -51,6 +52,9 @@ def test_bad_schedule_strings_and_schedules_are_one_clear_error():
     with pytest.raises(ScenarioError, match=r"inject\.stragglers = .*decides when"):
         run_schedule(scenario(*TINY, "inject.stragglers=[{thread = 0, factor = 2.0}]"),
                      Scheduler("random", 2))
+    with pytest.raises(ScenarioError, match=r"inject\.pauses = .*decides when"):  # the engine too
+        Engine(scenario(*TINY, "inject.pauses=[{thread = 0, start = 1, end = 5}]"),
+               choose=lambda runnable: runnable[0])
 
 
 def test_round_robin_interleaving_worked_by_hand():
