@@ -3,6 +3,11 @@ lock-free semantics (k threads, one block: the read's copy at its end, the load 
 write's start, the store ``loaded − lr·g`` at its end, in time order), with no records, against
 the bare SGD loop and the engine, side by side (docs/performance.md).
 
+Then the same for controlled schedules (``asyngrad explore``, k = 2, T = 2, d = 4): a run is
+eight steps (per update: copy, gradient, load, store), each chosen by a scheduler drawing
+uniforms 32 at a time; a plain Python loop, the same with one simpy event per step, and
+``explore``'s random scheduler on the engine, in schedules per second.
+
     python bench/floor.py            # d = 100, k = 8, 20,000 updates, 5 alternating repeats
     python bench/floor.py --quick
 """
@@ -44,7 +49,7 @@ def heap_loop(problem: Problem, samples: list[int], threads: int,
     w = problem.initial()
     local = [np.empty_like(w) for _ in range(threads)]
     loaded = [np.empty_like(w) for _ in range(threads)]
-    step: list[np.ndarray | None] = [None] * threads
+    step = [w] * threads  # (each replaced by its lr·g before the store reads it)
     phase, sample, todo = [0] * threads, [0] * threads, [iter(d) for d in durations]
     now: list[tuple[int, int, int]] = [(0, 0, 0)] * threads
     rows: list[tuple[int, int, int]] = []
@@ -111,6 +116,109 @@ def simpy_loop(problem: Problem, samples: list[int], threads: int,
     return w
 
 
+def _scheduled(problem: Problem, samples: list[int], threads: int, seed: int,
+               env: simpy.Environment | None = None) -> np.ndarray:
+    """One controlled run: at each step a uniform draw picks one of the threads that can act,
+    which does its next action (copy, gradient, load, store); with ``env``, each step is a
+    simpy event the chosen thread waits for."""
+    w = problem.initial()
+    local = [np.empty_like(w) for _ in range(threads)]
+    loaded = [np.empty_like(w) for _ in range(threads)]
+    step = [w] * threads  # (each replaced by its lr·g before the store reads it)
+    phase, sample = [0] * threads, [0] * threads
+    rng = np.random.default_rng([seed, 0x5C4ED])
+    uniforms: list[float] = []
+    started, n = 0, len(samples)
+    waiting: dict[int, simpy.Event] = {}
+
+    def act(thread: int) -> None:
+        """The thread's next action."""
+        nonlocal w, started
+        if phase[thread] == 0:
+            sample[thread] = samples[started]
+            started += 1
+            copyto(local[thread], w)
+        elif phase[thread] == 1:
+            g, _ = problem.grad(local[thread], sample[thread])
+            g *= LR
+            step[thread] = g
+        elif phase[thread] == 2:
+            copyto(loaded[thread], w)
+        else:
+            subtract(loaded[thread], step[thread], out=w)
+        phase[thread] = (phase[thread] + 1) % 4
+
+    def ready() -> list[int]:
+        return [t for t in range(threads) if phase[t] or started < n]
+
+    copyto, subtract = np.copyto, np.subtract
+    if env is None:
+        while runnable := ready():
+            if not uniforms:
+                uniforms = rng.random(32).tolist()[::-1]
+            act(runnable[int(uniforms.pop() * len(runnable))])
+        return w
+
+    def worker(thread: int):
+        while True:
+            waiting[thread] = event = env.event()
+            yield event
+            act(thread)
+
+    def scheduler():
+        nonlocal uniforms
+        while runnable := ready():
+            if not uniforms:
+                uniforms = rng.random(32).tolist()[::-1]
+            waiting.pop(runnable[int(uniforms.pop() * len(runnable))]).succeed()
+            yield env.timeout(1)
+
+    for thread in range(threads):
+        env.process(worker(thread))
+    env.process(scheduler())
+    env.run()
+    return w
+
+
+def schedules(repeats: int, runs: int) -> None:
+    """Controlled runs per second: the plain loop, on simpy, and ``explore`` (the engine)."""
+    from simulator.schedule import explore
+
+    scenario = load_scenario(None, ["problem.dim=4", "problem.n_samples=20", "run.blocks=1",
+                                    "metrics.curve_points=0", "run.threads=2",
+                                    "run.updates=2"])
+    problem = make_problem(scenario.problem)
+    problem.optimum()
+    samples = [3, 11]
+    one = bare(problem, samples)
+    assert _scheduled(problem, samples, 1, 0).tobytes() == one.tobytes()
+    assert _scheduled(problem, samples, 1, 0, simpy.Environment()).tobytes() == one.tobytes()
+    assert all(_scheduled(problem, samples, 2, seed).tobytes()
+               == _scheduled(problem, samples, 2, seed, simpy.Environment()).tobytes()
+               for seed in range(20))
+    cases = {
+        "plain Python loop, one choice per step": lambda: [
+            _scheduled(problem, samples, 2, seed) for seed in range(runs)],
+        "the same, one simpy event per step": lambda: [
+            _scheduled(problem, samples, 2, seed, simpy.Environment())
+            for seed in range(runs)],
+        "explore (the engine's loop, records, trace, objective)": lambda: explore(
+            scenario, "random", runs, "lost_blocks"),
+    }
+    times: dict[str, list[float]] = {name: [] for name in cases}
+    for repeat in range(repeats):
+        for name in (list(cases) if repeat % 2 == 0 else list(cases)[::-1]):
+            started = time.perf_counter()
+            cases[name]()
+            times[name].append((time.perf_counter() - started) / runs)
+    print(f"\nControlled schedules: k = 2, T = 2, d = 4, B = 1, {runs:,} runs, min of {repeats}")
+    print("| loop | schedules/s | cost / the plain loop |")
+    print("|---|---:|---:|")
+    base = min(times["plain Python loop, one choice per step"])
+    for name, spent in times.items():
+        print(f"| {name} | {1 / min(spent):,.0f} | {min(spent) / base:.1f} |")
+
+
 def bare(problem: Problem, samples: list[int]) -> np.ndarray:
     w = problem.initial()
     for z in samples:
@@ -158,6 +266,7 @@ def main() -> None:
     print("|---|---:|---:|")
     for name, spent in times.items():
         print(f"| {name} | {min(spent) * 1e6:.2f} | {min(spent) / base:.2f} |")
+    schedules(repeats, 300 if args.quick else 3_000)
 
 
 if __name__ == "__main__":
