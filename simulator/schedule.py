@@ -277,6 +277,29 @@ OBJECTIVES: dict[str, Callable[[Trace, float], float]] = {
 }
 
 
+def _objective(scenario: Scenario, name: str,
+               flag: str = "--objective") -> Callable[[Trace, float], float]:
+    """The objective ``name``'s measure on a trace of ``scenario``.
+
+    Raises:
+        ScenarioError: an unknown objective, or ``grad_error`` where the runs measure no
+            gradient error (``metrics.exact`` off, or a protocol whose updates are not SGD
+            steps: the serialized view's δ is off and every run would score 0).
+    """
+    if name not in OBJECTIVES:
+        raise ScenarioError(flag, name, f"must be one of {', '.join(OBJECTIVES)}")
+    if name == "grad_error":
+        protocol = scenario.run.protocol
+        if not scenario.metrics.exact:
+            raise ScenarioError(flag, name, "needs the exact metrics (metrics.exact = true): "
+                                "without them no run measures a gradient error")
+        if not make_protocol(protocol, scenario).exact_view:
+            raise ScenarioError(flag, name, f"is not measured under {protocol}: its updates "
+                                "are not SGD steps, so the serialized view has no gradient "
+                                "error to score")
+    return OBJECTIVES[name]
+
+
 def _identical(shared: _Shared, text: str, objective: str,
                value: float) -> tuple[ScheduledRun, bool]:
     """Run schedule ``text`` twice and compare every array of the two traces (a check for
@@ -300,11 +323,10 @@ def explore(scenario: Scenario, kind: str, runs: int, objective: str, depth: int
     Returns the report and that rerun.
 
     Raises:
-        ScenarioError: an unknown scheduler or objective, runs or keep < 1, depth < 1.
+        ScenarioError: an unknown scheduler or objective (or one the runs do not
+            measure: :func:`_objective`), runs or keep < 1, depth < 1.
     """
-    if objective not in OBJECTIVES:
-        raise ScenarioError("--objective", objective,
-                            f"must be one of {', '.join(OBJECTIVES)}")
+    measure = _objective(scenario, objective)
     if kind == "fixed":
         raise ScenarioError("--scheduler", kind, "replays one schedule: use asyngrad replay "
                             "--schedule")
@@ -330,7 +352,6 @@ def explore(scenario: Scenario, kind: str, runs: int, objective: str, depth: int
             raise ScenarioError(name, count, "must be >= 1")
     shared = _Shared(scenario)
     f_star = shared.problem.optimum()[1]
-    measure = OBJECTIVES[objective]
     threads = shared.threads
     # Steps of a run, for pct's change points: every update's actions.
     probe = shared.run(Scheduler("roundrobin", threads))
@@ -370,21 +391,19 @@ def enumerate_schedules(scenario: Scenario, objective: str, preemptions: int | N
     schedule by ``objective`` and the distribution of its values over the schedules run.
 
     Raises:
-        ScenarioError: an unknown objective, preemptions < 0 or limit < 1.
+        ScenarioError: an unknown objective (or one the runs do not measure),
+            preemptions < 0 or limit < 1.
     """
     import json
     from pathlib import Path
 
-    if objective not in OBJECTIVES:
-        raise ScenarioError("--objective", objective,
-                            f"must be one of {', '.join(OBJECTIVES)}")
+    measure = _objective(scenario, objective)
     if preemptions is not None and preemptions < 0:
         raise ScenarioError("--preemptions", preemptions, "must be >= 0")
     if limit is not None and limit < 1:
         raise ScenarioError("--limit", limit, "must be >= 1")
     shared = _Shared(scenario)
     f_star = shared.problem.optimum()[1]
-    measure = OBJECTIVES[objective]
     threads = shared.threads
     # The DFS stack: per step of the current path, the runnable threads, the ones tried,
     # and the preemptions up to and including that step.
@@ -571,6 +590,7 @@ def search_violation(scenario: Scenario, prop: Property, kind: str, runs: int,
     after which each thread runs until it cannot act; ``counterexample_schedule``: the whole
     schedule that run executed, which replays as written) and its metric
     (``counterexample`` is None when every run satisfied the property)."""
+    measure = _objective(scenario, prop.metric, "--property")
     shared = _Shared(scenario)
     f_star = shared.problem.optimum()[1]
     threads = shared.threads
@@ -587,7 +607,6 @@ def search_violation(scenario: Scenario, prop: Property, kind: str, runs: int,
             progress(1)
         if not prop.holds(result.trace, f_star):
             minimal, shrunk = shrink(scenario, prop, result.schedule, shared.problem)
-            measure = OBJECTIVES[prop.metric]
             report.update(
                 runs_until_found=run + 1, found=result.text,
                 found_value=measure(result.trace, f_star),
@@ -607,9 +626,9 @@ def greedy_schedule(scenario: Scenario, objective: str,
     """Build a schedule step by step, each time choosing the runnable thread that maximises
     ``objective`` of the run completed without further preemption (ties: the lowest thread).
     Returns the run, its objective and how many runs the search took."""
+    measure = _objective(scenario, objective)
     shared = _Shared(scenario)
     f_star = shared.problem.optimum()[1]
-    measure = OBJECTIVES[objective]
     threads = shared.threads
     prefix: list[int] = []
     tried = 0

@@ -242,6 +242,29 @@ def test_cli_property_search_writes_the_counterexample(tmp_path):
     assert held == 0
 
 
+@pytest.mark.parametrize("extra, reason", [
+    (("run.protocol=admm",), "not measured under admm"),
+    (("metrics.exact=false",), r"needs the exact metrics \(metrics.exact = true\)"),
+])
+def test_a_gradient_error_the_runs_do_not_measure_is_refused(tmp_path, capsys, extra, reason):
+    """Where no run measures δ (admm's local solves, exact metrics off) every run would
+    score 0 on grad_error: each way of asking for it is refused, naming the flag, and the
+    command writes nothing."""
+    sc = scenario(*TINY, "run.updates=2", *extra)
+    for call in (lambda: explore(sc, "random", 5, "grad_error"),
+                 lambda: explore(sc, "dfs", 5, "grad_error"),
+                 lambda: explore(sc, "adversarial", 5, "grad_error")):
+        with pytest.raises(ScenarioError, match=f"--objective = 'grad_error': .*{reason}"):
+            call()
+    with pytest.raises(ScenarioError, match=f"--property = 'grad_error': .*{reason}"):
+        search_violation(sc, Property.parse("grad_error <= 0.5"), "random", 5)
+    sets = [arg for o in (*TINY, "run.updates=2", *extra) for arg in ("--set", o)]
+    assert main(["explore", "--out", str(tmp_path / "x"), "--objective", "grad_error",
+                 "--runs", "5", *sets]) == 2
+    assert capsys.readouterr().err.count("\n") == 1 and not (tmp_path / "x").exists()
+    assert explore(sc, "random", 5, "staleness")[0]["runs"] == 5  # other objectives run
+
+
 def test_adversarial_greedy_search_finds_the_exact_worst_case_of_a_small_run():
     s = scenario(*TINY, "run.updates=2", "run.blocks=1")
     exact = enumerate_schedules(s, "grad_error")["values"]["max"]
