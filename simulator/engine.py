@@ -253,7 +253,8 @@ class Engine:
             if u.idle_ns or reshaped:
                 yield from self._idle(thread, u)
             if points or gated:
-                yield from self._enter(thread, u, protocol.before_read if gated else None)
+                yield from self._enter(thread, u, protocol.before_read if gated else None,
+                                       again=True)
             if u.read:
                 yield from self._read(thread, u)
             else:  # gradients accumulated on the vector this thread read last
@@ -289,22 +290,26 @@ class Engine:
 
     def _enter(self, thread: int, u: Update,
                gate: Callable[[Engine, Update], simpy.Event | None] | None,
-               ) -> Generator[Any, Any, None]:
+               again: bool = False) -> Generator[Any, Any, None]:
         """A phase of ``u`` begins: sit out what holds the thread (under a scheduler: wait
         to be chosen), then pass the protocol's ``gate``, asked at that moment; a gate that
-        made the thread wait sends it back to what holds it."""
+        made the thread wait sends it back to what holds it. With ``again`` (a read's gate)
+        it is asked again when the thread comes back, since what it decided (the round a
+        read belongs to) may have moved on meanwhile."""
         if self._points[thread]:
             yield from self._hold_point(thread)
-        if gate is None:
-            return
-        yield from self.catch_up(thread)
-        event = gate(self, u)
-        if event is None:
-            return
-        waits = not event.triggered
-        yield from self._gate(thread, event)
-        if waits and self._points[thread]:
+        while gate is not None:
+            yield from self.catch_up(thread)
+            event = gate(self, u)
+            if event is None:
+                return
+            waits = not event.triggered
+            yield from self._gate(thread, event)
+            if not (waits and self._points[thread]):
+                return
             yield from self._hold_point(thread)
+            if not again:
+                return
 
     def _may_start(self, thread: int, seq: int) -> bool:
         """Whether ``thread`` starts its ``seq``-th update."""

@@ -35,7 +35,11 @@ class Protocol:
 
     The four ``before``/``after`` points are called only when ``gated`` is true, and then at
     simpy's own time (the engine first catches up with the thread's clock), since they touch
-    state other threads wait on. ``step`` is called only when ``rule`` is true.
+    state other threads wait on. ``step`` is called only when ``rule`` is true. A thread
+    that ``before_read`` made wait and that then sits out a hold (under a scheduler: waits
+    to be chosen) asks it again before its read begins, so it must answer the same for a
+    thread it already let through (``Locked``: the lock it holds; ``Rounds``: the round
+    open now).
 
     Flags: ``dense`` makes every update move every block with a dense gradient (needed to
     average gradients of different samples); ``network`` makes pulls and pushes pay the

@@ -27,7 +27,9 @@ class Locked(Protocol):
         self.lock = simpy.Resource(engine.env, capacity=1)
         self.held: dict[int, simpy.resources.resource.Request] = {}
 
-    def before_read(self, engine: Engine, u: Update) -> simpy.Event:
+    def before_read(self, engine: Engine, u: Update) -> simpy.Event | None:
+        if u.thread in self.held:  # asked again once its request was granted
+            return None
         request = self.lock.request()
         self.held[u.thread] = request
         return request

@@ -187,3 +187,21 @@ def test_a_paused_thread_applies_its_rule_when_its_write_begins():
     assert trace["grad_end"][first] == 8000 and trace["write_start"][first] == 59000
     before = int((trace["write_end"][trace["step"] > 0] <= 59000).sum())
     assert before == 5 and trace["lr_scale"][first] == staleness_scale(before)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_paused_read_belongs_to_the_round_open_when_it_begins(seed):
+    """Parameter-server rounds (2 of 4 workers) after a warm start, two workers paused: a
+    worker let through the round gate during its pause reads when the pause ends and belongs
+    to the round open then, so no read begins inside a round's write and every applied
+    gradient was computed on its round's vector (seeds 1 and 2 read inside a write when the
+    round was the one of the gate's first answer)."""
+    s = scenario("problem.dim=20", "run.threads=4", "run.updates=300", f"run.seed={seed}",
+                 "run.blocks=2", "run.protocol=paramserver", "paramserver.fraction=0.5",
+                 "paramserver.warm_start=3", "inject.pauses=[{thread=1, start=3000, "
+                 "end=40000}, {thread=2, start=20000, end=90000}]")
+    t = simulate(s)
+    applied = t["step"] > 0
+    assert (t["staleness"][applied] == 0).all()
+    writes = [(t["write_start"][i], t["write_end"][i]) for i in np.flatnonzero(applied)]
+    assert not any(a < r < b for r in t["read_start"] for a, b in writes)

@@ -299,6 +299,39 @@ def test_every_protocol_runs_under_a_scheduler_and_replays_bit_for_bit(protocol)
         assert t["lost_blocks"].sum() == 0
 
 
+@pytest.mark.parametrize("extra", [
+    ("run.protocol=paramserver", "paramserver.fraction=0.5"),
+    ("run.protocol=paramserver", "paramserver.fraction=0.5", "paramserver.warm_start=1"),
+    ("run.protocol=minibatch",),
+])
+def test_a_read_belongs_to_the_round_open_when_it_begins(extra):
+    """A read that waited for a round's write is let go when the write ends, but under a
+    scheduler it begins only when its thread is chosen again, perhaps rounds later: it
+    belongs to the round open then. So whatever the schedule, an applied gradient was
+    computed on its round's vector (staleness 0), a discarded one read before a round
+    closed without it (a round's write began after its read and before it arrived), and no
+    read begins inside a round's write."""
+    s = scenario("run.threads=3", "problem.dim=4", "run.blocks=2", "run.updates=8",
+                 "problem.n_samples=20", "metrics.curve_points=0", *extra)
+    # By hand (paramserver, 2 of 3 workers a round): thread 2 asks to read during round
+    # 0's write and is chosen again only after round 1 closed without it.
+    schedules = [Scheduler("fixed", 3, schedule=[0, 1, 0, 1, 0, 1, 0, 1, 2, 1])] * (
+        extra == ("run.protocol=paramserver", "paramserver.fraction=0.5")) + [
+        Scheduler(kind, 3, seed, 2, 40) for kind in ("random", "pct") for seed in range(40)]
+    for scheduler in schedules:
+        if scheduler.kind == "fixed":  # the hand-made prefix, then no preemption
+            scheduler.kind = "dfs"
+        t = run_schedule(s, scheduler).trace
+        applied = t["step"] > 0
+        assert (t["staleness"][applied] == 0).all(), scheduler.text
+        writes = [(t["write_start"][i], t["write_end"][i]) for i in np.flatnonzero(applied)
+                  if t["write_end"][i] > t["write_start"][i]]
+        for i in np.flatnonzero(~applied):
+            assert any(t["read_start"][i] < a <= t["write_start"][i] for a, _ in writes), (
+                scheduler.text, i)
+        assert not any(a < r < b for r in t["read_start"] for a, b in writes), scheduler.text
+
+
 def test_a_thread_chosen_at_a_closed_gate_waits_and_is_chosen_again():
     """Under the lock only its holder acts. A thread is asked for the lock at the step it is
     chosen to begin its read: thread 1 tries at step 1 and waits (the step passes without an
