@@ -205,6 +205,10 @@ class _Shared:
                         text=self.text, checked=True)
         steps.writes(engine)
         trace = engine.run()
+        if scheduler.kind == "fixed" and scheduler.step < len(scheduler.schedule):
+            raise ScenarioError("--schedule", format_schedule(scheduler.schedule),
+                                f"has {len(scheduler.schedule)} steps; the run ended after "
+                                f"{scheduler.step} (a schedule of another scenario?)")
         return ScheduledRun(trace, scheduler.chosen, self.problem)
 
 

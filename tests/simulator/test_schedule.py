@@ -46,6 +46,10 @@ def test_bad_schedule_strings_and_schedules_are_one_clear_error():
         run_schedule(s, Scheduler("fixed", 2, schedule=[0, 0, 1]))
     with pytest.raises(ScenarioError, match="picks thread 3 at step 0"):
         run_schedule(s, Scheduler("fixed", 2, schedule=[3]))
+    whole = run_schedule(s, Scheduler("roundrobin", 2)).schedule  # 2 updates of 2 blocks
+    with pytest.raises(ScenarioError, match=f"has {len(whole) + 2} steps; the run ended after "
+                                            f"{len(whole)}"):
+        run_schedule(s, Scheduler("fixed", 2, schedule=[*whole, 0, 1]))
     # What says when things happen in time is refused: the schedule decides.
     with pytest.raises(ScenarioError, match=r"hardware\.sweeping_reads = .*schedule is the"):
         run_schedule(scenario(*TINY, "hardware.sweeping_reads.lead=0"), Scheduler("random", 2))
