@@ -423,14 +423,13 @@ def enumerate_schedules(scenario: Scenario, objective: str, preemptions: int | N
         worst = (saved["worst"][0], saved["worst"][1]) if saved["worst"] else None
     done = False
     ran = 0
-    while not done:
+    while True:
         scheduler = Scheduler("dfs", threads, schedule=prefix)
         result = shared.run(scheduler)
         path, seen = result.schedule, scheduler.seen
         count = stack[-1][2] if stack else 0
         for step in range(len(stack), len(path)):
-            count += int(step > 0 and path[step] != path[step - 1] and path[step - 1] in
-                         seen[step])
+            count += _preempts(path, step, path[step], seen[step])
             stack.append((seen[step], [path[step]], count))
         value = measure(result.trace, f_star)
         values.append(value)
@@ -439,26 +438,12 @@ def enumerate_schedules(scenario: Scenario, objective: str, preemptions: int | N
         ran += 1
         if progress:
             progress(1)
-        # Backtrack to the deepest step with an untried thread within the preemption bound.
-        while stack:
-            step = len(stack) - 1
-            runnable, tried, _ = stack[-1]
-            before = stack[step - 1][2] if step else 0
-            options = [t for t in runnable if t not in tried and (
-                preemptions is None or before + int(step > 0 and t != path[step - 1]
-                                                    and path[step - 1] in runnable)
-                <= preemptions)]
-            if options:
-                tried.append(options[0])
-                extra = int(step > 0 and options[0] != path[step - 1]
-                            and path[step - 1] in runnable)
-                stack[-1] = (runnable, tried, before + extra)
-                prefix = [*path[:step], options[0]]
-                break
-            stack.pop()
-        else:
+        following = _backtrack(stack, path, preemptions)
+        if following is None:
             done = True
-        if not done and limit is not None and ran >= limit:
+            break
+        prefix = following
+        if limit is not None and ran >= limit:
             break
     if state is not None:
         if done:
@@ -467,15 +452,45 @@ def enumerate_schedules(scenario: Scenario, objective: str, preemptions: int | N
             state.write_text(json.dumps({"stack": stack, "prefix": prefix, "values": values,
                                          "worst": list(worst) if worst else None}))
     assert worst is not None
+    return {"scenario": scenario.name, "scheduler": "dfs", "objective": objective,
+            "preemptions": preemptions, "complete": done, "schedules": len(values),
+            "threads": threads, "values": _histogram(values),
+            "worst": [{"value": worst[0], "schedule": worst[1]}]}
+
+
+def _preempts(path: list[int], step: int, thread: int, runnable: list[int]) -> int:
+    """1 when choosing ``thread`` at ``step`` switches away from the thread of the step
+    before while that one could still act (a preemption), else 0."""
+    return int(step > 0 and thread != path[step - 1] and path[step - 1] in runnable)
+
+
+def _backtrack(stack: list[tuple[list[int], list[int], int]], path: list[int],
+               preemptions: int | None) -> list[int] | None:
+    """The next prefix of the depth-first search after ``path``: the deepest step with an
+    untried runnable thread within the preemption bound, that thread chosen there (its
+    entry on ``stack`` updated, deeper ones popped); None when every one was tried."""
+    while stack:
+        step = len(stack) - 1
+        runnable, tried, _ = stack[-1]
+        before = stack[step - 1][2] if step else 0
+        options = [t for t in runnable if t not in tried and (
+            preemptions is None or before + _preempts(path, step, t, runnable) <= preemptions)]
+        if options:
+            tried.append(options[0])
+            stack[-1] = (runnable, tried, before + _preempts(path, step, options[0], runnable))
+            return [*path[:step], options[0]]
+        stack.pop()
+    return None
+
+
+def _histogram(values: list[float]) -> dict[str, Any]:
+    """The spread of the objective over the schedules run, with a 10-bin histogram of its
+    finite values."""
     finite = np.asarray(values)[np.isfinite(values)]
     counts, edges = (np.histogram(finite, bins=10) if finite.size
                      else (np.zeros(0, int), np.zeros(0)))
-    return {"scenario": scenario.name, "scheduler": "dfs", "objective": objective,
-            "preemptions": preemptions, "complete": done, "schedules": len(values),
-            "threads": threads,
-            "values": {**_spread(values, 0.5, 0.95), "histogram": counts.tolist(),
-                       "edges": edges.tolist(), "not_finite": len(values) - int(finite.size)},
-            "worst": [{"value": worst[0], "schedule": worst[1]}]}
+    return {**_spread(values, 0.5, 0.95), "histogram": counts.tolist(),
+            "edges": edges.tolist(), "not_finite": len(values) - int(finite.size)}
 
 
 def _spread(values: list[float], *quantiles: float) -> dict[str, float]:

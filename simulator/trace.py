@@ -108,20 +108,19 @@ class Trace:
         return self.arrays[name]
 
     def _validate(self) -> None:
-        expected = _EXPECTED
-        missing = sorted(set(expected) - set(self.arrays))
+        missing = sorted(set(_EXPECTED) - set(self.arrays))
         if missing:
             raise TraceError(f"trace: missing arrays {', '.join(missing)}")
         rows = self.arrays["uid"].shape
-        for name, dtype in expected.items():
+        for name, dtype in _EXPECTED.items():
             array = self.arrays[name]
             if array.dtype != dtype or array.ndim != 1:
                 raise TraceError(f"trace: array {name} has dtype {array.dtype} and shape "
-                                 f"{array.shape}; expected 1-d {np.dtype(dtype)}")
+                                 f"{array.shape}; expected 1-d {dtype}")
             if name in COLUMNS and array.shape != rows:
                 raise TraceError(f"trace: column {name} has {array.size} rows, uid has {rows[0]}")
         for name, array in self.arrays.items():
-            if name not in expected and not (name.startswith(EXTRA) and array.ndim == 1
+            if name not in _EXPECTED and not (name.startswith(EXTRA) and array.ndim == 1
                                              and array.dtype.kind in "biuf"):
                 raise TraceError(f"trace: unexpected array {name}")
         offsets = self.arrays["op_offsets"]
