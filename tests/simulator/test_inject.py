@@ -7,6 +7,7 @@ import pytest
 
 from simulator.engine import simulate
 from simulator.errors import ScenarioError
+from simulator.metrics import relative_error
 from simulator.problems import make_problem
 from simulator.rules import round_significand, staleness_scale
 from tests.conftest import CONSTANT, scenario
@@ -205,3 +206,30 @@ def test_a_paused_read_belongs_to_the_round_open_when_it_begins(seed):
     assert (t["staleness"][applied] == 0).all()
     writes = [(t["write_start"][i], t["write_end"][i]) for i in np.flatnonzero(applied)]
     assert not any(a < r < b for r in t["read_start"] for a, b in writes)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_minibatch_rounds_wait_for_paused_workers(seed):
+    """Synchronous minibatch with two of four workers paused: the barrier waits for them, so
+    every round averages all four gradients, read on the round's own vector (staleness 0,
+    ‖δ‖/‖g‖ at rounding level); no read begins inside a round's write, and a paused worker
+    starts no read, gradient or write of its own inside its pause."""
+    pauses = {1: (3000, 40000), 2: (20000, 90000)}
+    s = scenario("problem.dim=20", "run.threads=4", "run.updates=200", f"run.seed={seed}",
+                 "run.blocks=2", "run.protocol=minibatch", "inject.pauses=[" + ", ".join(
+                     f"{{thread={k}, start={a}, end={b}}}" for k, (a, b) in pauses.items())
+                 + "]")
+    t = simulate(s)
+    assert (t["step"] > 0).all() and (t["staleness"] == 0).all()
+    assert set(np.unique(t["step"], return_counts=True)[1].tolist()) == {4}
+    assert np.nanmax(relative_error(t)) < 1e-12
+    own = t["write_end"] > t["write_start"]  # the round's writer (the others join its write)
+    assert own.sum() == 50
+    assert not any(a < r < b for r in t["read_start"]
+                   for a, b in zip(t["write_start"][own], t["write_end"][own], strict=True))
+    for thread, (start, end) in pauses.items():
+        mine = t["thread"] == thread
+        for column, rows in (("read_start", mine), ("grad_start", mine),
+                             ("write_start", mine & own)):
+            began = t[column][rows]
+            assert not ((began >= start) & (began < end)).any(), column

@@ -428,3 +428,49 @@ def test_a_read_between_grain_stores_copies_half_a_write():
     np.testing.assert_array_equal(t["w_final"], w0 - lr * g0 - lr * g1)
     assert t["lost_blocks"].sum() == 0 and t["staleness"].tolist() == [0, 1]
     assert t["op_write_ns"].tolist() == [4, 4]  # the steps taken: two grains, load and store
+
+
+PROBLEMS = {
+    "quadratic": ("problem.name=quadratic", "problem.dim=6"),
+    "logistic": ("problem.dim=6",),
+    "sparse_logistic": ("problem.name=sparse_logistic", "problem.dim=40",
+                        "problem.density=0.1"),
+    "mlp": ("problem.name=mlp", "problem.dim=4", "problem.hidden=3", "problem.classes=3"),
+    "lstm_tagger": ("problem.name=lstm_tagger", "problem.dim=5", "problem.hidden=2",
+                    "problem.classes=2", "problem.length=3"),
+    "dense_crf": ("problem.name=dense_crf", "problem.dim=5", "problem.hidden=2",
+                  "problem.classes=2", "problem.length=3"),
+}
+
+
+@pytest.mark.parametrize("write_mode", ["load_store", "atomic_add"])
+@pytest.mark.parametrize("name", PROBLEMS)
+def test_every_problem_runs_under_a_scheduler(name, write_mode):
+    """Each built-in problem (sparse supports, networks, taggers) under schedules, k = 3,
+    B = 3: a schedule that runs every update whole is serial SGD, bit for bit the same as a
+    plain loop over the problem's own gradients in the trace's sample order; random
+    interleavings replay bit for bit, and every store a ``load_store`` run lost is one that
+    another update's store overwrote (``atomic_add`` loses none)."""
+    s = scenario(*PROBLEMS[name], "problem.n_samples=30", "run.threads=3", "run.blocks=3",
+                 "run.updates=6", "metrics.curve_points=3", f"run.write_mode={write_mode}")
+    whole = run_schedule(s, Scheduler("dfs", 3))  # the running thread goes on while it can
+    t, problem = whole.trace, whole.problem
+    assert t["staleness"].max() == 0 and t["lost_blocks"].sum() == 0
+    w = problem.initial().copy()
+    for sample in t["sample"].tolist():
+        values, support = problem.grad(w, sample)
+        if support is None:
+            w -= s.run.lr * values
+        else:
+            w[support] -= s.run.lr * values
+    np.testing.assert_array_equal(t["w_final"], w)
+    lost = 0
+    for seed in range(8):
+        run = run_schedule(s, Scheduler("random", 3, seed=seed), problem)
+        again = run_schedule(s, Scheduler("fixed", 3, schedule=parse_schedule(run.text)),
+                             problem)
+        for column, values in run.trace.arrays.items():
+            assert np.array_equal(values, again.trace[column], equal_nan=True), column
+        assert run.trace["lost_blocks"].sum() == run.trace["overwrote"].sum()
+        lost += int(run.trace["lost_blocks"].sum())
+    assert (lost > 0) == (write_mode == "load_store")
