@@ -344,8 +344,9 @@ def read_report(read_start: np.ndarray, op_row: np.ndarray, op_block: np.ndarray
     * u's read is torn when its copies cannot come from one instant: copy b holds the stores
       to b that ended before c_ub and is valid from the last of them to the first later one,
       [max{s < c_ub}, min{s ≥ c_ub}); the read is torn when it copied two or more blocks and
-      these intervals do not meet (the newest contained store ends after another block's
-      first missed store). A read of one block is never torn.
+      these intervals do not meet (the newest contained store ends at or after another
+      block's first missed store: two stores of one instant, one held and one missed, are
+      torn too). A read of one block is never torn.
 
     A block store is one instant, its end (the serialized view's completion of that block);
     what a copy holds of a write still in flight (``[hardware.sweeping_reads]``) is recorded
@@ -370,7 +371,7 @@ def read_report(read_start: np.ndarray, op_row: np.ndarray, op_block: np.ndarray
         np.maximum.at(newest, rows, padded[before_copy])
         np.minimum.at(first_later, rows, padded[before_copy + 1])
     copies_per_row = np.bincount(op_row[copied], minlength=n)
-    return overwritten, (copies_per_row > 1) & (newest > first_later)
+    return overwritten, (copies_per_row > 1) & (newest >= first_later)
 
 
 def convoy_pairs(trace: Trace) -> np.ndarray | None:
