@@ -344,9 +344,12 @@ def read_report(read_start: np.ndarray, op_row: np.ndarray, op_block: np.ndarray
     * u's read is torn when its copies cannot come from one instant: copy b holds the stores
       to b that ended before c_ub and is valid from the last of them to the first later one,
       [max{s < c_ub}, min{s ≥ c_ub}); the read is torn when it copied two or more blocks and
-      these intervals do not meet (the newest contained store ends at or after another
-      block's first missed store: two stores of one instant, one held and one missed, are
-      torn too). A read of one block is never torn.
+      these intervals do not meet (the newest contained store ends after another block's
+      first missed store). A read of one block is never torn. Intervals that only touch
+      (a held and a missed store of one nanosecond) count as meeting: from times alone
+      such a tie is ambiguous (a copy made the very nanosecond a store ended may hold it,
+      as in a serial run with writes of no duration), and a read is called torn only when
+      no order of the tied stores explains it.
 
     A block store is one instant, its end (the serialized view's completion of that block);
     what a copy holds of a write still in flight (``[hardware.sweeping_reads]``) is recorded
@@ -371,7 +374,7 @@ def read_report(read_start: np.ndarray, op_row: np.ndarray, op_block: np.ndarray
         np.maximum.at(newest, rows, padded[before_copy])
         np.minimum.at(first_later, rows, padded[before_copy + 1])
     copies_per_row = np.bincount(op_row[copied], minlength=n)
-    return overwritten, (copies_per_row > 1) & (newest >= first_later)
+    return overwritten, (copies_per_row > 1) & (newest > first_later)
 
 
 def convoy_pairs(trace: Trace) -> np.ndarray | None:

@@ -95,20 +95,6 @@ def test_read_report_on_a_hand_built_timeline():
     assert overwrites.dtype == np.int32 and torn.dtype == bool
 
 
-
-def test_a_read_that_holds_one_of_two_stores_of_one_instant_is_torn():
-    """u0 stores b0 and b1 both at 40 (a write of no duration); u1 copies b0 at 38, before
-    both, and b1 at 45, after both: it holds u0's store to b1 and not the one to b0, so no
-    instant gives its copy (valid over (−∞, 40) and [40, ∞)): torn. u2 copies both after 40:
-    one instant, not torn."""
-    read_start = np.array([0, 30, 30])
-    op_row = np.array([0, 0, 1, 1, 2, 2])
-    op_block = np.array([0, 1, 0, 1, 0, 1])
-    copy_at = np.array([10, 20, 38, 45, 41, 42])
-    store_at = np.array([40, 40, -1, -1, -1, -1])
-    overwrites, torn = read_report(read_start, op_row, op_block, copy_at, store_at)
-    assert overwrites.tolist() == [0, 1, 2] and torn.tolist() == [False, True, False]
-
 def test_read_report_matches_the_simulated_trace(trace):
     """The engine's columns are the report of its own copy and store ends: with unlimited
     cores every block's copy ends at its read start plus its reads so far, every store at its
