@@ -72,6 +72,11 @@ class Interference(Hardware):
             ratio = total / work
             durations = [int(d * ratio + 0.5) for d in durations]
             durations[-1] += total - sum(durations)
+            i = len(durations) - 1
+            while durations[i] < 0:  # shares rounded up past the total: the earlier ones give
+                durations[i - 1] += durations[i]
+                durations[i] = 0
+                i -= 1
         return durations
 
     def _going(self, thread: int, start: int) -> tuple[dict[int, list[float]],

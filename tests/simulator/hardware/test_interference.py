@@ -53,6 +53,21 @@ def test_interference_is_deterministic_and_replays():
     same_every_way(_two(1500, *UNDER, "metrics.exact=true"))
 
 
+
+def test_blocks_of_a_few_nanoseconds_keep_durations_of_zero_or_more():
+    """Four blocks of a few ns each, slowed: rescaling the block durations rounds each share
+    up or down and the rounding left over goes to the last block, which could fall below 0
+    (the run stopped with simpy's "Negative delay"); the earlier blocks give it back."""
+    t = simulate(scenario(
+        "run.threads=2", "run.updates=72", "run.blocks=4", "run.write_mode=atomic_add",
+        "run.seed=770835", "problem.dim=23", "problem.n_samples=30",
+        "timing.read={dist='exponential', mean=3}", "timing.grad={dist='exponential', mean=3}",
+        "timing.write={dist='lognormal', mean=3, cv=0.8}",
+        "inject.stragglers=[{thread=1, factor=3.0}]",
+        "hardware.interference={read_under_write=0.5, write_under_write=0.3, "
+        "grad_under_read=0.2}"))
+    assert len(t) == 72 and t["op_read_ns"].min() >= 0 and t["op_write_ns"].min() >= 0
+
 def test_interference_with_convoys_is_deterministic_and_replays():
     same_every_way(_two(1500, *UNDER, "timing.convoy_join=0.9", "timing.convoy_rest=2",
                         "timing.convoy_lost_leader=0.02", "problem.dim=1000",
