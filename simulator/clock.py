@@ -65,6 +65,11 @@ class Clocks:
         self._free = [lookahead and plain for plain in self._plain]
         # Threads that stop at a hold point before each phase (``hold_point``).
         self.points = [bool(held) for held in holds]
+        # Threads that wait for a core or a bus (``seize``), and the places each holds
+        # between ``seize`` and the ``advance`` of the action they were taken for.
+        self.pooled = [core is not None or b is not None for core, b in zip(cores, bus,
+                                                                            strict=True)]
+        self._seized: list[list[tuple[simpy.Resource, simpy.Event]] | None] = [None] * len(now)
 
     def start(self) -> None:
         """The threads' processes exist: start what drives the clock (nothing here)."""
@@ -79,6 +84,10 @@ class Clocks:
         happening first."""
         env = self.env
         if not self._plain[thread]:
+            seized = self._seized[thread]
+            if seized is not None:  # the places are taken: the action runs now
+                self._seized[thread] = None
+                return env.process(self._hold(duration, seized))
             if self._holds[thread]:
                 self.skip_holds(thread)
                 for stretch in self._stretch[thread]:
@@ -135,14 +144,49 @@ class Clocks:
         self.now[thread] = end
         return stop
 
+    def seize(self, thread: int, transfer: bool) -> Generator[Any, Any, None]:
+        """Before an action that touches shared memory as it starts (a read's start, a
+        write's load): take the thread's core (and its bus for a ``transfer``) first, so the
+        action starts when it runs; the next :meth:`advance` holds them for its duration.
+        Nothing to do for a thread that waits for no core or bus, or already holds them."""
+        core, bus = self._cores[thread], self._bus[thread] if transfer else None
+        if (core is None and bus is None) or self._seized[thread] is not None:
+            return
+        if self._holds[thread]:
+            self.skip_holds(thread)
+        seized = self._seized[thread] = []
+        yield from self._request(self.now[thread] - int(self.env.now), (core, bus), seized)
+        self.now[thread] = int(self.env.now)
+
+    def release(self, thread: int) -> None:
+        """The thread stops (an injected death): give back the places it seized."""
+        for pool, request in self._seized[thread] or ():
+            if request.triggered:
+                pool.release(request)
+            else:
+                request.cancel()  # type: ignore[attr-defined]
+        self._seized[thread] = None
+
     def _take(self, lag: int, duration: int,
               *pools: simpy.Resource | None) -> Generator[Any, Any, None]:
         """Catch up with the thread's clock, take core/bus places, hold them ``duration``."""
+        requests: list[tuple[simpy.Resource, simpy.Event]] = []
+        yield from self._request(lag, pools, requests)
+        yield from self._hold(duration, requests)
+
+    def _request(self, lag: int, pools: tuple[simpy.Resource | None, ...],
+                 into: list[tuple[simpy.Resource, simpy.Event]]) -> Generator[Any, Any, None]:
+        """Catch up with the thread's clock, ask for a place in each pool (kept in
+        ``into``) and wait until every one is granted."""
         if lag:
             yield self.env.timeout(lag)
-        requests = [(pool, pool.request()) for pool in pools if pool is not None]
-        for _, request in requests:
+        into.extend((pool, pool.request()) for pool in pools if pool is not None)
+        for _, request in into:
             yield request
+
+    def _hold(self, duration: int,
+              requests: list[tuple[simpy.Resource, simpy.Event]]) -> Generator[Any, Any, None]:
+        """Hold granted places ``duration`` ns, then give them back."""
         yield self.env.timeout(duration)
         for pool, request in requests:
             pool.release(request)

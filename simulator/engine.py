@@ -205,6 +205,8 @@ class Engine:
         self.skip_holds, self.catch_up, self._hold_point = (clocks.skip_holds, clocks.catch_up,
                                                             clocks.hold_point)
         self._uninterrupted, self._gate = clocks.uninterrupted, clocks.gate
+        # Threads that wait for a core or a bus start a phase once they hold them.
+        self._pooled, self._seize = clocks.pooled, clocks.seize
 
     def _block_ops(self, support: np.ndarray | None) -> tuple[list[Op], list[float]]:
         """The blocks a sample moves, and the fraction of all coordinates each moves."""
@@ -234,6 +236,7 @@ class Engine:
         try:
             yield from self._loop(thread)
         except simpy.Interrupt:  # an injected death: abandon the update in flight
+            self._clocks.release(thread)
             self.active.pop(thread, None)
             self.dead.append(thread)
             for model in self._models:
@@ -275,7 +278,6 @@ class Engine:
                     self.discard(u)
                     protocol.after_write(self, u)
                     continue
-            self._rule(thread, u)
             yield from self._write(thread, u)
             if u.role == GROUPED:
                 self.ledger.complete_group(u)
@@ -348,6 +350,8 @@ class Engine:
     def _read(self, thread: int, u: Update) -> Generator[Any, Any, None]:
         """READ: each block is copied when its read ends (so a read can be torn)."""
         clock, mem, local = self.clock, self.mem, self._local[thread]
+        if self._pooled[thread]:
+            yield from self._seize(thread, True)
         u.read_start, u.start_completed = clock[thread], self.completed
         if self._reshaped[thread]:
             u.read_ns = self._durations(thread, READ, u, u.read_ns)
@@ -387,6 +391,8 @@ class Engine:
 
     def _gradient(self, thread: int, u: Update) -> Generator[Any, Any, None]:
         """GRADIENT: the real gradient at the local copy, holding the device."""
+        if self._pooled[thread]:
+            yield from self._seize(thread, False)
         u.grad_start = self.clock[thread]
         if self._reshaped[thread]:
             u.grad_ns = self._durations(thread, GRAD, u, [u.grad_ns])[0]
@@ -430,9 +436,14 @@ class Engine:
             u.lr_scale *= factor
 
     def _write(self, thread: int, u: Update) -> Generator[Any, Any, None]:
-        """WRITE: block by block (or grain by grain), as the write mode says; a hardware
-        model may write the blocks itself (convoys)."""
+        """WRITE: the step the update rule gives (``_rule``), then block by block (or grain
+        by grain), as the write mode says; a hardware model may write the blocks itself
+        (convoys)."""
         clock = self.clock
+        if self._pooled[thread]:  # the write begins when it holds its core and bus
+            yield from self._seize(thread, True)
+            u.write_start = clock[thread]
+        self._rule(thread, u)
         if self._reshaped[thread]:
             u.write_ns = self._durations(thread, WRITE, u, u.write_ns)
         n = len(u.ops)
@@ -469,6 +480,8 @@ class Engine:
                 i = run
                 continue
             block, index, vsel, touched = writes[i]
+            if self._pooled[thread]:  # the load is made once the write runs
+                yield from self._seize(thread, True)
             if self._load is not None:
                 yield self._load(thread)
                 clock[thread] = int(self.env.now)
