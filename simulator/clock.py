@@ -63,6 +63,9 @@ class Clocks:
         self._plain = [core is None and b is None and not held
                        for core, b, held in zip(cores, bus, holds, strict=True)]
         self._free = [lookahead and plain for plain in self._plain]
+        # Threads that may run ahead of simpy's clock now (not while others woken by the
+        # same event have still to run: ``gate``).
+        self._ahead = [lookahead] * len(now)
         # Threads that stop at a hold point before each phase (``hold_point``).
         self.points = [bool(held) for held in holds]
         # Threads that wait for a core or a bus (``seize``), and the places each holds
@@ -98,8 +101,11 @@ class Clocks:
                 return env.process(self._take(self.now[thread] - int(env.now), duration,
                                                core, bus))
         end = self.now[thread] = self.now[thread] + duration
-        if self.lookahead and end < env.peek():
-            return None
+        if self._ahead[thread]:
+            if end < env.peek():
+                return None
+        elif self.lookahead:  # it waits once: the others woken with it have run by then
+            self._ahead[thread], self._free[thread] = True, self._plain[thread]
         return simpy.Timeout(env, end - env.now)
 
     def spend(self, thread: int, duration: int, transfer: bool) -> Generator[Any, Any, None]:
@@ -198,10 +204,17 @@ class Clocks:
             yield self.env.timeout(lag)
 
     def gate(self, thread: int, event: simpy.Event | None) -> Generator[Any, Any, None]:
-        """Wait for a protocol's event (if any) and move the thread's clock to simpy's."""
+        """Wait for a protocol's event (if any) and move the thread's clock to simpy's. A
+        thread woken with others (a round opening) runs no action ahead until it has waited
+        once more: those woken after it act at this instant too, and ``env.peek`` does not
+        see them (they are the event's callbacks, not scheduled events)."""
         if event is not None:
+            waiters = event.callbacks
+            place = len(waiters) if waiters is not None else 0
             yield event
             self.now[thread] = int(self.env.now)
+            if waiters is not None and len(waiters) > place + 1 and self.lookahead:
+                self._ahead[thread] = self._free[thread] = False
 
 
 # What says when things happen in time: under a scheduler the schedule does.

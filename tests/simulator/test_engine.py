@@ -254,6 +254,22 @@ def test_lookahead_matches_one_event_per_action_on_long_runs():
             assert np.array_equal(fast[name], array, equal_nan=array.dtype.kind == "f"), name
 
 
+
+def test_a_thread_woken_with_others_does_not_run_ahead_of_them():
+    """A warm start's end wakes threads 1 and 2 at once (t = 1 ns); thread 1's read takes
+    0 ns, so with lookahead it read, computed, wrote and completed before thread 2 had read
+    (thread 2's staleness 1 instead of the 2 one event per action gives): the others woken
+    by the same event act at the same instant, and the event queue does not show them."""
+    s = scenario("run.protocol=paramserver", "paramserver.warm_start=1", "run.threads=3",
+                 "run.updates=4", "timing.read={dist='constant', mean=1}",
+                 "timing.grad={dist='constant', mean=0}",
+                 "timing.write={dist='constant', mean=0}",
+                 "inject.stragglers=[{thread=1, factor=0.25}]")
+    fast, slow = simulate(s), simulate(s, lookahead=False)
+    assert slow["staleness"].tolist() == [0, 0, 1, 2]
+    for name, array in slow.arrays.items():
+        assert np.array_equal(fast[name], array, equal_nan=array.dtype.kind == "f"), name
+
 def test_time_slices_run_only_cores_threads_at_a_time():
     """k = 3 threads on 2 cores in 100 µs slices: slot s runs threads (2s + j) mod 3, so no
     phase of a thread starts in a slot that is not its own, and every thread progresses."""
