@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import simpy
 from simpy.events import NORMAL, EventPriority
+from simpy.resources.resource import Request
 
 from simulator.errors import ScenarioError
 from simulator.scenario import plain
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
 __all__ = ["Clocks", "Scheduled", "refuse_unscheduled", "resources"]
 
 Hold = Callable[[int, int], int]
+Place = tuple[simpy.Resource, Request]  # a pool and the request for a place in it
 Stretch = Callable[[int, int, int], int]
 
 
@@ -72,7 +74,7 @@ class Clocks:
         # between ``seize`` and the ``advance`` of the action they were taken for.
         self.pooled = [core is not None or b is not None for core, b in zip(cores, bus,
                                                                             strict=True)]
-        self._seized: list[list[tuple[simpy.Resource, simpy.Event]] | None] = [None] * len(now)
+        self._seized: list[list[Place] | None] = [None] * len(now)
 
     def start(self) -> None:
         """The threads' processes exist: start what drives the clock (nothing here)."""
@@ -170,18 +172,18 @@ class Clocks:
             if request.triggered:
                 pool.release(request)
             else:
-                request.cancel()  # type: ignore[attr-defined]
+                request.cancel()
         self._seized[thread] = None
 
     def _take(self, lag: int, duration: int,
               *pools: simpy.Resource | None) -> Generator[Any, Any, None]:
         """Catch up with the thread's clock, take core/bus places, hold them ``duration``."""
-        requests: list[tuple[simpy.Resource, simpy.Event]] = []
+        requests: list[Place] = []
         yield from self._request(lag, pools, requests)
         yield from self._hold(duration, requests)
 
     def _request(self, lag: int, pools: tuple[simpy.Resource | None, ...],
-                 into: list[tuple[simpy.Resource, simpy.Event]]) -> Generator[Any, Any, None]:
+                 into: list[Place]) -> Generator[Any, Any, None]:
         """Catch up with the thread's clock, ask for a place in each pool (kept in
         ``into``) and wait until every one is granted."""
         if lag:
@@ -191,7 +193,7 @@ class Clocks:
             yield request
 
     def _hold(self, duration: int,
-              requests: list[tuple[simpy.Resource, simpy.Event]]) -> Generator[Any, Any, None]:
+              requests: list[Place]) -> Generator[Any, Any, None]:
         """Hold granted places ``duration`` ns, then give them back."""
         yield self.env.timeout(duration)
         for pool, request in requests:
