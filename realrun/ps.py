@@ -385,8 +385,8 @@ def _rebalance(state: _Server) -> None:
     options = state.scenario.paramserver
     working = [t for t in range(state.trainers)
                if t not in state.retired and t + 1 not in state.done]
-    state.retired += retirements(state.busy, state.count, working, len(state.retired),
-                                 options.rebalance, options.rebalance_after)
+    state.retired += retirements(state.busy, state.count, working, options.rebalance,
+                                 options.rebalance_after)
 
 
 def _rows(p: _Push) -> dict[str, list[int]]:

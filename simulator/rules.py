@@ -73,12 +73,12 @@ def warmed_up(completed: int, warm_start: int) -> bool:
 
 
 def retirements(busy: Sequence[int] | np.ndarray, count: Sequence[int] | np.ndarray,
-                working: Sequence[int], retired: int, factor: float, after: int) -> list[int]:
+                working: Sequence[int], factor: float, after: int) -> list[int]:
     """The workers to retire now under rebalancing (the parameter-server practice of moving a
-    consistently slow machine's data to the others): once every ``working`` worker made
-    ``after`` updates, each whose mean update time busy[t]/count[t] exceeds ``factor`` times
-    the median of the working workers' means, in ``working`` order, as long as more than
-    one worker would remain (``retired``: how many were retired before). ``factor`` 0: none.
+    consistently slow machine's data to the others): once every ``working`` worker (those
+    neither retired nor finished) made ``after`` updates, each whose mean update time
+    busy[t]/count[t] exceeds ``factor`` times the median of the working workers' means, in
+    ``working`` order, as long as at least one working worker remains. ``factor`` 0: none.
     """
     if not factor or len(working) < 2 or any(count[t] < after for t in working):
         return []
@@ -86,7 +86,7 @@ def retirements(busy: Sequence[int] | np.ndarray, count: Sequence[int] | np.ndar
     median = float(np.median(means))
     chosen: list[int] = []
     for thread, mean in zip(working, means.tolist(), strict=True):
-        if mean > factor * median and len(working) - (retired + len(chosen)) > 1:
+        if mean > factor * median and len(working) - len(chosen) > 1:
             chosen.append(thread)
     return chosen
 

@@ -123,8 +123,8 @@ class ParamServer(Protocol):
             return
         working = [t for t in range(engine.threads)
                    if t not in self.retired and t not in self.finished]
-        self.retired += retirements(self.busy, self.count, working, len(self.retired),
-                                    self.options.rebalance, self.options.rebalance_after)
+        self.retired += retirements(self.busy, self.count, working, self.options.rebalance,
+                                    self.options.rebalance_after)
 
     def finish(self, engine: Engine, thread: int) -> None:
         self.finished.add(thread)

@@ -199,13 +199,16 @@ def test_the_warm_start_defers_the_other_trainers_pulls(monkeypatch):
 
 def test_rebalancing_retires_by_the_simulators_rule():
     """retirements: none before every working worker made `after` updates; then those whose
-    mean time exceeds r times the median, keeping at least one."""
+    mean time exceeds r times the median, keeping at least one working worker, whoever was
+    retired before (the working ones are those left)."""
     busy, count = [300, 100, 110], [3, 10, 10]
-    assert rules.retirements(busy, count, [0, 1, 2], 0, 2.0, 5) == []
+    assert rules.retirements(busy, count, [0, 1, 2], 2.0, 5) == []
     count[0] = 5
-    assert rules.retirements(busy, count, [0, 1, 2], 0, 2.0, 5) == [0]
-    assert rules.retirements(busy, count, [0, 1, 2], 0, 0.0, 5) == []
-    assert rules.retirements([900, 100], [5, 5], [0, 1], 1, 2.0, 5) == []
+    assert rules.retirements(busy, count, [0, 1, 2], 2.0, 5) == [0]
+    assert rules.retirements(busy, count, [0, 1, 2], 0.0, 5) == []
+    assert rules.retirements([900, 100], [5, 5], [0, 1], 2.0, 5) == []
+    assert rules.retirements([100, 500], [5, 5], [0, 1], 1.2, 5) == [1]
+    assert rules.retirements([100, 500, 900], [5, 5, 5], [0, 1, 2], 1.2, 5) == [2]
 
 
 @pytest.mark.alone  # real worker processes

@@ -181,6 +181,20 @@ def test_paramserver_warm_start_backup_workers_and_rebalance():
     assert len(trace) == 200
 
 
+def test_rebalancing_retires_a_second_slow_worker_after_the_first():
+    """Threads 1 and 2 slowed 5× and 30×: thread 2 is retired first, and thread 1, still
+    5× slower than thread 0 (above 1.2× the median of the two), after it; thread 0 makes
+    the rest. Before, the first retirement counted twice against the working workers and
+    thread 1 was never retired."""
+    t = simulate(scenario("run.protocol=paramserver", "run.threads=3", "run.updates=300",
+                          "paramserver.rebalance=1.2", "paramserver.rebalance_after=3",
+                          "inject.stragglers=[{thread=1, factor=5}, {thread=2, factor=30}]"))
+    assert t["extra_retired_threads"].tolist() == [2, 1]
+    last = max(t["read_start"][t["thread"] == thread].max() for thread in (1, 2))
+    assert len(t) == 300 and set(t["thread"][t["read_start"] > last].tolist()) == {0}
+    assert (t["thread"] == 1).sum() < 30
+
+
 def test_staleness_lr_divides_the_rate_by_the_staleness():
     """Serial with an injected delay of 3: every update after the third has staleness 3 and
     applies lr/3 times the gradient at w_{t−4}."""
