@@ -70,8 +70,10 @@ class Engine:
     What protocols and hardware models may use: ``scenario``, ``problem``, ``threads``,
     ``env``, ``clock`` (each thread's own, which may run ahead of simpy's), ``mem``,
     ``source``, ``completed``, ``started``, ``lost`` (per uid: its stores overwritten),
-    ``dense_ops``, ``sparse``, ``replayed``, ``own_cores``, and the methods ``advance``,
-    ``catch_up``, ``skip_holds`` and ``discard``. Its ``ledger`` (``simulator.ledger``)
+    ``dense_ops``, ``sparse``, ``replayed``, ``own_cores``, ``stores`` (the write mode,
+    which a protocol's ``setup`` may wrap; a write it marks ``discard`` stores nothing and
+    gets a row with step 0), and the methods ``advance``, ``catch_up``, ``skip_holds`` and
+    ``discard``. Its ``ledger`` (``simulator.ledger``)
     keeps the completions and the trace rows; set ``ledger.progress`` to follow a run.
 
     ``choose`` puts a scheduler in place of durations (``simulator.schedule``). A caller
@@ -279,7 +281,9 @@ class Engine:
                     protocol.after_write(self, u)
                     continue
             yield from self._write(thread, u)
-            if u.role == GROUPED:
+            if u.discard:  # thrown away as it arrived (the protocol's write mode)
+                self.ledger.discard(u, wrote=True)
+            elif u.role == GROUPED:
                 self.ledger.complete_group(u)
             else:
                 self.ledger.complete(u)

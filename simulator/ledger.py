@@ -91,11 +91,17 @@ class Ledger:
                 self._row(member, t, UNMEASURED)
         self._row(writer, t, m)
 
-    def discard(self, u: Update) -> None:
-        """A gradient the protocol threw away: a row with step 0, no completion."""
-        u.write_end = u.write_start
+    def discard(self, u: Update, wrote: bool = False) -> None:
+        """A gradient the protocol threw away: a row with step 0, no completion. With
+        ``wrote`` its write ran until ``u.write_end`` but stored nothing (a server that
+        threw the push away as it arrived); else it never wrote."""
+        if wrote:
+            u.stored.clear()
+        else:
+            u.write_end = u.write_start
         for member in u.group or [u]:
-            member.write_start = member.write_end = u.write_start
+            if member is not u:
+                member.write_start = member.write_end = u.write_end
             self._row(member, 0, UNMEASURED)
 
     def _trim(self) -> None:

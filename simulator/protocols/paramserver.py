@@ -6,7 +6,10 @@ shard atomically, so nothing is lost, but pulls can mix shard versions and pushe
 Every pull and push pays the worker's link: ``latency`` ns per message plus bytes/``bandwidth``
 per shard (``DeviceSpec``). Options (``[paramserver]``):
 
-* ``staleness_limit`` S: a push whose staleness exceeds S is discarded (row ``step`` 0);
+* ``staleness_limit`` S: the server discards a push whose staleness exceeds S when the push
+  reaches it, at the end of its first shard's write (with one shard: when it would be
+  applied), as the real server decides on arrival; the push's time passes, nothing of it is
+  stored (row ``step`` 0);
 * ``accumulate`` n: n gradients at one pulled vector, pushed as their mean (lr/n per gradient);
 * ``warm_start`` W: thread 0 alone makes the first W updates, then the others join (with
   rounds, each of its pushes closes a round: it is the one worker that may arrive);
@@ -22,11 +25,12 @@ With one worker and no latency it is serial SGD, bit for bit.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import simpy
 
+from simulator.memory import Coords, WriteMode
 from simulator.protocols.base import GROUPED, MEMBER, Protocol
 from simulator.protocols.rounds import Rounds
 from simulator.rules import retirements, too_stale, warmed_up
@@ -66,6 +70,8 @@ class ParamServer(Protocol):
         self.count = np.zeros(k, dtype=np.int64)
         self.retired: list[int] = []
         self.finished: set[int] = set()
+        if self.options.staleness_limit and not self.rounds:
+            engine.stores = _Arrivals(engine, engine.stores, self.options.staleness_limit)
 
     def active(self, engine: Engine, thread: int) -> bool:
         return thread not in self.retired
@@ -102,9 +108,6 @@ class ParamServer(Protocol):
                 u.role = MEMBER
                 return None
             u.role, u.group, self.pending[u.thread] = GROUPED, pending, []
-        if too_stale(engine.completed - u.start_completed + u.delay,
-                     self.options.staleness_limit):
-            u.discard = True
         return None
 
     def after_write(self, engine: Engine, u: Update) -> None:
@@ -146,3 +149,29 @@ class ParamServer(Protocol):
 
     def report(self) -> dict[str, np.ndarray]:
         return {"retired_threads": np.asarray(self.retired, dtype=np.int64)}
+
+
+class _Arrivals(WriteMode):
+    """The server under a staleness limit: it sees a push when the push's first shard
+    arrives (the end of its first block's write) and throws the whole push away if its
+    staleness exceeds the limit then (``u.discard``: the engine's row for it has step 0);
+    otherwise its shards land as ``stores`` (the run's write mode) says."""
+
+    runs = False  # every shard's end is an action of its own: the first one decides
+
+    def __init__(self, engine: Engine, stores: WriteMode, limit: int) -> None:
+        self.engine, self.stores, self.limit = engine, stores, limit
+
+    def begin(self, u: Update, block: int, index: slice, now: int, duration: int) -> Any:
+        return self.stores.begin(u, block, index, now, duration)
+
+    def end(self, u: Update, block: int, index: slice, coords: Coords, begun: Any,
+            step: np.ndarray) -> None:
+        if block == u.ops[0][0]:
+            u.discard = too_stale(self.engine.completed - u.start_completed + u.delay,
+                                  self.limit)
+        if not u.discard:
+            self.stores.end(u, block, index, coords, begun, step)
+
+    def lost_of(self, block: int) -> dict[int, np.ndarray] | None:
+        return self.stores.lost_of(block)

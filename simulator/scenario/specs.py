@@ -276,17 +276,17 @@ class MetricsSpec:
 class ParamServerSpec:
     """Options of the ``paramserver`` protocol (Downpour-style, Dean et al. 2012).
 
-    ``staleness_limit`` S > 0 discards a push whose staleness exceeds S; ``accumulate`` n
-    computes n gradients at one pulled vector and pushes their mean (the learning rate scaled
-    by 1/n); ``warm_start`` lets thread 0 alone make that many updates before the others
-    start (``n_samples`` of them is one serial pass); ``fraction`` p < 1 runs synchronous
-    rounds that end when ceil(p·k) pushes computed on the round's vector arrived (backup
-    workers: later pushes of that round are discarded); ``rebalance`` r > 0 retires a worker
-    whose mean update time exceeds r times the median once every worker made
+    ``staleness_limit`` S > 0 discards a push whose staleness exceeds S as it reaches the
+    server; ``accumulate`` n computes n gradients at one pulled vector and pushes their mean
+    (the learning rate scaled by 1/n); ``warm_start`` lets thread 0 alone make that many updates
+    before the others start (``n_samples`` of them is one serial pass); ``fraction`` p < 1 runs
+    synchronous rounds that end when ceil(p·k) pushes computed on the round's vector arrived
+    (backup workers: later pushes of that round are discarded); ``rebalance`` r > 0 retires a
+    worker whose mean update time exceeds r times the median once every worker made
     ``rebalance_after`` updates (its share of the data goes to the others)."""
 
-    staleness_limit: int = key(0, "a push staler than this is discarded (0: keep every "
-                               "push)", bounds=">= 0")
+    staleness_limit: int = key(0, "a push staler than this when it reaches the server "
+                               "is discarded (0: keep every push)", bounds=">= 0")
     accumulate: int = key(1, "gradients per pull, their mean pushed (1 with fraction > 0)",
                           bounds=">= 1")
     warm_start: int = key(0, "updates thread 0 makes alone before the others start",

@@ -123,22 +123,53 @@ def test_paramserver_link_latency_and_bandwidth():
     assert trace["write_end"].tolist() == [per_update * i for i in (1, 2, 3)]
 
 
-def test_paramserver_staleness_limit_discards_stale_pushes():
+def test_paramserver_staleness_limit_discards_pushes_stale_on_arrival():
+    """The server decides when a push reaches it, as the real server does: with one shard,
+    when it would be applied, so every applied push has staleness <= S and every discarded
+    one more. A discarded push's write time passes and nothing of it is stored."""
     s, problem = small("run.protocol=paramserver", "run.threads=6", "run.updates=120",
                        "timing.grad={dist='exponential', mean=6000}",
                        "paramserver.staleness_limit=2")
     trace = simulate(s, problem)
     applied = trace["step"] > 0
-    assert (~applied).sum() > 0
-    # The server checks staleness when a push arrives (its write start); the trace counts
-    # completions up to its write end, so completions during the push itself are added.
-    ends = trace["write_end"][applied]
-    for row in np.flatnonzero(applied):
-        during = ((ends >= trace["write_start"][row]) & (ends < trace["write_end"][row])).sum()
-        assert trace["staleness"][row] - during <= 2
+    assert 0 < (~applied).sum() < applied.sum()
+    assert (trace["staleness"][applied] <= 2).all()
     assert (trace["staleness"][~applied] > 2).all()
     assert trace["step"][applied].tolist() == list(range(1, applied.sum() + 1))
     assert not trace["measured"][~applied].any()
+    assert ((trace["write_end"] - trace["write_start"]) == 2000).all()  # every push was sent
+    # Nothing a discarded push sent was stored: w_T is w0 less the applied steps alone, each
+    # lr·∇f at the vector its pull copied (w after the completions before its read's end).
+    rows = np.flatnonzero(applied)[np.argsort(trace["step"][applied])]
+    ends = trace["write_end"][rows]
+    states = [problem.initial()]
+    for row in rows:
+        read = states[np.searchsorted(ends, trace["read_end"][row], side="right")]
+        states.append(states[-1] - s.run.lr * problem.grad(read.copy(), trace["sample"][row])[0])
+    assert np.allclose(trace["w_final"], states[-1], rtol=0, atol=1e-12)
+
+
+def test_paramserver_staleness_limit_decides_at_the_first_shard():
+    """With three shards the server sees a push when its first shard arrives: a push is
+    discarded exactly when more than S completions landed between its read's start and its
+    first shard's end (recounted from the rows' times), and a discarded push stores no
+    shard (the shared vector equals w0 minus the applied steps)."""
+    s, problem = small("run.protocol=paramserver", "run.threads=5", "run.updates=150",
+                       "run.blocks=3", "timing.grad={dist='exponential', mean=5000}",
+                       "timing.write={dist='exponential', mean=900}",
+                       "paramserver.staleness_limit=1")
+    trace = simulate(s, problem)
+    applied = trace["step"] > 0
+    assert 0 < (~applied).sum() < applied.sum()
+    ends = np.sort(trace["write_end"][applied])
+    offsets, write_ns = trace["op_offsets"], trace["op_write_ns"]
+    for row in range(len(trace)):
+        first = trace["write_start"][row] + write_ns[offsets[row]]
+        seen = np.searchsorted(ends, trace["read_start"][row], side="right")
+        arrived = np.searchsorted(ends, first, side="left")
+        assert applied[row] == (arrived - seen <= 1), row
+        assert trace["write_end"][row] - trace["write_start"][row] == \
+            write_ns[offsets[row]:offsets[row + 1]].sum()
 
 
 def test_paramserver_accumulation_pushes_the_mean_of_n_gradients_at_one_pull():
