@@ -274,7 +274,16 @@ def test_synthetic_held_out_sets_come_from_the_training_model_without_changing_i
     assert sparse.held[0].shape == (100, 200) and 0.5 < sparse.held_out_accuracy(
         sparse.optimum()[0]) <= 1
     mlp = MLPProblem.synthetic(6, 200, 3, 5, 0.01, seed=2)
-    assert mlp.held[0].shape == (50, 6) and mlp.held_out_accuracy(mlp.initial()) is not None
+    Xh, yh = mlp.held
+    assert Xh.shape == (50, 6) and not np.isin(Xh[0], mlp.X).any()
+    # The held-out accuracy, recomputed row by row from the flat parameters (W1, b1, W2, b2).
+    w = np.random.default_rng(0).standard_normal(mlp.dim)
+    W1, b1 = w[:30].reshape(5, 6), w[30:35]
+    W2, b2 = w[35:50].reshape(3, 5), w[50:53]
+    right = [int(np.argmax(W2 @ np.tanh(W1 @ x + b1) + b2) == label)
+             for x, label in zip(Xh, yh, strict=True)]
+    assert 0 < sum(right) < len(right)
+    assert mlp.held_out_accuracy(w) == sum(right) / len(right)
     assert QuadraticProblem(5, 50, 0.01, seed=1).held_out_accuracy(np.zeros(5)) is None
 
 

@@ -30,6 +30,29 @@ def test_the_probe_measures_each_burst_on_two_cpus():
     assert median is not None and 1 < median < 1e6
 
 
+def test_the_latency_is_the_median_of_the_bursts(monkeypatch):
+    """``line_latency_ns`` reports the median burst, whatever the spread (one slow burst,
+    a descheduled core, does not move it), and None when the probe cannot run there."""
+    import realrun.host.probe as probe
+
+    asked = []
+
+    def bursts(a, b, rounds, count):
+        asked.append((a, b, rounds, count))
+        return [90.0, 41.0, 5000.0, 40.0, 43.0][:count]
+
+    monkeypatch.setattr(probe, "_line_latency", bursts)
+    assert probe.line_latency_ns([3, 1], rounds=200, bursts=5) == 43.0
+    assert probe.line_latency_ns([3, 1], rounds=200, bursts=4) == (41.0 + 90.0) / 2
+    assert asked == [(3, 1, 200, 5), (3, 1, 200, 4)]
+
+    def gone(*_):
+        raise TimeoutError("CPU 1 gave the probe no time for 5 s")
+
+    monkeypatch.setattr(probe, "_line_latency", gone)
+    assert probe.line_latency_ns([3, 1]) is None
+
+
 @needs_probe
 def test_the_probe_refuses_one_cpu_and_names_a_cpu_it_cannot_use():
     from realrun.host._cpuprobe import line_latency
