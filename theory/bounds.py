@@ -14,7 +14,14 @@ Hogwild! Proposition 4.1 (``check_hogwild``):
    within the assumed values.
 
 Delayed SGD, Langford et al. 2009 (``check_langford``): the ``roundrobin`` protocol with k
-threads is their algorithm with delay τ = k − 1. Pilot runs at the scenario's lr estimate L
+threads is their algorithm with delay τ = k − 1, exact gradients each computed at the iterate
+τ updates back. A fixed injected delay d (``inject.delay``) moves every read d completions
+further back, so τ = k − 1 + d; the analysis covers nothing else that ``[inject]`` can add
+(gradient errors, dropped or rounded writes, random delays, deaths, which stall the rotation),
+and the check refuses those before any run. Stragglers and pauses change only durations,
+not the turn order. Every validation run's staleness must be exactly min(m − 1, τ) at update
+m, the delay the regret and the bounds assume; otherwise no guarantee is claimed and the
+first update that differs is reported. Pilot runs at the scenario's lr estimate L
 (the largest sample-gradient norm) and F (from the largest distance to w*: the iterates stay
 in the ball X = B(w*, r), so F² = max ½‖x − x'‖² = 2r²), which set σ = F/(L√(2τ)). The
 validation runs use η_t = σ/√(t − τ) (Theorem 1) and, where every f_i is λ-strongly convex,
@@ -37,9 +44,9 @@ from typing import Any
 import numpy as np
 import scipy.sparse
 
-from simulator.errors import AsyngradError
+from simulator.errors import AsyngradError, ScenarioError
 from simulator.problems import Problem, make_problem
-from simulator.scenario import Scenario, with_overrides
+from simulator.scenario import InjectSpec, Scenario, with_overrides
 from simulator.trace import Trace
 from theory.asyngrad import InfeasibleError
 from theory.check import (
@@ -64,7 +71,7 @@ from theory.langford import (
 M_MARGIN = 0.1
 
 __all__ = ["M_MARGIN", "Sparsity", "check_hogwild", "check_langford", "delay_and_gradient_bound",
-           "expected_regret", "hypergraph"]
+           "delay_mismatch", "expected_regret", "hypergraph", "langford_delay"]
 
 
 @dataclass(frozen=True)
@@ -220,10 +227,49 @@ def expected_regret(trace: Trace, f_star: float, tau: int) -> np.ndarray:
     return np.concatenate([[0.0], np.cumsum(losses[read] - f_star)])
 
 
+def langford_delay(inject: InjectSpec) -> int:
+    """The injected delay d that delayed SGD's τ = k − 1 + d takes in: ``inject.delay`` when
+    it is fixed (0 without one).
+
+    Raises:
+        ScenarioError: an injection the analysis of Langford et al. 2009 does not cover
+            (exact gradients, each delayed by one fixed τ), naming its ``inject`` field.
+    """
+    why = "the delayed-SGD analysis (Langford et al. 2009) covers "
+    refused = (("inject.error", inject.error, inject.error != "none", why + "exact gradients"),
+               ("inject.drop", inject.drop, inject.drop > 0, why + "no lost writes"),
+               ("inject.write_bits", inject.write_bits, inject.write_bits > 0,
+                why + "no rounded writes"),
+               ("inject.delay_dist", inject.delay_dist, inject.delay != inject.max_delay,
+                why + "one fixed delay, not a random one"),
+               ("inject.deaths", inject.deaths, bool(inject.deaths),
+                "a dead thread stalls the round-robin rotation"))
+    for field, value, bad, reason in refused:
+        if bad:
+            raise ScenarioError(field, value, f"{reason}; --bound langford refuses it")
+    return inject.delay
+
+
+def delay_mismatch(traces: Sequence[Trace], tau: int) -> dict[str, int] | None:
+    """The first update (run, completion m, staleness, min(m − 1, τ)) of ``traces`` whose
+    staleness is not min(m − 1, τ), the delay of Langford et al.'s algorithm, counting a
+    discarded gradient (m = 0) as one; None when every update has it."""
+    for run, trace in enumerate(traces):
+        steps, staleness = trace["step"], trace["staleness"]
+        expected = np.minimum(steps - 1, tau)
+        bad = np.flatnonzero((steps < 1) | (staleness != expected))
+        if bad.size:
+            i = bad[0]
+            return {"run": run, "update": int(steps[i]), "staleness": int(staleness[i]),
+                    "expected": int(expected[i])}
+    return None
+
+
 def _regret_runs(scenario: Scenario, problem: Problem, lr: float, schedule: str,
-                 seeds: int, tau: int,
-                 progress: Callable[[int], object] | None) -> tuple[np.ndarray, float, float]:
-    """Validation runs: the regret curve of each (rows), and the L and F they show."""
+                 seeds: int, tau: int, progress: Callable[[int], object] | None,
+                 ) -> tuple[np.ndarray, float, float, dict[str, int] | None]:
+    """Validation runs: the regret curve of each (rows), the L and F they show, and their
+    first update whose staleness is not min(m − 1, τ) (``delay_mismatch``)."""
     updates_ = scenario.run.updates
     runs = _runs(scenario, problem, [f"run.lr={lr!r}", f"run.lr_schedule={schedule}",
                                      "metrics.exact=true", "metrics.every=1",
@@ -232,7 +278,7 @@ def _regret_runs(scenario: Scenario, problem: Problem, lr: float, schedule: str,
     f_star = problem.optimum()[1]
     regrets = np.array([expected_regret(r, f_star, tau) for r in runs])
     _, L = delay_and_gradient_bound(runs)
-    return regrets, L, _domain_size(runs)
+    return regrets, L, _domain_size(runs), delay_mismatch(runs, tau)
 
 
 def _domain_size(traces: Sequence[Trace]) -> float:
@@ -247,18 +293,21 @@ def check_langford(scenario: Scenario, seeds: int, pilot_seeds: int = 3,
     """Everything ``check.json`` holds for ``--bound langford`` (see the module docstring).
 
     Raises:
-        ScenarioError: seeds < 2 or pilot seeds < 1.
+        ScenarioError: seeds < 2 or pilot seeds < 1, or an injection the analysis does not
+            cover (``langford_delay``).
     """
     check_counts(seeds, pilot_seeds, 1, 1)
+    delay = langford_delay(scenario.inject)
     scenario = with_overrides(scenario, ["run.protocol=roundrobin", "run.lr_schedule=constant"])
     problem = problem if problem is not None else make_problem(scenario.problem)
-    tau = scenario.run.threads - 1
+    tau = scenario.run.threads - 1 + delay
     T = scenario.run.updates
     curv = curvature(problem)
     lam = problem.sample_strong_convexity
     result: dict[str, Any] = {
         "bound": "langford", "scenario": scenario.name, "seeds": seeds, "tau": tau,
-        "updates": T, "problem": problem.describe(), "guarantee": False,
+        "threads": scenario.run.threads, "injected_delay": delay, "updates": T,
+        "problem": problem.describe(), "guarantee": False,
         "conditions": {"convex": {"holds": curv.convex, "method": curv.method},
                        "sample_strong_convexity": {"lambda": lam}},
         "theorems": {},
@@ -281,22 +330,25 @@ def check_langford(scenario: Scenario, seeds: int, pilot_seeds: int = 3,
                       lambda L, F, t: strongly_convex_regret(L, F, tau, t, strong)))
     horizon = np.arange(T + 1, dtype=np.float64)
     for name, lr, schedule, regret_bound in plans:
-        regrets, L, F = _regret_runs(scenario, problem, lr, schedule, seeds, tau, progress)
+        regrets, L, F, mismatch = _regret_runs(scenario, problem, lr, schedule, seeds, tau,
+                                               progress)
         bound = np.array([regret_bound(L, F, max(t, 1.0)) for t in horizon])
         mean, half, upper = _mean_and_bounds(regrets)
         entry: dict[str, Any] = {
             "lr": lr, "schedule": schedule, "L": L, "F": F,
+            "delay_as_assumed": mismatch is None, "delay_mismatch": mismatch,
             "checkpoints": horizon.astype(int).tolist(), "mean": mean.tolist(),
             "half_width": half.tolist(), "upper": upper.tolist(), "bound": bound.tolist(),
             "final_mean": float(mean[-1]), "final_upper": float(upper[-1]),
             "final_bound": float(bound[-1]),
-            "holds": bool(np.all(upper[1:] <= bound[1:])),
+            # Not established (None) when the runs' delay is not the τ the bound assumes.
+            "holds": bool(np.all(upper[1:] <= bound[1:])) if mismatch is None else None,
             "slack": float(bound[-1] / mean[-1]) if mean[-1] > 0 else None,
         }
         if name == "1_convex" and tau >= 1 and tau ** 2 <= T:
             entry["corollary"] = simple_convex_regret(L, F, tau, T)
         result["theorems"][name] = entry
-    result["guarantee"] = all(e["holds"] for e in result["theorems"].values())
+    result["guarantee"] = all(e["holds"] is True for e in result["theorems"].values())
     result["verdict"] = _langford_verdict(result)
     return result
 
@@ -305,6 +357,12 @@ def _langford_verdict(result: dict[str, Any]) -> str:
     parts = []
     for name, e in result["theorems"].items():
         label = "Theorem 1 (σ/√(t−τ))" if name == "1_convex" else "Theorem 2 (1/(λ(t−τ)))"
+        if e["holds"] is None:
+            m = e["delay_mismatch"]
+            parts.append(f"{label}: no guarantee, the runs do not have the delay τ = "
+                         f"{result['tau']} the bound assumes (run {m['run']}, update "
+                         f"{m['update']}: staleness {m['staleness']}, not {m['expected']})")
+            continue
         state = "holds" if e["holds"] else "VIOLATED"
         slack = f", {e['slack']:.3g}× the mean" if e["slack"] else ""
         parts.append(f"{label} {state}: mean regret {e['final_mean']:.4g} (95% upper bound "

@@ -271,8 +271,10 @@ def _print_hogwild_check(result: dict[str, Any], name: str) -> None:
 
 
 def _print_langford_check(result: dict[str, Any], name: str) -> None:
+    delay = result["injected_delay"]
     print(f"Delayed-SGD check (Langford et al. 2009) of {name}: roundrobin, τ = "
-          f"{result['tau']}, T = {result['updates']:,}")
+          f"{result['tau']}" + (f" (k − 1 + injected delay {delay})" if delay else "")
+          + f", T = {result['updates']:,}")
     pilot = result.get("pilot")
     if pilot:
         print(f"  pilot runs: L = {pilot['L']:.4g}, F = {pilot['F']:.4g}, σ = F/(L√(2τ)) = "

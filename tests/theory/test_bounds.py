@@ -16,6 +16,7 @@ from realrun.runner import run_real
 from simulator.engine import simulate
 from simulator.errors import ScenarioError
 from simulator.problems import make_problem
+from simulator.scenario import load_scenario
 from simulator.timing import sample_stream
 from tests.conftest import scenario
 from theory.asyngrad import InfeasibleError
@@ -23,6 +24,7 @@ from theory.bounds import (
     check_hogwild,
     check_langford,
     delay_and_gradient_bound,
+    delay_mismatch,
     expected_regret,
     hypergraph,
 )
@@ -221,6 +223,61 @@ def test_langford_bounds_hold_on_logistic():
     assert convex["schedule"] == "inv_sqrt" and convex["lr"] == r["pilot"]["sigma"]
     assert convex["corollary"] >= convex["final_bound"]
     assert "Theorem 1 (σ/√(t−τ)) holds" in r["verdict"]
+
+
+INJECTED_DELAY = ("run.updates=600", "inject.error=none")
+
+
+def test_langford_refuses_the_injections_its_analysis_does_not_cover():
+    """Gradient errors, lost or rounded writes, random delays and deaths: one line naming
+    the inject field, before any run; the shipped injected-delay scenario carries noise."""
+    shipped = load_scenario("scenarios/injected_delay.toml")
+    with pytest.raises(ScenarioError, match=r"^inject\.error = 'noise': .*exact gradients"):
+        check_langford(shipped, 2)
+    for overrides, field in ((("inject.drop=0.1",), "inject.drop"),
+                             (("inject.write_bits=8",), "inject.write_bits"),
+                             (("inject.delay_dist=uniform", "inject.delay_max=3"),
+                              "inject.delay_dist"),
+                             (("inject.deaths=[{thread=0, at=100}]",), "inject.deaths")):
+        with pytest.raises(ScenarioError, match=rf"^{field} = "):
+            check_langford(scenario(*ROUND_ROBIN, *overrides), 2)
+    cli = _cli("check", "--bound", "langford", "--seeds", "2", "scenarios/injected_delay.toml")
+    assert cli.returncode == 2 and cli.stderr.strip().count("\n") == 0
+    assert "inject.error = 'noise'" in cli.stderr
+
+
+def test_langford_takes_a_fixed_injected_delay_into_tau():
+    """8 threads and an injected delay of 16: the runs' staleness is min(m − 1, 23) and the
+    check uses τ = 23; a plain round robin has τ = k − 1."""
+    r = check_langford(load_scenario("scenarios/injected_delay.toml", INJECTED_DELAY), 2)
+    assert (r["threads"], r["injected_delay"], r["tau"]) == (8, 16, 23)
+    for e in r["theorems"].values():
+        assert e["delay_as_assumed"] and e["delay_mismatch"] is None and e["holds"]
+    assert r["guarantee"]
+    plain = check_langford(scenario(*ROUND_ROBIN), 2)
+    assert (plain["tau"], plain["injected_delay"]) == (3, 0)
+    assert all(e["delay_as_assumed"] for e in plain["theorems"].values())
+
+
+def test_langford_claims_nothing_when_the_runs_delay_is_not_tau(monkeypatch):
+    """A τ that leaves out the injected delay (k − 1 = 7 where the runs have 23) is caught
+    by the runs' staleness: no theorem holds or fails, and no guarantee."""
+    monkeypatch.setattr("theory.bounds.langford_delay", lambda inject: 0)
+    r = check_langford(load_scenario("scenarios/injected_delay.toml", INJECTED_DELAY), 2)
+    assert r["tau"] == 7 and not r["guarantee"]
+    for e in r["theorems"].values():
+        assert e["holds"] is None and not e["delay_as_assumed"]
+        assert e["delay_mismatch"] == {"run": 0, "update": 9, "staleness": 8, "expected": 7}
+    assert "do not have the delay τ = 7" in r["verdict"] and "holds" not in r["verdict"]
+
+
+def test_delay_mismatch_finds_the_first_update_off_the_delay():
+    """A round robin of 4 threads has min(m − 1, 3) everywhere; against τ = 2 its update 4
+    is the first off."""
+    trace = simulate(scenario(*ROUND_ROBIN, "run.protocol=roundrobin"))
+    assert delay_mismatch([trace], 3) is None
+    assert delay_mismatch([trace], 2) == {"run": 0, "update": 4, "staleness": 3,
+                                          "expected": 2}
 
 
 def test_langford_claims_nothing_on_a_nonconvex_model():
