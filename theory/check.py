@@ -9,7 +9,10 @@ validate its bound by Monte Carlo over seeds.
 4. Run the scenario with lr = γ for t updates (at most ``max_updates``) over ``seeds`` seeds, and
    compare the mean of f(w_t) − f* and its one-sided 95% upper bound with ε. Report the update
    count at which the mean actually fell below ε (tightness), the (q/2)·bound envelope of the
-   recursion, and whether κ² and τ measured in these runs stayed within what γ assumed.
+   recursion, and whether κ² and τ measured in these runs stayed within what γ assumed. They
+   are measured in ``WINDOWS`` windows, or in as many as the fewest measured updates of a
+   run where that is fewer (t < 10), so every window holds an update of each run; runs
+   without enough measured updates to estimate them claim no guarantee.
 """
 
 from __future__ import annotations
@@ -40,10 +43,11 @@ from theory.asyngrad import (
 )
 from theory.estimators import Estimate, curvature, initial_distance, serialized_constants
 
-__all__ = ["PILOT_SEED", "check_counts", "check_theorem", "pilot_runs", "suboptimality",
-           "validation_runs"]
+__all__ = ["PILOT_SEED", "WINDOWS", "check_counts", "check_theorem", "pilot_runs",
+           "remeasured_constants", "suboptimality", "validation_runs"]
 
 PILOT_SEED = 1_000_000  # pilot runs use seeds from here, so they never reuse a validation seed
+WINDOWS = 10  # windows κ² and τ are measured in (``serialized_constants``)
 
 
 def _runs(scenario: Scenario, problem: Problem, overrides: list[str], seeds: range,
@@ -143,6 +147,17 @@ def _validate(scenario: Scenario, problem: Problem, k: Constants, gamma: float, 
     return result, runs
 
 
+def remeasured_constants(runs: list[Trace]) -> tuple[Estimate, Estimate] | None:
+    """(κ², τ) of validation runs in ``WINDOWS`` windows, or in as many as the fewest measured
+    updates of a run where that is fewer; None when they cannot be estimated (fewer than two
+    measured updates in a window)."""
+    fewest = min(int(np.count_nonzero(r["measured"])) for r in runs)
+    try:
+        return serialized_constants(runs, max(1, min(WINDOWS, fewest)))
+    except AsyngradError:
+        return None
+
+
 def check_theorem(scenario: Scenario, eps: float, seeds: int, beta: float = 1.0,
                   pilot_seeds: int = 3, max_updates: int = 200_000, rounds: int = 3,
                   progress: Callable[[int], object] | None = None,
@@ -199,13 +214,14 @@ def check_theorem(scenario: Scenario, eps: float, seeds: int, beta: float = 1.0,
         entry["validation"], runs = _validate(scenario, problem, k, gamma, t, ran, seeds, eps,
                                               progress)
         result["validation"] = entry["validation"]
-        try:
-            kappa2, tau = serialized_constants(runs)
-        except AsyngradError:  # too few measured updates to re-estimate: accept as is
-            entry["assumptions_held"] = True
+        remeasured = remeasured_constants(runs)
+        if remeasured is None:  # not re-measured: held is unknown, no guarantee
+            entry["measured"] = entry["assumptions_held"] = None
             break
+        kappa2, tau = remeasured
         entry["measured"] = {"kappa2": kappa2.mean, "tau": tau.mean,
-                             "kappa2_upper": kappa2.upper, "tau_upper": tau.upper}
+                             "kappa2_upper": kappa2.upper, "tau_upper": tau.upper,
+                             "windows": kappa2.windows}
         # Held when the validation runs' means stay within the assumed bounds (τ of the order
         # of rounding counts as zero).
         entry["assumptions_held"] = (kappa2.mean <= k.kappa2
@@ -217,7 +233,7 @@ def check_theorem(scenario: Scenario, eps: float, seeds: int, beta: float = 1.0,
         tau = Estimate(tau.mean, max(tau.upper, k.tau), tau.n, tau.window, tau.windows)
         source = f"the {seeds} validation runs at γ = {gamma:.4g}"
     last = result["rounds"][-1]
-    result["guarantee"] = bool(last.get("assumptions_held"))
+    result["guarantee"] = last.get("assumptions_held") is True
     result["verdict"] = _verdict(result, eps)
     return result
 
@@ -232,7 +248,10 @@ def _verdict(result: dict[str, Any], eps: float) -> str:
     if "infeasible" in last:
         return (f"no guarantee: with κ², τ from {last['source']}, {last['infeasible']}"
                 + empirical)
-    if not last.get("assumptions_held"):
+    if last["measured"] is None:
+        return ("no guarantee: κ² and τ could not be measured again in the validation runs "
+                "(fewer than two measured updates)" + empirical)
+    if not last["assumptions_held"]:
         m = last["measured"]
         return (f"no guarantee: in the validation runs mean κ² = {m['kappa2']:.4g} and τ = "
                 f"{m['tau']:.4g}, against the assumed {last['kappa2']:.4g} and "

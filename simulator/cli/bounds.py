@@ -243,7 +243,9 @@ def _print_asyngrad_check(result: dict[str, Any], name: str) -> None:
     for i, entry in enumerate(result["rounds"]):
         if "gamma" in entry:
             print(f"  round {i}: γ (9) = {entry['gamma']:.6g}, t (10) = "
-                  f"{entry['updates']:,}, assumptions held: {entry['assumptions_held']}")
+                  f"{entry['updates']:,}, assumptions held: "
+                  + ("not re-measured" if entry["measured"] is None
+                     else str(entry["assumptions_held"])))
     validation = result.get("validation")
     if validation and validation["reached_eps_at"] is not None:
         print(f"  the mean fell below ε after {validation['reached_eps_at']:,} updates "

@@ -6,10 +6,13 @@ import sys
 
 import pytest
 
+from simulator.engine import simulate
 from simulator.errors import ScenarioError
-from simulator.problems import QuadraticProblem
+from simulator.problems import QuadraticProblem, make_problem
 from tests.conftest import scenario
-from theory.check import check_theorem
+from theory.asyngrad import Constants, updates
+from theory.check import check_theorem, pilot_runs, remeasured_constants
+from theory.estimators import initial_distance, serialized_constants
 
 SMALL = ("problem.dim=10", "problem.n_samples=200", "run.updates=2000")
 QUADRATIC = ("problem.name=quadratic", "problem.l2=0.5", *SMALL)
@@ -50,6 +53,47 @@ def test_lost_updates_push_tau_past_the_limit():
     assert not r["guarantee"] and r["verdict"].startswith("no guarantee")
     last = r["rounds"][-1]
     assert "infeasible" in last and last["tau"] > last["tau_limit"]
+
+
+def _few_updates_eps(s):
+    """An ε just below q·a_0 on ``s``'s problem, where t (10) is a few updates."""
+    problem = make_problem(s.problem)
+    kappa2, _ = serialized_constants(pilot_runs(s, problem, 3, None))
+    k = Constants(problem.strong_convexity, problem.smoothness, kappa2.upper, 0.0,
+                  initial_distance(problem, problem.initial()))
+    eps = 0.995 * k.q * k.a0
+    assert 1 <= updates(k, eps) <= 9
+    return eps
+
+
+def test_few_updates_remeasure_the_constants_in_fewer_windows():
+    """t (10) below 10 updates: κ² and τ are measured again in the validation runs, in as many
+    windows as each run has measured updates, and the guarantee rests on them."""
+    s = scenario(*QUADRATIC)
+    r = check_theorem(s, _few_updates_eps(s), 3)
+    last = r["rounds"][-1]
+    assert last["ran_updates"] <= 9 and last["measured"]["windows"] == last["ran_updates"]
+    assert last["assumptions_held"] == (last["measured"]["kappa2"] <= last["kappa2"]
+                                        and last["measured"]["tau"] <= last["tau"] + 1e-9
+                                        * last["tau_limit"])
+    assert r["guarantee"] == last["assumptions_held"]
+
+
+def test_constants_not_remeasured_claim_no_guarantee(monkeypatch):
+    """Validation runs the constants cannot be estimated from (no measured update, e.g.
+    metrics.exact off) are not taken to hold them: no guarantee, and the verdict says why."""
+    runs = [simulate(scenario(*QUADRATIC, "run.updates=20", "metrics.exact=false",
+                              f"run.seed={seed}")) for seed in range(2)]
+    assert not any(r["measured"].any() for r in runs)
+    assert remeasured_constants(runs) is None
+    s = scenario(*QUADRATIC)
+    eps = _few_updates_eps(s)
+    monkeypatch.setattr("theory.check.remeasured_constants", lambda runs: None)
+    r = check_theorem(s, eps, 3)
+    last = r["rounds"][-1]
+    assert last["measured"] is None and last["assumptions_held"] is None
+    assert not r["guarantee"]
+    assert r["verdict"].startswith("no guarantee: κ² and τ could not be measured again")
 
 
 def test_nonconvex_problem_gets_no_guarantee():
