@@ -29,7 +29,8 @@ __all__ = ["Curvature", "Estimate", "curvature", "hessian_extremes", "initial_di
 
 @dataclass(frozen=True)
 class Curvature:
-    """c and q with how they were obtained; ``convex`` is False when an eigenvalue is < 0."""
+    """c and q with how they were obtained; ``convex`` is False when an eigenvalue is < 0
+    (closed form: c < 0; Hessian eigenvalues: unless the smallest is > 0)."""
 
     c: float
     q: float
@@ -78,7 +79,8 @@ def curvature(problem: Problem, at: np.ndarray | None = None) -> Curvature:
         return Curvature(low, high, "nonconvex problem; Hessian eigenvalues at "
                          + ("w_0" if at is None else "the given point"), False)
     if problem.strong_convexity is not None and problem.smoothness is not None:
-        return Curvature(problem.strong_convexity, problem.smoothness, "closed form", True)
+        c = problem.strong_convexity
+        return Curvature(c, problem.smoothness, "closed form", c >= 0)
     point = problem.optimum()[0] if at is None else at
     low, high = hessian_extremes(problem, point)
     return Curvature(low, high, "Hessian eigenvalues (Lanczos) at "

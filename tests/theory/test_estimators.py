@@ -92,3 +92,11 @@ def test_curvature_without_closed_form_uses_the_hessian():
     found = curvature(p)
     assert found.method.startswith("Hessian eigenvalues") and found.convex
     assert found.c == pytest.approx(QuadraticProblem.strong_convexity.fget(p), rel=1e-8)
+
+
+def test_closed_form_curvature_is_convex_only_without_a_negative_c():
+    """A closed-form c < 0 (a negative l2) is not convex; c = 0 (logistic, l2 = 0) is."""
+    concave = curvature(QuadraticProblem(dim=5, n_samples=50, l2=-10.0, seed=0))
+    assert concave.method == "closed form" and concave.c < 0 and not concave.convex
+    flat = curvature(make_problem(scenario("problem.l2=0").problem))
+    assert flat.method == "closed form" and flat.c == 0 and flat.convex
