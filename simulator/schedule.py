@@ -72,16 +72,23 @@ def parse_schedule(text: str) -> list[int]:
     """The inverse of :func:`format_schedule`.
 
     Raises:
-        ScenarioError: not of the form ``T[xN].T[xN]...`` with integers T >= 0, N >= 1.
+        ScenarioError: not of the form ``T[xN].T[xN]...`` with integers T >= 0, N >= 1
+            written in ASCII digits.
     """
     choices: list[int] = []
     for part in text.strip().split(".") if text.strip() else []:
         thread, sep, count = part.partition("x")
-        if not thread.isdigit() or (sep and (not count.isdigit() or int(count) < 1)):
+        # Only ASCII digits: str.isdigit() also accepts '²' (int() then fails) and '٣'.
+        if not _digits(thread) or (sep and (not _digits(count) or int(count) < 1)):
             raise ScenarioError("--schedule", text, f"has a bad part {part!r} (expected "
                                 "THREAD or THREADxCOUNT, separated by dots)")
         choices.extend([int(thread)] * (int(count) if count else 1))
     return choices
+
+
+def _digits(text: str) -> bool:
+    """``text`` is a non-empty run of ASCII digits."""
+    return text.isascii() and text.isdigit()
 
 
 class Scheduler:
