@@ -49,10 +49,11 @@ from simulator.timing import sample_stream
 from simulator.trace import Trace
 
 __all__ = ["OBJECTIVES", "SCHEDULERS", "Property", "Scheduler", "enumerate_schedules",
-           "explore", "format_schedule", "greedy_schedule", "parse_schedule", "run_schedule",
-           "search_violation", "shrink"]
+           "explore", "format_schedule", "greedy_schedule", "parse_schedule",
+           "refuse_dfs_options", "run_schedule", "search_violation", "shrink"]
 
 SCHEDULERS = ("random", "roundrobin", "pct", "fixed", "dfs", "adversarial")
+PROPERTY_SCHEDULERS = ("random", "roundrobin", "pct")  # those --property searches with
 
 
 def format_schedule(choices: list[int]) -> str:
@@ -335,9 +336,11 @@ def explore(scenario: Scenario, kind: str, runs: int, objective: str, depth: int
 
     Raises:
         ScenarioError: an unknown scheduler or objective (or one the runs do not
-            measure: :func:`_objective`), runs or keep < 1, depth < 1.
+            measure: :func:`_objective`), runs or keep < 1, depth < 1, preemptions or a
+            checkpoint with a scheduler other than dfs.
     """
     measure = _objective(scenario, objective)
+    refuse_dfs_options(kind, preemptions, checkpoint)
     if kind == "fixed":
         raise ScenarioError("--scheduler", kind, "replays one schedule: use asyngrad replay "
                             "--schedule")
@@ -391,6 +394,20 @@ def explore(scenario: Scenario, kind: str, runs: int, objective: str, depth: int
                   for value, run_seed, text in found],
         "replayed_identically": bool(deterministic),
     }, again
+
+
+def refuse_dfs_options(kind: str, preemptions: int | None, checkpoint: str | None) -> None:
+    """Only ``dfs`` bounds preemptions and keeps a checkpoint: any other scheduler would
+    ignore them.
+
+    Raises:
+        ScenarioError: ``preemptions`` or ``checkpoint`` given with another ``kind``.
+    """
+    if kind == "dfs":
+        return
+    for flag, value in (("--preemptions", preemptions), ("--checkpoint", checkpoint)):
+        if value is not None:
+            raise ScenarioError(flag, value, f"applies to --scheduler dfs only (not {kind})")
 
 
 def enumerate_schedules(scenario: Scenario, objective: str, preemptions: int | None = None,
@@ -615,8 +632,18 @@ def search_violation(scenario: Scenario, prop: Property, kind: str, runs: int,
     violating schedule, the minimal counterexample (``counterexample``: the shrunk prefix,
     after which each thread runs until it cannot act; ``counterexample_schedule``: the whole
     schedule that run executed, which replays as written) and its metric
-    (``counterexample`` is None when every run satisfied the property)."""
+    (``counterexample`` is None when every run satisfied the property).
+
+    Raises:
+        ScenarioError: a metric the runs do not measure, a scheduler other than random,
+            roundrobin or pct, runs < 1.
+    """
     measure = _objective(scenario, prop.metric, "--property")
+    if kind not in PROPERTY_SCHEDULERS:
+        raise ScenarioError("--scheduler", kind, "with --property must be one of "
+                            f"{', '.join(PROPERTY_SCHEDULERS)}")
+    if runs < 1:
+        raise ScenarioError("--runs", runs, "must be >= 1")
     shared = _Shared(scenario)
     f_star = shared.problem.optimum()[1]
     threads = shared.threads
@@ -625,9 +652,6 @@ def search_violation(scenario: Scenario, prop: Property, kind: str, runs: int,
     report: dict[str, Any] = {"scenario": scenario.name, "property": str(prop),
                               "scheduler": kind, "depth": depth, "counterexample": None}
     for run in range(runs):
-        if kind == "dfs":
-            raise ScenarioError("--scheduler", kind, "with --property: random, roundrobin "
-                                "or pct")
         result = shared.run(Scheduler(kind, threads, seed + run, depth, steps))
         if progress:
             progress(1)

@@ -65,9 +65,10 @@ def _explore_property(args: argparse.Namespace, scenario: Any, out: Path,
 
     from simulator.rundir import publish, write_run
     from simulator.scenario import scenario_to_toml
-    from simulator.schedule import Property, search_violation
+    from simulator.schedule import Property, refuse_dfs_options, search_violation
 
     prop = Property.parse(args.property)
+    refuse_dfs_options(args.scheduler, args.preemptions, args.checkpoint)
     with progress(args.runs, args.quiet) as bar:
         report = search_violation(scenario, prop, args.scheduler, args.runs, args.depth,
                                   args.seed, bar.update)

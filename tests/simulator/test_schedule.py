@@ -246,6 +246,38 @@ def test_cli_property_search_writes_the_counterexample(tmp_path):
     assert held == 0
 
 
+@pytest.mark.parametrize("args, message", [
+    (("--scheduler", "adversarial", "--property", "lost_blocks <= 0"),
+     "--scheduler = 'adversarial': with --property must be one of random, roundrobin, pct"),
+    (("--scheduler", "fixed", "--property", "lost_blocks <= 0"),
+     "--scheduler = 'fixed': with --property must be one of"),
+    (("--scheduler", "dfs", "--runs", "0", "--property", "lost_blocks <= 0"),
+     "--scheduler = 'dfs': with --property must be one of"),
+    (("--scheduler", "random", "--runs", "0", "--property", "lost_blocks <= 0"),
+     "--runs = 0: must be >= 1"),
+    (("--scheduler", "pct", "--runs", "-3", "--property", "lost_blocks <= 0"),
+     "--runs = -3: must be >= 1"),
+    (("--scheduler", "random", "--preemptions", "1"),
+     "--preemptions = 1: applies to --scheduler dfs only (not random)"),
+    (("--scheduler", "pct", "--checkpoint", "dfs.json"),
+     "--checkpoint = 'dfs.json': applies to --scheduler dfs only (not pct)"),
+    (("--scheduler", "pct", "--preemptions", "0", "--property", "lost_blocks <= 0"),
+     "--preemptions = 0: applies to --scheduler dfs only (not pct)"),
+])
+def test_explore_refuses_options_its_scheduler_would_not_honour(tmp_path, capsys, args,
+                                                                 message):
+    """A property search with no run or with a scheduler it cannot search with, and dfs's
+    options given to another scheduler: one line naming the option, exit 2, nothing
+    written."""
+    sets = [arg for o in (*TINY, "run.updates=2") for arg in ("--set", o)]
+    out = tmp_path / "x"
+    assert main(["explore", "--out", str(out), "--quiet", "--objective", "lost_blocks",
+                 *args, *sets]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err, err
+    assert not out.exists()
+
+
 @pytest.mark.parametrize("extra, reason", [
     (("run.protocol=admm",), "not measured under admm"),
     (("metrics.exact=false",), r"needs the exact metrics \(metrics.exact = true\)"),
