@@ -30,9 +30,11 @@ Time in the resulting trace counts steps: the action at step s spans [s, s + 1).
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -418,13 +420,14 @@ def enumerate_schedules(scenario: Scenario, objective: str, preemptions: int | N
     ``checkpoint`` (a JSON file) so that a later call resumes there. Reports the exact worst
     schedule by ``objective`` and the distribution of its values over the schedules run.
 
+    The checkpoint records what it was made for (the scenario as TOML, the objective and
+    the preemption bound); it resumes only a call for the same three.
+
     Raises:
         ScenarioError: an unknown objective (or one the runs do not measure),
-            preemptions < 0 or limit < 1.
+            preemptions < 0, limit < 1, or a checkpoint that is not one or was made for
+            another scenario, objective or preemption bound.
     """
-    import json
-    from pathlib import Path
-
     measure = _objective(scenario, objective)
     if preemptions is not None and preemptions < 0:
         raise ScenarioError("--preemptions", preemptions, "must be >= 0")
@@ -440,8 +443,9 @@ def enumerate_schedules(scenario: Scenario, objective: str, preemptions: int | N
     values: list[float] = []
     worst: tuple[float, str] | None = None
     state = Path(checkpoint) if checkpoint else None
+    made_for = {"scenario": shared.text, "objective": objective, "preemptions": preemptions}
     if state is not None and state.is_file():
-        saved = json.loads(state.read_text())
+        saved = _resume(state, made_for)
         stack = [(list(a), list(b), int(c)) for a, b, c in saved["stack"]]
         prefix, values = saved["prefix"], saved["values"]
         worst = (saved["worst"][0], saved["worst"][1]) if saved["worst"] else None
@@ -473,13 +477,41 @@ def enumerate_schedules(scenario: Scenario, objective: str, preemptions: int | N
         if done:
             state.unlink(missing_ok=True)
         else:
-            state.write_text(json.dumps({"stack": stack, "prefix": prefix, "values": values,
+            state.write_text(json.dumps({"made_for": made_for, "stack": stack,
+                                         "prefix": prefix, "values": values,
                                          "worst": list(worst) if worst else None}))
     assert worst is not None
     return {"scenario": scenario.name, "scheduler": "dfs", "objective": objective,
             "preemptions": preemptions, "complete": done, "schedules": len(values),
             "threads": threads, "values": _histogram(values),
             "worst": [{"value": worst[0], "schedule": worst[1]}]}
+
+
+def _resume(state: Path, made_for: dict[str, Any]) -> dict[str, Any]:
+    """The saved search in checkpoint ``state``, if it was made for ``made_for``.
+
+    Raises:
+        ScenarioError: the file is not a dfs checkpoint, or was made for another scenario,
+            objective or preemption bound (its search would not be this one's).
+    """
+    try:
+        saved = json.loads(state.read_text())
+        made = saved["made_for"]
+        if not isinstance(made, dict) or {"stack", "prefix", "values", "worst"} - set(saved):
+            raise KeyError
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError):
+        raise ScenarioError("--checkpoint", str(state), "is not a checkpoint of this "
+                            "version's dfs (delete it to start over)") from None
+    for key, flag in (("scenario", ""), ("objective", "--objective"),
+                      ("preemptions", "--preemptions")):
+        then, now = made.get(key, "?"), made_for[key]
+        if then != now:
+            shown = ("another scenario" if not flag else
+                     f"{flag} {'any' if then is None else then}, not "
+                     f"{'any' if now is None else now}")
+            raise ScenarioError("--checkpoint", str(state), f"was made for {shown} (use "
+                                "another file, or delete it to start over)")
+    return saved
 
 
 def _preempts(path: list[int], step: int, thread: int, runnable: list[int]) -> int:

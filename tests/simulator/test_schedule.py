@@ -180,6 +180,34 @@ def test_dfs_finds_the_exact_worst_case_and_resumes_from_a_checkpoint(tmp_path):
     assert rest["worst"] == full["worst"]
 
 
+def test_a_dfs_checkpoint_resumes_only_the_search_it_was_made_for(tmp_path, capsys):
+    """A checkpoint of another objective, preemption bound or scenario (or a file that is
+    no checkpoint) is refused with one line naming --checkpoint, and is left as it was."""
+    s = scenario(*TINY, "run.updates=2", "run.blocks=1")
+    state = tmp_path / "dfs.json"
+    enumerate_schedules(s, "lost_blocks", limit=20, checkpoint=str(state))
+    saved = state.read_text()
+    other = scenario(*TINY, "run.updates=2", "run.blocks=1", "run.threads=3",
+                     "run.protocol=locked")
+    for sc, objective, bound, reason in (
+            (s, "staleness", None, "--objective lost_blocks, not staleness"),
+            (s, "lost_blocks", 0, "--preemptions any, not 0"),
+            (other, "lost_blocks", None, "another scenario")):
+        with pytest.raises(ScenarioError, match=f"--checkpoint = .*: was made for {reason}"):
+            enumerate_schedules(sc, objective, bound, checkpoint=str(state))
+        assert state.read_text() == saved
+    sets = [arg for o in (*TINY, "run.updates=2", "run.blocks=1") for arg in ("--set", o)]
+    assert main(["explore", "--out", str(tmp_path / "x"), "--scheduler", "dfs", "--objective",
+                 "lost_blocks", "--preemptions", "1", "--checkpoint", str(state), "--quiet",
+                 *sets]) == 2
+    assert capsys.readouterr().err.count("\n") == 1 and not (tmp_path / "x").exists()
+    resumed = enumerate_schedules(s, "lost_blocks", limit=1000, checkpoint=str(state))
+    assert resumed["complete"] and resumed["schedules"] == 70  # the search it was made for
+    state.write_text("[]")
+    with pytest.raises(ScenarioError, match=r"--checkpoint = .*: is not a checkpoint"):
+        enumerate_schedules(s, "lost_blocks", checkpoint=str(state))
+
+
 def test_properties_parse_and_reject_bad_text():
     prop = Property.parse("lost_fraction <= 0.5")
     assert (prop.metric, prop.op, prop.value) == ("lost_fraction", "<=", 0.5)
