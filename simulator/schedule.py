@@ -113,6 +113,7 @@ class Scheduler:
         self.step = 0
         self.last = -1
         self.chosen: list[int] = []  # the schedule so far
+        self.preemptions = 0  # in it (:func:`_preempts`)
         self.seen: list[list[int]] = []  # dfs: the runnable threads at each step
         self._uniform: list[float] = []  # random: uniform draws on [0, 1), in chunks
         if kind == "pct":
@@ -154,6 +155,7 @@ class Scheduler:
                 raise ScenarioError("--schedule", format_schedule(self.schedule),
                                     f"picks thread {choice} at step {step}, which cannot act "
                                     f"(runnable: {runnable})")
+        self.preemptions += _preempts(self.chosen, step, choice, runnable)
         self.last = choice
         self.chosen.append(choice)
         return choice
@@ -161,11 +163,13 @@ class Scheduler:
 
 @dataclass
 class ScheduledRun:
-    """A finished controlled run: its trace and the schedule that produced it."""
+    """A finished controlled run: its trace, the schedule that produced it and the
+    preemptions in that schedule (switches away from a thread that could still act)."""
 
     trace: Trace
     schedule: list[int]
     problem: Problem
+    preemptions: int
 
     @property
     def text(self) -> str:
@@ -219,7 +223,7 @@ class _Shared:
             raise ScenarioError("--schedule", format_schedule(scheduler.schedule),
                                 f"has {len(scheduler.schedule)} steps; the run ended after "
                                 f"{scheduler.step} (a schedule of another scenario?)")
-        return ScheduledRun(trace, scheduler.chosen, self.problem)
+        return ScheduledRun(trace, scheduler.chosen, self.problem, scheduler.preemptions)
 
 
 class _Steps:
@@ -663,8 +667,9 @@ def search_violation(scenario: Scenario, prop: Property, kind: str, runs: int,
     """Run schedules of ``kind`` until one violates ``prop``; shrink it. The report holds the
     violating schedule, the minimal counterexample (``counterexample``: the shrunk prefix,
     after which each thread runs until it cannot act; ``counterexample_schedule``: the whole
-    schedule that run executed, which replays as written) and its metric
-    (``counterexample`` is None when every run satisfied the property).
+    schedule that run executed, which replays as written), its metric and its preemptions
+    (``counterexample_preemptions``: switches away from a thread that could still act;
+    ``counterexample`` is None when every run satisfied the property).
 
     Raises:
         ScenarioError: a metric the runs do not measure, a scheduler other than random,
@@ -695,7 +700,7 @@ def search_violation(scenario: Scenario, prop: Property, kind: str, runs: int,
                 counterexample=format_schedule(minimal),
                 counterexample_schedule=shrunk.text,
                 counterexample_value=measure(shrunk.trace, f_star),
-                counterexample_preemptions=max(0, len(_runs_of(minimal)) - 1),
+                counterexample_preemptions=shrunk.preemptions,
                 run=shrunk)
             return report
     report["runs_until_found"] = None

@@ -248,7 +248,24 @@ def test_shrunk_counterexamples_violate_and_are_minimal(text):
         fewer = [t for j, (t, n) in enumerate(runs) if j != i for _ in range(n)]
         assert not violates(fewer), (report["counterexample"], i)
     assert not violates(minimal[:-1])
-    assert report["counterexample_preemptions"] == len(runs) - 1
+    again = run_schedule(s, Scheduler("dfs", 2, schedule=minimal), problem)
+    assert report["counterexample_preemptions"] == again.preemptions
+
+
+def test_preemptions_count_only_switches_away_from_a_thread_that_could_act():
+    """0x11.2x8.1 switches thread twice, but thread 2 has finished when thread 1 takes over:
+    one preemption, in the run and in a property search's report."""
+    s = scenario(*TINY, "run.threads=3", "run.updates=6", "run.blocks=1")
+    scheduler = Scheduler("dfs", 3, schedule=parse_schedule("0x11.2x8.1"))
+    run = run_schedule(s, scheduler)
+    assert 0 in scheduler.seen[11] and 2 not in scheduler.seen[19]
+    assert run.preemptions == 1
+    report = search_violation(s, Property.parse("staleness <= 2"), "pct", 300, 2, 0)
+    scheduler = Scheduler("dfs", 3, schedule=parse_schedule(report["counterexample"]))
+    path = run_schedule(s, scheduler).schedule
+    switches = [i for i in range(1, len(path)) if path[i] != path[i - 1]]
+    assert report["counterexample_preemptions"] == sum(
+        path[i - 1] in scheduler.seen[i] for i in switches) < len(switches)
 
 
 def test_cli_property_search_writes_the_counterexample(tmp_path):
