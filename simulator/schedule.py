@@ -614,10 +614,16 @@ def _expand(runs: list[tuple[int, int]]) -> list[int]:
 def shrink(scenario: Scenario, prop: Property, schedule: list[int],
            problem: Problem | None = None) -> tuple[list[int], ScheduledRun]:
     """A minimal prefix that still violates ``prop``: the run follows the prefix, then lets
-    each thread run until it cannot act (no further preemption). Greedily cuts the prefix
-    short, drops whole runs of one thread, trims the last run and swaps adjacent runs (all
-    of which remove preemptions or steps) while the property still fails, until none does:
-    in particular no single removal of a run or of the last step keeps it failing.
+    each thread run until it cannot act (no further preemption).
+
+    Prefixes are written as runs of one thread (``0x3.1``) and ordered by their number of
+    runs, then of steps. From ``schedule``, the first strictly smaller candidate that still
+    violates replaces the current prefix, until none does; the candidates, in this order:
+    the prefix cut after each of its runs (shortest first), the prefix without one of its
+    runs, the prefix with one of its runs a step shorter, the prefix with two adjacent runs
+    swapped (smaller only where that merges runs). Minimal means exactly that: no such
+    candidate of the result violates ``prop`` (a local minimum; a smaller counterexample
+    that none of these moves reaches may exist). The search is deterministic.
 
     Raises:
         ScenarioError: ``schedule`` does not violate ``prop``.
@@ -640,12 +646,12 @@ def shrink(scenario: Scenario, prop: Property, schedule: list[int],
     changed = True
     while changed:
         changed = False
-        # Shortest prefixes first, then single removals (a run of one thread, or the last
-        # step), then swaps of adjacent runs (which merge runs of the same thread).
+        # Shortest prefixes first, then single removals (a run of one thread, or one step of
+        # a run), then swaps of adjacent runs (which merge runs of the same thread).
         candidates = [runs[:j] for j in range(len(runs))]
         candidates += [runs[:i] + runs[i + 1:] for i in range(len(runs))]
-        if runs and runs[-1][1] > 1:
-            candidates.append([*runs[:-1], (runs[-1][0], runs[-1][1] - 1)])
+        candidates += [[*runs[:i], (thread, count - 1), *runs[i + 1:]]
+                       for i, (thread, count) in enumerate(runs) if count > 1]
         candidates += [[*runs[:i], runs[i + 1], runs[i], *runs[i + 2:]]
                        for i in range(len(runs) - 1)]
         size = (len(runs), sum(count for _, count in runs))

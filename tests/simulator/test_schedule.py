@@ -24,6 +24,7 @@ from simulator.schedule import (
     parse_schedule,
     run_schedule,
     search_violation,
+    shrink,
 )
 from simulator.trace import Trace
 from tests.conftest import scenario
@@ -221,7 +222,7 @@ def test_properties_parse_and_reject_bad_text():
                                   "staleness <= 2"])
 def test_shrunk_counterexamples_violate_and_are_minimal(text):
     """The counterexample still violates the property, and no single removal — of one run of
-    a thread, or of the last step — keeps it violating."""
+    a thread, or of one step of a run — keeps it violating."""
     from simulator.problems import make_problem
 
     s = scenario(*TINY, "run.updates=6")
@@ -247,9 +248,19 @@ def test_shrunk_counterexamples_violate_and_are_minimal(text):
     for i in range(len(runs)):
         fewer = [t for j, (t, n) in enumerate(runs) if j != i for _ in range(n)]
         assert not violates(fewer), (report["counterexample"], i)
+        shorter = [t for j, (t, n) in enumerate(runs) for _ in range(n - (j == i))]
+        assert not violates(shorter), (report["counterexample"], i)
     assert not violates(minimal[:-1])
     again = run_schedule(s, Scheduler("dfs", 2, schedule=minimal), problem)
     assert report["counterexample_preemptions"] == again.preemptions
+
+
+def test_shrinking_shortens_every_run_not_only_the_last():
+    """1x2.2 violates staleness <= 2 and so does 1.2 (its first run a step shorter): the
+    shrinker finds it."""
+    s = scenario(*TINY, "run.threads=3", "run.updates=6", "run.blocks=1")
+    minimal, run = shrink(s, Property.parse("staleness <= 2"), parse_schedule("1x2.2"))
+    assert format_schedule(minimal) == "1.2" and run.trace["staleness"].max() > 2
 
 
 def test_preemptions_count_only_switches_away_from_a_thread_that_could_act():
