@@ -275,10 +275,21 @@ class _Steps:
         pass
 
 
-def _log_schedules(threads: int, steps: int) -> float:
-    """log of the number of interleavings of ``threads`` threads with ``steps`` actions each:
-    (k·n)!/(n!)^k."""
-    return math.lgamma(threads * steps + 1) - threads * math.lgamma(steps + 1)
+def _log10_interleavings(steps: list[int], shared: bool) -> float:
+    """log10 of the orderings of one run's steps, ``steps[i]`` of them by thread i (N in
+    all, k threads): k^N where the threads share the updates (``run.split = "shared"``:
+    each thread's part of the N steps may change from schedule to schedule), else the
+    multinomial N!/(n_0!···n_{k−1}!).
+
+    An upper bound on the number of schedules when every schedule takes N steps (and, split
+    evenly, each thread its n_i): lock-free protocols on dense problems without drops. Gates
+    (a lock, a barrier, a turn), drops and sparse updates can make a schedule longer, so
+    there it is an estimate.
+    """
+    n = sum(steps)
+    if shared:
+        return n * math.log10(max(len(steps), 1))
+    return (math.lgamma(n + 1) - sum(math.lgamma(s + 1) for s in steps)) / math.log(10)
 
 
 def _lost_fraction(t: Trace, f_star: float) -> float:
@@ -393,8 +404,8 @@ def explore(scenario: Scenario, kind: str, runs: int, objective: str, depth: int
     return {
         "scenario": scenario.name, "scheduler": kind, "depth": depth, "runs": runs,
         "seed": seed, "objective": objective, "steps_per_run": steps, "threads": threads,
-        "log10_interleavings_bound": _log_schedules(threads, math.ceil(steps / threads))
-        / math.log(10),
+        "log10_interleavings_estimate": _log10_interleavings(
+            [probe.schedule.count(t) for t in range(threads)], scenario.run.split == "shared"),
         "values": _spread(values, 0.5),
         "worst": [{"value": value, "seed": run_seed, "schedule": text}
                   for value, run_seed, text in found],

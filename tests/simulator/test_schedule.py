@@ -168,6 +168,27 @@ def test_dfs_enumerates_every_interleaving(threads, blocks, actions):
     assert none["values"]["max"] == 0  # no preemption, no lost update
 
 
+@pytest.mark.parametrize("extra", [
+    ("run.updates=4", "run.blocks=1", "run.write_mode=atomic_add"),  # 1,196 (was "924")
+    ("run.updates=3", "run.blocks=1"),
+    ("run.updates=2", "run.blocks=2"),
+    ("run.updates=3", "run.blocks=1", "run.split=even"),  # exactly the multinomial
+    ("run.threads=3", "run.updates=3", "run.blocks=1", "run.write_mode=atomic_add",
+     "run.split=even"),
+])
+def test_the_interleavings_estimate_bounds_the_dfs_count_of_lockfree_runs(extra):
+    """On lock-free dense runs (every schedule takes the same steps) explore's estimate is
+    an upper bound on the schedules dfs enumerates, split shared (k^N) or even (the
+    multinomial)."""
+    s = scenario(*TINY, "metrics.exact=false", *extra)
+    estimate = explore(s, "random", 1, "lost_blocks")[0]["log10_interleavings_estimate"]
+    exact = enumerate_schedules(s, "lost_blocks")
+    assert exact["complete"]
+    assert exact["schedules"] <= round(10 ** estimate)
+    if "run.split=even" in extra and "run.threads=3" not in extra:
+        assert exact["schedules"] == round(10 ** estimate)
+
+
 def test_dfs_finds_the_exact_worst_case_and_resumes_from_a_checkpoint(tmp_path):
     s = scenario(*TINY, "run.updates=2", "run.blocks=1")
     full = enumerate_schedules(s, "grad_error")
