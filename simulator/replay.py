@@ -101,7 +101,18 @@ def _value(scenario: Scenario, dotted: str) -> object:
 
 def replay(trace: Trace, overrides: list[str] | tuple[str, ...] = (),
            ) -> tuple[Scenario, Problem, Trace]:
-    """Re-run a trace's interleaving; returns the scenario, problem and new trace."""
+    """Re-run a trace's interleaving; returns the scenario, problem and new trace.
+
+    Raises:
+        TraceError: the trace ran under a scheduler (its durations count steps, and
+            replayed as durations they give another run: its schedule replays it), or its
+            embedded scenario cannot be read.
+        ScenarioError: an override changes what the trace fixes, or is invalid.
+    """
+    if trace.source == "scheduled":
+        raise TraceError("trace: recorded under a scheduler (source 'scheduled'), so its "
+                         "durations count steps: replay its schedule with --schedule (explore "
+                         "writes it to worst.schedule)")
     scenario = replay_scenario(trace, overrides)
     problem = make_problem(scenario.problem)
     if len(trace) and int(trace["sample"].max()) >= problem.n_samples:

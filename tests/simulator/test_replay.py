@@ -84,3 +84,28 @@ def test_a_real_run_and_its_replay_count_the_same_overwrites_and_torn_reads():
     counts = [summarize(t, problem, scenario_)["overwrites"] for t in (real.trace, again)]
     for key in ("read_overwrite_blocks", "updates_with_read_overwrite", "torn_reads"):
         assert counts[0][key] == counts[1][key], key
+
+
+def test_a_scheduled_trace_is_replayed_only_by_its_schedule(tmp_path, capsys):
+    """A controlled run's durations count steps: replayed as durations they would give
+    another run, so replay refuses it in one line pointing to --schedule (exit 2, nothing
+    written)."""
+    from simulator.cli import main
+    from simulator.errors import TraceError
+    from simulator.rundir import write_run
+    from simulator.schedule import Scheduler, run_schedule
+
+    s = scenario("problem.dim=4", "problem.n_samples=20", "metrics.curve_points=0",
+                 "run.threads=2", "run.updates=4", "run.blocks=2")
+    run = run_schedule(s, Scheduler("random", 2))
+    with pytest.raises(TraceError, match=r"under a scheduler .* --schedule"):
+        replay(run.trace)
+    write_run(tmp_path / "run", s, run.trace, run.problem)
+    assert main(["replay", str(tmp_path / "run"), "--out", str(tmp_path / "r"),
+                 "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--schedule" in err and not (tmp_path / "r").exists()
+    assert main(["replay", str(tmp_path / "run"), "--schedule", run.text, "--out",
+                 str(tmp_path / "r"), "--quiet"]) == 0
+    assert (tmp_path / "r" / "trace.npz").read_bytes() == \
+        (tmp_path / "run" / "trace.npz").read_bytes()
