@@ -110,6 +110,11 @@ class Clocks:
             self._ahead[thread], self._free[thread] = True, self._plain[thread]
         return simpy.Timeout(env, end - env.now)
 
+    def spent(self, durations: list[int]) -> list[int]:
+        """The durations the trace records for ``durations`` spent as one action (an
+        :meth:`advance` of their sum, as a dropped write is): these durations."""
+        return durations
+
     def spend(self, thread: int, duration: int, transfer: bool) -> Generator[Any, Any, None]:
         """:meth:`advance`, waiting for its event when there is one."""
         wait = self.advance(thread, duration, transfer)
@@ -306,6 +311,11 @@ class Scheduled(Clocks):
 
     def advance(self, thread: int, duration: int, transfer: bool) -> simpy.Event:
         return self._action(thread)
+
+    def spent(self, durations: list[int]) -> list[int]:
+        """One action takes one step whatever its durations: the trace gives it to the
+        first of them (a dropped write: its first block)."""
+        return [1] + [0] * (len(durations) - 1) if durations else durations
 
     loads = True
 

@@ -203,7 +203,7 @@ class Engine:
         # Under a scheduler a load_store write's load is an action of its own.
         self._load = (clocks.load if clocks.loads and isinstance(self.stores, LoadStore)
                       else None)
-        self._advance, self.advance = clocks.advance, clocks.spend
+        self._advance, self.advance, self._spent = clocks.advance, clocks.spend, clocks.spent
         self.skip_holds, self.catch_up, self._hold_point = (clocks.skip_holds, clocks.catch_up,
                                                             clocks.hold_point)
         self._uninterrupted, self._gate = clocks.uninterrupted, clocks.gate
@@ -456,6 +456,7 @@ class Engine:
             if wait is not None:
                 yield wait
                 clock[thread] = int(self.env.now)
+            u.write_ns = self._spent(u.write_ns)  # under a scheduler: one step
             n = 0
         if self._writer is not None and n:
             yield from self._writer.write(thread, u, u.step)

@@ -230,6 +230,21 @@ def test_a_dfs_checkpoint_resumes_only_the_search_it_was_made_for(tmp_path, caps
         enumerate_schedules(s, "lost_blocks", checkpoint=str(state))
 
 
+def test_a_dropped_write_records_the_one_step_it_takes():
+    """Under a scheduler a dropped write is one action: its blocks' recorded write durations
+    add up to its one step (the first block's), as every write's add up to its steps (one
+    thread: nothing else acts while it writes)."""
+    s = scenario("problem.dim=5", "problem.n_samples=20", "metrics.curve_points=0",
+                 "run.threads=1", "run.updates=6", "run.blocks=2", "inject.drop=0.5")
+    trace = run_schedule(s, Scheduler("dfs", 1)).trace
+    offsets, dropped = trace["op_offsets"], trace["dropped"].astype(bool)
+    assert dropped.any() and not dropped.all()
+    for i in range(len(trace)):
+        steps = trace["op_write_ns"][offsets[i]:offsets[i + 1]].tolist()
+        assert sum(steps) == trace["write_end"][i] - trace["write_start"][i]
+        assert steps == ([1, 0] if dropped[i] else [2, 2])
+
+
 def test_properties_parse_and_reject_bad_text():
     prop = Property.parse("lost_fraction <= 0.5")
     assert (prop.metric, prop.op, prop.value) == ("lost_fraction", "<=", 0.5)
