@@ -173,20 +173,21 @@ def _read_within(starts: np.ndarray, re: np.ndarray, by_start: np.ndarray, low: 
 def rebuild(problem: Problem, lr: float, bounds: list[int], dtype: str, every: int,
             store_end: np.ndarray, steps: list[np.ndarray], thread: np.ndarray,
             seq: np.ndarray, samples: np.ndarray, write_end: np.ndarray,
-            reads: list[np.ndarray] | None = None, times: np.ndarray | None = None
-            ) -> Rebuild:
+            reads: list[np.ndarray] | None = None, times: np.ndarray | None = None, *,
+            curve_points: int) -> Rebuild:
     """Replay the block stores of every row (rows in completion order).
 
     ``store_end[i, b]`` is when row i's store to block b finished (−1: untouched), ``steps[r]``
     the steps worker r subtracted, indexed by ``seq``; ``samples[i]`` the samples row i's
     step averaged (one per row, or m per row). With ``reads[r]`` (the read copies worker r
     computed its gradients at) and ``times[i]`` = (read start, read end, write start, write
-    end), the view follows the real memory's losses (module docstring).
+    end), the view follows the real memory's losses (module docstring). The loss curve is
+    taken at the simulator's checkpoints for ``curve_points`` (``metrics.curve_points``).
     """
     samples = samples[:, None] if samples.ndim == 1 else samples
     n = len(store_end)
     w = problem.initial().astype(dtype)
-    view = SerializedView(problem, lr, problem.initial(), n, True, every, 100)
+    view = SerializedView(problem, lr, problem.initial(), n, True, every, curve_points)
     ev_row, ev_block = np.nonzero(store_end >= 0)
     order = np.lexsort((ev_block, thread[ev_row], store_end[ev_row, ev_block]))
     remaining = (store_end >= 0).sum(axis=1)

@@ -481,7 +481,8 @@ def _trace(buffers: Buffers, workers: int, scenario: Scenario, problem: Problem,
              for t, stamp, w in points]
     measure = None if measure_every is None else Measure(
         problem, scenario.run.lr, block_bounds(problem.dim, scenario.run.blocks), dtype,
-        measure_every, [buffers.steps[r].numpy() for r in range(workers)],
+        measure_every, scenario.metrics.curve_points,
+        [buffers.steps[r].numpy() for r in range(workers)],
         None if buffers.reads is None else [buffers.reads[r].numpy() for r in range(workers)])
     return merge(records, problem.initial(), w_final, curve, toml, measure)
 

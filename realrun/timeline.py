@@ -64,6 +64,7 @@ class Measure:
     bounds: list[int]
     dtype: str
     every: int
+    curve_points: int
     steps: list[np.ndarray]
     reads: list[np.ndarray] | None = None  # the read copies, where the workers keep them
 
@@ -121,7 +122,8 @@ def merge(records: list[WorkerRecord], w0: np.ndarray, w_final: np.ndarray,
         built = rebuild(measure.problem, measure.lr, measure.bounds, measure.dtype,
                         measure.every, store_end[order], measure.steps,
                         arrays["thread"], arrays["thread_seq"], groups[order],
-                        arrays["write_end"], measure.reads, rel[order])
+                        arrays["write_end"], measure.reads, rel[order],
+                        curve_points=measure.curve_points)
         if built.measurements:  # a run stopped before its first update has none
             for name, values in zip(("measured", "s_norm", "g_norm", "delta_norm",
                                      "delta_dot"), zip(*built.measurements, strict=True),

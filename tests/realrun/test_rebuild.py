@@ -39,7 +39,7 @@ def _records(lost: bool):
 def _errors(problem, steps, times, reads):
     built = rebuild(problem, LR, [0, problem.dim], "float64", 1, times[:, 3:4].copy(),
                     [steps], np.zeros(3, dtype=np.int64), np.arange(3), np.arange(3),
-                    times[:, 3], None if reads is None else [reads], times)
+                    times[:, 3], None if reads is None else [reads], times, curve_points=3)
     measured, _, g_norm, delta_norm, _ = (np.array(c) for c in zip(*built.measurements,
                                                                        strict=True))
     assert measured.all()

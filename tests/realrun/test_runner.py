@@ -263,6 +263,19 @@ def test_measure_mode_rebuild_is_exact_on_a_serial_run(dtype):
             assert np.array_equal(real.trace[name], simulated[name]), name
 
 
+@pytest.mark.parametrize("points", [10, 0])
+def test_measure_mode_takes_the_curve_at_the_scenarios_checkpoints(points):
+    """Measure mode's curve is taken where the simulator takes it for
+    ``metrics.curve_points`` (10: 11 points; 0: w_0 and w_T only), with the same values on a
+    serial float64 run."""
+    options = (*TINY, "run.updates=500", f"metrics.curve_points={points}")
+    real = run_real(scenario(*options), 1, "serial", dtype="float64", measure_every=1)
+    simulated = simulate(scenario(*options, "run.protocol=serial"))
+    assert real.failure is None and len(real.trace["curve_t"]) == (points + 1 if points else 2)
+    for name in ("curve_t", "curve_n", "curve_loss", "curve_dist2"):
+        assert np.array_equal(real.trace[name], simulated[name]), name
+
+
 def test_measure_mode_on_lock_free_workers():
     """Two lock-free workers in measure mode: sampled exact metrics, and the distance between
     the rebuilt and the real vector reported."""
