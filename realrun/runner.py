@@ -235,7 +235,7 @@ def run_real(scenario: Scenario, workers: int, mode: str, dtype: str = "float32"
     (``realrun.torch_worker``). ``launch`` runs workers as spawned processes or as threads of
     this process (on CUDA, each on its own stream; None: processes on the CPU,
     ``CUDA_LAUNCH`` on CUDA). ``accumulate = n`` averages n gradients
-    per update. On the CPU with processes, shared parameters and n = 1, workers run the
+    per update (CUDA only). On the CPU with processes and shared parameters, workers run the
     problem's numpy code (``realrun.worker``); otherwise its torch loss by autograd.
     ``measure_every = n`` turns on measure mode: workers also store their steps (one vector per
     update) and the parent rebuilds the serialized view, measuring every n-th completion.
@@ -252,7 +252,8 @@ def run_real(scenario: Scenario, workers: int, mode: str, dtype: str = "float32"
 
     Raises:
         ScenarioError: workers < 1, an unknown mode or dtype, timeout <= 0, measure_every < 1,
-            or a scenario field this backend does not honour (``realrun.support``).
+            accumulate > 1 on the CPU, or a scenario field this backend does not honour
+            (``realrun.support``).
     """
     import torch
 
@@ -271,9 +272,13 @@ def run_real(scenario: Scenario, workers: int, mode: str, dtype: str = "float32"
     if accumulate < 1:
         raise ScenarioError("--accumulate", accumulate, "must be >= 1")
     _check_device(device)
+    if accumulate > 1 and device == "cpu":
+        raise ScenarioError("--accumulate", accumulate, "the lockfree, locked and serial "
+                            "protocols have no accumulation, so no scenario states N gradients "
+                            "per update; refused by the shm backend")
     refuse_unsupported(scenario, "shm" if device == "cpu" else "cuda", mode)
     preflight(scenario)  # the trace the parent merges, as a simulation of it would hold
-    torch_path = device != "cpu" or launch == "threads" or accumulate > 1
+    torch_path = device != "cpu" or launch == "threads"
     workers = 1 if mode == "serial" else workers
     # The embedded scenario states the closest simulator semantics (realrun.support.recorded):
     # a per-block lock makes each block's read-modify-write atomic (atomic_add); the

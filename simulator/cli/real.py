@@ -135,7 +135,8 @@ def add_commands(commands: Any) -> None:
                       "every worker) or host (master parameters in host memory, each worker "
                       "computes on its device copy and pushes its step)")
     real.add_argument("--accumulate", type=int, default=1, metavar="N",
-                      help="average N gradients per update (lr/N per gradient)")
+                      help="average N gradients per update (lr/N per gradient; CUDA only: the "
+                      "shm backend refuses N > 1)")
     real.add_argument("--probe", action="store_true",
                       help="probe the CPUs before the start (seconds): the cache-line latency "
                       "between two workers' CPUs (real.cpu_latency), what a write costs on "
