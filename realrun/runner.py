@@ -4,7 +4,8 @@ Workers are ``torch.multiprocessing`` processes (spawn) on one shared flat param
 (host shared memory, or a CUDA tensor shared by CUDA IPC), or threads of this process (each
 on its own CUDA stream; ``launch="threads"``).
 The parent polls every 10 ms: it follows progress (shared counters, no locks), samples the
-shared vector for the loss curve, and notices a worker that died (exception or signal), the
+shared vector for the loss curve (at most once per poll, a copy during which no update was
+counted), and notices a worker that died (exception or signal), the
 timeout, or Ctrl-C (SIGTERM too, where the caller turns it into KeyboardInterrupt, as the CLI
 does). On any of those it stops every worker (terminate, then kill) and still merges what the
 workers completed, so a failed run keeps its partial trace and says why. The parent signals
@@ -444,7 +445,8 @@ def _watch(buffers: Buffers, processes: list[Any], total: int, timeout: float | 
            started: float, progress: Callable[[int], object] | None,
            snapshots: list[tuple[int, int, np.ndarray]], every: int = 1) -> dict[str, Any] | None:
     """Poll until every worker is done (then release them, so they exit) and has exited;
-    the failure that stopped the run, if any; a snapshot for the curve ``every`` updates."""
+    the failure that stopped the run, if any; at most one snapshot for the curve per poll,
+    once ``every`` more updates were counted (``_snapshot``)."""
     reported = 0
     while True:
         done = int(buffers.progress.sum())
@@ -452,7 +454,7 @@ def _watch(buffers: Buffers, processes: list[Any], total: int, timeout: float | 
             progress(done - reported)
         reported = done
         if done >= snapshots[-1][0] + every and done < total:
-            snapshots.append((done, time.monotonic_ns(), _host(buffers.w)))
+            _snapshot(buffers, done, snapshots)
         failure = _failure(buffers, processes)
         if failure is not None:
             return failure
@@ -463,6 +465,16 @@ def _watch(buffers: Buffers, processes: list[Any], total: int, timeout: float | 
         if timeout is not None and time.monotonic() - started > timeout:
             return {"worker": None, "reason": f"timeout after {timeout:g} s"}
         time.sleep(_POLL_S)
+
+
+def _snapshot(buffers: Buffers, done: int,
+              snapshots: list[tuple[int, int, np.ndarray]]) -> None:
+    """Copy the shared vector for the curve as the ``done``-th completion's, unless an update
+    was counted during the copy (it may hold part of it): then the next poll tries again.
+    Like any read it can hold part of a write in flight."""
+    w = _host(buffers.w)
+    if int(buffers.progress.sum()) == done:
+        snapshots.append((done, time.monotonic_ns(), w))
 
 
 def _trace(buffers: Buffers, workers: int, scenario: Scenario, problem: Problem,

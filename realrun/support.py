@@ -63,7 +63,10 @@ SUPPORT: tuple[tuple[str, str, str], ...] = (
     ("`metrics.exact`, `metrics.every`", "recorded: `--measure` measures every "
      "`metrics.every`-th update, `--measure-every N` every N-th",
      "recorded: as for shm"),
-    ("`metrics.curve_points`", "honoured", "honoured"),
+    ("`metrics.curve_points`", "honoured with `--measure` (the simulator's checkpoints); "
+     "without: copies of the live vector, at most one per 10 ms poll, each once T / "
+     "`curve_points` more updates were counted and only if none was counted during the copy",
+     "honoured"),
     ("`[inject]`", "refused unless default", "refused unless default"),
     ("`[paramserver]`", "inert", "honoured"),
     ("`[dcasgd]`, `[admm]`", "inert", "inert"),

@@ -133,6 +133,45 @@ def test_a_worker_killed_before_its_first_update_in_measure_mode():
     assert len(run.trace) == 0 and run.hardware_loss["rebuilt_vs_real_norm"] == 0.0
 
 
+def test_the_curve_keeps_no_copy_during_which_an_update_was_counted(monkeypatch):
+    """Without measure mode the parent copies the live vector for the curve: a copy during
+    which the workers counted an update may hold part of it, so it is not kept as the count's
+    vector; the next poll's copy, which nothing moved, is kept at its own count."""
+    import types
+
+    import torch
+
+    from realrun import runner
+    from realrun.worker import STATUS_DONE
+
+    buffers = types.SimpleNamespace(
+        w=None, progress=torch.tensor([40, 10]), status=torch.zeros(2, dtype=torch.int64),
+        message=torch.zeros(2, 8, dtype=torch.uint8), control=torch.zeros(2, dtype=torch.int64))
+    copies: list[int] = []
+
+    def copy(w):
+        copies.append(int(buffers.progress.sum()))
+        if len(copies) == 1:
+            buffers.progress[0] += 5  # an update counted while the vector was copied
+        buffers.status[:] = STATUS_DONE
+        return np.zeros(2)
+
+    class Worker:  # exits after a few polls
+        looks = 0
+
+        @property
+        def exitcode(self) -> int | None:
+            self.looks += 1
+            return 0 if self.looks > 8 else None
+
+    monkeypatch.setattr(runner, "_host", copy)
+    snapshots = [(0, 0, np.zeros(2))]
+    workers = [Worker(), Worker()]
+    assert runner._watch(buffers, workers, 100, None, time.monotonic(), None, snapshots,
+                         10) is None
+    assert copies == [50, 55] and [t for t, _, _ in snapshots] == [0, 55]
+
+
 def test_touching_the_records_before_the_start_changes_no_value():
     """Workers write every page of their rows before the start (page faults stay out of the
     loop); the rows keep their values, −1 markers included, and other workers' rows are
