@@ -22,7 +22,7 @@ row per gradient, as the simulator's. The options are the simulator's ``paramser
   later pushes of that round are dropped, and a trainer that pushed waits for the next round
   before its pull is answered;
 * ``rebalance`` r > 1: once every working trainer made ``rebalance_after`` applied gradients,
-  one whose mean time per gradient (pull arrival to application) exceeds r times the
+  one whose mean time per gradient (read start to application) exceeds r times the
   median is retired: its next pull is answered with no gradients, and the others make the
   rest of the budget (``retired_threads`` in the trace and summary).
 
@@ -105,6 +105,9 @@ class _Push:
     write_end: int = 0
     completed: int = 0  # completions when applied (its own included), dropped or received
     measurement: Measurement = UNMEASURED
+    rounds: bool = False  # pushed for backup-worker rounds (``paramserver.fraction`` > 0)
+    member: bool = False  # applied by a round another push closed
+    closed: int = 0  # when the round this push closed closed (its arrival, or a trainer's end)
 
 
 @dataclass
@@ -208,7 +211,7 @@ def serve(problem: Problem, scenario: Scenario, trainers: int, timeout: float,
             elif kind == DONE:
                 state.done.add(source)
                 if options.fraction > 0:
-                    _close_round(state)
+                    _close_round(state, arrived)
                 _release(state)
     except _PeerFailed as err:  # one trainer stopped in the middle of an exchange
         failure = (None if _timed_out(err.cause) else _settled(dead)) or {
@@ -287,10 +290,13 @@ def _warming(state: _Server) -> bool:
 
 
 def _release(state: _Server) -> None:
-    """Answer the deferred pulls that need wait no longer (the others wait on)."""
+    """Answer the deferred pulls that need wait no longer (the others wait on). A pull
+    released now starts now: it waited at the server's gate, as a simulated read waits at
+    its protocol's gate before it starts."""
     waiting, state.waiting = state.waiting, []
-    for source, arrived in waiting:
-        _pull(state, source, arrived)
+    now = time.monotonic_ns()
+    for source, _ in waiting:
+        _pull(state, source, now)
 
 
 class _PeerFailed(Exception):
@@ -334,12 +340,13 @@ def _push(state: _Server, push: _Push) -> None:
         push.write_end = push.arrival
         return
     if options.fraction > 0:
+        push.rounds = True
         if push.version != state.version:  # computed on a closed round's vector
             push.write_end = push.arrival
             return
         state.pushed_round[push.thread + 1] = state.version
         state.round_pushes.append(push)
-        _close_round(state)
+        _close_round(state, push.arrival)
         return
     if too_stale(state.version - push.version, options.staleness_limit):
         push.write_end = push.arrival
@@ -348,15 +355,20 @@ def _push(state: _Server, push: _Push) -> None:
     _complete(state, [push])
 
 
-def _close_round(state: _Server) -> None:
+def _close_round(state: _Server, now: int) -> None:
     """Apply the round's mean step once its quota of pushes arrived (the simulator's
     ``round_quota``; during a warm start trainer 0 is the one that may arrive), then answer
-    the pulls that waited for the new round."""
+    the pulls that waited for the new round. ``now``: when the message that may close it
+    arrived (a push, or a trainer's end that lowered the quota); the last push to arrive
+    closes it, as in the simulator."""
     live = 1 if _warming(state) else state.trainers - len(state.done)
     quota = round_quota(state.scenario.paramserver.fraction, state.trainers, live)
     if not state.round_pushes or len(state.round_pushes) < quota:
         return
     group = state.round_pushes
+    for member in group[:-1]:
+        member.member = True
+    group[-1].closed = now
     state.w -= mean_step([p.step for p in group])
     _complete(state, group)
     state.round_pushes = []
@@ -396,8 +408,22 @@ def _rows(p: _Push) -> dict[str, list[int]]:
     write runs from the end of its compute (when the push left, as far as the server can
     tell) until the push was applied (or dropped): the push's transfer is part of its write,
     as the simulator's pushes pay their link there. The others' writes are empty at that end
-    (at its arrival for a push still waiting for its round when the run stopped)."""
+    (at its arrival for a push still waiting for its round when the run stopped).
+
+    In rounds (``_Push.rounds``) a simulated push that does not close its round pays no link:
+    it arrives at its gradient's end, waits, and is applied with an empty write at the
+    round's close. So there the compute is placed at the end of the window (its end is the
+    push's arrival; the transfers are part of the read), the closing push's write runs from
+    when it closed the round (its arrival, or a trainer's end) to the round's application,
+    the other members' writes are empty at it, and a dropped push's write is empty at its
+    arrival."""
     n, end = len(p.samples), p.write_end or p.arrival
+    if p.rounds:  # one gradient per push (accumulate = 1 with rounds)
+        start = max(p.read_end, p.arrival - p.grad_ns[0])
+        closes = not p.member and p.applied
+        return {"read_start": [p.read_start], "read_end": [start], "grad_start": [start],
+                "grad_end": [p.arrival], "write_start": [p.closed if closes else end],
+                "write_end": [end]}
     starts = [min(p.read_end + sum(p.grad_ns[:j]), p.arrival) for j in range(n)]
     ends = [min(s + ns, p.arrival) for s, ns in zip(starts, p.grad_ns, strict=True)]
     return {"read_start": [p.read_start, *starts[1:]], "read_end": [p.read_end, *starts[1:]],

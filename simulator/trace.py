@@ -4,8 +4,9 @@ torn reads and lost blocks from the records).
 
 Rows are gradients in the order they were applied or discarded. Most protocols apply each
 gradient in its own write, so row t−1 is completion t of the serialized view; protocols that
-average several gradients in one write (minibatch, accumulation) give them the same ``step``,
-and gradients a protocol discards have ``step`` 0.
+average several gradients in one write (minibatch, accumulation, rounds) give them the same
+``step`` (the last row writes; the others have an empty write at its end), and gradients a
+protocol discards have ``step`` 0.
 Per-block durations are ragged (sparse updates move only some blocks): the ``op_*`` arrays hold
 them flat, update i owning ``op_offsets[i]:op_offsets[i+1]``. The file is a ``.npz`` written
 with fixed zip timestamps, so the same run gives the same bytes, and it is read with

@@ -86,6 +86,35 @@ def test_a_replayed_ps_trace_puts_every_event_at_its_recorded_time():
         assert np.array_equal(run.trace[column][a], again[column][b]), column
 
 
+@pytest.mark.parametrize("options", [("paramserver.fraction=1",),
+                                     ("paramserver.fraction=0.5",),
+                                     ("paramserver.warm_start=20",),
+                                     ("paramserver.warm_start=10", "paramserver.fraction=1")])
+def test_a_replayed_ps_rounds_or_warm_start_trace_puts_every_event_at_its_recorded_time(
+        options):
+    """Rounds and warm starts in the simulator's form: a round member's push is applied with
+    an empty write at the round's close (the closing push writes), a dropped one's write is
+    empty at its arrival, and a pull the server held starts when it was released; so no
+    trainer's read starts before its previous push was applied, and a replay gives back every
+    time row for row. Except the last round's: the simulator ends a thread as its budget runs
+    out, the real server when the trainer's done message arrives, and that can close the last
+    round (fewer trainers left) a round trip later."""
+    run = run_ps(scenario(*TINY, *options), 3, "float64", timeout=60)
+    assert run.failure is None
+    trace = run.trace
+    for thread in range(3):
+        rows = np.flatnonzero(trace["thread"] == thread)
+        rows = rows[np.argsort(trace["thread_seq"][rows])]
+        assert np.all(trace["read_start"][rows][1:] >= trace["write_end"][rows][:-1])
+    _, _, again = replay(trace)
+    a, b = (np.lexsort((t["thread_seq"], t["thread"])) for t in (trace, again))
+    last = trace["step"][a] == trace["step"].max()
+    assert np.array_equal(trace["step"][a], again["step"][b]) and last.sum() <= 3
+    for column in ("sample", "read_start", "read_end", "grad_end", "write_start", "write_end",
+                   "staleness"):
+        assert np.array_equal(trace[column][a][~last], again[column][b][~last]), column
+
+
 def test_staleness_limit_drops_exactly_the_stale_pushes():
     s = scenario(*TINY, "run.updates=900", "paramserver.staleness_limit=1")
     run = run_ps(s, 3, timeout=60)

@@ -168,10 +168,10 @@ def test_a_round_of_25_trainers_at_fraction_056_closes_at_14_on_both_paths(monke
                             done=set(), round_pushes=[], w=np.zeros(3), version=0)
     for _ in range(13):
         state.round_pushes.append(SimpleNamespace(step=np.ones(3)))
-        ps._close_round(state)
+        ps._close_round(state, 0)
     assert closed == []
     state.round_pushes.append(SimpleNamespace(step=np.ones(3)))
-    ps._close_round(state)
+    ps._close_round(state, 0)
     assert closed == [14] and np.array_equal(state.w, -np.ones(3))
 
 
