@@ -21,6 +21,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pytest
@@ -261,3 +262,17 @@ def same_every_way(sc: Scenario) -> Trace:
         for name, values in first.arrays.items():
             assert np.array_equal(values, other.arrays[name]), name
     return first
+
+
+def check_hardware_loss(run: Any) -> None:
+    """A measure-mode real run's ``hardware_loss`` is consistent with its trace: the distance
+    between the rebuilt and the real final vector is the norm of a vector whose largest
+    coordinate is the reported max, and its ratio to how far the real vector moved (the
+    trace's w_0 to w_T) is the reported relative value."""
+    loss, trace = run.hardware_loss, run.trace
+    assert loss is not None
+    norm, top = loss["rebuilt_vs_real_norm"], loss["rebuilt_vs_real_max"]
+    assert top <= norm <= np.sqrt(run.problem.dim) * top * (1 + 1e-12)
+    moved = np.linalg.norm(trace["w_final"] - trace["w0"])
+    assert moved > 0
+    assert loss["relative_to_distance_moved"] == pytest.approx(norm / moved, rel=1e-12)

@@ -25,7 +25,7 @@ from simulator.replay import replay
 from simulator.scenario import scenario_from_dict
 from simulator.timing import sample_stream
 from simulator.trace import read_sweeps
-from tests.conftest import fitted, scenario
+from tests.conftest import check_hardware_loss, fitted, scenario
 
 pytestmark = pytest.mark.alone  # real processes, or the CPUs probed: see conftest
 
@@ -100,8 +100,8 @@ def test_locked_workers_never_overlap():
 
 
 def test_a_killed_worker_stops_the_run_cleanly():
-    """SIGKILL one worker: detected within a second, the others stopped, the partial trace
-    kept, the failure named, no orphan process and no leaked shared memory."""
+    """SIGKILL one worker: the monitor names it, the others are stopped, the partial trace
+    (both workers' completed updates) kept, no orphan process and no leaked shared memory."""
     before = _shm()
     pids: list[int] = []
     killed: list[float] = []
@@ -116,9 +116,11 @@ def test_a_killed_worker_stops_the_run_cleanly():
 
     run = run_real(scenario(*LONG), 2, "lockfree", on_start=pids.extend,
                    progress=kill_once_working)
-    assert killed and time.monotonic() - killed[0] < 1.0 + 3.0  # detection (< 1 s), shutdown
+    assert killed and time.monotonic() - killed[0] < 120  # only a guard against a hang
     assert run.failure == {"worker": 1, "reason": "killed by signal 9"}
-    assert 0 < len(run.trace) < 1_000_000
+    assert 1000 <= len(run.trace) < 1_000_000
+    assert np.bincount(run.trace["thread"], minlength=2).min() > 0
+    assert np.all(np.diff(run.trace["write_end"]) >= 0)
     for pid in pids:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
@@ -324,7 +326,7 @@ def test_measure_mode_on_lock_free_workers():
     assert run.failure is None
     assert np.flatnonzero(trace["measured"]).tolist() == list(range(2, 3000, 3))
     assert np.isfinite(trace["delta_norm"][trace["measured"]]).all()
-    assert run.hardware_loss is not None and run.hardware_loss["rebuilt_vs_real_norm"] >= 0
+    check_hardware_loss(run)
 
 
 def test_measure_mode_records_what_copies_held_of_writes_in_flight():
