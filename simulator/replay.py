@@ -105,14 +105,20 @@ def replay(trace: Trace, overrides: list[str] | tuple[str, ...] = (),
 
     Raises:
         TraceError: the trace ran under a scheduler (its durations count steps, and
-            replayed as durations they give another run: its schedule replays it), or its
-            embedded scenario cannot be read.
+            replayed as durations they give another run: its schedule replays it), a
+            thread died in it (its abandoned update has no row to replay), or its embedded
+            scenario cannot be read.
         ScenarioError: an override changes what the trace fixes, or is invalid.
     """
     if trace.source == "scheduled":
         raise TraceError("trace: recorded under a scheduler (source 'scheduled'), so its "
                          "durations count steps: replay its schedule with --schedule (explore "
                          "writes it to worst.schedule)")
+    dead = trace.arrays.get("extra_dead_threads")
+    if dead is not None and len(dead):
+        raise TraceError(f"trace: thread(s) {', '.join(map(str, dead.tolist()))} died in this "
+                         "run, and a dead thread's abandoned update has no row, so a replay "
+                         "cannot reproduce the run")
     scenario = replay_scenario(trace, overrides)
     problem = make_problem(scenario.problem)
     if len(trace) and int(trace["sample"].max()) >= problem.n_samples:

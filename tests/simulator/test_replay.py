@@ -109,3 +109,25 @@ def test_a_scheduled_trace_is_replayed_only_by_its_schedule(tmp_path, capsys):
                  str(tmp_path / "r"), "--quiet"]) == 0
     assert (tmp_path / "r" / "trace.npz").read_bytes() == \
         (tmp_path / "run" / "trace.npz").read_bytes()
+
+
+def test_a_trace_with_a_dead_thread_is_refused(tmp_path, capsys):
+    """A dead thread's abandoned update has no row, so the replay would give another run:
+    replay refuses it in one line naming the dead thread (exit 2, nothing written)."""
+    from simulator.cli import main
+    from simulator.errors import TraceError
+    from simulator.problems import make_problem
+    from simulator.rundir import write_run
+
+    s = scenario("problem.dim=10", "run.threads=2", "run.blocks=3", "run.updates=20",
+                 "inject.deaths=[{thread=0, at=43496}]")
+    problem = make_problem(s.problem)
+    trace = simulate(s, problem)
+    assert trace["extra_dead_threads"].tolist() == [0]
+    with pytest.raises(TraceError, match=r"thread\(s\) 0 died"):
+        replay(trace)
+    write_run(tmp_path / "run", s, trace, problem)
+    assert main(["replay", str(tmp_path / "run"), "--out", str(tmp_path / "r"),
+                 "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "died" in err and not (tmp_path / "r").exists()
