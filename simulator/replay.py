@@ -2,9 +2,10 @@
 
 With the trace's own scenario the replay reproduces the run bit for bit. Values that do not
 shape the interleaving (learning rate, problem size and data, metrics) may change; the
-protocol, thread, block and update counts and the devices may not: the recorded durations
-already carry the devices' speeds, and other contention would change how many updates each
-thread performs.
+protocol, thread, block and update counts, the split, the placement (and the seed that draws a
+shuffled one) and the devices may not: the recorded durations already carry the devices'
+speeds, and other contention or another split would change how many updates each thread
+performs.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from simulator.trace import Trace
 
 __all__ = ["FIXED_BY_TRACE", "load_trace", "replay", "replay_scenario", "replay_source"]
 
-FIXED_BY_TRACE = ("protocol", "threads", "blocks", "updates")
+FIXED_BY_TRACE = ("protocol", "threads", "blocks", "updates", "split", "placement")
 # Other fields that shape the interleaving (or are already inside the recorded durations).
 FIXED_SECTIONS = {"paramserver": ("staleness_limit", "accumulate", "warm_start", "fraction",
                                   "rebalance", "rebalance_after"),
@@ -63,7 +64,8 @@ def replay_scenario(trace: Trace, overrides: list[str] | tuple[str, ...] = ()) -
 
     Raises:
         TraceError: the embedded scenario cannot be read.
-        ScenarioError: an override changes what the trace fixes, or is invalid.
+        ScenarioError: an override changes what the trace fixes (``FIXED_BY_TRACE``, the
+            seed of a shuffled placement, the devices, ``FIXED_SECTIONS``), or is invalid.
     """
     import tomllib
     try:
@@ -78,6 +80,10 @@ def replay_scenario(trace: Trace, overrides: list[str] | tuple[str, ...] = ()) -
         if getattr(scenario.run, name) != getattr(original.run, name):
             raise ScenarioError(f"run.{name}", getattr(scenario.run, name),
                                 f"is fixed by the trace ({getattr(original.run, name)})")
+    if original.run.placement == "shuffled" and scenario.run.seed != original.run.seed:
+        raise ScenarioError("run.seed", scenario.run.seed,
+                            f"draws the shuffled placement, so it is fixed by the trace "
+                            f"({original.run.seed})")
     if scenario.devices != original.devices:
         raise ScenarioError("devices", scenario_to_dict(scenario)["devices"],
                             "are fixed by the trace")

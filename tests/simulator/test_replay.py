@@ -57,6 +57,25 @@ def test_replay_refuses_to_change_what_the_trace_fixes(recorded, override):
         replay(recorded, [override])
 
 
+@pytest.mark.parametrize("override", ["run.split=even", "run.placement=shuffled"])
+def test_replay_refuses_another_split_or_placement(recorded, override):
+    """Who makes the updates and where threads sit shape the schedule: fixed by the trace."""
+    with pytest.raises(ScenarioError, match=override.split("=")[0].replace(".", r"\.")):
+        replay(recorded, [override])
+
+
+def test_replay_of_a_shuffled_placement_refuses_another_seed():
+    """The seed draws a shuffled placement, so it is fixed; with slots in order it is not."""
+    devices = 'devices=[{name="a", cores=1}, {name="b", cores=3}]'
+    common = ("problem.dim=10", "run.threads=4", "run.updates=100", devices)
+    shuffled = simulate(scenario(*common, "run.placement=shuffled"))
+    with pytest.raises(ScenarioError, match=r"run\.seed = 7: draws the shuffled placement"):
+        replay(shuffled, ["run.seed=7"])
+    in_order = simulate(scenario(*common))
+    _, _, again = replay(in_order, ["run.seed=7"])
+    assert np.array_equal(again["write_end"], in_order["write_end"])
+
+
 def test_replay_needs_the_recorded_samples(recorded):
     """A problem with fewer samples than the trace used is refused with the field named."""
     with pytest.raises(ScenarioError, match=r"problem\.n_samples"):
