@@ -204,9 +204,15 @@ def _write_mode(run: Any) -> str:
     return "atomic_add" if protocol is not None and protocol.atomic else str(run.write_mode)
 
 
-def _extra(values: np.ndarray, rows: int) -> Any:
-    """A protocol's extra array: per-update series as (first, final, min, max), else a list."""
-    if values.size == rows and rows > 16:
+# Extras that are series (one value per update or per block write); every other extra is a
+# list of thread ids or flat records, whatever its length.
+_SERIES_EXTRAS = frozenset({"primal_residual", "dual_residual", "write_drawn_ns"})
+
+
+def _extra(name: str, values: np.ndarray) -> Any:
+    """A run's extra array: a series longer than 16 values (``_SERIES_EXTRAS``) as (first,
+    final, min, max), anything else as its list."""
+    if name in _SERIES_EXTRAS and values.size > 16:
         return {"first": _number(values[0]), "final": _number(values[-1]),
                 "min": _number(values.min()), "max": _number(values.max())}
     return values.tolist()
@@ -262,8 +268,8 @@ def _summarize(trace: Trace, problem: Problem, scenario: Any) -> dict[str, Any]:
         "injected": {"mean_delay": _number(trace["delay"].mean()) if len(trace) else None,
                      "errors": int((trace["error_norm"] > 0).sum()),
                      "dropped_writes": int(trace["dropped"].sum())},
-        **{name[len(EXTRA):]: _extra(trace[name], len(trace)) for name in sorted(trace.arrays)
-           if name.startswith(EXTRA)},
+        **{name[len(EXTRA):]: _extra(name[len(EXTRA):], trace[name])
+           for name in sorted(trace.arrays) if name.startswith(EXTRA)},
         "blocks": run.blocks,
         "write_mode": _write_mode(run),
         "lr": run.lr,
