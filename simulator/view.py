@@ -65,6 +65,8 @@ class SerializedView:
         self._checkpoints = curve_checkpoints(updates, curve_points)
         self._next = 1
         self.curve: list[tuple[int, int, float, float, int]] = [(0, 0, *self._position(w0), 0)]
+        # The vector of the curve's last point: ``finish`` adds one when w moved after it.
+        self._curve_w = np.array(w0, dtype=np.float64)
 
     def complete(self, t: int, w: np.ndarray, samples: list[int], time: int,
                  scale: float = 1.0, n: int | None = None) -> Measurement:
@@ -79,16 +81,23 @@ class SerializedView:
         n = t if n is None else n
         checkpoints = self._checkpoints
         if self._next < len(checkpoints) and n >= checkpoints[self._next]:
-            self.curve.append((t, time, *self._position(w), n))
+            self._append(t, time, w, n)
             while self._next < len(checkpoints) and n >= checkpoints[self._next]:
                 self._next += 1
         return result
 
     def finish(self, t: int, w: np.ndarray, time: int, n: int) -> None:
-        """End the curve with the final state when the last checkpoint was not reached (a run
-        that stalled, or ended with discarded gradients)."""
-        if self.curve[-1][4] < n or self.curve[-1][0] < t:
-            self.curve.append((t, time, *self._position(w), n))
+        """End the curve with the final state when the last point does not show it: the last
+        checkpoint was not reached (a run that stalled, or ended with discarded gradients),
+        or ``w`` changed after it without a completion (blocks stored by a thread that
+        died)."""
+        if (self.curve[-1][4] < n or self.curve[-1][0] < t
+                or not np.array_equal(w, self._curve_w, equal_nan=True)):
+            self._append(t, time, w, n)
+
+    def _append(self, t: int, time: int, w: np.ndarray, n: int) -> None:
+        self.curve.append((t, time, *self._position(w), n))
+        np.copyto(self._curve_w, w)
 
     def curve_arrays(self) -> dict[str, np.ndarray]:
         """The loss curve as the trace's ``curve_*`` arrays."""
