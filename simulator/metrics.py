@@ -196,12 +196,24 @@ def curve_rows(trace: Trace, f_star: float,
                                                trace["curve_n"], strict=True)]
 
 
-def _write_mode(run: Any) -> str:
-    """The write mode in effect: protocols that apply pushes on a server add atomically."""
+def _protocol(run: Any) -> Any:
+    """The protocol class ``run`` names (None for a name the simulator does not run)."""
     from simulator.protocols import PROTOCOLS
 
-    protocol = PROTOCOLS.get(run.protocol)
+    return PROTOCOLS.get(run.protocol)
+
+
+def _write_mode(run: Any) -> str:
+    """The write mode in effect: protocols that apply pushes on a server add atomically."""
+    protocol = _protocol(run)
     return "atomic_add" if protocol is not None and protocol.atomic else str(run.write_mode)
+
+
+def _threads(run: Any) -> int:
+    """The run's thread count: the protocol's (1 for ``serial``), not the trace's highest
+    thread id (a thread that made no update has no row)."""
+    protocol = _protocol(run)
+    return protocol.threads(run) if protocol is not None else int(run.threads)
 
 
 # Extras that are series (one value per update or per block write); every other extra is a
@@ -259,7 +271,7 @@ def _summarize(trace: Trace, problem: Problem, scenario: Any) -> dict[str, Any]:
         "source": trace.source,
         "scenario": scenario.name,
         "protocol": run.protocol,
-        "threads": int(trace["thread"].max()) + 1 if len(trace) else 0,
+        "threads": _threads(run),
         "updates": len(trace),
         "steps": int(trace["step"].max()) if len(trace) else 0,
         "ended_early": len(trace) < run.updates,

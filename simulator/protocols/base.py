@@ -62,7 +62,9 @@ class Protocol:
         self.dense = False
         self.grad_work = 1  # gradient durations per update (local solves take several)
 
-    def threads(self, run: RunSpec) -> int:
+    @classmethod
+    def threads(cls, run: RunSpec) -> int:
+        """How many threads the protocol runs (``run.threads`` unless it fixes its own)."""
         return run.threads
 
     def setup(self, engine: Engine) -> None:

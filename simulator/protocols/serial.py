@@ -17,5 +17,6 @@ class Serial(Protocol):
 
     name = "serial"
 
-    def threads(self, run: RunSpec) -> int:
+    @classmethod
+    def threads(cls, run: RunSpec) -> int:
         return 1

@@ -19,3 +19,13 @@ def test_dead_threads_are_a_list_even_when_as_many_as_the_rows():
                               "inject.deaths=[{device=0, at=12500}]")
     assert len(trace) == 18 and trace["extra_dead_threads"].size == 18
     assert summary["dead_threads"] == list(range(18))
+
+
+def test_threads_is_the_run_thread_count_not_the_trace_highest_id():
+    """One update among four threads has one thread's row; the summary still says 4,
+    and serial (one thread whatever run.threads says) says 1."""
+    summary, trace = _summary("problem.dim=10", "run.threads=4", "run.updates=1")
+    assert len(trace) == 1 and summary["threads"] == 4
+    summary, _ = _summary("problem.dim=10", "run.threads=4", "run.updates=1",
+                          "run.protocol=serial")
+    assert summary["threads"] == 1
