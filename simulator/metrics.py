@@ -14,8 +14,8 @@ from simulator.problems import Problem
 from simulator.trace import EXTRA, Trace
 
 __all__ = ["ERROR_THRESHOLD", "PHASE_BINS", "curve_rows", "diverged_at", "error_mask",
-           "interference", "overlaps", "relative_error", "rhythm", "summarize", "trace_rhythm",
-           "write_meetings", "write_pairs"]
+           "error_rate", "finite_mask", "interference", "overlaps", "relative_error", "rhythm",
+           "summarize", "trace_rhythm", "write_meetings", "write_pairs"]
 
 # An update has a gradient error when ‖δ‖ > ERROR_THRESHOLD · max(‖g‖, 1e-12).
 ERROR_THRESHOLD = 1e-9
@@ -36,9 +36,24 @@ def relative_error(trace: Trace) -> np.ndarray:
 
 
 def error_mask(trace: Trace) -> np.ndarray:
-    """For each measured update, whether it carries a gradient error."""
+    """For each measured update, whether it carries a gradient error (False where ‖δ‖ or
+    ‖g‖ is not finite: ``finite_mask`` leaves those out of every rate)."""
     measured = trace["measured"]
     return trace["delta_norm"][measured] > ERROR_THRESHOLD * _floor(trace["g_norm"][measured])
+
+
+def finite_mask(trace: Trace) -> np.ndarray:
+    """For each measured update, whether ‖δ‖ and ‖g‖ are finite: a diverged run's inf and
+    NaN say neither that the update carries an error nor that it does not."""
+    measured = trace["measured"]
+    return np.isfinite(trace["delta_norm"][measured]) & np.isfinite(trace["g_norm"][measured])
+
+
+def error_rate(trace: Trace) -> float | None:
+    """The share of the measured updates with finite ‖δ‖ and ‖g‖ that carry a gradient
+    error; None when there are none."""
+    finite = finite_mask(trace)
+    return float(error_mask(trace)[finite].mean()) if finite.any() else None
 
 
 def overlaps(start: np.ndarray, end: np.ndarray, other_start: np.ndarray,
@@ -106,8 +121,8 @@ def interference(trace: Trace) -> dict[str, float | None]:
     ws, we = trace["write_start"][writes], trace["write_end"][writes]
     rs, re = trace["read_start"], trace["read_end"]
     measured, stale = trace["measured"], trace["staleness"] > 0
-    errors = np.zeros(len(trace), dtype=bool)
-    errors[measured] = error_mask(trace)
+    errors, counted = np.zeros(len(trace), dtype=bool), np.zeros(len(trace), dtype=bool)
+    errors[measured], counted[measured] = error_mask(trace), finite_mask(trace)
 
     def share(mask: np.ndarray) -> float | None:
         return float(mask.mean()) if mask.size else None
@@ -116,8 +131,8 @@ def interference(trace: Trace) -> dict[str, float | None]:
     return {"write_overlap_rate": meetings["met_rate"],
             "read_under_write_rate": share(overlaps(rs, re, ws, we)[re > rs] > 0),
             "fresh_share": share(~stale[measured]),
-            "error_rate_fresh": share(errors[measured & ~stale]),
-            "error_rate_stale": share(errors[measured & stale]),
+            "error_rate_fresh": share(errors[counted & ~stale]),
+            "error_rate_stale": share(errors[counted & stale]),
             "met_write_median_ns": meetings["met_median_ns"],
             "lone_write_median_ns": meetings["lone_median_ns"]}
 
@@ -259,7 +274,6 @@ def _summarize(trace: Trace, problem: Problem, scenario: Any) -> dict[str, Any]:
     run, metrics = scenario.run, scenario.metrics
     measured = trace["measured"]
     n_measured = int(measured.sum())
-    errors = error_mask(trace)
     staleness = trace["staleness"].astype(np.float64)
     w_star, f_star = problem.optimum()
     final = float(trace["curve_loss"][-1])
@@ -290,7 +304,7 @@ def _summarize(trace: Trace, problem: Problem, scenario: Any) -> dict[str, Any]:
         "exact_metrics": {"enabled": metrics.exact, "every": metrics.every,
                           "measured_updates": n_measured},
         "gradient_error": {
-            "rate": _number(errors.mean()) if n_measured else None,
+            "rate": error_rate(trace),
             "relative": _quantiles(relative_error(trace)),
             "mean_norm": _number(trace["delta_norm"][measured].mean()) if n_measured else None,
             "mean_neg_dot": _number(-dot.mean()) if n_measured else None,

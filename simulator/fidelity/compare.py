@@ -27,7 +27,7 @@ import scipy.stats
 from simulator.errors import AsyngradError
 from simulator.fidelity.runs import Run, load_run
 from simulator.metrics import (
-    error_mask,
+    error_rate,
     interference,
     relative_error,
     trace_rhythm,
@@ -102,7 +102,7 @@ def _staleness(a: np.ndarray, b: np.ndarray) -> dict[str, Any]:
 def _errors(trace: Trace) -> dict[str, Any]:
     """A run's gradient error rate and relative-error quantiles."""
     relative = relative_error(trace)
-    return {"rate": float(error_mask(trace).mean()) if relative.size else None,
+    return {"rate": error_rate(trace),
             "measured": int(relative.size), "p50": _quantile(relative, 0.5),
             "p95": _quantile(relative, 0.95)}
 

@@ -1,5 +1,7 @@
 """Summary metrics: what summary.json reports of a trace."""
 
+import numpy as np
+
 from simulator.engine import simulate
 from simulator.metrics import summarize
 from simulator.problems import make_problem
@@ -29,3 +31,21 @@ def test_threads_is_the_run_thread_count_not_the_trace_highest_id():
     summary, _ = _summary("problem.dim=10", "run.threads=4", "run.updates=1",
                           "run.protocol=serial")
     assert summary["threads"] == 1
+
+
+def test_the_error_rate_counts_only_updates_with_finite_norms():
+    """A diverged run's inf and NaN norms are not "no error": the rate is over the measured
+    updates with finite ‖δ‖ and ‖g‖, and None when there are none (as the quantiles)."""
+    from simulator.metrics import error_mask, finite_mask
+
+    summary, trace = _summary("problem.dim=10", "run.updates=100", "run.lr=1e300")
+    finite = finite_mask(trace)
+    assert 0 < finite.sum() < trace["measured"].sum()
+    assert summary["gradient_error"]["rate"] == error_mask(trace)[finite].mean()
+    measured = trace["measured"]
+    trace.arrays["delta_norm"][measured] = np.where(np.arange(measured.sum()) % 2, np.inf,
+                                                    np.nan)
+    s = scenario("problem.dim=10", "run.updates=100", "run.lr=1e300")
+    summary = summarize(trace, make_problem(s.problem), s)
+    assert summary["gradient_error"]["rate"] is None
+    assert summary["gradient_error"]["relative"]["p50"] is None
