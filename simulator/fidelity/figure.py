@@ -19,6 +19,21 @@ def _say(ax: Any, text: str) -> None:
     ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes)
 
 
+#: The largest value a log axis shows: a diverged run's values run past it to infinity, and
+#: log-axis ticks spanning more decades overflow (matplotlib's LogLocator).
+PLOT_LIMIT = 1e100
+
+
+def _plotted(values: np.ndarray) -> np.ndarray:
+    """Which ``values`` a log axis can show (finite, at most :data:`PLOT_LIMIT`)."""
+    return np.isfinite(values) & (np.abs(values) <= PLOT_LIMIT)
+
+
+def _label(run: Run, left_out: int) -> str:
+    """A run's legend entry, counting the values it has beyond :data:`PLOT_LIMIT`."""
+    return run.label + (f" ({left_out} beyond {PLOT_LIMIT:g} left out)" if left_out else "")
+
+
 def _draw_rhythm(ax: Any, runs: tuple[Run, Run], colours: tuple[str, str]) -> None:
     """Where the other workers' completions fall in a worker's cycle (1 = uniform)."""
     centres = (np.arange(PHASE_BINS) + 0.5) / PHASE_BINS
@@ -62,20 +77,26 @@ def _draw_staleness(ax: Any, runs: tuple[Run, Run], colours: tuple[str, str]) ->
 
 
 def _draw_errors(ax: Any, runs: tuple[Run, Run], colours: tuple[str, str]) -> None:
-    """Both runs' histograms of the relative gradient error, where measured."""
+    """Both runs' histograms of the relative gradient error, where measured and plottable
+    (a diverged run's errors beyond :data:`PLOT_LIMIT` are left out: the legend counts
+    them)."""
     errors = [relative_error(r.trace)[error_mask(r.trace)] for r in runs]
-    present = [e for e in errors if e.size]
+    shown = [e[_plotted(e)] for e in errors]
+    present = [e for e in shown if e.size]
     if present:
         low = min(float(e.min()) for e in present)
         high = max(float(e.max()) for e in present)
         edges = np.logspace(np.log10(low), np.log10(high) + 1e-9, 40).tolist()
-        for run, values, colour in zip(runs, errors, colours, strict=True):
+        for run, values, every, colour in zip(runs, shown, errors, colours, strict=True):
             if values.size:
-                ax.hist(values, bins=edges, alpha=0.5, color=colour, label=run.label,
+                ax.hist(values, bins=edges, alpha=0.5, color=colour,
+                        label=_label(run, every.size - values.size),
                         weights=np.full(values.size, 1 / values.size))
         ax.set_xscale("log")
         ax.set_ylabel("fraction of those updates")
         ax.legend(fontsize=7)
+    elif any(e.size for e in errors):
+        _say(ax, f"every measured gradient error is beyond {PLOT_LIMIT:g}")
     else:
         _say(ax, "no measured gradient errors")
     ax.set_xlabel("relative gradient error ‖δ‖/‖g‖")
@@ -83,11 +104,13 @@ def _draw_errors(ax: Any, runs: tuple[Run, Run], colours: tuple[str, str]) -> No
 
 
 def _draw_loss(ax: Any, runs: tuple[Run, Run], colours: tuple[str, str]) -> None:
-    """Both runs' loss curves against gradients computed."""
+    """Both runs' loss curves against gradients computed (a diverged run's points beyond
+    :data:`PLOT_LIMIT` are left out: the legend counts them)."""
     floor = np.finfo(np.float64).tiny
     for run, colour in zip(runs, colours, strict=True):
-        ax.semilogy(run.curve[:, 0], np.maximum(run.curve[:, 1], floor), color=colour,
-                    label=run.label)
+        kept = _plotted(run.curve[:, 1])
+        ax.semilogy(run.curve[kept, 0], np.maximum(run.curve[kept, 1], floor), color=colour,
+                    label=_label(run, int((~kept).sum())))
     ax.set_xlabel("gradients computed")
     ax.set_ylabel("f(w) − f*")
     ax.set_title("Loss")

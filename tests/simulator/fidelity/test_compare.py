@@ -375,3 +375,19 @@ def test_a_target_is_missed_or_unknown_by_its_gap():
               "loss": {"final_a": 1.0, "final_b": 0.4, "final_ratio": 0.4}}
     assert [r["met"] for r in targets(report)] == [False, True, None, False]
     assert "—" in targets_table(targets(report))
+
+
+def test_a_diverged_run_is_drawn_without_its_values_beyond_the_plot_limit(tmp_path):
+    """A diverged run's infinite errors and losses are left out of the figure and counted."""
+    div = tmp_path / "div"
+    assert main(["simulate", "--out", str(div), "--quiet", "--set", "run.updates=2000",
+                 "--set", "problem.dim=10", "--set", "run.threads=2",
+                 "--set", "run.lr=1e3"]) == 0
+    assert not np.isfinite(load_run(div).curve[:, 1]).all()
+    assert main(["compare", str(div), str(div), "--out", str(tmp_path / "o"), "--quiet"]) == 0
+    assert (tmp_path / "o" / "compare.png").is_file()
+    from simulator.fidelity.figure import PLOT_LIMIT, compare_figure
+
+    legends = [t.get_text() for ax in compare_figure(div, div).axes
+               if ax.get_legend() for t in ax.get_legend().get_texts()]
+    assert any(f"beyond {PLOT_LIMIT:g} left out" in text for text in legends)
