@@ -46,7 +46,9 @@ def load_run(path: str | Path) -> Run:
     """Read a run directory.
 
     Raises:
-        AsyngradError: not a run directory, or a file in it is unreadable.
+        AsyngradError: not a run directory, a file in it is unreadable, ``summary.json`` lacks
+            a field compare reads or holds one of another type, or ``curve.csv`` has no
+            rows.
     """
     path = Path(path)
     if not path.is_dir():
@@ -64,11 +66,37 @@ def load_run(path: str | Path) -> Run:
                            float(r["time_ns"])] for r in rows])
     except (OSError, ValueError, KeyError) as err:
         raise AsyngradError(f"compare: {path}: unreadable run files ({err})") from None
+    _check_summary(path / "summary.json", summary)
+    if not rows:
+        raise AsyngradError(f"compare: {path / 'curve.csv'}: no rows (only a header)")
     try:
         trace = Trace.load(path / "trace.npz")
     except TraceError as err:
         raise AsyngradError(f"compare: {err}") from None
     return Run(path, summary, trace, curve)
+
+
+#: What compare reads from a run's ``summary.json``: each key and the JSON types it takes.
+SUMMARY_FIELDS: tuple[tuple[str, type, str], ...] = (
+    ("source", str, "a string"), ("protocol", str, "a string"), ("threads", int, "an integer"),
+    ("problem", dict, "an object"), ("time", dict, "an object"))
+
+
+def _check_summary(file: Path, summary: Any) -> None:
+    """Raises AsyngradError naming ``file`` and the field where ``summary`` lacks what
+    compare reads (:data:`SUMMARY_FIELDS`, and a number ``time.updates_per_second``)."""
+    if not isinstance(summary, dict):
+        raise AsyngradError(f"compare: {file}: not a JSON object ({type(summary).__name__})")
+    for key, kind, name in SUMMARY_FIELDS:
+        if key not in summary:
+            raise AsyngradError(f"compare: {file}: no '{key}'")
+        if not isinstance(summary[key], kind) or isinstance(summary[key], bool):
+            raise AsyngradError(f"compare: {file}: {key} = {json.dumps(summary[key])}: not "
+                                f"{name}")
+    ups = summary["time"].get("updates_per_second")
+    if not isinstance(ups, int | float) or isinstance(ups, bool):
+        raise AsyngradError(f"compare: {file}: time.updates_per_second = {json.dumps(ups)}: "
+                            "not a number")
 
 
 def read_run(path: Path) -> tuple[Trace, Scenario]:

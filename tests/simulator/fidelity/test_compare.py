@@ -391,3 +391,34 @@ def test_a_diverged_run_is_drawn_without_its_values_beyond_the_plot_limit(tmp_pa
     legends = [t.get_text() for ax in compare_figure(div, div).axes
                if ax.get_legend() for t in ax.get_legend().get_texts()]
     assert any(f"beyond {PLOT_LIMIT:g} left out" in text for text in legends)
+
+
+def _broken_summary(summary):
+    """A summary.json lacking ``time`` and ``problem``, or with a null throughput."""
+    return {"list": [1, 2], "no_time": {k: v for k, v in summary.items() if k != "time"},
+            "no_problem": {k: v for k, v in summary.items() if k != "problem"},
+            "null_rate": {**summary, "time": {**summary["time"], "updates_per_second": None}}}
+
+
+@pytest.mark.parametrize("case, says", [
+    ("header_only", "curve.csv: no rows"),
+    ("list", "summary.json: not a JSON object (list)"),
+    ("no_time", "summary.json: no 'time'"),
+    ("no_problem", "summary.json: no 'problem'"),
+    ("null_rate", "summary.json: time.updates_per_second = null: not a number")])
+def test_broken_run_files_are_one_line_naming_the_file(runs, tmp_path, capsys, case, says):
+    """A header-only curve or a summary without what compare reads is one line, exit 2."""
+    import shutil
+
+    bad = tmp_path / "bad"
+    shutil.copytree(runs / "b", bad)
+    if case == "header_only":
+        header = (bad / "curve.csv").read_text().splitlines()[0]
+        (bad / "curve.csv").write_text(header + "\n")
+    else:
+        summary = json.loads((bad / "summary.json").read_text())
+        (bad / "summary.json").write_text(json.dumps(_broken_summary(summary)[case]))
+    assert main(["compare", str(runs / "a"), str(bad), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{bad}/{says}" in err[0]
+    assert not (tmp_path / "o").exists()
