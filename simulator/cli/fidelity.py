@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import os
 import platform
@@ -117,6 +118,23 @@ def _migrate(text: str | None, cores: int, quantum: int, slicing: str,
                      f"({moves} moves of {cores + 1} processes spinning on {cores} cores)")
 
 
+def _check_scenario_out(out: Path, marker: str) -> None:
+    """Raises AsyngradError where ``out`` cannot take a calibrated scenario: it exists and
+    is not one (its first bytes are not ``marker``; a binary file included), or a folder
+    above it is a file (checked before the calibration runs)."""
+    above = next((p for p in out.parents if p.exists()), Path("."))
+    if not above.is_dir():
+        raise AsyngradError(f"--out = '{out}': {above} is not a directory")
+    try:
+        mine = out.is_file() and out.read_bytes().startswith(marker.encode())
+    except OSError as err:
+        raise AsyngradError(f"--out = '{out}': cannot be read ({err.strerror or err})"
+                            ) from None
+    if out.exists() and not mine:
+        raise AsyngradError(f"--out = '{out}': exists and is not a calibrated scenario; "
+                            "choose a new file name")
+
+
 def _calibrate(args: argparse.Namespace) -> int:
     from simulator.fidelity.calibrate import calibrate, calibrate_counts
     from simulator.fidelity.report import MARKER, calibrated_toml
@@ -124,9 +142,7 @@ def _calibrate(args: argparse.Namespace) -> int:
     from simulator.rundir import run_cpu_latency
 
     out = Path(args.out)
-    if out.is_dir() or (out.exists() and not out.read_text().startswith(MARKER)):
-        raise AsyngradError(f"--out = '{out}': exists and is not a calibrated scenario; "
-                            "choose a new file name")
+    _check_scenario_out(out, MARKER)
     if args.cores < 0:
         raise ScenarioError("--cores", args.cores, "must be >= 0 (0: one per thread)")
     quantum, measured = _quantum(args.quantum)
@@ -174,7 +190,8 @@ def _calibrate(args: argparse.Namespace) -> int:
         staging.write_text(text)
         staging.replace(out)
     except OSError as err:
-        staging.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # the staging file may never have been made
+            staging.unlink(missing_ok=True)
         raise AsyngradError(f"--out = '{out}': cannot be written ({err.strerror or err})"
                             ) from None
     if not args.quiet:

@@ -383,3 +383,22 @@ def test_the_calibrated_file_says_how_far_apart_the_runs_cpus_were(tmp_path):
     assert main(["calibrate", str(run), str(near), "--out", str(out), "--quiet"]) == 0
     assert ("#   placements differ between the runs (near 1, far 1): fitted together"
             in out.read_text())
+
+
+def test_an_unusable_out_path_is_one_line_before_the_fit(tmp_path, capsys, monkeypatch):
+    """A binary --out file or one under a file is refused in one line before any fit."""
+    import sys
+
+    module = sys.modules["simulator.fidelity.calibrate"]  # the package exports its function
+    run = _source(tmp_path)
+    binary = tmp_path / "bin.toml"
+    binary.write_bytes(bytes([0x39, 0xdc, 0x1f, 0x24, 0xff]))
+    monkeypatch.setattr(module, "calibrate", lambda *a, **k: pytest.fail("calibrated"))
+    for out, needle in ((binary, "exists and is not a calibrated scenario"),
+                        (binary / "sub.toml", f"{binary} is not a directory"),
+                        (binary / "a" / "sub.toml", f"{binary} is not a directory")):
+        assert main(["calibrate", str(run), "--out", str(out), "--quiet"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"--out = '{out}'" in err[0] and needle in err[0]
+    assert binary.read_bytes() == bytes([0x39, 0xdc, 0x1f, 0x24, 0xff])
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
