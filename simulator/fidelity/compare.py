@@ -87,15 +87,18 @@ def _check_same_problem(ra: Run, rb: Run) -> None:
 
 
 def _staleness(a: np.ndarray, b: np.ndarray) -> dict[str, Any]:
-    """Both runs' staleness: means, their relative gap, p95 and the KS distance."""
+    """Both runs' staleness: means (None for a run without updates), their relative gap
+    |b − a| / a (None where a mean is missing, or where run A's is 0 and run B's is not: no
+    finite relative gap), p95 and the KS distance."""
     sa, sb = a.astype(np.float64), b.astype(np.float64)
     ks = (float(scipy.stats.ks_2samp(sa, sb, method="asymp").statistic) if sa.size and sb.size
           else None)
-    mean_a = float(sa.mean()) if sa.size else 0.0
-    mean_b = float(sb.mean()) if sb.size else 0.0
-    return {"mean_a": mean_a, "mean_b": mean_b,
-            "relative_mean_gap": (abs(mean_b - mean_a) / mean_a if mean_a > 0
-                                  else (0.0 if mean_b == 0 else math.inf)),
+    mean_a = float(sa.mean()) if sa.size else None
+    mean_b = float(sb.mean()) if sb.size else None
+    gap = None
+    if mean_a is not None and mean_b is not None and (mean_a > 0 or mean_b == 0):
+        gap = abs(mean_b - mean_a) / mean_a if mean_a > 0 else 0.0
+    return {"mean_a": mean_a, "mean_b": mean_b, "relative_mean_gap": gap,
             "p95_a": _quantile(sa, 0.95), "p95_b": _quantile(sb, 0.95), "ks_distance": ks}
 
 

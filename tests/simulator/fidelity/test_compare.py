@@ -422,3 +422,21 @@ def test_broken_run_files_are_one_line_naming_the_file(runs, tmp_path, capsys, c
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"{bad}/{says}" in err[0]
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("a, b, means, gap", [
+    ([], [1, 2], (None, 1.5), None), ([1, 2], [], (1.5, None), None),
+    ([0, 0], [1, 1], (0.0, 1.0), None), ([0, 0], [0, 0], (0.0, 0.0), 0.0),
+    ([2, 2], [1, 1], (2.0, 1.0), 0.5)])
+def test_a_missing_or_zero_mean_staleness_gives_no_gap_and_no_verdict(a, b, means, gap):
+    """No updates: no mean; a relative gap over a zero mean is null, and so is met, in JSON."""
+    from simulator.fidelity.compare import _staleness
+
+    st = _staleness(np.array(a, dtype=np.int64), np.array(b, dtype=np.int64))
+    assert (st["mean_a"], st["mean_b"]) == means and st["relative_mean_gap"] == gap
+    report = {"staleness": st, "gradient_error": {"a": {"rate": None}, "b": {"rate": None},
+                                                  "rate_gap": None},
+              "loss": {"final_a": 1.0, "final_b": 1.0, "final_ratio": 1.0}}
+    row = targets(report)[0]
+    assert row["met"] is (None if gap is None else gap <= 0.15)
+    json.dumps(report, allow_nan=False)
