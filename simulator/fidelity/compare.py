@@ -55,8 +55,10 @@ def compare_runs(a: str | Path, b: str | Path) -> dict[str, Any]:
     ups_a = ra.summary["time"]["updates_per_second"]
     ups_b = rb.summary["time"]["updates_per_second"]
     report: dict[str, Any] = {
-        "a": {"path": str(ra.path), "label": ra.label, "updates": len(ta)},
-        "b": {"path": str(rb.path), "label": rb.label, "updates": len(tb)},
+        "a": {"path": str(ra.path), "label": ra.label, "updates": len(ta),
+              "diverged_at": ra.summary.get("diverged_at")},
+        "b": {"path": str(rb.path), "label": rb.label, "updates": len(tb),
+              "diverged_at": rb.summary.get("diverged_at")},
         "staleness": _staleness(ta["staleness"], tb["staleness"]),
         "gradient_error": {"a": ea, "b": eb, "rate_gap": rate_gap,
                            "gap_split": error_gap_split(ia, ib)},
@@ -103,11 +105,13 @@ def _staleness(a: np.ndarray, b: np.ndarray) -> dict[str, Any]:
 
 
 def _errors(trace: Trace) -> dict[str, Any]:
-    """A run's gradient error rate and relative-error quantiles."""
+    """A run's gradient error rate and relative-error quantiles (of the finite ones: a
+    diverged run's inf and NaN are left out, as from the rate)."""
     relative = relative_error(trace)
+    finite = relative[np.isfinite(relative)]
     return {"rate": error_rate(trace),
-            "measured": int(relative.size), "p50": _quantile(relative, 0.5),
-            "p95": _quantile(relative, 0.95)}
+            "measured": int(relative.size), "p50": _quantile(finite, 0.5),
+            "p95": _quantile(finite, 0.95)}
 
 
 def _overwrites(run: Run) -> dict[str, Any]:
@@ -129,16 +133,25 @@ def _quantile(values: np.ndarray, q: float) -> float | None:
 
 def _loss_agreement(a: np.ndarray, b: np.ndarray) -> dict[str, float | None]:
     """Final suboptimality ratio b/a, and the largest |log10(b/a)| over the gradient counts
-    both curves cover (each interpolated on the union of their checkpoints)."""
-    final = (b[-1, 1] / a[-1, 1]) if a[-1, 1] > 0 and b[-1, 1] > 0 else None
+    both curves cover (each interpolated on the union of their checkpoints), over positive
+    suboptimalities. A run that diverged has no final value, and where a curve is not
+    finite within the common gradients there is no largest ratio: each is None."""
+    final_a, final_b = _finite(a[-1, 1]), _finite(b[-1, 1])
+    final = (final_b / final_a) if final_a and final_b and final_a > 0 and final_b > 0 else None
     end = min(a[-1, 0], b[-1, 0])
     x = np.unique(np.concatenate([a[:, 0], b[:, 0]]))
     x = x[x <= end]
-    ya, yb = np.interp(x, a[:, 0], a[:, 1]), np.interp(x, b[:, 0], b[:, 1])
-    positive = (ya > 0) & (yb > 0)
-    worst = float(np.abs(np.log10(yb[positive] / ya[positive])).max()) if positive.any() else None
-    return {"final_a": float(a[-1, 1]), "final_b": float(b[-1, 1]), "final_ratio": final,
+    with np.errstate(invalid="ignore"):
+        ya, yb = np.interp(x, a[:, 0], a[:, 1]), np.interp(x, b[:, 0], b[:, 1])
+    usable = (ya > 0) & (yb > 0)
+    worst = (float(np.abs(np.log10(yb[usable] / ya[usable])).max())
+             if usable.any() and np.isfinite(ya).all() and np.isfinite(yb).all() else None)
+    return {"final_a": final_a, "final_b": final_b, "final_ratio": final,
             "max_abs_log10_ratio": worst, "common_gradients": float(end)}
+
+
+def _finite(value: float) -> float | None:
+    return float(value) if math.isfinite(value) else None
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -284,8 +297,11 @@ def _host_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
                  _row("CPU placement", placed["a"], placed["b"],
                       "placed differently: dense shared writes differ by that alone, so part "
                       "of every gap is the host's placement" if differ else "")]
+    diverged = [f"{side.upper()} diverged at update {report[side]['diverged_at']}"
+                for side in "ab" if report[side].get("diverged_at") is not None]
     rows.append(_row("largest suboptimality ratio along the curves", None, None,
-                     "final ratio: the targets", "|log10 B/A|", lo["max_abs_log10_ratio"]))
+                     "; ".join(diverged) or "final ratio: the targets", "|log10 B/A|",
+                     lo["max_abs_log10_ratio"]))
     return rows
 
 

@@ -393,6 +393,35 @@ def test_a_diverged_run_is_drawn_without_its_values_beyond_the_plot_limit(tmp_pa
     assert any(f"beyond {PLOT_LIMIT:g} left out" in text for text in legends)
 
 
+def test_a_diverged_run_is_compared_in_strict_json_and_named(tmp_path, capsys):
+    """Against a diverged run, compare.json holds null where a value is not finite (no NaN
+    or Infinity, which strict JSON readers refuse), the loss ratios are null, not the
+    ratio of the shared first point, and the report says which run diverged and when."""
+    common = ["--quiet", "--set", "run.updates=2000", "--set", "problem.dim=10",
+              "--set", "run.threads=2"]
+    assert main(["simulate", "--out", str(tmp_path / "ok"), *common]) == 0
+    assert main(["simulate", "--out", str(tmp_path / "div"), *common,
+                 "--set", "run.lr=1e3"]) == 0
+    at = json.loads((tmp_path / "div" / "summary.json").read_text())["diverged_at"]
+    assert at is not None
+    assert main(["compare", str(tmp_path / "ok"), str(tmp_path / "div"),
+                 "--out", str(tmp_path / "o")]) == 0
+    assert f"B diverged at update {at}" in capsys.readouterr().out
+
+    def refuse(constant):
+        raise ValueError(constant)
+
+    report = json.loads((tmp_path / "o" / "compare.json").read_text(),
+                        parse_constant=refuse)
+    assert report["b"]["diverged_at"] == at and report["a"]["diverged_at"] is None
+    loss = report["loss"]
+    assert loss["final_a"] > 0
+    assert loss["final_b"] is loss["final_ratio"] is loss["max_abs_log10_ratio"] is None
+    assert [t["met"] for t in report["targets"]][3] is None
+    errors = report["gradient_error"]["b"]
+    assert errors["p50"] is None or np.isfinite(errors["p50"])
+
+
 def _broken_summary(summary):
     """A summary.json lacking ``time`` and ``problem``, or with a null throughput."""
     return {"list": [1, 2], "no_time": {k: v for k, v in summary.items() if k != "time"},
