@@ -50,9 +50,9 @@ from simulator.scenario import Scenario, scenario_to_toml
 from simulator.timing import sample_stream
 from simulator.trace import Trace
 
-__all__ = ["OBJECTIVES", "SCHEDULERS", "Property", "Scheduler", "enumerate_schedules",
+__all__ = ["OBJECTIVES", "OPTIONS", "SCHEDULERS", "Property", "Scheduler", "enumerate_schedules",
            "explore", "format_schedule", "greedy_schedule", "parse_schedule",
-           "refuse_dfs_options", "run_schedule", "search_violation", "shrink"]
+           "refuse_options", "run_schedule", "search_violation", "shrink"]
 
 SCHEDULERS = ("random", "roundrobin", "pct", "fixed", "dfs", "adversarial")
 PROPERTY_SCHEDULERS = ("random", "roundrobin", "pct")  # those --property searches with
@@ -357,7 +357,7 @@ def explore(scenario: Scenario, kind: str, runs: int, objective: str, depth: int
             checkpoint with a scheduler other than dfs.
     """
     measure = _objective(scenario, objective)
-    refuse_dfs_options(kind, preemptions, checkpoint)
+    refuse_options(kind, {"--preemptions": preemptions, "--checkpoint": checkpoint})
     if kind == "fixed":
         raise ScenarioError("--scheduler", kind, "replays one schedule: use asyngrad replay "
                             "--schedule")
@@ -402,7 +402,8 @@ def explore(scenario: Scenario, kind: str, runs: int, objective: str, depth: int
     worst_value, _, worst_text = found[0]
     again, deterministic = _identical(shared, worst_text, objective, worst_value)
     return {
-        "scenario": scenario.name, "scheduler": kind, "depth": depth, "runs": runs,
+        "scenario": scenario.name, "scheduler": kind,
+        "depth": depth if kind == "pct" else None, "runs": runs,
         "seed": seed, "objective": objective, "steps_per_run": steps, "threads": threads,
         "log10_interleavings_estimate": _log10_interleavings(
             [probe.schedule.count(t) for t in range(threads)], scenario.run.split == "shared"),
@@ -413,18 +414,29 @@ def explore(scenario: Scenario, kind: str, runs: int, objective: str, depth: int
     }, again
 
 
-def refuse_dfs_options(kind: str, preemptions: int | None, checkpoint: str | None) -> None:
-    """Only ``dfs`` bounds preemptions and keeps a checkpoint: any other scheduler would
-    ignore them.
+# The options of ``asyngrad explore`` each scheduler honours; one given to any other is
+# refused, not ignored. A --property search honours --runs, --seed and --depth the same way.
+OPTIONS = {"--runs": ("random", "roundrobin", "pct", "dfs"), "--seed": ("random", "pct"),
+           "--depth": ("pct",), "--keep": ("random", "roundrobin", "pct"),
+           "--preemptions": ("dfs",), "--checkpoint": ("dfs",)}
+
+
+def refuse_options(kind: str, given: dict[str, Any]) -> None:
+    """Refuse an option (``given``: flag to value, None where not given) that the scheduler
+    ``kind`` would ignore: only pct has a depth, random and pct a seed, dfs a preemption
+    bound and a checkpoint; adversarial runs as many schedules as its search takes, and
+    dfs keeps only the worst.
 
     Raises:
-        ScenarioError: ``preemptions`` or ``checkpoint`` given with another ``kind``.
+        ScenarioError: an unknown scheduler, or an option given that ``kind`` does not
+            honour.
     """
-    if kind == "dfs":
-        return
-    for flag, value in (("--preemptions", preemptions), ("--checkpoint", checkpoint)):
-        if value is not None:
-            raise ScenarioError(flag, value, f"applies to --scheduler dfs only (not {kind})")
+    if kind not in SCHEDULERS:
+        raise ScenarioError("--scheduler", kind, f"must be one of {', '.join(SCHEDULERS)}")
+    for flag, value in given.items():
+        if value is not None and kind not in OPTIONS[flag]:
+            raise ScenarioError(flag, value, f"applies to --scheduler "
+                                f"{' or '.join(OPTIONS[flag])} only (not {kind})")
 
 
 def enumerate_schedules(scenario: Scenario, objective: str, preemptions: int | None = None,
@@ -704,7 +716,8 @@ def search_violation(scenario: Scenario, prop: Property, kind: str, runs: int,
     probe = shared.run(Scheduler("roundrobin", threads))
     steps = len(probe.schedule)
     report: dict[str, Any] = {"scenario": scenario.name, "property": str(prop),
-                              "scheduler": kind, "depth": depth, "counterexample": None}
+                              "scheduler": kind, "depth": depth if kind == "pct" else None,
+                              "counterexample": None}
     for run in range(runs):
         result = shared.run(Scheduler(kind, threads, seed + run, depth, steps))
         if progress:

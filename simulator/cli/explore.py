@@ -22,6 +22,7 @@ def _explore(args: argparse.Namespace) -> int:
     out = Path(args.out)
     files = ("explore.json", "scenario.toml", "worst", "worst.schedule")
     check_out(out, files)
+    _options(args)
     if args.property is not None:
         return _explore_property(args, scenario, out, files)
     with progress(args.runs, args.quiet) as bar:
@@ -47,7 +48,8 @@ def _explore(args: argparse.Namespace) -> int:
                   f"({extent}); {report['objective']}: mean {v['mean']:.4g}, p95 "
                   f"{v['p95']:.4g}, max {v['max']:.4g}")
         else:
-            print(f"{report['runs']} {report['scheduler']} schedules (depth {report['depth']}) "
+            depth = "" if report["depth"] is None else f" (depth {report['depth']})"
+            print(f"{report['runs']} {report['scheduler']} schedules{depth} "
                   f"of {scenario.name}, {report['steps_per_run']} steps each; "
                   f"{report['objective']}: mean {v['mean']:.4g}, max {v['max']:.4g}")
         for item in report["worst"]:
@@ -65,10 +67,9 @@ def _explore_property(args: argparse.Namespace, scenario: Any, out: Path,
 
     from simulator.rundir import publish, write_run
     from simulator.scenario import scenario_to_toml
-    from simulator.schedule import Property, refuse_dfs_options, search_violation
+    from simulator.schedule import Property, search_violation
 
     prop = Property.parse(args.property)
-    refuse_dfs_options(args.scheduler, args.preemptions, args.checkpoint)
     with progress(args.runs, args.quiet) as bar:
         report = search_violation(scenario, prop, args.scheduler, args.runs, args.depth,
                                   args.seed, bar.update)
@@ -96,6 +97,29 @@ def _explore_property(args: argparse.Namespace, scenario: Any, out: Path,
     return 1 if report["counterexample"] is not None else 0
 
 
+def _options(args: argparse.Namespace) -> None:
+    """Refuse the options the scheduler (or a --property search) would ignore, then fill in
+    the defaults of those not given."""
+    from simulator.errors import ScenarioError
+    from simulator.schedule import refuse_options
+
+    if args.property is not None:
+        for flag, value in (("--keep", args.keep), ("--objective", args.objective)):
+            if value is not None:
+                raise ScenarioError(flag, value, "does not apply with --property (the "
+                                    "property's metric is what the search measures)")
+    refuse_options(args.scheduler, {
+        "--runs": args.runs, "--seed": args.seed, "--depth": args.depth, "--keep": args.keep,
+        "--preemptions": args.preemptions, "--checkpoint": args.checkpoint})
+    for name, default in DEFAULTS.items():
+        if getattr(args, name) is None:
+            setattr(args, name, default)
+
+
+# Options left out take these values (--runs: the schedules to try; dfs: the most to run).
+DEFAULTS = {"runs": 100, "depth": 2, "seed": 0, "keep": 5, "objective": "grad_error"}
+
+
 def add_commands(commands: Any) -> None:
     """The group's subcommands, added to ``commands``."""
     command = partial(subcommand, commands)
@@ -104,8 +128,9 @@ def add_commands(commands: Any) -> None:
     exp.add_argument("--scheduler", default="pct",
                      help="random, roundrobin, pct, dfs (every interleaving) or adversarial "
                           "(greedy worst case); default pct")
-    exp.add_argument("--runs", type=int, default=100,
-                     help="schedules to try (default 100; dfs: the most to run now)")
+    exp.add_argument("--runs", type=int,
+                     help="schedules to try (default 100; dfs: the most to run now; "
+                          "not adversarial, whose search decides)")
     exp.add_argument("--preemptions", type=int, default=None,
                      help="dfs: at most this many preemptions per schedule (default: any)")
     exp.add_argument("--checkpoint", metavar="FILE",
@@ -113,9 +138,11 @@ def add_commands(commands: Any) -> None:
     exp.add_argument("--property", metavar="'METRIC OP VALUE'",
                      help="search for a schedule violating it, e.g. 'lost_fraction <= 0.5', "
                           "and shrink it to a minimal counterexample (exit 1 when found)")
-    exp.add_argument("--depth", type=int, default=2, help="pct bug depth d (default 2)")
-    exp.add_argument("--objective", default="grad_error",
+    exp.add_argument("--depth", type=int, help="pct bug depth d (default 2)")
+    exp.add_argument("--objective",
                      help="grad_error (max ‖δ‖/‖g‖), staleness (max), lost_blocks (total) or "
                           "suboptimality (final); default grad_error")
-    exp.add_argument("--seed", type=int, default=0, help="first scheduler seed (default 0)")
-    exp.add_argument("--keep", type=int, default=5, help="worst schedules kept (default 5)")
+    exp.add_argument("--seed", type=int,
+                     help="random, pct: first scheduler seed (default 0)")
+    exp.add_argument("--keep", type=int,
+                     help="random, roundrobin, pct: worst schedules kept (default 5)")

@@ -355,16 +355,35 @@ def test_cli_property_search_writes_the_counterexample(tmp_path):
      "--checkpoint = 'dfs.json': applies to --scheduler dfs only (not pct)"),
     (("--scheduler", "pct", "--preemptions", "0", "--property", "lost_blocks <= 0"),
      "--preemptions = 0: applies to --scheduler dfs only (not pct)"),
+    (("--scheduler", "random", "--depth", "3"),
+     "--depth = 3: applies to --scheduler pct only (not random)"),
+    (("--scheduler", "roundrobin", "--seed", "4", "--property", "lost_blocks <= 0"),
+     "--seed = 4: applies to --scheduler random or pct only (not roundrobin)"),
+    (("--scheduler", "dfs", "--depth", "2"),
+     "--depth = 2: applies to --scheduler pct only (not dfs)"),
+    (("--scheduler", "adversarial", "--runs", "10"),
+     "--runs = 10: applies to --scheduler random or roundrobin or pct or dfs only "
+     "(not adversarial)"),
+    (("--scheduler", "dfs", "--keep", "3"),
+     "--keep = 3: applies to --scheduler random or roundrobin or pct only (not dfs)"),
+    (("--scheduler", "random", "--keep", "3", "--property", "lost_blocks <= 0"),
+     "--keep = 3: does not apply with --property"),
+    (("--scheduler", "random", "--objective", "staleness", "--property", "lost_blocks <= 0"),
+     "--objective = 'staleness': does not apply with --property"),
+    (("--scheduler", "bogus", "--runs", "3"),
+     "--scheduler = 'bogus': must be one of random, roundrobin, pct, fixed, dfs"),
 ])
 def test_explore_refuses_options_its_scheduler_would_not_honour(tmp_path, capsys, args,
                                                                  message):
-    """A property search with no run or with a scheduler it cannot search with, and dfs's
-    options given to another scheduler: one line naming the option, exit 2, nothing
-    written."""
+    """A property search with no run or with a scheduler it cannot search with, and an
+    option given to a scheduler that would ignore it (only pct has a depth, random and pct
+    a seed, dfs preemptions and a checkpoint; adversarial's search decides its runs; a
+    property search has no objective to keep the worst by): one line naming the option,
+    exit 2, nothing written."""
     sets = [arg for o in (*TINY, "run.updates=2") for arg in ("--set", o)]
     out = tmp_path / "x"
-    assert main(["explore", "--out", str(out), "--quiet", "--objective", "lost_blocks",
-                 *args, *sets]) == 2
+    objective = () if "--property" in args else ("--objective", "lost_blocks")
+    assert main(["explore", "--out", str(out), "--quiet", *objective, *args, *sets]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message in err, err
     assert not out.exists()
