@@ -52,14 +52,15 @@ SUPPORT: tuple[tuple[str, str, str], ...] = (
     ("`run.lr`, `run.seed`", "honoured", "honoured"),
     ("`run.blocks`", "honoured", "refused unless 1 (the server holds one shard)"),
     ("`run.write_mode`", "recorded: `atomic_add` for `blocklock`, else `load_store`; "
-     "`atomic_add` with another mode refused", "inert (pushes are applied whole)"),
+     "`atomic_add` refused with `lockfree` (under `locked` and `serial` one update writes at "
+     "a time, so both modes store the same values)", "inert (pushes are applied whole)"),
     ("`run.lr_schedule`", "refused unless `constant`", "refused unless `constant`"),
     ("`run.split`", "recorded: `even`", "refused unless `shared`"),
     ("`[hardware.sweeping_reads]`", "recorded: set (dense), unset (sparse)",
      "recorded: unset"),
     ("`run.store_grain`, `run.placement`", "refused unless default", "refused unless default"),
-    ("`[timing]`, `[[devices]]`, the other `[hardware.*]` tables", "refused unless default",
-     "refused unless default"),
+    ("`[timing]`, `[[devices]]` (but a device's `name`), the other `[hardware.*]` tables",
+     "refused unless default", "refused unless default"),
     ("`metrics.exact`, `metrics.every`", "recorded: `--measure` measures every "
      "`metrics.every`-th update, `--measure-every N` every N-th",
      "recorded: as for shm"),
@@ -67,7 +68,8 @@ SUPPORT: tuple[tuple[str, str, str], ...] = (
      "without: copies of the live vector, at most one per 10 ms poll, each once T / "
      "`curve_points` more updates were counted and only if none was counted during the copy",
      "honoured"),
-    ("`[inject]`", "refused unless default", "refused unless default"),
+    ("`[inject]`", "refused when it injects anything (a field that injects nothing, "
+     "such as `error_bound` without an `error`, is accepted)", "as for shm"),
     ("`[paramserver]`", "inert", "honoured"),
     ("`[dcasgd]`, `[admm]`", "inert", "inert"),
 )
@@ -98,7 +100,7 @@ def _unsupported(scenario: Scenario, backend: str, mode: str) -> tuple[str, Any,
     protocol = PROTOCOL_OF[mode]
     if run.protocol not in (default.protocol, protocol):
         return "run.protocol", run.protocol, f"this backend runs {protocol} (--mode {mode})"
-    if run.write_mode == "atomic_add" and mode not in ATOMIC_MODES and backend != "ps":
+    if run.write_mode == "atomic_add" and mode == "lockfree" and backend != "ps":
         return ("run.write_mode", run.write_mode, f"--mode {mode} writes in place "
                 "(load_store); --mode blocklock locks each block write")
     if run.lr_schedule != "constant":
@@ -118,7 +120,7 @@ def _unsupported(scenario: Scenario, backend: str, mode: str) -> tuple[str, Any,
     return (_changed("timing", scenario.timing, TimingSpec())
             or _changed("hardware", hardware, HardwareSpec())
             or _devices(scenario)
-            or _changed("inject", scenario.inject, InjectSpec(), _NO_INJECTION))
+            or _injected(scenario.inject))
 
 
 def _changed(section: str, spec: Any, default: Any,
@@ -136,10 +138,24 @@ def _changed(section: str, spec: Any, default: Any,
 
 
 def _devices(scenario: Scenario) -> tuple[str, Any, str] | None:
+    """The first device field that describes another machine (a name is only a label)."""
     default = Scenario().devices
     if len(scenario.devices) != len(default):
         return "devices", len(scenario.devices), _SIMULATED_MACHINE
-    return _changed("devices.0", scenario.devices[0], default[0])
+    return _changed("devices.0", dataclasses.replace(scenario.devices[0], name=default[0].name),
+                    default[0])
+
+
+def _injected(inject: InjectSpec) -> tuple[str, Any, str] | None:
+    """The first ``[inject]`` field that injects something (the parameters of an injection
+    that is off, such as ``error_bound`` without an ``error``, inject nothing)."""
+    on = {"delay": inject.max_delay, "delay_dist": inject.max_delay,
+          "delay_max": inject.max_delay, "error": inject.error != "none",
+          "drop": inject.drop, "write_bits": inject.write_bits,
+          "stragglers": inject.stragglers, "pauses": inject.pauses, "deaths": inject.deaths}
+    injects = dataclasses.replace(InjectSpec(), **{name: getattr(inject, name)
+                                                   for name, used in on.items() if used})
+    return _changed("inject", injects, InjectSpec(), _NO_INJECTION)
 
 
 def recorded(scenario: Scenario, mode: str, workers: int, sparse: bool,

@@ -126,6 +126,23 @@ def test_what_a_backend_runs_is_accepted_and_recorded():
                                         "paramserver.warm_start=5"), "ps", "paramserver")
     support.refuse_unsupported(scenario("paramserver.accumulate=4", "dcasgd.lam=0.1",
                                         "metrics.curve_points=7"), "shm", "lockfree")
+    # Values that change nothing a real run does: a device's label, the parameters of an
+    # injection that is off, atomic adds where one update writes at a time.
+    inert = ("devices.0.name=gpu0", "inject.error_bound=0.5", "inject.error_relative=true",
+             "inject.delay_dist=uniform")
+    for backend, mode in (("shm", "lockfree"), ("cuda", "lockfree"), ("ps", "paramserver")):
+        support.refuse_unsupported(scenario(*inert), backend, mode)
+    for mode in ("locked", "serial"):
+        support.refuse_unsupported(scenario("run.write_mode=atomic_add"), "shm", mode)
+        assert support.recorded(scenario("run.write_mode=atomic_add"), mode, 2, False,
+                                None).run.write_mode == "load_store"
+    # With something injected, the field that injects is named, not an inert one before it.
+    with pytest.raises(ScenarioError, match=r"^inject\.drop = 0\.1: "):
+        support.refuse_unsupported(scenario("inject.error_bound=0.5", "inject.drop=0.1"),
+                                   "shm", "lockfree")
+    with pytest.raises(ScenarioError, match=r"^devices\.0\.speed = 2\.0: "):
+        support.refuse_unsupported(scenario("devices.0.name=gpu0", "devices.0.speed=2"),
+                                   "shm", "lockfree")
     shm = support.recorded(scenario(), "blocklock", 2, False, None)
     assert (shm.run.threads, shm.run.protocol, shm.run.split, shm.run.write_mode,
             shm.metrics.exact) == (2, "lockfree", "even", "atomic_add", False)
