@@ -178,13 +178,12 @@ def rebuild(problem: Problem, lr: float, bounds: list[int], dtype: str, every: i
     """Replay the block stores of every row (rows in completion order).
 
     ``store_end[i, b]`` is when row i's store to block b finished (−1: untouched), ``steps[r]``
-    the steps worker r subtracted, indexed by ``seq``; ``samples[i]`` the samples row i's
-    step averaged (one per row, or m per row). With ``reads[r]`` (the read copies worker r
+    the steps worker r subtracted, indexed by ``seq``; ``samples[i]`` the sample of row
+    i's gradient. With ``reads[r]`` (the read copies worker r
     computed its gradients at) and ``times[i]`` = (read start, read end, write start, write
     end), the view follows the real memory's losses (module docstring). The loss curve is
     taken at the simulator's checkpoints for ``curve_points`` (``metrics.curve_points``).
     """
-    samples = samples[:, None] if samples.ndim == 1 else samples
     n = len(store_end)
     w = problem.initial().astype(dtype)
     view = SerializedView(problem, lr, problem.initial(), n, True, every, curve_points)
@@ -211,7 +210,7 @@ def rebuild(problem: Problem, lr: float, bounds: list[int], dtype: str, every: i
             completed += 1
             now = w.astype(np.float64)
             measurements[row] = view.complete(completed, now if loss is None else now + loss,
-                                              samples[row].tolist(), int(write_end[row]))
+                                              [int(samples[row])], int(write_end[row]))
     assert all(m is not None for m in measurements)
     return Rebuild([m for m in measurements if m is not None], view.curve,
                    w.astype(np.float64), seen)

@@ -85,7 +85,6 @@ class RealRun:
     device: str = "cpu"
     launch: str = "processes"
     pattern: str = "shared"
-    accumulate: int = 1
     cpus: list[int] | None = None  # worker r's CPU when pinned
     recorder: str = "python"  # how workers recorded their updates: "c" (realrun/_records.c)
     # CPU-to-CPU cache-line latency just before the workers started and after they finished
@@ -110,7 +109,7 @@ def _quotas(updates: int, workers: int) -> list[int]:
 
 
 def _allocate(dim: int, blocks: int, workers: int, quota: int, dtype: str, measure: bool,
-              w_device: str, accumulate: int, torch_path: bool, dense: bool) -> Buffers:
+              w_device: str, torch_path: bool, dense: bool) -> Buffers:
     """Shared buffers; ``w`` on ``w_device``. Workers' steps are in the run's dtype (the
     very values they subtracted: the numpy worker rounds its float64 step to w's dtype before
     the write, the torch worker computes in it). In measure mode the numpy worker on a dense
@@ -128,7 +127,7 @@ def _allocate(dim: int, blocks: int, workers: int, quota: int, dtype: str, measu
         w=w, times=shared(workers, quota, 4),
         copy_end=shared(workers, quota, blocks, fill=-1),
         store_end=shared(workers, quota, blocks, fill=-1),
-        samples=shared(workers, quota, accumulate),
+        samples=shared(workers, quota),
         progress=shared(workers), status=shared(workers),
         message=shared(workers, MESSAGE_BYTES, kind=torch.uint8),
         steps=shared(workers, quota, dim, kind=step_dtype) if measure else None,
@@ -138,7 +137,7 @@ def _allocate(dim: int, blocks: int, workers: int, quota: int, dtype: str, measu
 
 
 def _check_buffers(scenario: Scenario, problem: Problem, rows: int, dtype: str,
-                   measure: bool, accumulate: int, numpy_worker: bool) -> None:
+                   measure: bool, numpy_worker: bool) -> None:
     """Refuse buffers (``_allocate``) that cannot fit in this machine's memory: the records
     of every update, and in measure mode each update's step (and, for the numpy worker on a
     dense problem, its read copy), d values each.
@@ -146,7 +145,7 @@ def _check_buffers(scenario: Scenario, problem: Problem, rows: int, dtype: str,
     Raises:
         ScenarioError: naming run.updates or problem.dim, with the estimate.
     """
-    records = 8.0 * rows * (4 + 2 * scenario.run.blocks + accumulate)
+    records = 8.0 * rows * (5 + 2 * scenario.run.blocks)
     copies = (np.dtype(dtype).itemsize + (8 if numpy_worker and problem.support(0) is None
                                           else 0)) * float(rows) * problem.dim
     check_memory({"run.updates": records, "problem.dim": copies if measure else 0.0},
@@ -225,7 +224,7 @@ def run_real(scenario: Scenario, workers: int, mode: str, dtype: str = "float32"
              on_start: Callable[[list[int]], object] | None = None,
              measure_every: int | None = None, problem: Problem | None = None,
              device: str = "cpu", launch: str | None = None, pattern: str = "shared",
-             accumulate: int = 1, pin: bool = False, *, probe: bool = False,
+             pin: bool = False, *, probe: bool = False,
              notice: Callable[[str], object] | None = None) -> RealRun:
     """Train ``scenario``'s problem with real workers; returns the run (failed or not).
 
@@ -235,9 +234,9 @@ def run_real(scenario: Scenario, workers: int, mode: str, dtype: str = "float32"
     parameters in host memory, each worker computing on its own device copy
     (``realrun.torch_worker``). ``launch`` runs workers as spawned processes or as threads of
     this process (on CUDA, each on its own stream; None: processes on the CPU,
-    ``CUDA_LAUNCH`` on CUDA). ``accumulate = n`` averages n gradients
-    per update (CUDA only). On the CPU with processes and shared parameters, workers run the
-    problem's numpy code (``realrun.worker``); otherwise its torch loss by autograd.
+    ``CUDA_LAUNCH`` on CUDA). Each update is one gradient. On the CPU with processes and
+    shared parameters, workers run the problem's numpy code (``realrun.worker``); otherwise
+    its torch loss by autograd.
     ``measure_every = n`` turns on measure mode: workers also store their steps (one vector per
     update) and the parent rebuilds the serialized view, measuring every n-th completion.
     ``problem`` reuses a prebuilt problem in the parent (its optimum is computed once); workers
@@ -253,7 +252,7 @@ def run_real(scenario: Scenario, workers: int, mode: str, dtype: str = "float32"
 
     Raises:
         ScenarioError: workers < 1, an unknown mode or dtype, timeout <= 0, measure_every < 1,
-            accumulate > 1 on the CPU, or a scenario field this backend does not honour
+            or a scenario field this backend does not honour
             (``realrun.support``).
     """
     import torch
@@ -270,13 +269,7 @@ def run_real(scenario: Scenario, workers: int, mode: str, dtype: str = "float32"
         launch = "processes" if device == "cpu" else CUDA_LAUNCH
     _one_of("--launch", launch, LAUNCHES)
     _one_of("--pattern", pattern, PATTERNS)
-    if accumulate < 1:
-        raise ScenarioError("--accumulate", accumulate, "must be >= 1")
     _check_device(device)
-    if accumulate > 1 and device == "cpu":
-        raise ScenarioError("--accumulate", accumulate, "the lockfree, locked and serial "
-                            "protocols have no accumulation, so no scenario states N gradients "
-                            "per update; refused by the shm backend")
     refuse_unsupported(scenario, "shm" if device == "cpu" else "cuda", mode)
     preflight(scenario)  # the trace the parent merges, as a simulation of it would hold
     torch_path = device != "cpu" or launch == "threads"
@@ -294,15 +287,15 @@ def run_real(scenario: Scenario, workers: int, mode: str, dtype: str = "float32"
     w_star, _ = problem.optimum()
     quotas = _quotas(scenario.run.updates, workers)
     _check_buffers(scenario, problem, workers * max(quotas), dtype, measure_every is not None,
-                   accumulate, not torch_path)
+                   not torch_path)
     cpus = pinned_cpus(workers) if pin else None
     buffers = _allocate(problem.dim, scenario.run.blocks, workers, max(quotas), dtype,
                         measure_every is not None, device if pattern == "shared" else "cpu",
-                        accumulate, torch_path, problem.support(0) is None)
+                        torch_path, problem.support(0) is None)
     buffers.w.copy_(torch.as_tensor(problem.initial()))
     toml = scenario_to_toml(scenario)
     processes = _workers(buffers, workers, quotas, toml, mode, scenario.run.blocks,
-                         device if torch_path else None, launch, accumulate, cpus)
+                         device if torch_path else None, launch, cpus)
     called = started = time.monotonic()
     snapshots: list[tuple[int, int, np.ndarray]] = []
     probes: tuple[dict[str, Any] | None, ...] = (None, None, None)
@@ -347,7 +340,7 @@ def run_real(scenario: Scenario, workers: int, mode: str, dtype: str = "float32"
     trace, lost = _trace(buffers, workers, scenario, problem, w_star, snapshots, toml, dtype,
                          measure_every)
     return RealRun(scenario, problem, trace, workers, mode, dtype, stopped - started, failure,
-                   lost, measure_every, device, launch, pattern, accumulate, cpus,
+                   lost, measure_every, device, launch, pattern, cpus,
                    "c" if compiled() and not torch_path else "python", latency, shared_write,
                    meetings, start_seconds, time.monotonic() - stopped)
 
@@ -386,7 +379,7 @@ def _post_start(buffers: Buffers, snapshots: list[tuple[int, int, np.ndarray]]) 
 
 
 def _workers(buffers: Buffers, workers: int, quotas: list[int], toml: str, mode: str,
-             blocks: int, device: str | None, launch: str, accumulate: int,
+             blocks: int, device: str | None, launch: str,
              cpus: list[int] | None) -> list[Any]:
     """The worker processes or threads, not started; each carries the locks as ``.shared``.
     ``device`` None: the numpy worker; else the torch worker on that device. ``cpus``: worker
@@ -408,7 +401,7 @@ def _workers(buffers: Buffers, workers: int, quotas: list[int], toml: str, mode:
         for spec in specs:
             stop = threading.Event()
             made.append(ThreadWorker(torch_worker_main, (
-                spec, buffers, lock, block_locks, device, accumulate, stop), stop))
+                spec, buffers, lock, block_locks, device, stop), stop))
     else:
         context = mp.get_context("spawn")
         lock = context.Lock() if mode == "locked" else None
@@ -418,8 +411,7 @@ def _workers(buffers: Buffers, workers: int, quotas: list[int], toml: str, mode:
         for spec in specs:
             target, args = ((worker_main, (spec, buffers, lock, block_locks))
                             if device is None else
-                            (torch_worker_main, (spec, buffers, lock, block_locks, device,
-                                                 accumulate)))
+                            (torch_worker_main, (spec, buffers, lock, block_locks, device)))
             made.append(context.Process(target=target, args=args, daemon=True))
     for worker in made:
         # Process.start() drops its arguments; the parent must keep the locks alive until the
@@ -509,7 +501,7 @@ def summary_extra(run: RealRun) -> dict[str, Any]:
     return {"real": {"backend": "shm" if run.device == "cpu" else "cuda", "mode": run.mode,
                      "workers": run.workers, "dtype": run.dtype,
                      "device": run.device, "launch": run.launch, "pattern": run.pattern,
-                     "accumulate": run.accumulate, "cpus": run.cpus,
+                     "cpus": run.cpus,
                      "host": platform.node(),
                      "recorder": run.recorder, "cpu_latency": run.cpu_latency,
                      "shared_write": run.shared_write, "write_meetings": run.write_meetings,

@@ -45,8 +45,7 @@ SUPPORT: tuple[tuple[str, str, str], ...] = (
     ("`run.protocol`", "recorded: the mode's (`lockfree`, `locked`, `serial`); another "
      "non-default one refused", "recorded: `paramserver`; another non-default one refused"),
     ("`run.threads`", "recorded: `--workers`", "recorded: `--workers` (trainers)"),
-    ("`run.updates`", "honoured: gradients computed, T split evenly (cuda `--accumulate N`: "
-     "T updates of N gradients each; shm refuses N > 1: its protocols have no accumulation)",
+    ("`run.updates`", "honoured: gradients computed (one per update), T split evenly",
      "honoured: gradients computed (the server hands out the budget; `accumulate` n pushes "
      "n at a time)"),
     ("`run.lr`, `run.seed`", "honoured", "honoured"),

@@ -35,8 +35,8 @@ __all__ = ["Measure", "WorkerRecord", "merge", "overlap_rate", "thread_ends"]
 @dataclass(frozen=True)
 class WorkerRecord:
     """One worker's completed updates (n rows): times (n, 4) = read start, read end, gradient
-    end, write end; copy_end, store_end (n, B) with −1 for untouched blocks; samples (n,), or
-    (n, m) when each update averages m gradients (the trace's ``sample`` is the first)."""
+    end, write end; copy_end, store_end (n, B) with −1 for untouched blocks; samples (n,),
+    one gradient per update."""
 
     times: np.ndarray
     copy_end: np.ndarray
@@ -79,8 +79,6 @@ def merge(records: list[WorkerRecord], w0: np.ndarray, w_final: np.ndarray,
     An update's read ends with its last block copy and the update completes with its last
     block store (its write end)."""
     data = _stacked(records)
-    groups = data["samples"][:, None] if data["samples"].ndim == 1 else data["samples"]
-    data["samples"] = groups[:, 0]
     times = data["times"]
     origin = int(times[:, 0].min()) if len(times) else 0
     copy_end = np.where(data["copy_end"] >= 0, data["copy_end"] - origin, -1)
@@ -121,7 +119,7 @@ def merge(records: list[WorkerRecord], w0: np.ndarray, w_final: np.ndarray,
     if measure is not None:
         built = rebuild(measure.problem, measure.lr, measure.bounds, measure.dtype,
                         measure.every, store_end[order], measure.steps,
-                        arrays["thread"], arrays["thread_seq"], groups[order],
+                        arrays["thread"], arrays["thread_seq"], data["samples"][order],
                         arrays["write_end"], measure.reads, rel[order],
                         curve_points=measure.curve_points)
         if built.measurements:  # a run stopped before its first update has none

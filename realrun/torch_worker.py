@@ -11,9 +11,8 @@ Two placements of the parameters (``pattern``):
   literature); a worker copies them to its device (the read), computes there, copies its step
   back (part of the gradient phase) and subtracts it from the host copy in place (the write).
 
-``accumulate = n`` averages n gradients at one read (n samples, a larger effective batch: the
-step is lr times their mean, lr/n per gradient) and pushes once, as the simulator's
-``paramserver`` does. Timestamps are ``time.monotonic_ns()`` taken after synchronising the
+Each update is one gradient at one sample, as the simulator's lock-free protocols state.
+Timestamps are ``time.monotonic_ns()`` taken after synchronising the
 worker's CUDA stream, so each phase's end is when its kernels finished (synchronised
 monotonic time: one clock for every process and thread); the trace schema is the CPU
 backend's. A gradient is autograd of the problem's ``torch_loss`` on the device, with the
@@ -46,24 +45,21 @@ __all__ = ["ThreadWorker", "TorchGradient", "torch_worker_main"]
 
 
 class TorchGradient:
-    """The mean gradient of ``problem``'s torch loss over some samples, by autograd."""
+    """The gradient of ``problem``'s torch loss at one sample, by autograd."""
 
     def __init__(self, problem: Any) -> None:
         self.problem = problem
 
-    def __call__(self, w: Any, samples: list[int]) -> Any:
+    def __call__(self, w: Any, sample: int) -> Any:
         import torch
 
         leaf = w.detach().requires_grad_(True)
-        loss = self.problem.torch_loss(leaf, samples[0])
-        for sample in samples[1:]:
-            loss = loss + self.problem.torch_loss(leaf, sample)
-        (grad,) = torch.autograd.grad(loss, leaf)
-        return grad.div_(len(samples)) if len(samples) > 1 else grad
+        (grad,) = torch.autograd.grad(self.problem.torch_loss(leaf, sample), leaf)
+        return grad
 
 
 def torch_worker_main(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any,
-                      device: str, accumulate: int,
+                      device: str,
                       stop: threading.Event | None = None) -> None:
     """Set up, wait for the common start, run ``spec.quota`` updates on ``device``, then
     wait for the release (as ``realrun.worker.worker_main``); record a failure in the shared
@@ -85,9 +81,9 @@ def torch_worker_main(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks
             if target.index is not None:
                 torch.cuda.set_device(target)
             with torch.cuda.stream(torch.cuda.Stream(device=target)):
-                _loop(spec, buffers, lock, block_locks, device, accumulate, stop, gone)
+                _loop(spec, buffers, lock, block_locks, device, stop, gone)
         else:
-            _loop(spec, buffers, lock, block_locks, device, accumulate, stop, gone)
+            _loop(spec, buffers, lock, block_locks, device, stop, gone)
         buffers.status[spec.rank] = STATUS_DONE
         if stop is None:  # a finished thread costs nothing more
             wait_for_release(buffers, gone)
@@ -111,7 +107,7 @@ def _ops(bounds: list[int], support: np.ndarray | None, w_device: Any,
 
 
 def _loop(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any, device: str,
-          accumulate: int, stop: threading.Event | None, gone: Callable[[], bool]) -> None:
+          stop: threading.Event | None, gone: Callable[[], bool]) -> None:
     import torch
 
     from simulator.memory import block_bounds
@@ -136,7 +132,7 @@ def _loop(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any, devic
     steps = None if buffers.steps is None else buffers.steps[spec.rank]
     dense = _ops(bounds, None, w.device, dev) if problem.support(0) is None else None
     local.copy_(w)
-    grad(local, [0])  # warm up: data to the device, kernels loaded, allocator primed
+    grad(local, 0)  # warm up: data to the device, kernels loaded, allocator primed
     sync()
     touch_records(buffers, spec.rank)
     pin(spec)
@@ -144,9 +140,9 @@ def _loop(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any, devic
     for i in range(spec.quota):
         if stop is not None and stop.is_set():
             break
-        drawn = [int(stream.take()) for _ in range(accumulate)]
-        ops = dense if dense is not None else _ops(
-            bounds, np.unique(np.concatenate([problem.support(s) for s in drawn])), w.device, dev)
+        sample = int(stream.take())
+        ops = dense if dense is not None else _ops(bounds, problem.support(sample), w.device,
+                                                   dev)
         if lock is not None:
             lock.acquire()
         read_start = clock()
@@ -155,7 +151,7 @@ def _loop(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any, devic
             sync()
             copy_end[i, block] = clock()
         read_end = clock()
-        step = grad(local, drawn).mul_(lr)
+        step = grad(local, sample).mul_(lr)
         if host:
             step = step.to(w.device)
         sync()
@@ -175,7 +171,7 @@ def _loop(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any, devic
         if steps is not None:  # outside the timed phases
             steps[i].copy_(step)
         times[i] = (read_start, read_end, grad_end, write_end)
-        samples[i] = drawn
+        samples[i] = sample
         progress[spec.rank] = i + 1
 
 

@@ -34,7 +34,7 @@ def _real(args: argparse.Namespace) -> int:
                        measure_every=args.measure_every or (
                            scenario.metrics.every if args.measure else None),
                        device=args.device, launch=args.launch, pattern=args.pattern,
-                       accumulate=args.accumulate, pin=args.pin, probe=args.probe,
+                       pin=args.pin, probe=args.probe,
                        notice=None if args.quiet else _notice)
     if run.failure is not None and not args.quiet:
         _notice(f"writing the partial run to {args.out}/")
@@ -76,8 +76,7 @@ def _real_ps(args: argparse.Namespace, scenario: Any) -> int:
     for flag, value, default in (("--mode", args.mode, "lockfree"),
                                  ("--device", args.device, "cpu"),
                                  ("--launch", args.launch, None),
-                                 ("--pattern", args.pattern, "shared"),
-                                 ("--accumulate", args.accumulate, 1)):
+                                 ("--pattern", args.pattern, "shared")):
         if value != default:
             raise ScenarioError(flag, value, "a flag of the shared-memory workers; the ps "
                                 "backend runs paramserver on the CPU ([paramserver] options)")
@@ -134,9 +133,6 @@ def add_commands(commands: Any) -> None:
                       help="shared (default: parameters on the device, updated in place by "
                       "every worker) or host (master parameters in host memory, each worker "
                       "computes on its device copy and pushes its step)")
-    real.add_argument("--accumulate", type=int, default=1, metavar="N",
-                      help="average N gradients per update (lr/N per gradient; CUDA only: the "
-                      "shm backend refuses N > 1)")
     real.add_argument("--probe", action="store_true",
                       help="probe the CPUs before the start (seconds): the cache-line latency "
                       "between two workers' CPUs (real.cpu_latency), what a write costs on "

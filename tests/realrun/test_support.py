@@ -99,8 +99,7 @@ def test_torchrun_nodes_refuse_before_joining(tmp_path, capsys, monkeypatch):
 
 
 @pytest.mark.parametrize(("flag", "value"), [("--mode", "locked"), ("--device", "cuda"),
-                                             ("--launch", "threads"), ("--pattern", "host"),
-                                             ("--accumulate", "2")])
+                                             ("--launch", "threads"), ("--pattern", "host")])
 def test_ps_refuses_the_shared_memory_flags(tmp_path, capsys, flag, value):
     out = tmp_path / "ps"
     assert main(["real", "--backend", "ps", flag, value, "--out", str(out), "--quiet"]) == 2

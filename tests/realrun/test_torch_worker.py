@@ -40,22 +40,18 @@ def test_torch_gradient_equals_the_numpy_gradient(problem):
     p = make_problem(scenario(*problem).problem)
     w = p.initial() + 0.1 * np.random.default_rng(0).standard_normal(p.dim)
     grad = TorchGradient(p)
-    got = grad(torch.as_tensor(w), [3]).numpy()
-    np.testing.assert_allclose(got, p.dense_grad(w, 3), rtol=1e-10, atol=1e-12)
-    mean = grad(torch.as_tensor(w), [1, 4, 7]).numpy()
-    expected = np.mean([p.dense_grad(w, s) for s in (1, 4, 7)], axis=0)
-    np.testing.assert_allclose(mean, expected, rtol=1e-10, atol=1e-12)
+    for sample in (1, 3, 7):
+        got = grad(torch.as_tensor(w), sample).numpy()
+        np.testing.assert_allclose(got, p.dense_grad(w, sample), rtol=1e-10, atol=1e-12)
 
 
-def _numpy_sgd(s, accumulate):
-    """Serial SGD written plainly: n samples from the worker's stream, a step of lr times
-    the mean of their gradients."""
+def _numpy_sgd(s):
+    """Serial SGD written plainly: one sample from the worker's stream per step."""
     p = make_problem(s.problem)
     stream = sample_stream(s.run.seed, 1, 0, p.n_samples)
     w = p.initial()
     for _ in range(s.run.updates):
-        drawn = [int(stream.take()) for _ in range(accumulate)]
-        w = w - s.run.lr * np.mean([p.dense_grad(w, d) for d in drawn], axis=0)
+        w = w - s.run.lr * p.dense_grad(w, int(stream.take()))
     return w
 
 
@@ -64,7 +60,7 @@ def test_serial_torch_worker_equals_plain_numpy_sgd(pattern):
     s = scenario(*TINY, "run.updates=200")
     run = run_real(s, 1, "serial", "float64", timeout=120, launch="threads", pattern=pattern)
     assert run.failure is None and len(run.trace) == 200
-    np.testing.assert_allclose(run.trace["w_final"], _numpy_sgd(s, 1), rtol=1e-12,
+    np.testing.assert_allclose(run.trace["w_final"], _numpy_sgd(s), rtol=1e-12,
                                atol=1e-14)
 
 
@@ -92,11 +88,6 @@ def test_lock_free_threads_converge():
 @pytest.mark.parametrize(("flag", "value", "message"), [
     ("--launch", "fibers", "--launch = 'fibers': must be one of processes, threads"),
     ("--pattern", "remote", "--pattern = 'remote': must be one of shared, host"),
-    ("--accumulate", "0", "--accumulate = 0: must be >= 1"),
-    # The trace has one row per update and no protocol the shm backend runs accumulates.
-    ("--accumulate", "2", "--accumulate = 2: the lockfree, locked and serial protocols have "
-     "no accumulation, so no scenario states N gradients per update; refused by the shm "
-     "backend"),
     ("--device", "tpu", "--device = 'tpu': must be cpu, cuda or cuda:N"),
 ])
 def test_bad_real_options_are_one_line(tmp_path, capsys, flag, value, message):
@@ -123,7 +114,7 @@ def test_cuda_serial_equals_plain_numpy_sgd(launch):
     s = scenario(*TINY, "run.updates=200")
     run = run_real(s, 1, "serial", "float64", timeout=300, device="cuda", launch=launch)
     assert run.failure is None
-    np.testing.assert_allclose(run.trace["w_final"], _numpy_sgd(s, 1), rtol=1e-10,
+    np.testing.assert_allclose(run.trace["w_final"], _numpy_sgd(s), rtol=1e-10,
                                atol=1e-12)
 
 
@@ -156,8 +147,8 @@ def test_cuda_locked_and_host_pattern_lose_nothing():
     run = run_real(s, 2, "locked", "float64", timeout=300, device="cuda", measure_every=1)
     assert run.failure is None and run.hardware_loss["rebuilt_vs_real_norm"] == 0.0
     host = run_real(s, 1, "serial", "float64", timeout=300, device="cuda", pattern="host",
-                    accumulate=2, launch="processes")
-    np.testing.assert_allclose(host.trace["w_final"], _numpy_sgd(s, 2), rtol=1e-10,
+                    launch="processes")
+    np.testing.assert_allclose(host.trace["w_final"], _numpy_sgd(s), rtol=1e-10,
                                atol=1e-12)
 
 
