@@ -65,7 +65,8 @@ def replay_scenario(trace: Trace, overrides: list[str] | tuple[str, ...] = ()) -
     Raises:
         TraceError: the embedded scenario cannot be read.
         ScenarioError: an override changes what the trace fixes (``FIXED_BY_TRACE``, the
-            seed of a shuffled placement, the devices, ``FIXED_SECTIONS``), or is invalid.
+            seed where it draws part of the interleaving, the devices, ``FIXED_SECTIONS``),
+            or is invalid.
     """
     import tomllib
     try:
@@ -80,10 +81,10 @@ def replay_scenario(trace: Trace, overrides: list[str] | tuple[str, ...] = ()) -
         if getattr(scenario.run, name) != getattr(original.run, name):
             raise ScenarioError(f"run.{name}", getattr(scenario.run, name),
                                 f"is fixed by the trace ({getattr(original.run, name)})")
-    if original.run.placement == "shuffled" and scenario.run.seed != original.run.seed:
+    drawn = _seed_draws(original)
+    if drawn is not None and scenario.run.seed != original.run.seed:
         raise ScenarioError("run.seed", scenario.run.seed,
-                            f"draws the shuffled placement, so it is fixed by the trace "
-                            f"({original.run.seed})")
+                            f"draws {drawn}, so it is fixed by the trace ({original.run.seed})")
     if scenario.devices != original.devices:
         raise ScenarioError("devices", scenario_to_dict(scenario)["devices"],
                             "are fixed by the trace")
@@ -94,6 +95,19 @@ def replay_scenario(trace: Trace, overrides: list[str] | tuple[str, ...] = ()) -
                 shown = plain(now) if now is not None else "unset"
                 raise ScenarioError(f"{section}.{name}", shown, "is fixed by the trace")
     return scenario
+
+
+def _seed_draws(scenario: Scenario) -> str | None:
+    """What of the interleaving ``run.seed`` draws beyond the recorded durations and
+    samples (None: nothing): a shuffled placement, or the load balancer's moves of per-core
+    time slices (``migrate`` > 0)."""
+    if scenario.run.placement == "shuffled":
+        return "the shuffled placement"
+    for device in range(len(scenario.devices)):
+        slices = scenario.hardware_of(device).time_slices
+        if slices is not None and slices.slicing == "per_core" and slices.migrate > 0:
+            return "the load balancer's moves (hardware.time_slices.migrate)"
+    return None
 
 
 def _value(scenario: Scenario, dotted: str) -> object:

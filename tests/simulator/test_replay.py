@@ -76,6 +76,20 @@ def test_replay_of_a_shuffled_placement_refuses_another_seed():
     assert np.array_equal(again["write_end"], in_order["write_end"])
 
 
+def test_replay_of_migrating_time_slices_refuses_another_seed():
+    """The seed draws the load balancer's moves of per-core time slices, which decide when
+    each thread runs: another seed replayed another interleaving with exit 0. The same seed
+    replays bit for bit."""
+    slices = "hardware.time_slices={quantum=20000, slicing='per_core', migrate=30000}"
+    trace = simulate(scenario("problem.dim=10", "run.threads=3", "run.updates=300",
+                              "devices=[{cores=2}]", slices))
+    with pytest.raises(ScenarioError, match=r"run\.seed = 7: draws the load balancer's moves"):
+        replay(trace, ["run.seed=7"])
+    _, _, again = replay(trace)
+    assert np.array_equal(again["write_end"], trace["write_end"])
+    assert np.array_equal(again["w_final"], trace["w_final"])
+
+
 def test_replay_needs_the_recorded_samples(recorded):
     """A problem with fewer samples than the trace used is refused with the field named."""
     with pytest.raises(ScenarioError, match=r"problem\.n_samples"):
