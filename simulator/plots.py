@@ -12,11 +12,17 @@ import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from simulator.metrics import ERROR_THRESHOLD, error_mask, relative_error
+from simulator.metrics import (
+    ERROR_THRESHOLD,
+    error_mask,
+    error_rate,
+    finite_mask,
+    relative_error,
+)
 from simulator.trace import Trace
 
-__all__ = ["draw_timeline", "error_histogram_figure", "loss_figure", "sweep_figure",
-           "timeline_figure"]
+__all__ = ["LOG_LIMIT", "draw_timeline", "drawable", "error_histogram_figure", "loss_figure",
+           "sweep_figure", "timeline_figure"]
 
 PHASES = (("read", "R", "#4C72B0"), ("grad", "G", "#DD8452"), ("write", "W", "#55A868"))
 
@@ -84,12 +90,17 @@ def loss_figure(updates: Sequence[float] | np.ndarray,
 
 
 def error_histogram_figure(trace: Trace) -> Figure:
-    """Histogram of ‖δ‖/‖g‖ over the measured updates that carry a gradient error."""
+    """Histogram of ‖δ‖/‖g‖ over the measured updates that carry a gradient error; the
+    title's counts and rate are the summary's (:func:`~simulator.metrics.error_rate`: over
+    the updates with finite ‖δ‖ and ‖g‖), and a diverged run's errors beyond
+    :data:`LOG_LIMIT` are left out of the histogram and counted."""
     fig = Figure(figsize=(7, 4.2), layout="constrained")
     ax = fig.add_subplot()
     relative = relative_error(trace)
-    errors = relative[error_mask(trace) & _drawable(relative)]  # a diverged run's left out
-    rate = errors.size / relative.size if relative.size else float("nan")
+    finite = finite_mask(trace)
+    carried = error_mask(trace) & finite
+    errors = relative[carried & drawable(relative)]
+    rate = error_rate(trace)
     if errors.size:
         bins = np.logspace(np.log10(errors.min()), np.log10(errors.max()) + 1e-9, 40).tolist()
         ax.hist(errors, bins=bins, color="#4C72B0")
@@ -98,31 +109,40 @@ def error_histogram_figure(trace: Trace) -> Figure:
                    label=f"median {np.median(errors):.3g}")
         ax.legend()
     else:
-        ax.text(0.5, 0.5, "no gradient errors" if relative.size else "exact metrics were off",
-                ha="center", va="center", transform=ax.transAxes)
+        said = ("exact metrics were off" if not relative.size
+                else "no finite measurement" if not finite.any()
+                else f"every gradient error is beyond {LOG_LIMIT:g}" if carried.any()
+                else "no gradient errors")
+        ax.text(0.5, 0.5, said, ha="center", va="center", transform=ax.transAxes)
     ax.set_xlabel("relative gradient error ‖δ‖/‖g‖")
     ax.set_ylabel("updates")
-    ax.set_title(f"Gradient error: {errors.size} of {relative.size} measured updates "
-                 f"(rate {rate:.3f}, threshold {ERROR_THRESHOLD:g})")
+    beyond = int(carried.sum()) - errors.size
+    unmeasured = relative.size - int(finite.sum())
+    notes = ([f"{beyond} beyond {LOG_LIMIT:g} not drawn"] if beyond else []) + (
+        [f"{unmeasured} not finite left out"] if unmeasured else [])
+    ax.set_title(f"Gradient error: {int(carried.sum())} of {int(finite.sum())} measured "
+                 f"updates (rate {'—' if rate is None else f'{rate:.3f}'}, threshold "
+                 f"{ERROR_THRESHOLD:g})" + (f"\n{'; '.join(notes)}" if notes else ""),
+                 fontsize=10 if notes else None)
     return fig
 
 
-# The largest value a log axis shows: matplotlib's margins and ticks overflow near the
-# largest float, as after a run diverged.
-_LOG_MAX = 1e200
+#: The largest value a log axis shows: a diverged run's values run past it to infinity, and
+#: matplotlib's margins and log-axis ticks spanning more decades overflow (LogLocator).
+LOG_LIMIT = 1e100
 
 
-def _drawable(values: np.ndarray) -> np.ndarray:
-    """Where values can go on a log axis: finite and at most ``_LOG_MAX``."""
+def drawable(values: np.ndarray) -> np.ndarray:
+    """Where values can go on a log axis: finite and at most :data:`LOG_LIMIT` in size."""
     with np.errstate(invalid="ignore"):
-        return np.isfinite(values) & (values <= _LOG_MAX)
+        return np.isfinite(values) & (np.abs(values) <= LOG_LIMIT)
 
 
 def _positive(values: Sequence[float] | np.ndarray) -> np.ndarray:
     """Values for a log axis: at least the smallest positive float, and NaN (not drawn)
-    where not ``_drawable``."""
+    where not :func:`drawable`."""
     values = np.asarray(values, dtype=np.float64)
-    return np.where(_drawable(values), np.maximum(values, np.finfo(np.float64).tiny), np.nan)
+    return np.where(drawable(values), np.maximum(values, np.finfo(np.float64).tiny), np.nan)
 
 
 # One curve of a sweep cell: columns simulated time (ns), gradients computed, suboptimality.

@@ -11,7 +11,7 @@ from matplotlib.figure import Figure
 
 from simulator.fidelity.runs import Run, load_run
 from simulator.metrics import PHASE_BINS, error_mask, relative_error, trace_rhythm
-from simulator.plots import draw_timeline
+from simulator.plots import LOG_LIMIT, draw_timeline, drawable
 
 
 def _say(ax: Any, text: str) -> None:
@@ -19,19 +19,9 @@ def _say(ax: Any, text: str) -> None:
     ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes)
 
 
-#: The largest value a log axis shows: a diverged run's values run past it to infinity, and
-#: log-axis ticks spanning more decades overflow (matplotlib's LogLocator).
-PLOT_LIMIT = 1e100
-
-
-def _plotted(values: np.ndarray) -> np.ndarray:
-    """Which ``values`` a log axis can show (finite, at most :data:`PLOT_LIMIT`)."""
-    return np.isfinite(values) & (np.abs(values) <= PLOT_LIMIT)
-
-
 def _label(run: Run, left_out: int) -> str:
-    """A run's legend entry, counting the values it has beyond :data:`PLOT_LIMIT`."""
-    return run.label + (f" ({left_out} beyond {PLOT_LIMIT:g} left out)" if left_out else "")
+    """A run's legend entry, counting the values it has beyond ``LOG_LIMIT``."""
+    return run.label + (f" ({left_out} beyond {LOG_LIMIT:g} left out)" if left_out else "")
 
 
 def _draw_rhythm(ax: Any, runs: tuple[Run, Run], colours: tuple[str, str]) -> None:
@@ -78,10 +68,9 @@ def _draw_staleness(ax: Any, runs: tuple[Run, Run], colours: tuple[str, str]) ->
 
 def _draw_errors(ax: Any, runs: tuple[Run, Run], colours: tuple[str, str]) -> None:
     """Both runs' histograms of the relative gradient error, where measured and plottable
-    (a diverged run's errors beyond :data:`PLOT_LIMIT` are left out: the legend counts
-    them)."""
+    (a diverged run's errors beyond ``LOG_LIMIT`` are left out: the legend counts them)."""
     errors = [relative_error(r.trace)[error_mask(r.trace)] for r in runs]
-    shown = [e[_plotted(e)] for e in errors]
+    shown = [e[drawable(e)] for e in errors]
     present = [e for e in shown if e.size]
     if present:
         low = min(float(e.min()) for e in present)
@@ -96,7 +85,7 @@ def _draw_errors(ax: Any, runs: tuple[Run, Run], colours: tuple[str, str]) -> No
         ax.set_ylabel("fraction of those updates")
         ax.legend(fontsize=7)
     elif any(e.size for e in errors):
-        _say(ax, f"every measured gradient error is beyond {PLOT_LIMIT:g}")
+        _say(ax, f"every measured gradient error is beyond {LOG_LIMIT:g}")
     else:
         _say(ax, "no measured gradient errors")
     ax.set_xlabel("relative gradient error ‖δ‖/‖g‖")
@@ -105,10 +94,10 @@ def _draw_errors(ax: Any, runs: tuple[Run, Run], colours: tuple[str, str]) -> No
 
 def _draw_loss(ax: Any, runs: tuple[Run, Run], colours: tuple[str, str]) -> None:
     """Both runs' loss curves against gradients computed (a diverged run's points beyond
-    :data:`PLOT_LIMIT` are left out: the legend counts them)."""
+    ``LOG_LIMIT`` are left out: the legend counts them)."""
     floor = np.finfo(np.float64).tiny
     for run, colour in zip(runs, colours, strict=True):
-        kept = _plotted(run.curve[:, 1])
+        kept = drawable(run.curve[:, 1])
         ax.semilogy(run.curve[kept, 0], np.maximum(run.curve[kept, 1], floor), color=colour,
                     label=_label(run, int((~kept).sum())))
     ax.set_xlabel("gradients computed")

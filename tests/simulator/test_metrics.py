@@ -49,3 +49,22 @@ def test_the_error_rate_counts_only_updates_with_finite_norms():
     summary = summarize(trace, make_problem(s.problem), s)
     assert summary["gradient_error"]["rate"] is None
     assert summary["gradient_error"]["relative"]["p50"] is None
+
+
+def test_the_error_histogram_title_gives_the_summary_rate():
+    """errors.png's counts and rate are the summary's (over the updates with finite norms),
+    and what it leaves out is counted in its title: before, a diverged run's title divided
+    the drawable errors by every measured update (0.560 against the summary's 0.747)."""
+    from simulator.metrics import error_mask, finite_mask
+    from simulator.plots import error_histogram_figure
+
+    summary, trace = _summary("problem.dim=10", "run.threads=2", "run.updates=400",
+                              "run.lr=1e3")
+    finite = finite_mask(trace)
+    assert 0 < finite.sum() < trace["measured"].sum()  # a run that diverged
+    title = error_histogram_figure(trace).axes[0].get_title()
+    carried = int((error_mask(trace) & finite).sum())
+    rate = summary["gradient_error"]["rate"]
+    assert title.startswith(f"Gradient error: {carried} of {int(finite.sum())} measured "
+                            f"updates (rate {rate:.3f},")
+    assert f"{int(trace['measured'].sum() - finite.sum())} not finite left out" in title

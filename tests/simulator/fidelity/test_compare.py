@@ -386,11 +386,12 @@ def test_a_diverged_run_is_drawn_without_its_values_beyond_the_plot_limit(tmp_pa
     assert not np.isfinite(load_run(div).curve[:, 1]).all()
     assert main(["compare", str(div), str(div), "--out", str(tmp_path / "o"), "--quiet"]) == 0
     assert (tmp_path / "o" / "compare.png").is_file()
-    from simulator.fidelity.figure import PLOT_LIMIT, compare_figure
+    from simulator.fidelity.figure import compare_figure
+    from simulator.plots import LOG_LIMIT
 
     legends = [t.get_text() for ax in compare_figure(div, div).axes
                if ax.get_legend() for t in ax.get_legend().get_texts()]
-    assert any(f"beyond {PLOT_LIMIT:g} left out" in text for text in legends)
+    assert any(f"beyond {LOG_LIMIT:g} left out" in text for text in legends)
 
 
 def test_a_diverged_run_is_compared_in_strict_json_and_named(tmp_path, capsys):
