@@ -404,11 +404,12 @@ def explore(scenario: Scenario, kind: str, runs: int, objective: str, depth: int
     return {
         "scenario": scenario.name, "scheduler": kind,
         "depth": depth if kind == "pct" else None, "runs": runs,
-        "seed": seed, "objective": objective, "steps_per_run": steps, "threads": threads,
+        "seed": _drawn(kind, seed), "objective": objective, "steps_per_run": steps,
+        "threads": threads,
         "log10_interleavings_estimate": _log10_interleavings(
             [probe.schedule.count(t) for t in range(threads)], scenario.run.split == "shared"),
         "values": _spread(values, 0.5),
-        "worst": [{"value": value, "seed": run_seed, "schedule": text}
+        "worst": [{"value": value, "seed": _drawn(kind, run_seed), "schedule": text}
                   for value, run_seed, text in found],
         "replayed_identically": bool(deterministic),
     }, again
@@ -416,16 +417,22 @@ def explore(scenario: Scenario, kind: str, runs: int, objective: str, depth: int
 
 # The options of ``asyngrad explore`` each scheduler honours; one given to any other is
 # refused, not ignored. A --property search honours --runs, --seed and --depth the same way.
-OPTIONS = {"--runs": ("random", "roundrobin", "pct", "dfs"), "--seed": ("random", "pct"),
-           "--depth": ("pct",), "--keep": ("random", "roundrobin", "pct"),
+# roundrobin draws nothing: its one schedule is the same every run.
+OPTIONS = {"--runs": ("random", "pct", "dfs"), "--seed": ("random", "pct"),
+           "--depth": ("pct",), "--keep": ("random", "pct"),
            "--preemptions": ("dfs",), "--checkpoint": ("dfs",)}
+
+
+def _drawn(kind: str, seed: int) -> int | None:
+    """A scheduler's seed as reported: None for one that draws nothing."""
+    return seed if kind in OPTIONS["--seed"] else None
 
 
 def refuse_options(kind: str, given: dict[str, Any]) -> None:
     """Refuse an option (``given``: flag to value, None where not given) that the scheduler
     ``kind`` would ignore: only pct has a depth, random and pct a seed, dfs a preemption
-    bound and a checkpoint; adversarial runs as many schedules as its search takes, and
-    dfs keeps only the worst.
+    bound and a checkpoint; adversarial runs as many schedules as its search takes,
+    roundrobin one (it draws nothing), and dfs keeps only the worst.
 
     Raises:
         ScenarioError: an unknown scheduler, or an option given that ``kind`` does not

@@ -114,6 +114,8 @@ def _options(args: argparse.Namespace) -> None:
     for name, default in DEFAULTS.items():
         if getattr(args, name) is None:
             setattr(args, name, default)
+    if args.scheduler == "roundrobin":
+        args.runs = 1  # the same schedule every run
 
 
 # Options left out take these values (--runs: the schedules to try; dfs: the most to run).
@@ -129,8 +131,8 @@ def add_commands(commands: Any) -> None:
                      help="random, roundrobin, pct, dfs (every interleaving) or adversarial "
                           "(greedy worst case); default pct")
     exp.add_argument("--runs", type=int,
-                     help="schedules to try (default 100; dfs: the most to run now; "
-                          "not adversarial, whose search decides)")
+                     help="schedules to try (default 100; dfs: the most to run now; not "
+                          "adversarial, whose search decides, nor roundrobin: one schedule)")
     exp.add_argument("--preemptions", type=int, default=None,
                      help="dfs: at most this many preemptions per schedule (default: any)")
     exp.add_argument("--checkpoint", metavar="FILE",
@@ -145,4 +147,4 @@ def add_commands(commands: Any) -> None:
     exp.add_argument("--seed", type=int,
                      help="random, pct: first scheduler seed (default 0)")
     exp.add_argument("--keep", type=int,
-                     help="random, roundrobin, pct: worst schedules kept (default 5)")
+                     help="random, pct: worst schedules kept (default 5)")

@@ -362,10 +362,13 @@ def test_cli_property_search_writes_the_counterexample(tmp_path):
     (("--scheduler", "dfs", "--depth", "2"),
      "--depth = 2: applies to --scheduler pct only (not dfs)"),
     (("--scheduler", "adversarial", "--runs", "10"),
-     "--runs = 10: applies to --scheduler random or roundrobin or pct or dfs only "
-     "(not adversarial)"),
+     "--runs = 10: applies to --scheduler random or pct or dfs only (not adversarial)"),
+    (("--scheduler", "roundrobin", "--runs", "4"),
+     "--runs = 4: applies to --scheduler random or pct or dfs only (not roundrobin)"),
     (("--scheduler", "dfs", "--keep", "3"),
-     "--keep = 3: applies to --scheduler random or roundrobin or pct only (not dfs)"),
+     "--keep = 3: applies to --scheduler random or pct only (not dfs)"),
+    (("--scheduler", "roundrobin", "--keep", "5"),
+     "--keep = 5: applies to --scheduler random or pct only (not roundrobin)"),
     (("--scheduler", "random", "--keep", "3", "--property", "lost_blocks <= 0"),
      "--keep = 3: does not apply with --property"),
     (("--scheduler", "random", "--objective", "staleness", "--property", "lost_blocks <= 0"),
@@ -387,6 +390,18 @@ def test_explore_refuses_options_its_scheduler_would_not_honour(tmp_path, capsys
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message in err, err
     assert not out.exists()
+
+
+def test_roundrobin_explores_its_one_schedule_once(tmp_path):
+    """roundrobin draws nothing: the command runs its schedule once and reports no seed or
+    depth (--runs, --keep, --seed and --depth are refused for it)."""
+    sets = [arg for o in (*TINY, "run.updates=3") for arg in ("--set", o)]
+    out = tmp_path / "rr"
+    assert main(["explore", "--out", str(out), "--quiet", "--scheduler", "roundrobin",
+                 *sets]) == 0
+    report = json.loads((out / "explore.json").read_text())
+    assert (report["runs"], report["seed"], report["depth"]) == (1, None, None)
+    assert [w["seed"] for w in report["worst"]] == [None]
 
 
 @pytest.mark.parametrize("extra, reason", [
