@@ -483,9 +483,9 @@ def _single_table(args: argparse.Namespace, work: Path,
                 "coupling_real": ya["coupling"], "coupling_sim": yb["coupling"],
                 "error_p50_real": ge["a"]["p50"], "error_p50_sim": ge["b"]["p50"],
                 "loss_apart": apart}})
-            print(f"| {k} | {target} | {st['mean_a']:.3f} / {st['mean_b']:.3f} "
-                  f"({st['relative_mean_gap']:.1%}) | {st['ks_distance']:.3f} | "
-                  f"{ge['a']['rate']:.3f} / {ge['b']['rate']:.3f} | "
+            print(f"| {k} | {target} | {_share(st['mean_a'])} / {_share(st['mean_b'])} "
+                  f"({_share(st['relative_mean_gap'], '.1%')}) | {st['ks_distance']:.3f} | "
+                  f"{_share(ge['a']['rate'])} / {_share(ge['b']['rate'])} | "
                   f"{'n/a' if ratio is None else format(ratio, '.2f')} | "
                   f"{th['updates_per_second_a']:,.0f} / {th['updates_per_second_b']:,.0f} | "
                   f"{_share(ia['write_overlap_rate'])} / {_share(ib['write_overlap_rate'])} | "
