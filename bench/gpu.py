@@ -104,7 +104,8 @@ def main() -> None:
                    "staleness": summary["staleness"]["mean"],
                    "hardware_lost": lost.get("relative_to_distance_moved")}
             errors.append(row)
-            print(f"| {launch} | {workers} | {row['rate']:.3f} | "
+            rate = "n/a" if row["rate"] is None else f"{row['rate']:.3f}"
+            print(f"| {launch} | {workers} | {rate} | "
                   f"{row['median_relative'] or 0:.3g} | {row['staleness']:.2f} | "
                   f"{row['hardware_lost'] or 0:.3g} |", flush=True)
     results["errors"] = errors
