@@ -248,8 +248,9 @@ def add_commands(commands: Any) -> None:
              "correlation reaches 0.05 (auto), whenever two workers ran (on), or never "
              "(off)"),
             ("--interference", "auto", "slowdowns of a worker's phase under another's (a "
-             "write while the other computes, say): fit them when one reaches 0.1 (auto, "
-             "default), whenever two workers ran (on), or never (off)"),
+             "write while the other computes, say), with --pool or several worker counts "
+             "(per-worker devices keep them in the durations): fit them when one reaches 0.1 "
+             "(auto, default), whenever two workers ran (on), or never (off)"),
             ("--shared", "auto", "writes slowed on lines another worker read last "
              "([hardware.shared_lines]: the worker still holds them from its own read, no one "
              "wrote them since): fit the factor when it is 1.2x or more (or 1/1.2 or less) "

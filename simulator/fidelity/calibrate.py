@@ -54,6 +54,10 @@ from simulator.trace import Trace
 
 PHASES = ("read", "grad", "write", "idle")
 
+# Interference acts among the threads of one device; per-worker devices would lose it.
+_APART = ("per-worker devices (no --pool): interference acts only among threads of one "
+          "device, so the durations keep it as measured")
+
 
 @dataclass(frozen=True)
 class Models:
@@ -187,7 +191,9 @@ def calibrate(run_dir: str | Path | list[str | Path], pool: bool = False, cores:
     factors (``auto`` keeps them when some phase's c reaches 0.05; off unless asked for:
     see docs/fidelity.md for what they do to a prediction); ``interference``: likewise for
     the slowdowns of one worker's phases under another's (``auto`` keeps them when one
-    reaches 0.1), the durations then fitted as drawn with the others idle; ``speeds`` (with
+    reaches 0.1), the durations then fitted as drawn with the others idle (with ``pool``
+    only: without it each worker has a device of its own, where interference does not act,
+    so none is fitted and the durations keep it as measured); ``speeds`` (with
     ``pool``, one worker per core, one run): each core's own speed (:func:`core_speeds`), so
     the simulation puts thread j on a device of one core with core j mod ``cores``'s speed;
     ``episodes``: the cores' speed episodes (:func:`fit_episodes`; ``auto`` keeps them when
@@ -206,7 +212,12 @@ def calibrate(run_dir: str | Path | list[str | Path], pool: bool = False, cores:
     _check_repeats(loaded, speeds)
     scenario = loaded[0][2]
     episode = fit_episodes([trace for _, trace, _ in loaded], episodes)
-    models = fit_models(loaded, convoys, shared, common, interference, cores, quantum, episode)
+    apart = not pool and interference != "off" and any(  # each worker on its own device
+        np.unique(trace["thread"]).size > 1 for _, trace, _ in loaded)
+    models = fit_models(loaded, convoys, shared, common, "off" if apart else interference,
+                        cores, quantum, episode)
+    if apart:
+        models = replace(models, slowed={**models.slowed, "why": _APART})
     per_run = run_samples(models, [run for _, _, run in loaded])
     samples = {worker: {op: np.concatenate([mine[worker][op] for mine in per_run])
                         for op in ops} for worker, ops in per_run[0].items()}
