@@ -5,9 +5,13 @@ with the time spent under another worker's phase q counted 1/(1 + slowdown_q)
 (:func:`undisturbed`; exact for two workers, the shares add for more). Rows are grouped
 by what the other workers were doing when the phase began, which its own duration cannot
 have chosen: all idle, or one in phase q with at least 10% of a typical duration to go
-(30 rows a group at least). A group whose median duration is not above the idle
-group's by three standard errors fits no slowdown (:func:`_slower`); the others' solve
-"each group's median draw equals the idle group's" (least squares, in [0, 20], with a
+(30 rows a group at least), and each group is compared with the idle group of its own run
+(runs at several worker counts differ by their contention, ``*_per_thread``, which slows
+every row of a run alike; pooled, the idle rows were mostly the fewer-worker runs' and
+contention came out as interference). A group whose median duration is not above the idle
+group's by three standard errors (the runs' gaps weighted by their inverse variances) fits
+no slowdown (:func:`_slower`); the others' solve
+"each group's median draw equals its run's idle group's" (least squares, in [0, 20], with a
 pull of 0.05 per unit slowdown toward none: a phase that every group's rows spend under
 the same other phase, as a long gradient under the other's, leaves its slowdown
 undetermined, and it is then none, not the search's start); with convoys a write is
@@ -181,7 +185,7 @@ def _phase_rows(runs: list[tuple[Trace, np.ndarray, np.ndarray | None]], phase: 
     """The rows of ``phase`` that interference is fitted on, over the runs of two or more
     workers: per run its rows, durations and times under the others' phases (for
     :func:`_deflate`), and all of them together with a positive duration (None if none)."""
-    states, starts, cuts, scales = [], [], [], []
+    states, starts, cuts, scales, runs_of = [], [], [], [], []
     for index, (trace, rows, alone) in enumerate(runs):
         if np.unique(trace["thread"]).size < 2:
             continue
@@ -201,12 +205,14 @@ def _phase_rows(runs: list[tuple[Trace, np.ndarray, np.ndarray | None]], phase: 
             cuts.append(cut)
             scales.append(write_scale[index][use] if write_scale is not None
                           and phase == "write" else np.ones(use.size))
+            runs_of.append(np.full(use.size, index))
     if not states:
         return states, None
     width = max(o.shape[1] for o, _ in starts)
     found = _Rows(duration=np.concatenate([d for _, d, _ in states]),
                  under=np.concatenate([u for _, _, u in states]),
                  censored=np.concatenate(cuts), scale=np.concatenate(scales),
+                 run=np.concatenate(runs_of),
                  others=np.concatenate([np.pad(o, ((0, 0), (0, width - o.shape[1])),
                                                constant_values=-1) for o, _ in starts]),
                  remaining=np.concatenate([np.pad(r, ((0, 0), (0, width - r.shape[1])))
@@ -217,13 +223,14 @@ def _phase_rows(runs: list[tuple[Trace, np.ndarray, np.ndarray | None]], phase: 
 @dataclasses.dataclass(frozen=True)
 class _Rows:
     """One phase's rows of every run: duration, time under each other phase, whether the
-    duration is censored, the ``write_shared`` factor, and per other worker the phase it
-    was in at the start and how much of it was left."""
+    duration is censored, the ``write_shared`` factor, the run's index, and per other
+    worker the phase it was in at the start and how much of it was left."""
 
     duration: np.ndarray
     under: np.ndarray
     censored: np.ndarray
     scale: np.ndarray
+    run: np.ndarray
     others: np.ndarray
     remaining: np.ndarray
 
@@ -237,43 +244,52 @@ def _phase_slowdown(rows: _Rows, skip_write: bool
     ``skip_write`` leaving writes under writes to the convoys; the phase's report and the
     slowdowns, or None when no group of rows met another phase at its start."""
     # Rows grouped by what the others were doing when the phase began (which its own
-    # duration cannot have chosen): all idle, or one in phase q for a while yet.
+    # duration cannot have chosen): all idle, or one in phase q for a while yet. Each group
+    # is compared with the idle rows of its own run: runs at other worker counts differ by
+    # their contention (``*_per_thread``), which slows every row of a run alike, and the
+    # idle rows are mostly the fewer-worker runs'.
     quiet = np.all(rows.others < 0, axis=1)
     typical = float(np.median(rows.duration)) if rows.duration.size else 0.0
-    groups = {}
+    groups: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}
     for q, name in enumerate(_OTHERS):
         if skip_write and name == "write":
             continue  # writes that meet are the convoys' (fitted on their own)
         group = np.any((rows.others == q) & (rows.remaining >= _COVER * typical), axis=1)
-        if group.sum() >= MIN_PAIRS and quiet.sum() >= MIN_PAIRS:
-            groups[q] = group
+        strata = [(group & mine, quiet & mine) for mine in
+                  (rows.run == r for r in np.unique(rows.run).tolist())]
+        strata = [(g, z) for g, z in strata if g.sum() >= MIN_PAIRS and z.sum() >= MIN_PAIRS]
+        if strata:
+            groups[q] = strata
     if not groups:
         return None
-    free = [q for q, group in groups.items()
-            if _slower(rows.duration / rows.scale, rows.censored, group, quiet)]
+    free = [q for q, strata in groups.items()
+            if _slower(rows.duration / rows.scale, rows.censored, strata)]
     slowdown = np.zeros(len(_OTHERS))
     if free:
-        slowdown[free] = _solve(rows, quiet, {q: groups[q] for q in free})
+        slowdown[free] = _solve(rows, {q: groups[q] for q in free})
     slowed = {_OTHERS[q]: float(slowdown[q]) for q in groups}
     return {"slowdown": slowed, "rows": int(rows.duration.size),
             "within_noise": [_OTHERS[q] for q in groups if q not in free],
             "rows_other_idle": int(quiet.sum()),
-            "rows_under": {_OTHERS[q]: int(g.sum()) for q, g in groups.items()}}, slowed
+            "rows_under": {_OTHERS[q]: int(sum(g.sum() for g, _ in strata))
+                           for q, strata in groups.items()}}, slowed
 
 
-def _solve(rows: _Rows, quiet: np.ndarray, groups: dict[int, np.ndarray]) -> np.ndarray:
+def _solve(rows: _Rows, groups: dict[int, list[tuple[np.ndarray, np.ndarray]]]
+           ) -> np.ndarray:
     """The slowdowns under the phases of ``groups`` that make each group's median draw equal
-    to the ``quiet`` rows' (one equation per slowdown), with a small pull toward no slowdown
-    that only a slowdown the groups leave undetermined feels."""
+    to the idle rows' of the same run (one equation per slowdown and run), with a small pull
+    toward no slowdown that only a slowdown the groups leave undetermined feels."""
     free = list(groups)
+    strata = [pair for q in free for pair in groups[q]]
 
     def gaps(x: np.ndarray) -> np.ndarray:
         trial = np.zeros(len(_OTHERS))
         trial[free] = x
         work = undisturbed(rows.duration, rows.under, trial) / rows.scale
-        base = log_median(work[quiet], rows.censored[quiet])
-        return np.array([log_median(work[g], rows.censored[g]) - base
-                         for g in groups.values()])
+        return np.array([log_median(work[g], rows.censored[g])
+                         - log_median(work[quiet], rows.censored[quiet])
+                         for g, quiet in strata])
 
     def penalized(x: np.ndarray) -> np.ndarray:
         return np.concatenate([gaps(x), _RIDGE * x])
@@ -301,15 +317,21 @@ def _deflate(runs: list[tuple[Trace, np.ndarray, np.ndarray | None]],
     return deflate
 
 
-def _slower(duration: np.ndarray, censored: np.ndarray, group: np.ndarray,
-            quiet: np.ndarray) -> bool:
-    """Whether the ``group`` rows' median duration is above the ``quiet`` rows' by more
-    than ``_SIGNIFICANT`` standard errors of the difference of the two log medians (the
-    median's standard error taken as for a normal sample of log durations, its spread from
-    the median absolute deviation): a group no slower than its noise fits no slowdown."""
-    logs = np.log(duration[group | quiet])
-    spread = _MAD_TO_SD * float(np.median(np.abs(logs - np.median(logs))))
-    error = _MEDIAN_SE * spread * math.sqrt(1 / group.sum() + 1 / quiet.sum())
-    gap = (log_median(duration[group], censored[group])
-           - log_median(duration[quiet], censored[quiet]))
-    return gap > _SIGNIFICANT * error
+def _slower(duration: np.ndarray, censored: np.ndarray,
+            strata: list[tuple[np.ndarray, np.ndarray]]) -> bool:
+    """Whether the group rows' median duration is above the quiet rows' by more than
+    ``_SIGNIFICANT`` standard errors of the difference of the two log medians, over the
+    ``strata`` (per run: its group rows and its quiet rows) weighted by their inverse
+    variances (the median's standard error taken as for a normal sample of log durations,
+    its spread from the median absolute deviation): a group no slower than its noise fits
+    no slowdown."""
+    weights, gaps = [], []
+    for group, quiet in strata:
+        logs = np.log(duration[group | quiet])
+        spread = _MAD_TO_SD * float(np.median(np.abs(logs - np.median(logs))))
+        error = _MEDIAN_SE * spread * math.sqrt(1 / group.sum() + 1 / quiet.sum())
+        weights.append(1 / max(error, 1e-12) ** 2)
+        gaps.append(log_median(duration[group], censored[group])
+                    - log_median(duration[quiet], censored[quiet]))
+    gap = float(np.average(gaps, weights=weights))
+    return gap > _SIGNIFICANT / math.sqrt(sum(weights))

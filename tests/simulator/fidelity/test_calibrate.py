@@ -242,6 +242,22 @@ def test_contention_per_worker_is_recovered_from_three_worker_counts(tmp_path):
         assert getattr(device.timing, op).mean == pytest.approx(mean, rel=0.1)
 
 
+def test_contention_is_not_taken_for_interference(tmp_path):
+    """Runs at k = 1, 2, 4 with contention and no interference, calibrated with the command's
+    defaults (``--interference auto --shared auto``): no slowdown is kept and the contention
+    comes back within 10%. With every run's rows pooled, the rows whose other workers were
+    idle were mostly the k = 1 and 2 runs', and interference took the contention (write per
+    thread 0.10 for 0.5)."""
+    slow = [f"timing.{op}_per_thread={x}" for op, x in CONTENTION.items()]
+    runs = [_at(tmp_path, k, *slow) for k in (1, 2, 4)]
+    scenario, report = calibrate_counts(runs, cores=4, interference="auto", shared="auto")
+    assert report["interference"]["fields"] is None
+    timing = fitted(scenario)
+    assert timing.interference is None and timing.write_shared == 1
+    for op, x in CONTENTION.items():
+        assert getattr(timing, f"{op}_per_thread") == pytest.approx(x, rel=0.1)
+
+
 def test_slowdown_scales_draws_by_the_workers_running_at_once():
     """grad_per_thread x at k threads scales gradients by 1 + x(k − 1); with fewer cores
     than threads only the cores' worth of workers contend."""

@@ -123,12 +123,13 @@ def test_a_group_is_slower_only_beyond_its_noise():
     duration = rng.lognormal(np.log(5000), 0.3, 4000)
     censored = np.zeros(duration.size, dtype=bool)
     group, quiet = np.arange(4000) < 2000, np.arange(4000) >= 2000
-    assert not _slower(duration, censored, group, quiet)
+    assert not _slower(duration, censored, [(group, quiet)])
     shifted = np.where(group, duration * 1.05, duration)  # 5%: about 4 standard errors
-    assert _slower(shifted, censored, group, quiet)
-    assert not _slower(np.where(group, duration / 1.05, duration), censored, group, quiet)
+    assert _slower(shifted, censored, [(group, quiet)])
+    assert not _slower(np.where(group, duration / 1.05, duration), censored,
+                       [(group, quiet)])
     few = np.arange(4000) < 40  # 40 rows: 5% is within the noise
-    assert not _slower(np.where(few, duration * 1.05, duration), censored, few, quiet)
+    assert not _slower(np.where(few, duration * 1.05, duration), censored, [(few, quiet)])
 
 
 def test_calibrate_fits_interference_or_says_why_not(tmp_path):
