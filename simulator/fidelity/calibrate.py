@@ -91,16 +91,19 @@ class Models:
 
 def fit_models(loaded: list[tuple[Path, Trace, Scenario]], convoys: str, shared: str,
                common: str, interference: str, cores: int, quantum: int,
-               episode: dict[str, Any] | None = None) -> Models:
+               episode: dict[str, Any] | None = None, apart: bool = False) -> Models:
     """The hardware models of one or more runs, each fitted on the durations the ones before
-    it took their effect out of: convoys and shared lines, the store window, then (after the
-    speed ``episode``'s slow rows and the shared writes are deflated) common factors and
-    interference."""
+    it took their effect out of: convoys and shared lines (unless ``interference`` is off,
+    fitted with the writes' slowdowns), the store window, then (after the speed
+    ``episode``'s slow rows and the shared writes are deflated) common factors and
+    interference; ``apart`` (each worker on a device of its own, where interference does not
+    act): interference is not fitted, the durations keep it."""
     traces = [trace for _, trace, _ in loaded]
     spans = [running_together(trace) for trace in traces]
     convoy, sharing, scales = _convoys_and_shared(list(zip(traces, spans, strict=True)),
                                                   convoys, shared, cores, quantum,
-                                                  [path for path, _, _ in loaded])
+                                                  [path for path, _, _ in loaded],
+                                                  interference != "off")
     stores = fit_store_window([trace for _, trace, run in loaded
                                if run.hardware.sweeping_reads is not None])
     if episode is not None and episode["fields"]:  # the durations at the cores' own pace
@@ -113,7 +116,9 @@ def fit_models(loaded: list[tuple[Path, Trace, Scenario]], convoys: str, shared:
     runs = [(trace, together, alone_writes(trace, together) if forms_convoys(convoy) else None)
             for trace, together in zip(traces, spans, strict=True)]
     bins, common_fit = common_fits(runs, common)
-    slowed = fit_interference(runs, interference, scales)
+    slowed = fit_interference(runs, "off" if apart else interference, scales)
+    if apart and interference != "off":
+        slowed["why"] = _APART
     return Models(convoy, sharing, stores, bins, common_fit, slowed, runs)
 
 
@@ -212,12 +217,10 @@ def calibrate(run_dir: str | Path | list[str | Path], pool: bool = False, cores:
     _check_repeats(loaded, speeds)
     scenario = loaded[0][2]
     episode = fit_episodes([trace for _, trace, _ in loaded], episodes)
-    apart = not pool and interference != "off" and any(  # each worker on its own device
+    apart = not pool and any(  # each worker on a device of its own
         np.unique(trace["thread"]).size > 1 for _, trace, _ in loaded)
-    models = fit_models(loaded, convoys, shared, common, "off" if apart else interference,
-                        cores, quantum, episode)
-    if apart:
-        models = replace(models, slowed={**models.slowed, "why": _APART})
+    models = fit_models(loaded, convoys, shared, common, interference, cores, quantum,
+                        episode, apart)
     per_run = run_samples(models, [run for _, _, run in loaded])
     samples = {worker: {op: np.concatenate([mine[worker][op] for mine in per_run])
                         for op in ops} for worker, ops in per_run[0].items()}
@@ -328,13 +331,14 @@ def calibrate_counts(run_dirs: list[str | Path], cores: int = 0, quantum: int = 
 
 
 def _convoys_and_shared(runs: list[tuple[Trace, np.ndarray]], convoys: str, shared: str,
-                        cores: int, quantum: int, paths: list[Path]
+                        cores: int, quantum: int, paths: list[Path], interference: bool
                         ) -> tuple[dict[str, Any], dict[str, Any], list[np.ndarray] | None]:
     """The convoy report (:func:`fit_convoys`; from the runs' probes, read from ``paths``,
     when every run has one worker: :func:`probed_meetings`), the ``write_shared`` one
-    (:func:`fit_shared`, on the writes' times alone when convoys form; from the probes too
-    when every run has one worker) and per run each row's write factor (None when not
-    fitted); with a factor the convoys are fitted again with it."""
+    (:func:`fit_shared`, on the writes' times alone when convoys form, with the writes'
+    ``interference``; from the probes too when every run has one worker) and per run each
+    row's write factor (None when not fitted); with a factor the convoys are fitted again
+    with it."""
     alone = all(np.unique(trace["thread"]).size < 2 for trace, _ in runs)
     if alone and convoys != "off":
         convoy = probed_meetings([run_write_meetings(path) for path in paths], convoys,
@@ -342,7 +346,8 @@ def _convoys_and_shared(runs: list[tuple[Trace, np.ndarray]], convoys: str, shar
     else:
         convoy = fit_convoys(runs, convoys)
     sharing = fit_shared(runs, shared, censor=forms_convoys(convoy),
-                         probes=[run_shared_write(path) for path in paths])
+                         probes=[run_shared_write(path) for path in paths],
+                         interference=interference)
     if not sharing["fields"]:
         return usable_convoys(convoy, cores, quantum), sharing, None
     factor = sharing["fields"]["write_shared"]

@@ -180,12 +180,14 @@ def fit_interference(runs: list[tuple[Trace, np.ndarray, np.ndarray | None]],
 
 def _phase_rows(runs: list[tuple[Trace, np.ndarray, np.ndarray | None]], phase: str,
                 windows: dict[int, dict[str, tuple[np.ndarray, np.ndarray]]],
-                write_scale: list[np.ndarray] | None
+                write_scale: list[np.ndarray] | None,
+                marks: list[np.ndarray] | None = None,
                 ) -> tuple[list[tuple[np.ndarray, np.ndarray, np.ndarray]], _Rows | None]:
     """The rows of ``phase`` that interference is fitted on, over the runs of two or more
     workers: per run its rows, durations and times under the others' phases (for
-    :func:`_deflate`), and all of them together with a positive duration (None if none)."""
-    states, starts, cuts, scales, runs_of = [], [], [], [], []
+    :func:`_deflate`), and all of them together with a positive duration (None if none);
+    ``marks``: per run, which rows' writes are on lines another worker read last."""
+    states, starts, cuts, scales, runs_of, marked = [], [], [], [], [], []
     for index, (trace, rows, alone) in enumerate(runs):
         if np.unique(trace["thread"]).size < 2:
             continue
@@ -206,13 +208,15 @@ def _phase_rows(runs: list[tuple[Trace, np.ndarray, np.ndarray | None]], phase: 
             scales.append(write_scale[index][use] if write_scale is not None
                           and phase == "write" else np.ones(use.size))
             runs_of.append(np.full(use.size, index))
+            marked.append(marks[index][use] if marks is not None
+                          else np.zeros(use.size, dtype=bool))
     if not states:
         return states, None
     width = max(o.shape[1] for o, _ in starts)
     found = _Rows(duration=np.concatenate([d for _, d, _ in states]),
                  under=np.concatenate([u for _, _, u in states]),
                  censored=np.concatenate(cuts), scale=np.concatenate(scales),
-                 run=np.concatenate(runs_of),
+                 run=np.concatenate(runs_of), marked=np.concatenate(marked),
                  others=np.concatenate([np.pad(o, ((0, 0), (0, width - o.shape[1])),
                                                constant_values=-1) for o, _ in starts]),
                  remaining=np.concatenate([np.pad(r, ((0, 0), (0, width - r.shape[1])))
@@ -223,14 +227,16 @@ def _phase_rows(runs: list[tuple[Trace, np.ndarray, np.ndarray | None]], phase: 
 @dataclasses.dataclass(frozen=True)
 class _Rows:
     """One phase's rows of every run: duration, time under each other phase, whether the
-    duration is censored, the ``write_shared`` factor, the run's index, and per other
-    worker the phase it was in at the start and how much of it was left."""
+    duration is censored, the ``write_shared`` factor, the run's index, whether the write
+    is on lines another worker read last, and per other worker the phase it was in at the
+    start and how much of it was left."""
 
     duration: np.ndarray
     under: np.ndarray
     censored: np.ndarray
     scale: np.ndarray
     run: np.ndarray
+    marked: np.ndarray
     others: np.ndarray
     remaining: np.ndarray
 
@@ -243,6 +249,24 @@ def _phase_slowdown(rows: _Rows, skip_write: bool
     """A phase's slowdowns under each other phase from its ``rows`` (the module docstring),
     ``skip_write`` leaving writes under writes to the convoys; the phase's report and the
     slowdowns, or None when no group of rows met another phase at its start."""
+    groups = _groups(rows, skip_write)
+    if not groups:
+        return None
+    free = _free(rows, groups)
+    slowdown = np.zeros(len(_OTHERS))
+    if free:
+        slowdown[free] = _solve(rows, {q: groups[q] for q in free})
+    slowed = {_OTHERS[q]: float(slowdown[q]) for q in groups}
+    return {"slowdown": slowed, "rows": int(rows.duration.size),
+            "within_noise": [_OTHERS[q] for q in groups if q not in free],
+            "rows_other_idle": int(np.all(rows.others < 0, axis=1).sum()),
+            "rows_under": {_OTHERS[q]: int(sum(g.sum() for g, _ in strata))
+                           for q, strata in groups.items()}}, slowed
+
+
+def _groups(rows: _Rows, skip_write: bool) -> dict[int, list[tuple[np.ndarray, np.ndarray]]]:
+    """Per other phase q with rows enough: per run, its rows begun under q and its rows
+    begun with the others idle (``skip_write``: no group under writes)."""
     # Rows grouped by what the others were doing when the phase began (which its own
     # duration cannot have chosen): all idle, or one in phase q for a while yet. Each group
     # is compared with the idle rows of its own run: runs at other worker counts differ by
@@ -255,47 +279,85 @@ def _phase_slowdown(rows: _Rows, skip_write: bool
         if skip_write and name == "write":
             continue  # writes that meet are the convoys' (fitted on their own)
         group = np.any((rows.others == q) & (rows.remaining >= _COVER * typical), axis=1)
-        strata = [(group & mine, quiet & mine) for mine in
-                  (rows.run == r for r in np.unique(rows.run).tolist())]
-        strata = [(g, z) for g, z in strata if g.sum() >= MIN_PAIRS and z.sum() >= MIN_PAIRS]
+        strata = _per_run(rows, group, quiet)
         if strata:
             groups[q] = strata
-    if not groups:
-        return None
-    free = [q for q, strata in groups.items()
+    return groups
+
+
+def _per_run(rows: _Rows, one: np.ndarray, other: np.ndarray
+             ) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per run: its ``one`` rows and its ``other`` rows, where both number ``MIN_PAIRS``."""
+    strata = [(one & mine, other & mine) for mine in
+              (rows.run == r for r in np.unique(rows.run).tolist())]
+    return [(a, b) for a, b in strata if a.sum() >= MIN_PAIRS and b.sum() >= MIN_PAIRS]
+
+
+def _free(rows: _Rows, groups: dict[int, list[tuple[np.ndarray, np.ndarray]]]) -> list[int]:
+    """The phases whose groups are slower than their noise (:func:`_slower`)."""
+    return [q for q, strata in groups.items()
             if _slower(rows.duration / rows.scale, rows.censored, strata)]
-    slowdown = np.zeros(len(_OTHERS))
-    if free:
-        slowdown[free] = _solve(rows, {q: groups[q] for q in free})
-    slowed = {_OTHERS[q]: float(slowdown[q]) for q in groups}
-    return {"slowdown": slowed, "rows": int(rows.duration.size),
-            "within_noise": [_OTHERS[q] for q in groups if q not in free],
-            "rows_other_idle": int(quiet.sum()),
-            "rows_under": {_OTHERS[q]: int(sum(g.sum() for g, _ in strata))
-                           for q, strata in groups.items()}}, slowed
 
 
-def _solve(rows: _Rows, groups: dict[int, list[tuple[np.ndarray, np.ndarray]]]
-           ) -> np.ndarray:
+def shared_with_interference(runs: list[tuple[Trace, np.ndarray]], marks: list[np.ndarray],
+                             censor: bool) -> dict[str, Any] | None:
+    """``write_shared`` fitted together with the writes' slowdowns under the other workers'
+    phases, from the runs' write rows (``censor``: their times alone, met writes censored at
+    the meeting) and ``marks`` (per run, per row: on lines another worker read last). The
+    marked writes begin while another worker computes (it read after them), so a write
+    slowed under the other's gradient is a marked write more often than not: compared with
+    every other write, the factor took that slowdown (2.02 for none, beside
+    ``write_under_grad`` = 1.7). One least squares solves :func:`_solve`'s equations and,
+    per run, "the marked writes' median draw equals the others' begun while another worker
+    computed" (compared with all others, the factor and the slowdowns under reads and
+    gradients traded against each other: 1.19, 0.59, 1.21); the factor and the slowdowns,
+    or None where a run has too few of either."""
+    windows = {id(trace): phase_windows(trace) for trace, _ in runs}
+    _, rows = _phase_rows([(trace, used, used if censor else None) for trace, used in runs],
+                          "write", windows, [np.ones(len(trace)) for trace, _ in runs], marks)
+    if rows is None:
+        return None
+    computing = np.any(rows.others == _OTHERS.index("grad"), axis=1)  # as every marked one
+    shared = _per_run(rows, rows.marked & computing, ~rows.marked & computing)
+    if not shared:
+        return None
+    groups = _groups(rows, censor)
+    free = _free(rows, groups)
+    solved = _solve(rows, {q: groups[q] for q in free}, shared)
+    return {"factor": float(math.exp(solved[-1])),
+            "slowdown": {_OTHERS[q]: float(x) for q, x in zip(free, solved[:-1], strict=True)}}
+
+
+def _solve(rows: _Rows, groups: dict[int, list[tuple[np.ndarray, np.ndarray]]],
+           shared: list[tuple[np.ndarray, np.ndarray]] | None = None) -> np.ndarray:
     """The slowdowns under the phases of ``groups`` that make each group's median draw equal
     to the idle rows' of the same run (one equation per slowdown and run), with a small pull
-    toward no slowdown that only a slowdown the groups leave undetermined feels."""
+    toward no slowdown that only a slowdown the groups leave undetermined feels. With
+    ``shared`` (per run: its marked and its other writes) the log of the ``write_shared``
+    factor too, last, that the marked draws are divided by: one equation more per run, the
+    marked writes' median draw equal to the others'."""
     free = list(groups)
-    strata = [pair for q in free for pair in groups[q]]
+    strata = [pair for q in free for pair in groups[q]] + (shared or [])
+    n = len(free)
 
     def gaps(x: np.ndarray) -> np.ndarray:
         trial = np.zeros(len(_OTHERS))
-        trial[free] = x
+        trial[free] = x[:n]
         work = undisturbed(rows.duration, rows.under, trial) / rows.scale
+        if shared:
+            work = work / np.where(rows.marked, math.exp(x[n]), 1.0)
         return np.array([log_median(work[g], rows.censored[g])
                          - log_median(work[quiet], rows.censored[quiet])
                          for g, quiet in strata])
 
     def penalized(x: np.ndarray) -> np.ndarray:
-        return np.concatenate([gaps(x), _RIDGE * x])
+        return np.concatenate([gaps(x), _RIDGE * x[:n]])
 
-    return scipy.optimize.least_squares(penalized, np.full(len(free), 0.5),
-                                        bounds=(0.0, _MAX_SLOWDOWN), diff_step=1e-2).x
+    extra = 1 if shared else 0
+    low = [0.0] * n + [-math.log(1 + _MAX_SLOWDOWN)] * extra
+    high = [_MAX_SLOWDOWN] * n + [math.log(1 + _MAX_SLOWDOWN)] * extra
+    return scipy.optimize.least_squares(penalized, np.array([0.5] * n + [0.0] * extra),
+                                        bounds=(low, high), diff_step=1e-2).x
 
 
 def _deflate(runs: list[tuple[Trace, np.ndarray, np.ndarray | None]],

@@ -278,7 +278,10 @@ def _describe_shared(report: dict[str, Any]) -> str:
     elif "factor" in report:
         measured = (f"{report['rows_shared']} writes on lines another worker read last, "
                     f"median {report['median_shared_ns']:.4g} ns, against "
-                    f"{report['median_other_ns']:.4g} ns for the {report['rows_other']} others")
+                    f"{report['median_other_ns']:.4g} ns for the {report['rows_other']} others"
+                    + (f" (their ratio {report['median_ratio']:.3g}; the factor is fitted "
+                       "with the writes' slowdowns under the others' phases)"
+                       if "median_ratio" in report else ""))
     if not report.get("fields"):
         return _none_fitted(report) + (f": {measured}" if measured else "")
     return f"write_shared {report['factor']:.3g}: {measured}"

@@ -6,9 +6,13 @@ another worker read it after that (:func:`shared_writes`) runs longer: on hardwa
 cache lines are shared with the core that read them last and each store waits for that
 copy's invalidation (on the 2-core machine of docs/fidelity.md 4× far apart, 2× near).
 The factor is the median time of the marked writes over the others' (with convoys, their
-times alone, met writes censored: Kaplan–Meier medians); the marked writes are divided by
-it before anything else is fitted, interference included, and the convoys are refitted
-with each pair's leader and joiner scaled by it where marked.
+times alone, met writes censored: Kaplan–Meier medians), or, unless ``--interference off``,
+fitted together with the writes' slowdowns under the other workers' phases
+(:func:`~simulator.fidelity.interference.shared_with_interference`: a marked write begins
+while another worker computes, so a write slowed under its gradient would pass for one on
+shared lines); the marked writes are divided by it before anything else is fitted,
+interference included, and the convoys are refitted with each pair's leader and joiner
+scaled by it where marked.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from simulator.fidelity.durations import MIN_PAIRS, log_median
+from simulator.fidelity.interference import shared_with_interference
 from simulator.fidelity.runs import median_write, write_survival
 from simulator.trace import Trace
 
@@ -48,14 +53,18 @@ def shared_writes(trace: Trace) -> np.ndarray:
 
 def fit_shared(runs: list[tuple[Trace, np.ndarray]], mode: str = "off",
                censor: bool = False,
-               probes: list[dict[str, Any] | None] | None = None) -> dict[str, Any]:
+               probes: list[dict[str, Any] | None] | None = None,
+               interference: bool = False) -> dict[str, Any]:
     """``timing.write_shared`` from the rows of one or more traces with two or more workers:
     the median time a write :func:`shared_writes` marks runs over the others' (each run's
     write durations, or with ``censor`` (writes that meet form convoys) their times alone,
     met writes censored at the meeting: :func:`write_survival`, Kaplan–Meier medians), in
     ``"fields"`` when fitted (``auto``: when it is 1.2 or more, or 1/1.2 or less), and in
     ``"deflate"`` (not for the report) each run's marked rows and the factor that takes
-    their writes to the draw. Runs of one worker alone show no such write: then the runs'
+    their writes to the draw. With ``interference`` the factor is fitted together with the
+    writes' slowdowns under the others' phases (:func:`shared_with_interference`; the
+    median ratio where the runs have too few rows for it), which the ratio alone would take
+    for shared lines. Runs of one worker alone show no such write: then the runs'
     probes (``real.shared_write``, one per run or None) give it, by :func:`probed_shared`."""
     report: dict[str, Any] = {"fields": None, "deflate": None}
     if mode == "off":
@@ -85,8 +94,15 @@ def fit_shared(runs: list[tuple[Trace, np.ndarray]], mode: str = "off",
     on, off = (log_median(time[m], censored[m]) for m in (flag, ~flag))
     factor = math.exp(on - off)
     report.update(factor=factor, median_shared_ns=math.exp(on), median_other_ns=math.exp(off))
-    if mode == "auto" and abs(on - off) < math.log(_MIN_SHARED):
-        report["why"] = f"writes on lines another worker read last differ by under {_MIN_SHARED}x"
+    joint = shared_with_interference(runs, marks, censor) if interference else None
+    if joint is not None:
+        factor = joint["factor"]
+        report.update(factor=factor, median_ratio=math.exp(on - off),
+                      with_write_slowdowns=joint["slowdown"])
+    if mode == "auto" and abs(math.log(factor)) < math.log(_MIN_SHARED):
+        report["why"] = (f"writes on lines another worker read last differ by under "
+                         f"{_MIN_SHARED}x" + (" with the writes' slowdowns under the others' "
+                                              "phases taken out" if joint else ""))
         return report
     report["fields"] = {"write_shared": factor}
     report["deflate"] = [{"write": (rows[mark[rows]], np.full(int(mark[rows].sum()), 1 / factor))}

@@ -72,6 +72,28 @@ def test_calibration_recovers_the_factor_and_the_draw(tmp_path):
     assert fitted(plain).write.mean > 1.3 * 3000  # the slow writes mixed in
 
 
+@pytest.mark.parametrize(("model", "shared", "under_grad"), [
+    ("timing.write_under_grad=1.7", 1.0, 1.7), ("timing.write_shared=3.5", 3.5, None)])
+def test_interference_is_not_taken_for_shared_lines(tmp_path, model, shared, under_grad):
+    """With the command's defaults (``--interference auto --shared auto``) a run with
+    interference only keeps no factor and its slowdown, and a run with shared lines only its
+    factor and no interference. A marked write begins while the other computes, so before
+    the factor was fitted with the writes' slowdowns it took write_under_grad = 1.7 for a
+    factor of 1.61."""
+    out = _simulated(tmp_path / "run", "run.threads=2", "run.updates=6000", "run.split=even",
+                     "timing.write={dist='lognormal', mean=3500, cv=0.3}", model)
+    calibrated, report = calibrate(out, pool=True, interference="auto", shared="auto")
+    timing = fitted(calibrated)
+    assert report["shared"]["factor"] == pytest.approx(shared, rel=0.05)
+    assert timing.write_shared == (1 if shared == 1 else pytest.approx(shared, rel=0.05))
+    assert timing.write.mean == pytest.approx(3500, rel=0.05)
+    if under_grad is None:
+        assert timing.interference is None
+    else:
+        assert timing.write_under_grad == pytest.approx(under_grad, rel=0.1)
+        assert timing.write_under_read < 0.1
+
+
 def test_auto_keeps_no_factor_where_there_is_none():
     trace = simulate(_two(4000))
     report = fit_shared([(trace, running_together(trace))], "auto")
