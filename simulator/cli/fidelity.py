@@ -249,7 +249,8 @@ def add_commands(commands: Any) -> None:
              "(off)"),
             ("--interference", "auto", "slowdowns of a worker's phase under another's (a "
              "write while the other computes, say), with --pool or several worker counts "
-             "(per-worker devices keep them in the durations): fit them when one reaches 0.1 "
+             "(per-worker devices, or a device per core with --speeds kept, keep them in the "
+             "durations): fit them when one reaches 0.1 "
              "(auto, default), whenever two workers ran (on), or never (off)"),
             ("--shared", "auto", "writes slowed on lines another worker read last "
              "([hardware.shared_lines]: the worker still holds them from its own read, no one "

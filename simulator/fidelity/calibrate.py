@@ -54,9 +54,11 @@ from simulator.trace import Trace
 
 PHASES = ("read", "grad", "write", "idle")
 
-# Interference acts among the threads of one device; per-worker devices would lose it.
-_APART = ("per-worker devices (no --pool): interference acts only among threads of one "
-          "device, so the durations keep it as measured")
+# Interference acts among the threads of one device; devices of one thread each lose it.
+_APART = ("{}: interference acts only among threads of one device, so the durations keep "
+          "it as measured")
+_PER_WORKER = _APART.format("per-worker devices (no --pool)")
+_PER_CORE = _APART.format("a device per core (--speeds kept)")
 
 
 @dataclass(frozen=True)
@@ -91,13 +93,13 @@ class Models:
 
 def fit_models(loaded: list[tuple[Path, Trace, Scenario]], convoys: str, shared: str,
                common: str, interference: str, cores: int, quantum: int,
-               episode: dict[str, Any] | None = None, apart: bool = False) -> Models:
+               episode: dict[str, Any] | None = None, apart: str | None = None) -> Models:
     """The hardware models of one or more runs, each fitted on the durations the ones before
     it took their effect out of: convoys and shared lines (unless ``interference`` is off,
     fitted with the writes' slowdowns), the store window, then (after the speed
     ``episode``'s slow rows and the shared writes are deflated) common factors and
-    interference; ``apart`` (each worker on a device of its own, where interference does not
-    act): interference is not fitted, the durations keep it."""
+    interference; ``apart`` (why each thread will have a device of its own, where
+    interference does not act): interference is not fitted, the durations keep it."""
     traces = [trace for _, trace, _ in loaded]
     spans = [running_together(trace) for trace in traces]
     convoy, sharing, scales = _convoys_and_shared(list(zip(traces, spans, strict=True)),
@@ -118,7 +120,7 @@ def fit_models(loaded: list[tuple[Path, Trace, Scenario]], convoys: str, shared:
     bins, common_fit = common_fits(runs, common)
     slowed = fit_interference(runs, "off" if apart else interference, scales)
     if apart and interference != "off":
-        slowed["why"] = _APART
+        slowed["why"] = apart
     return Models(convoy, sharing, stores, bins, common_fit, slowed, runs)
 
 
@@ -217,15 +219,20 @@ def calibrate(run_dir: str | Path | list[str | Path], pool: bool = False, cores:
     _check_repeats(loaded, speeds)
     scenario = loaded[0][2]
     episode = fit_episodes([trace for _, trace, _ in loaded], episodes)
-    apart = not pool and any(  # each worker on a device of its own
-        np.unique(trace["thread"]).size > 1 for _, trace, _ in loaded)
+    apart = _PER_WORKER if not pool and any(  # each worker on a device of its own
+        np.unique(trace["thread"]).size > 1 for _, trace, _ in loaded) else None
     models = fit_models(loaded, convoys, shared, common, interference, cores, quantum,
                         episode, apart)
-    per_run = run_samples(models, [run for _, _, run in loaded])
-    samples = {worker: {op: np.concatenate([mine[worker][op] for mine in per_run])
-                        for op in ops} for worker, ops in per_run[0].items()}
+    samples = _worker_samples(models, loaded)
     pace: dict[str, Any] = (core_speeds(samples, scenario.run.threads, cores, speeds) if pool
             else {"kept": False, "why": "per-worker timings (no --pool) carry each one's speed"})
+    if pace["kept"] and models.slowed.get("fields"):
+        # A device per core: the interference taken out of the durations would never act
+        # again, so the durations keep it (the speeds from them, as kept before).
+        models = fit_models(loaded, convoys, shared, common, interference, cores, quantum,
+                            episode, _PER_CORE)
+        samples = _worker_samples(models, loaded)
+        pace = core_speeds(samples, scenario.run.threads, cores, "on")
     if pace["kept"]:
         samples = at_speed_one(samples, pace["speeds"])
     if pool:
@@ -247,6 +254,15 @@ def calibrate(run_dir: str | Path | list[str | Path], pool: bool = False, cores:
     runs = [(trace, rows) for trace, rows, _ in models.runs]
     return calibrated, {**report, "contention": contention(runs), "speeds": pace,
                         "episodes": _public(episode)}
+
+
+def _worker_samples(models: Models, loaded: list[tuple[Path, Trace, Scenario]]
+                    ) -> dict[int, dict[str, np.ndarray]]:
+    """Each worker's duration samples per phase over the runs, with the models' effects
+    taken out."""
+    per_run = run_samples(models, [run for _, _, run in loaded])
+    return {worker: {op: np.concatenate([mine[worker][op] for mine in per_run])
+                     for op in ops} for worker, ops in per_run[0].items()}
 
 
 def _finish(loaded: list[tuple[Path, Trace, Scenario]], paths: list[Path],

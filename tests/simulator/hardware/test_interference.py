@@ -170,6 +170,29 @@ def test_per_worker_calibration_keeps_the_measured_slowdowns(tmp_path):
         (recorded["write_end"] - recorded["write_start"]).mean(), rel=0.05)
 
 
+def test_calibration_with_core_speeds_keeps_the_measured_slowdowns(tmp_path):
+    """With --speeds kept each core becomes a device of its own, where interference does
+    not act either: the interference fitted first is not taken out of the durations, so
+    the calibrated writes take as long as the run's (with it taken out they were short)."""
+    run = tmp_path / "run"
+    assert main(["simulate", "--out", str(run), "--quiet", "--set", "run.threads=2",
+                 *(arg for o in (*TIMING, "run.updates=4000", "metrics.exact=false",
+                                 "devices=[{cores=2}]", "timing.write_under_grad=1.7")
+                   for arg in ("--set", o))]) == 0
+    pooled, report = calibrate(run, pool=True, cores=2, interference="auto")
+    assert report["interference"]["fields"]  # fitted where the threads share a device
+    calibrated, report = calibrate(run, pool=True, cores=2, interference="auto", speeds="on")
+    assert [d.name for d in calibrated.devices] == ["core0", "core1"]
+    assert report["speeds"]["kept"] and report["interference"]["fields"] is None
+    assert "a device per core" in report["interference"]["why"]
+    recorded = load_run(run).trace
+    wrote = (recorded["write_end"] - recorded["write_start"]).mean()
+    for fit in (pooled, calibrated):
+        again = simulate(fit)
+        assert (again["write_end"] - again["write_start"]).mean() == pytest.approx(wrote,
+                                                                                  rel=0.05)
+
+
 @pytest.mark.parametrize(("override", "field"), [
     (("timing.write_under_grad=-1",), "timing.write_under_grad"),
     (("timing.idle_under_read=nan",), "timing.idle_under_read"),
