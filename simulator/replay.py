@@ -10,6 +10,7 @@ performs.
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +18,7 @@ import numpy as np
 from simulator.engine import simulate
 from simulator.errors import ScenarioError, TraceError
 from simulator.problems import Problem, make_problem
+from simulator.protocols import make_protocol
 from simulator.scenario import Scenario, apply_override, plain, scenario_from_dict, scenario_to_dict
 from simulator.timing import ReplaySource
 from simulator.trace import Trace
@@ -100,12 +102,17 @@ def replay_scenario(trace: Trace, overrides: list[str] | tuple[str, ...] = ()) -
 def _seed_draws(scenario: Scenario) -> str | None:
     """What of the interleaving ``run.seed`` draws beyond the recorded durations and
     samples (None: nothing): a shuffled placement, or the load balancer's moves of per-core
-    time slices (``migrate`` > 0)."""
+    time slices (``migrate`` > 0) on a device with fewer cores than threads, the only
+    devices sliced (``simulator.hardware.slices``)."""
     if scenario.run.placement == "shuffled":
         return "the shuffled placement"
-    for device in range(len(scenario.devices)):
+    on = Counter(scenario.device_of(thread)
+                 for thread in range(make_protocol(scenario.run.protocol, scenario)
+                                     .threads(scenario.run)))
+    for device, threads in on.items():
         slices = scenario.hardware_of(device).time_slices
-        if slices is not None and slices.slicing == "per_core" and slices.migrate > 0:
+        if (slices is not None and slices.slicing == "per_core" and slices.migrate > 0
+                and 0 < scenario.devices[device].cores < threads):
             return "the load balancer's moves (hardware.time_slices.migrate)"
     return None
 

@@ -95,17 +95,19 @@ def fit_models(loaded: list[tuple[Path, Trace, Scenario]], convoys: str, shared:
                common: str, interference: str, cores: int, quantum: int,
                episode: dict[str, Any] | None = None, apart: str | None = None) -> Models:
     """The hardware models of one or more runs, each fitted on the durations the ones before
-    it took their effect out of: convoys and shared lines (unless ``interference`` is off,
-    fitted with the writes' slowdowns), the store window, then (after the speed
+    it took their effect out of: convoys and shared lines (fitted with the writes'
+    slowdowns unless ``interference`` is off), the store window, then (after the speed
     ``episode``'s slow rows and the shared writes are deflated) common factors and
     interference; ``apart`` (why each thread will have a device of its own, where
-    interference does not act): interference is not fitted, the durations keep it."""
+    interference does not act): interference is not fitted, the durations keep it, and
+    ``write_shared`` is the marked writes' median over the others' (a joint factor would
+    leave the marked writes' slowdown under the other's gradient to a model that is off)."""
     traces = [trace for _, trace, _ in loaded]
     spans = [running_together(trace) for trace in traces]
     convoy, sharing, scales = _convoys_and_shared(list(zip(traces, spans, strict=True)),
                                                   convoys, shared, cores, quantum,
                                                   [path for path, _, _ in loaded],
-                                                  interference != "off")
+                                                  interference != "off" and apart is None)
     stores = fit_store_window([trace for _, trace, run in loaded
                                if run.hardware.sweeping_reads is not None])
     if episode is not None and episode["fields"]:  # the durations at the cores' own pace

@@ -88,6 +88,11 @@ def test_replay_of_migrating_time_slices_refuses_another_seed():
     _, _, again = replay(trace)
     assert np.array_equal(again["write_end"], trace["write_end"])
     assert np.array_equal(again["w_final"], trace["w_final"])
+    # With a core per thread nothing is sliced and the seed draws nothing of the schedule.
+    unsliced = simulate(scenario("problem.dim=10", "run.threads=2", "run.updates=100",
+                                 "devices=[{cores=2}]", slices))
+    _, _, again = replay(unsliced, ["run.seed=7"])
+    assert np.array_equal(again["write_end"], unsliced["write_end"])
 
 
 def test_replay_needs_the_recorded_samples(recorded):

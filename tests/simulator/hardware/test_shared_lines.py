@@ -94,6 +94,28 @@ def test_interference_is_not_taken_for_shared_lines(tmp_path, model, shared, und
         assert timing.write_under_read < 0.1
 
 
+@pytest.mark.parametrize("options", [{"pool": False},
+                                     {"pool": True, "cores": 2, "speeds": "on"}])
+def test_marked_writes_keep_their_slowdown_where_no_interference_is_fitted(tmp_path,
+                                                                          options):
+    """Per-worker devices (no --pool) and kept core speeds put each thread on a device of
+    its own, where no interference is fitted or simulated: there the factor is the marked
+    writes' median over the others', so the simulated marked writes take as long as the
+    run's (the joint factor left out their slowdown under the other's gradient: 14,822 ns
+    per worker and 14,183 ns with --speeds, against the run's 17,258 ns)."""
+    out = _simulated(tmp_path / "run", "run.threads=2", "run.updates=4000", "run.split=even",
+                     "devices=[{cores=2}]", "timing.write={dist='lognormal', mean=3500, cv=0.3}",
+                     "timing.write_shared=3.5", "timing.write_under_grad=1.7")
+    calibrated, report = calibrate(out, interference="auto", shared="auto", **options)
+    assert report["interference"]["fields"] is None
+
+    def marked_median(trace):
+        return np.median((trace["write_end"] - trace["write_start"])[shared_writes(trace)])
+
+    assert marked_median(simulate(calibrated)) == pytest.approx(
+        marked_median(load_run(out).trace), rel=0.07)
+
+
 def test_auto_keeps_no_factor_where_there_is_none():
     trace = simulate(_two(4000))
     report = fit_shared([(trace, running_together(trace))], "auto")
