@@ -4,15 +4,19 @@ validate its bound by Monte Carlo over seeds.
 1. c, q (conditions 4, 5) from the problem (closed form or Hessian eigenvalues); if f is not
    convex, say which condition fails and claim nothing.
 2. κ², τ (6, 7) from pilot runs of the scenario (their own seeds), as worst-window one-sided 95%
-   upper bounds; a_0 = ‖w_0 − w*‖².
+   upper bounds; a_0 = ‖w_0 − w*‖². The scenario must apply one γ (no lr schedule, no
+   staleness-scaled steps); a pilot run that diverges claims nothing.
 3. γ by (9) and t by (10); if 2τq ≥ cε, say so and claim nothing.
-4. Run the scenario with lr = γ for t updates (at most ``max_updates``) over ``seeds`` seeds, and
-   compare the mean of f(w_t) − f* and its one-sided 95% upper bound with ε. Report the update
-   count at which the mean actually fell below ε (tightness), the (q/2)·bound envelope of the
-   recursion, and whether κ² and τ measured in these runs stayed within what γ assumed. They
-   are measured in ``WINDOWS`` windows, or in as many as the fewest measured updates of a
-   run where that is fewer (t < 10), so every window holds an update of each run; runs
-   without enough measured updates to estimate them claim no guarantee.
+4. Run the scenario with lr = γ for t updates of w (at most ``max_updates``; as many more
+   gradients as the pilot runs computed per update: a minibatch protocol averages several)
+   over ``seeds`` seeds, and compare the mean of f(w_t) − f* at the checkpoints every run
+   reached and its one-sided 95% upper bound with ε; a run that stopped short of t (a thread
+   died) leaves the bound not validated at t. t = 0 (w_0 already within ε) runs nothing.
+   Report the update count at which the mean actually fell below ε (tightness), the
+   (q/2)·bound envelope of the recursion, and whether κ² and τ measured in these runs stayed
+   within what γ assumed. They are measured in ``WINDOWS`` windows, or in fewer where a run
+   has fewer measured updates (:func:`window_count`), in the pilot runs too; runs without
+   enough measured updates to estimate them claim no guarantee.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import scipy.stats
 from simulator.budget import max_updates as budget_max_updates
 from simulator.engine import Engine
 from simulator.errors import AsyngradError, ScenarioError
+from simulator.metrics import diverged_at
 from simulator.problems import Problem, make_problem
 from simulator.scenario import Scenario, with_overrides
 from simulator.trace import Trace
@@ -43,8 +48,9 @@ from theory.asyngrad import (
 )
 from theory.estimators import Estimate, curvature, initial_distance, serialized_constants
 
-__all__ = ["PILOT_SEED", "WINDOWS", "check_counts", "check_theorem", "pilot_runs",
-           "remeasured_constants", "suboptimality", "validation_runs"]
+__all__ = ["PILOT_SEED", "WINDOWS", "check_counts", "check_theorem", "common_points",
+           "completions", "constant_step", "diverged", "gradients_per_update", "pilot_runs",
+           "remeasured_constants", "suboptimality", "validation_runs", "window_count"]
 
 PILOT_SEED = 1_000_000  # pilot runs use seeds from here, so they never reuse a validation seed
 WINDOWS = 10  # windows κ² and τ are measured in (``serialized_constants``)
@@ -62,12 +68,59 @@ def _runs(scenario: Scenario, problem: Problem, overrides: list[str], seeds: ran
     return traces
 
 
+def constant_step(scenario: Scenario) -> None:
+    """Raise ScenarioError unless every update applies γ·s_t with one γ, as the theorems
+    assume (w_t = w_{t−1} − γ s_t): no learning-rate schedule, no step scaled by staleness
+    (the serialized view divides such factors out of s_t, so the measured s_t would not be
+    the iteration's)."""
+    if scenario.run.lr_schedule != "constant":
+        raise ScenarioError("run.lr_schedule", scenario.run.lr_schedule,
+                            "the bounds assume a constant learning rate γ (set it constant)")
+    if scenario.run.protocol == "staleness_lr":
+        raise ScenarioError("run.protocol", scenario.run.protocol,
+                            "scales γ by each update's staleness; the bounds assume one γ")
+
+
 def pilot_runs(scenario: Scenario, problem: Problem, count: int,
                progress: Callable[[int], object] | None) -> list[Trace]:
     """``count`` runs of the scenario as it is, every update measured, on seeds from
-    ``PILOT_SEED``: what the run-dependent constants are estimated from."""
+    ``PILOT_SEED``: what the run-dependent constants are estimated from.
+
+    Raises:
+        ScenarioError: a step that is not γ·s_t with one γ (:func:`constant_step`).
+    """
+    constant_step(scenario)
     return _runs(scenario, problem, ["metrics.exact=true", "metrics.every=1"],
                  range(PILOT_SEED, PILOT_SEED + count), progress)
+
+
+def gradients_per_update(runs: list[Trace]) -> float:
+    """The most gradients any of ``runs`` computed per update of w (completion): more than
+    one where a protocol averages several (minibatch, a server's accumulation) or throws
+    some away; t in (10) counts updates of w."""
+    return max(len(run) / max(1, completions(run)) for run in runs)
+
+
+def completions(run: Trace) -> int:
+    """The updates of w a run made (its last completion t)."""
+    return int(run["step"].max()) if len(run) else 0
+
+
+def diverged(runs: list[Trace]) -> str | None:
+    """Which of ``runs`` diverged and where (None: none did)."""
+    for index, run in enumerate(runs):
+        at = diverged_at(run)
+        if at is not None:
+            return f"run {index + 1} of {len(runs)} diverged at update {at:,}"
+    return None
+
+
+def window_count(runs: list[Trace]) -> int:
+    """The windows κ² and τ are measured in: ``WINDOWS``, or fewer where a run has fewer
+    measured updates, so that each window holds one of every run, two or more in all (one
+    run: two of its own; at least one window)."""
+    fewest = min(int(np.count_nonzero(r["measured"])) for r in runs)
+    return max(1, min(WINDOWS, fewest if len(runs) > 1 else fewest // 2))
 
 
 def _mean_and_bounds(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -82,27 +135,42 @@ def _mean_and_bounds(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.nda
 
 
 def validation_runs(scenario: Scenario, problem: Problem, lr: float, ran: int, seeds: int,
-                    progress: Callable[[int], object] | None) -> list[Trace]:
-    """``seeds`` runs at ``lr`` for ``ran`` updates (seeds 0..), measured at most 20,000
-    times in all, each with a 100-point loss curve."""
-    every = max(1, ran * seeds // 20_000)
-    return _runs(scenario, problem, [f"run.lr={lr!r}", f"run.updates={max(ran, 1)}",
+                    progress: Callable[[int], object] | None,
+                    per_update: float = 1.0) -> list[Trace]:
+    """``seeds`` runs at ``lr`` (seeds 0..) of ``ran`` updates of w, at ``per_update``
+    gradients each (:func:`gradients_per_update`), measured at most 20,000 times in all,
+    each with a 100-point loss curve."""
+    gradients = max(math.ceil(ran * per_update), 1)
+    every = max(1, gradients * seeds // 20_000)
+    return _runs(scenario, problem, [f"run.lr={lr!r}", f"run.updates={gradients}",
                                      "metrics.exact=true", f"metrics.every={every}",
                                      "metrics.curve_points=100"], range(seeds), progress)
 
 
+def common_points(runs: list[Trace], name: str) -> tuple[np.ndarray, np.ndarray]:
+    """The checkpoints (updates of w) that every run's loss curve has, and per run the
+    curve's ``name`` column at them (runs that stopped early have fewer points)."""
+    common = runs[0]["curve_t"]
+    for run in runs[1:]:
+        common = np.intersect1d(common, run["curve_t"])
+    values = [run[name][np.searchsorted(run["curve_t"], common)] for run in runs]
+    return common, np.array(values)
+
+
 def suboptimality(runs: list[Trace], problem: Problem, eps: float,
                   planned: int) -> dict[str, Any]:
-    """Mean f(w_t) − f* over the runs at their checkpoints, its 95% band and one-sided upper
-    bound, and when the mean first fell to ``eps`` (also as a share of ``planned``)."""
-    checkpoints = runs[0]["curve_t"]
+    """Mean f(w_t) − f* over the runs at the checkpoints they all have, its 95% band and
+    one-sided upper bound, when the mean first fell to ``eps`` (also as a share of
+    ``planned``), and ``reached``: the fewest updates of w a run made."""
+    checkpoints, losses = common_points(runs, "curve_loss")
     f_star = problem.optimum()[1]
-    mean, half, upper = _mean_and_bounds(np.array([r["curve_loss"] - f_star for r in runs]))
+    mean, half, upper = _mean_and_bounds(losses - f_star)
     below = np.flatnonzero(mean <= eps)
     return {
         "checkpoints": checkpoints.tolist(), "mean": mean.tolist(), "half_width": half.tolist(),
         "upper": upper.tolist(), "envelope": None,
         "final_mean": float(mean[-1]), "final_upper": float(upper[-1]),
+        "reached": min(completions(run) for run in runs),
         "reached_eps_at": int(checkpoints[below[0]]) if below.size else None,
         "tightness": float(checkpoints[below[0]]) / planned if below.size and planned else None,
     }
@@ -128,14 +196,15 @@ def check_max_updates(max_updates: int) -> None:
 
 
 def _validate(scenario: Scenario, problem: Problem, k: Constants, gamma: float, t: int,
-              ran: int, seeds: int, eps: float,
+              ran: int, seeds: int, eps: float, per_update: float,
               progress: Callable[[int], object] | None) -> tuple[dict[str, Any], list[Trace]]:
-    """Monte Carlo over ``seeds`` runs at lr = γ for ``ran`` updates, with the (q/2)·bound
-    envelope of the recursion and whether the mean a_t stayed under its bound."""
-    runs = validation_runs(scenario, problem, gamma, ran, seeds, progress)
+    """Monte Carlo over ``seeds`` runs at lr = γ for ``ran`` updates of w, with the
+    (q/2)·bound envelope of the recursion and whether the mean a_t stayed under its
+    bound."""
+    runs = validation_runs(scenario, problem, gamma, ran, seeds, progress, per_update)
     result = suboptimality(runs, problem, eps, t)
-    checkpoints = runs[0]["curve_t"]
-    mean_dist2 = np.array([r["curve_dist2"] for r in runs]).mean(axis=0)
+    checkpoints, dist2 = common_points(runs, "curve_dist2")
+    mean_dist2 = dist2.mean(axis=0)
     bound = (recursion_bound(k, gamma, int(checkpoints[-1]))[checkpoints]
              if k.c * gamma < 1 else None)
     result.update({
@@ -148,12 +217,10 @@ def _validate(scenario: Scenario, problem: Problem, k: Constants, gamma: float, 
 
 
 def remeasured_constants(runs: list[Trace]) -> tuple[Estimate, Estimate] | None:
-    """(κ², τ) of validation runs in ``WINDOWS`` windows, or in as many as the fewest measured
-    updates of a run where that is fewer; None when they cannot be estimated (fewer than two
-    measured updates in a window)."""
-    fewest = min(int(np.count_nonzero(r["measured"])) for r in runs)
+    """(κ², τ) of validation runs in :func:`window_count` windows; None when they cannot be
+    estimated (fewer than two measured updates in a window)."""
     try:
-        return serialized_constants(runs, max(1, min(WINDOWS, fewest)))
+        return serialized_constants(runs, window_count(runs))
     except AsyngradError:
         return None
 
@@ -191,7 +258,13 @@ def check_theorem(scenario: Scenario, eps: float, seeds: int, beta: float = 1.0,
                              f"({curv.method}: smallest {curv.c:.4g}, largest {curv.q:.4g})")
         return result
     pilot = pilot_runs(scenario, problem, pilot_seeds, progress)
-    kappa2, tau = serialized_constants(pilot)
+    failed = diverged(pilot)
+    if failed is not None:
+        result["verdict"] = (f"no guarantee: κ² and τ cannot be measured, pilot {failed} "
+                             f"(at the scenario's lr = {scenario.run.lr:g})")
+        return result
+    kappa2, tau = serialized_constants(pilot, window_count(pilot))
+    per_update = gradients_per_update(pilot)
     source = f"{pilot_seeds} pilot runs at the scenario's lr"
     for _ in range(rounds):
         k = Constants(c=curv.c, q=curv.q, kappa2=kappa2.upper, tau=tau.upper, a0=a0)
@@ -211,12 +284,17 @@ def check_theorem(scenario: Scenario, eps: float, seeds: int, beta: float = 1.0,
         t = updates(k, eps, beta)
         ran = min(t, max_updates)
         entry.update(gamma=gamma, updates=t, ran_updates=ran, fixed_point=fixed_point(k, gamma))
+        if t == 0:  # f(w_0) − f* ≤ (q/2)·a_0 ≤ ε already: nothing to run
+            entry["measured"], entry["assumptions_held"] = None, True
+            break
         entry["validation"], runs = _validate(scenario, problem, k, gamma, t, ran, seeds, eps,
-                                              progress)
+                                              per_update, progress)
         result["validation"] = entry["validation"]
-        remeasured = remeasured_constants(runs)
+        failed = diverged(runs)
+        remeasured = None if failed else remeasured_constants(runs)
         if remeasured is None:  # not re-measured: held is unknown, no guarantee
             entry["measured"] = entry["assumptions_held"] = None
+            entry["diverged"] = failed
             break
         kappa2, tau = remeasured
         entry["measured"] = {"kappa2": kappa2.mean, "tau": tau.mean,
@@ -248,6 +326,13 @@ def _verdict(result: dict[str, Any], eps: float) -> str:
     if "infeasible" in last:
         return (f"no guarantee: with κ², τ from {last['source']}, {last['infeasible']}"
                 + empirical)
+    if last["updates"] == 0:
+        start = result["a0"] * result["conditions"]["5_smoothness"]["q"] / 2
+        return (f"holds: (q/2)·a_0 = {start:.4g} <= ε = {eps:g} at w_0, so (10) asks for no "
+                "update and nothing was run")
+    if last.get("diverged"):
+        return (f"no guarantee: at γ = {last['gamma']:.4g} validation {last['diverged']}"
+                + empirical)
     if last["measured"] is None:
         return ("no guarantee: κ² and τ could not be measured again in the validation runs "
                 "(fewer than two measured updates)" + empirical)
@@ -257,6 +342,12 @@ def _verdict(result: dict[str, Any], eps: float) -> str:
                 f"{m['tau']:.4g}, against the assumed {last['kappa2']:.4g} and "
                 f"{last['tau']:.4g} after {len(result['rounds'])} rounds" + empirical)
     assert v is not None
+    if v["reached"] < last["ran_updates"]:
+        return (f"not validated at t: (10) asks for {last['updates']:,} updates of w, a run "
+                f"made only {v['reached']:,} (a thread died, or fewer of its gradients were "
+                f"applied than in the pilot runs); there the mean suboptimality is "
+                f"{v['final_mean']:.4g} (95% "
+                f"upper bound {v['final_upper']:.4g}) against ε = {eps:g}")
     if last["ran_updates"] < last["updates"]:
         return (f"not validated at t: (10) asks for {last['updates']:,} updates, the runs "
                 f"stopped at {last['ran_updates']:,} (--max-updates); there the mean "

@@ -97,7 +97,7 @@ def _estimate(values: np.ndarray) -> Estimate:
     n = int(values.size)
     if n < 2:
         raise AsyngradError(f"theory: {n} measured updates in a window; at least 2 are needed "
-                            "(turn metrics.exact on in the pilot runs, or run longer)")
+                            "(more updates, each measured: run.updates, metrics.exact)")
     mean = float(values.mean())
     spread = float(values.std(ddof=1)) / math.sqrt(n)
     return Estimate(mean, mean + float(scipy.stats.t.ppf(0.95, n - 1)) * spread, n)

@@ -11,7 +11,7 @@ from simulator.errors import ScenarioError
 from simulator.problems import QuadraticProblem, make_problem
 from tests.conftest import scenario
 from theory.asyngrad import Constants, updates
-from theory.check import check_theorem, pilot_runs, remeasured_constants
+from theory.check import check_theorem, completions, pilot_runs, remeasured_constants
 from theory.estimators import initial_distance, serialized_constants
 
 SMALL = ("problem.dim=10", "problem.n_samples=200", "run.updates=2000")
@@ -94,6 +94,66 @@ def test_constants_not_remeasured_claim_no_guarantee(monkeypatch):
     assert last["measured"] is None and last["assumptions_held"] is None
     assert not r["guarantee"]
     assert r["verdict"].startswith("no guarantee: κ² and τ could not be measured again")
+
+
+def test_minibatch_validation_makes_t_updates_of_w():
+    """t (10) counts updates of w; a minibatch of k gradients is one. The validation runs
+    compute as many gradients per update as the pilot runs did, so they reach t: before,
+    they ran t gradients (t/4 updates of w) and the verdict said VIOLATED after t updates."""
+    r = check_theorem(scenario(*QUADRATIC, "run.protocol=minibatch", "run.threads=4"),
+                      0.05, 3)
+    last, v = r["rounds"][-1], r["validation"]
+    assert v["reached"] == last["ran_updates"] == v["checkpoints"][-1]
+    assert r["verdict"].startswith("holds") and r["guarantee"]
+
+
+def test_runs_that_stop_short_of_t_are_not_taken_as_validated():
+    """A thread that dies leaves the other (split even, locked) to stop with its share: the
+    runs end short of t, at different updates. The mean is taken where every run has a
+    checkpoint (averaging curves of different lengths crashed) and the verdict says the
+    bound was not validated at t instead of VIOLATED."""
+    r = check_theorem(scenario(*QUADRATIC, "run.protocol=locked", "run.threads=2",
+                               "run.split=even", "inject.deaths=[{thread=1, at=3000000}]"),
+                      0.05, 3)
+    v = r["validation"]
+    assert v["reached"] < r["rounds"][-1]["ran_updates"]
+    assert v["checkpoints"][-1] <= v["reached"]
+    assert r["verdict"].startswith("not validated at t")
+
+
+@pytest.mark.parametrize(("override", "field"), [
+    ("run.lr_schedule=inverse", "run.lr_schedule"), ("run.protocol=staleness_lr", "run.protocol")])
+def test_a_step_that_is_not_gamma_times_s_is_refused(override, field):
+    """Theorem 1's iteration is w_t = w_{t−1} − γ s_t with one γ: a schedule or a
+    staleness-scaled step ran the validation at another rate (VIOLATED with a guarantee)."""
+    with pytest.raises(ScenarioError, match=field.replace(".", r"\.")):
+        check_theorem(scenario(*QUADRATIC, override), 0.05, 2)
+
+
+def test_a_diverging_pilot_claims_nothing():
+    """At lr = 5 the pilot runs diverge: no guarantee, saying so (it was refused as bad input,
+    κ² = nan)."""
+    r = check_theorem(scenario(*QUADRATIC, "run.lr=5", "run.protocol=serial",
+                               "run.threads=1"), 0.05, 2)
+    assert not r["guarantee"] and "diverged at update" in r["verdict"]
+    assert r["rounds"] == []
+
+
+def test_a_start_within_eps_runs_nothing():
+    """(q/2)·a_0 <= ε: (10) gives t = 0, the bound holds at w_0 and nothing is validated."""
+    r = check_theorem(scenario(*QUADRATIC, "run.protocol=serial", "run.threads=1"), 50.0, 2)
+    assert r["guarantee"] and r["rounds"][-1]["updates"] == 0
+    assert "validation" not in r and r["verdict"].startswith("holds: (q/2)·a_0")
+
+
+def test_a_short_pilot_is_measured_in_fewer_windows():
+    """Five updates per pilot run: five windows (ten left windows empty and was refused as
+    if metrics were off)."""
+    s = scenario(*QUADRATIC, "run.protocol=serial", "run.threads=1", "run.updates=5")
+    pilot = pilot_runs(s, make_problem(s.problem), 3, None)
+    assert [completions(run) for run in pilot] == [5, 5, 5]
+    r = check_theorem(s, 0.05, 2)
+    assert r["rounds"][0]["tau_window"] < 5 and "validation" in r
 
 
 def test_nonconvex_problem_gets_no_guarantee():
