@@ -42,7 +42,7 @@ _OTHERS = ("read", "grad", "write")
 _MAX_SLOWDOWN = 20.0
 
 
-_RIDGE = 0.05  # interference: pull toward none per unit slowdown, in log-median units
+_RIDGE = 0.005  # interference: pull toward none per unit slowdown, in log-median units
 
 
 _SIGNIFICANT = 3.0  # interference: standard errors a group's median must lie above
