@@ -29,8 +29,8 @@ import numpy as np
 from simulator.errors import AsyngradError, ScenarioError
 
 __all__ = ["Constants", "InfeasibleError", "check_accuracy", "contraction", "error_budget",
-           "fixed_point",
-           "learning_rate", "recursion_bound", "tau_limit", "updates"]
+           "fixed_point", "learning_rate", "recursion_bound", "tau_limit", "update_count",
+           "updates"]
 
 
 class InfeasibleError(AsyngradError):
@@ -109,14 +109,32 @@ def updates(k: Constants, eps: float, beta: float = 1.0) -> int:
     (the start already satisfies the bound). Equal to ⌈log(q a_0/ε)/(cγ)⌉ with γ from (9).
 
     Raises:
-        InfeasibleError, ScenarioError: as :func:`learning_rate`.
+        InfeasibleError: as :func:`learning_rate`, or t is beyond floating point
+            (:func:`update_count`; any finite t is returned, for the caller to judge).
+        ScenarioError: as :func:`learning_rate`.
     """
     learning_rate(k, eps, beta)  # validates, and raises when infeasible
     ratio = k.q * k.a0 / eps
     if ratio <= 1:
         return 0
-    return math.ceil(beta * k.q * k.kappa2 * math.log(ratio)
-                     / (k.c * (k.c * eps - 2 * k.tau * k.q)))
+    return update_count(beta * k.q * k.kappa2 * math.log(ratio),
+                        k.c * (k.c * eps - 2 * k.tau * k.q), "Theorem 1 (10)")
+
+
+def update_count(numerator: float, denominator: float, source: str,
+                 limit: float = math.inf) -> int:
+    """⌈numerator/denominator⌉ of two positive numbers: the update count ``source`` asks
+    for, refused from ``limit`` on (default: only a count no float holds, whose quotient
+    overflowed or whose denominator underflowed to 0).
+
+    Raises:
+        InfeasibleError: the count is not below ``limit``.
+    """
+    count = numerator / denominator if denominator > 0 else math.inf
+    if not count < limit:
+        raise InfeasibleError(f"{source} asks for {count:.3g} updates, more than any run can "
+                              "make")
+    return math.ceil(count)
 
 
 def fixed_point(k: Constants, gamma: float) -> float:

@@ -3,11 +3,18 @@ AsynGrad's Theorem 1: measure the constants, apply the bound, validate it by Mon
 
 Hogwild! Proposition 4.1 (``check_hogwild``):
 
+0. The proposition's SGD computes exact sample gradients and adds them to w component by
+   component, atomically: injected gradient errors, dropped and rounded writes are refused
+   before any run (``refuse_uncovered``, the rule the delayed-SGD check uses), and where
+   the pilot or validation runs lost writes (``load_store`` stores another update
+   overwrote: ``lost_writes``) no guarantee is claimed. Injected delays stay: τ is measured.
 1. c, L from the problem (closed form or Hessian eigenvalues); no claim if f is not strongly
    convex. Ω, Δ, ρ from the problem's gradient supports (exact, over all samples).
 2. τ (the largest lag, in updates) and M (the largest sample-gradient norm seen, plus
-   ``M_MARGIN``) from pilot runs of the scenario; D_0 = ‖x_0 − x*‖².
-3. γ by (4.1) and k by (4.2); run k updates (at most ``max_updates``) at lr = γ over the seeds
+   ``M_MARGIN``) from pilot runs of the scenario; D_0 = ‖x_0 − x*‖². A pilot run that
+   diverges claims nothing (``pilot_diverged``; nor does one of the delayed-SGD check).
+3. γ by (4.1) and k by (4.2); run k updates of w (at most ``max_updates``; as many gradients
+   each as the pilot runs computed) at lr = γ over the seeds
    and compare the mean of f(x_k) − f* and its one-sided 95% upper bound with ε. τ and M are
    measured again in these runs; if they exceed what γ assumed, γ is recomputed and the
    validation repeated (at most ``rounds`` times). A guarantee is claimed only when they stay
@@ -53,6 +60,8 @@ from theory.check import (
     _mean_and_bounds,
     _runs,
     check_counts,
+    diverged,
+    gradients_per_update,
     pilot_runs,
     suboptimality,
     validation_runs,
@@ -70,8 +79,9 @@ from theory.langford import (
 #: the number of samples, so a bound set at it would be exceeded by any longer run.
 M_MARGIN = 0.1
 
-__all__ = ["M_MARGIN", "Sparsity", "check_hogwild", "check_langford", "delay_and_gradient_bound",
-           "delay_mismatch", "expected_regret", "hypergraph", "langford_delay"]
+__all__ = ["ANALYSES", "M_MARGIN", "UNCOVERED", "Sparsity", "check_hogwild", "check_langford",
+           "delay_and_gradient_bound", "delay_mismatch", "expected_regret", "hypergraph",
+           "langford_delay", "lost_writes", "pilot_diverged", "refuse_uncovered"]
 
 
 @dataclass(frozen=True)
@@ -107,6 +117,17 @@ def hypergraph(problem: Problem, chunk: int = 1024) -> Sparsity:
     return Sparsity(int(lengths.max()), float(degree.max()) / n, overlaps / n, n)
 
 
+def pilot_diverged(pilot: list[Trace], scenario: Scenario, constants: str) -> str | None:
+    """Why ``constants`` cannot be measured in the ``pilot`` runs of ``scenario``: one of them
+    diverged (``theory.check.diverged``), saying which, where and at what lr; None when none
+    did."""
+    failed = diverged(pilot)
+    if failed is None:
+        return None
+    return (f"{constants} cannot be measured, pilot {failed} (at the scenario's lr = "
+            f"{scenario.run.lr:g})")
+
+
 def delay_and_gradient_bound(traces: Sequence[Trace]) -> tuple[int, float]:
     """(τ, M): the largest staleness of any update (the lag, in updates, between the read a
     gradient was computed on and the update that applied it) and the largest gradient norm
@@ -132,10 +153,12 @@ def check_hogwild(scenario: Scenario, eps: float, seeds: int, theta: float = 0.5
     """Everything ``check.json`` holds for ``--bound hogwild`` (see the module docstring).
 
     Raises:
-        ScenarioError: ε, ϑ, seeds, pilot seeds, max_updates or rounds out of range.
+        ScenarioError: ε, ϑ, seeds, pilot seeds, max_updates or rounds out of range, or an
+            injection the analysis does not cover (``refuse_uncovered``).
     """
     check_counts(seeds, pilot_seeds, max_updates, rounds)
     check_theta(eps, theta)
+    refuse_uncovered(scenario.inject, "hogwild")
     problem = problem if problem is not None else make_problem(scenario.problem)
     curv = curvature(problem)
     sparsity = hypergraph(problem)
@@ -156,6 +179,12 @@ def check_hogwild(scenario: Scenario, eps: float, seeds: int, theta: float = 0.5
                              f"smallest {curv.c:.4g}, largest {curv.q:.4g})")
         return result
     pilot = pilot_runs(scenario, problem, pilot_seeds, progress)
+    failed = (pilot_diverged(pilot, scenario, "τ and M")
+              or lost_writes(pilot, f"{pilot_seeds} pilot runs"))
+    if failed is not None:
+        result["verdict"] = f"no guarantee: {failed}"
+        return result
+    per_update = gradients_per_update(pilot)
     tau, seen_m = delay_and_gradient_bound(pilot)
     M = (1 + M_MARGIN) * seen_m
     source = f"{pilot_seeds} pilot runs at the scenario's lr"
@@ -175,8 +204,12 @@ def check_hogwild(scenario: Scenario, eps: float, seeds: int, theta: float = 0.5
             break
         ran = max(min(planned, max_updates), 1)
         entry.update(gamma=gamma, updates=planned, ran_updates=ran)
-        runs = validation_runs(scenario, problem, gamma, ran, seeds, progress)
+        runs = validation_runs(scenario, problem, gamma, ran, seeds, progress, per_update)
         entry["validation"] = result["validation"] = suboptimality(runs, problem, eps, planned)
+        lost = lost_writes(runs, f"{seeds} validation runs at γ = {gamma:.4g}")
+        if lost is not None:
+            entry["lost"] = lost
+            break
         seen_tau, seen_m = delay_and_gradient_bound(runs)
         entry["measured"] = {"tau": seen_tau, "M": seen_m}
         entry["assumptions_held"] = seen_tau <= tau and seen_m <= M
@@ -194,12 +227,20 @@ def _hogwild_verdict(result: dict[str, Any], eps: float) -> str:
     last = result["rounds"][-1]
     if "infeasible" in last:
         return f"no validation: {last['infeasible']} (γ (4.1) = {last['gamma']:.4g})"
+    if "lost" in last:
+        return f"no guarantee: {last['lost']}"
     v = result["validation"]
     if not last["assumptions_held"]:
         m = last["measured"]
         return (f"no guarantee: the validation runs saw lag τ = {m['tau']} and M = "
                 f"{m['M']:.4g}, beyond the assumed {last['tau']} and {last['M']:.4g} after "
                 f"{len(result['rounds'])} rounds")
+    if v["reached"] < last["ran_updates"]:
+        return (f"not validated at k: (4.2) asks for {last['updates']:,} updates of w, a run "
+                f"made only {v['reached']:,} (a thread died, or fewer of its gradients were "
+                f"applied than in the pilot runs); there the mean suboptimality is "
+                f"{v['final_mean']:.4g} (95% upper bound {v['final_upper']:.4g}) against "
+                f"ε = {eps:g}")
     if last["ran_updates"] < last["updates"]:
         return (f"not validated at k: (4.2) asks for {last['updates']:,} updates, the runs "
                 f"stopped at {last['ran_updates']:,} (--max-updates); there the mean "
@@ -227,27 +268,60 @@ def expected_regret(trace: Trace, f_star: float, tau: int) -> np.ndarray:
     return np.concatenate([[0.0], np.cumsum(losses[read] - f_star)])
 
 
+#: The injections a bound's analysis does not cover, by the ``inject`` field that sets them:
+#: the bounds that refuse it, whether an ``InjectSpec`` has it, and what the analysis assumes
+#: instead. Delays are covered by both: Hogwild!'s τ is the largest lag measured, the delayed
+#: SGD's takes in a fixed one.
+UNCOVERED: dict[str, tuple[tuple[str, ...], Callable[[InjectSpec], bool], str]] = {
+    "inject.error": (("hogwild", "langford"), lambda i: i.error != "none", "exact gradients"),
+    "inject.drop": (("hogwild", "langford"), lambda i: i.drop > 0, "no lost writes"),
+    "inject.write_bits": (("hogwild", "langford"), lambda i: i.write_bits > 0,
+                          "no rounded writes"),
+    "inject.delay_dist": (("langford",), lambda i: i.delay != i.max_delay,
+                          "one fixed delay, not a random one"),
+    "inject.deaths": (("langford",), lambda i: bool(i.deaths),
+                      "that every thread keeps taking its turn (a dead one stalls the "
+                      "round-robin rotation)"),
+}
+ANALYSES = {"hogwild": "Hogwild!'s analysis (Niu et al. 2011)",
+            "langford": "the delayed-SGD analysis (Langford et al. 2009)"}
+
+
+def refuse_uncovered(inject: InjectSpec, bound: str) -> None:
+    """Refuse an injection the analysis of ``bound`` does not cover (``UNCOVERED``).
+
+    Raises:
+        ScenarioError: naming the first such ``inject`` field.
+    """
+    for field, (bounds, present, assumes) in UNCOVERED.items():
+        if bound in bounds and present(inject):
+            raise ScenarioError(field, getattr(inject, field.removeprefix("inject.")),
+                                f"{ANALYSES[bound]} assumes {assumes}; --bound {bound} "
+                                "refuses it")
+
+
 def langford_delay(inject: InjectSpec) -> int:
     """The injected delay d that delayed SGD's τ = k − 1 + d takes in: ``inject.delay`` when
     it is fixed (0 without one).
 
     Raises:
         ScenarioError: an injection the analysis of Langford et al. 2009 does not cover
-            (exact gradients, each delayed by one fixed τ), naming its ``inject`` field.
+            (exact gradients, each delayed by one fixed τ; ``refuse_uncovered``).
     """
-    why = "the delayed-SGD analysis (Langford et al. 2009) covers "
-    refused = (("inject.error", inject.error, inject.error != "none", why + "exact gradients"),
-               ("inject.drop", inject.drop, inject.drop > 0, why + "no lost writes"),
-               ("inject.write_bits", inject.write_bits, inject.write_bits > 0,
-                why + "no rounded writes"),
-               ("inject.delay_dist", inject.delay_dist, inject.delay != inject.max_delay,
-                why + "one fixed delay, not a random one"),
-               ("inject.deaths", inject.deaths, bool(inject.deaths),
-                "a dead thread stalls the round-robin rotation"))
-    for field, value, bad, reason in refused:
-        if bad:
-            raise ScenarioError(field, value, f"{reason}; --bound langford refuses it")
+    refuse_uncovered(inject, "langford")
     return inject.delay
+
+
+def lost_writes(traces: Sequence[Trace], which: str) -> str | None:
+    """Why the ``which`` runs break Hogwild!'s atomic component updates — stores that
+    another update's read-modify-write overwrote (``load_store``) — or None where none was
+    lost (a protocol that never lets writes overlap loses none, whatever its write mode)."""
+    lost = sum(int(trace["lost_blocks"].sum()) for trace in traces)
+    if lost:
+        return (f"the {which} lost {lost:,} block stores (load_store writes overwritten by "
+                "another update's read-modify-write), and Proposition 4.1 assumes atomic "
+                "component updates (set run.write_mode = atomic_add)")
+    return None
 
 
 def delay_mismatch(traces: Sequence[Trace], tau: int) -> dict[str, int] | None:
@@ -317,6 +391,10 @@ def check_langford(scenario: Scenario, seeds: int, pilot_seeds: int = 3,
                              f"eigenvalue {curv.c:.4g})")
         return result
     pilot = pilot_runs(scenario, problem, pilot_seeds, progress)
+    failed = pilot_diverged(pilot, scenario, "L and F")
+    if failed is not None:
+        result["verdict"] = f"no guarantee: {failed}"
+        return result
     _, L0 = delay_and_gradient_bound(pilot)
     F0 = _domain_size(pilot)
     sigma = optimal_sigma(L0, F0, tau)

@@ -278,10 +278,10 @@ def check_theorem(scenario: Scenario, eps: float, seeds: int, beta: float = 1.0,
             "holds": entry["error_budget"] < 1, "source": source}
         try:
             gamma = learning_rate(k, eps, beta)
+            t = updates(k, eps, beta)
         except InfeasibleError as err:
             entry["infeasible"] = str(err)
             break
-        t = updates(k, eps, beta)
         ran = min(t, max_updates)
         entry.update(gamma=gamma, updates=t, ran_updates=ran, fixed_point=fixed_point(k, gamma))
         if t == 0:  # f(w_0) − f* ≤ (q/2)·a_0 ≤ ε already: nothing to run

@@ -35,7 +35,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from theory.asyngrad import InfeasibleError, _require
+from theory.asyngrad import _require, update_count
 
 __all__ = ["COUNT_TAU2", "STEP_TAU2", "HogwildConstants", "check_theta", "lag_factor",
            "step_size", "updates"]
@@ -49,9 +49,9 @@ class HogwildConstants:
     """Proposition 4.1's constants: c, L, M, Ω, Δ, ρ, τ and D_0 = ‖x_0 − x*‖².
 
     Raises:
-        ScenarioError: a constant that is NaN, infinite or out of range (c, L, M > 0; L >= c;
-            Ω >= 1; 0 < Δ <= ρ <= 1, as every edge through the busiest coordinate overlaps all
-            others through it; τ, D_0 >= 0).
+        ScenarioError: a constant that is NaN, infinite or out of range (c, L, M > 0, c² and
+            M² finite and > 0; L >= c; Ω >= 1; 0 < Δ <= ρ <= 1, as every edge through the
+            busiest coordinate overlaps all others through it; τ, D_0 >= 0).
     """
 
     c: float
@@ -71,6 +71,10 @@ class HogwildConstants:
         _require(self.c > 0, "c", self.c, "must be > 0 (strong convexity)")
         _require(self.c <= self.L, "L", self.L, f"must be >= c ({self.c})")
         _require(self.M > 0, "M", self.M, "must be > 0 (gradient bound)")
+        for name in ("c", "M"):  # (4.1) and (4.2) divide by their squares
+            value = getattr(self, name)
+            _require(0 < value * value < math.inf, name, value,
+                     "must have a square that is finite and > 0")
         _require(self.omega >= 1, "omega", self.omega, "must be >= 1 (largest support)")
         _require(0 < self.delta <= 1, "delta", self.delta, "must be in (0, 1]")
         _require(self.delta <= self.rho <= 1, "rho", self.rho,
@@ -110,15 +114,12 @@ def updates(k: HogwildConstants, eps: float, theta: float = 0.5) -> int:
 
     Raises:
         ScenarioError: ε <= 0 or ϑ outside (0, 1).
-        InfeasibleError: the count does not fit in a 64-bit integer.
+        InfeasibleError: the count does not fit in a 64-bit integer (``update_count``).
     """
     check_theta(eps, theta)
     ratio = k.L * k.d0 / eps
     if ratio <= 1:
         return 0
-    count = (2 * k.L * k.M ** 2 * k.omega * lag_factor(k, COUNT_TAU2) * math.log(ratio)
-             / (k.c ** 2 * theta * eps))
-    if not count < 2 ** 63:
-        raise InfeasibleError(f"Proposition 4.1 asks for {count:.3g} updates, more than any "
-                              "run can make")
-    return math.ceil(count)
+    return update_count(2 * k.L * k.M ** 2 * k.omega * lag_factor(k, COUNT_TAU2)
+                        * math.log(ratio), k.c ** 2 * theta * eps, "Proposition 4.1",
+                        limit=2 ** 63)

@@ -3,17 +3,21 @@
 Theorem 1 (AsynGrad) guarantees E[f(w_t) − f*] ≤ ε only while the gradient error satisfies
 2τq < cε, i.e. τ < cε/(2q), with τ bounding −E⟨δ_t, w_{t−1} − w*⟩ (condition (7)). This
 sweep injects the error that is worst for the theorem — an adversarial error of norm b along
-−(w − w*), so −⟨δ, w − w*⟩ = b·‖w − w*‖ (``simulator.inject``) — for increasing b, on top
-of whatever error the scenario itself makes, and asks at which τ the runs stop reaching ε.
+−(w − w*), so −⟨δ, w − w*⟩ = b·‖w − w*‖ (``simulator.inject``) — for increasing b, and asks
+at which τ the runs stop reaching ε. The adversarial error takes the place of the scenario's
+``inject.error``, so a scenario that injects an error of its own is refused; the errors its
+runs make themselves (lock-free races, delays, dropped or rounded writes) stay, on top.
 
 Procedure (``tau_sweep``):
 
-1. c, q and a_0 from the problem; κ² and the scenario's own τ_0 from pilot runs without
-   injection; γ by (9) and t by (10) from them. If f is not strongly convex, or the scenario
-   alone already breaks 2τq < cε, there is no γ to hold fixed and the sweep says so.
+1. c, q and a_0 from the problem; κ² and the scenario's own τ_0 from pilot runs of the
+   scenario as it is (``theory.check.pilot_runs``); γ by (9) and t by (10) from them. If f
+   is not strongly convex, a pilot run diverges, or the scenario alone already breaks
+   2τq < cε, there is no γ to hold fixed and the sweep says so.
 2. For each bound b: ``seeds`` runs at lr = γ for ``horizon``·t updates with the adversarial
    error of norm b. τ(b) is measured in those runs like every τ of this package (worst window,
-   one-sided 95% upper bound; ``theory.estimators.serialized_constants``); the runs reach ε
+   one-sided 95% upper bound; ``theory.estimators.serialized_constants``, in as many windows
+   as ``theory.check.window_count`` allows the runs' measured updates); the runs reach ε
    when the mean final suboptimality is at most ε.
 3. The empirical breaking τ is the measured τ of the smallest b whose runs miss ε (every
    smaller b reached it); the report divides it by the theorem's limit cε/(2q): how
@@ -36,7 +40,14 @@ from simulator.problems import Problem, make_problem
 from simulator.scenario import Scenario
 from theory.asyngrad import Constants, InfeasibleError, check_accuracy, learning_rate, tau_limit
 from theory.asyngrad import updates as updates_needed
-from theory.check import PILOT_SEED, _mean_and_bounds, _runs, check_max_updates
+from theory.bounds import pilot_diverged
+from theory.check import (
+    _mean_and_bounds,
+    _runs,
+    check_max_updates,
+    pilot_runs,
+    window_count,
+)
 from theory.estimators import curvature, initial_distance, serialized_constants
 
 __all__ = ["default_bounds", "tau_sweep"]
@@ -57,9 +68,15 @@ def tau_sweep(scenario: Scenario, eps: float, seeds: int = 5,
     """Everything ``tausweep.json`` holds (see the module docstring).
 
     Raises:
-        ScenarioError: ε, β, seeds, points, horizon, max_updates or a bound out of range.
+        ScenarioError: ε, β, seeds, points, horizon, max_updates or a bound out of range, a
+            scenario that injects an error of its own (``inject.error``), or one whose step
+            is not γ·s_t with one γ (``theory.check.constant_step``).
     """
     check_accuracy(eps, beta)
+    if scenario.inject.error != "none":
+        raise ScenarioError("inject.error", scenario.inject.error,
+                            "tausweep injects its own adversarial error in its place; set it "
+                            "to none")
     for name, value, low in (("--seeds", seeds, 2), ("--points", points, 2),
                              ("--pilot-seeds", pilot_seeds, 1),
                              ("--max-updates", max_updates, 1)):
@@ -83,18 +100,21 @@ def tau_sweep(scenario: Scenario, eps: float, seeds: int = 5,
     a0 = initial_distance(problem, problem.initial())
     w_star, f_star = problem.optimum()
     result["a0"] = a0
-    pilot = _runs(scenario, problem, ["metrics.exact=true", "metrics.every=1"],
-                  range(PILOT_SEED, PILOT_SEED + pilot_seeds), progress)
-    kappa2, tau0 = serialized_constants(pilot)
+    pilot = pilot_runs(scenario, problem, pilot_seeds, progress)
+    failed = pilot_diverged(pilot, scenario, "κ² and τ")
+    if failed is not None:
+        result["verdict"] = f"no sweep: {failed}"
+        return result
+    kappa2, tau0 = serialized_constants(pilot, window_count(pilot))
     k = Constants(c=curv.c, q=curv.q, kappa2=kappa2.upper, tau=tau0.upper, a0=a0)
     limit = tau_limit(k, eps)
     result.update(kappa2=k.kappa2, tau_scenario=k.tau, tau_limit=limit)
     try:
         gamma = learning_rate(k, eps, beta)
+        t = updates_needed(k, eps, beta)
     except InfeasibleError as err:
-        result["verdict"] = f"no sweep: the scenario alone leaves no learning rate ({err})"
+        result["verdict"] = f"no sweep: with the scenario's own κ² and τ, {err}"
         return result
-    t = updates_needed(k, eps, beta)
     ran = min(max(1, math.ceil(horizon * t)), max_updates)
     result.update(gamma=gamma, updates=t, ran_updates=ran)
     bounds = list(bounds) if bounds else default_bounds(limit, a0, points)
@@ -104,7 +124,7 @@ def tau_sweep(scenario: Scenario, eps: float, seeds: int = 5,
             f"run.lr={gamma!r}", f"run.updates={ran}", "metrics.exact=true",
             f"metrics.every={every}", "metrics.curve_points=20", "inject.error=adversarial",
             f"inject.error_bound={b!r}", "inject.error_relative=false"], range(seeds), progress)
-        _, tau = serialized_constants(runs)
+        _, tau = serialized_constants(runs, window_count(runs))
         final = np.array([r["curve_loss"][-1] - f_star for r in runs])
         mean, _, upper = _mean_and_bounds(final[:, None])
         distance = float(np.mean([np.linalg.norm(r["w_final"] - w_star) for r in runs]))

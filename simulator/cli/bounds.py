@@ -5,12 +5,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 from simulator.cli.common import command as subcommand
-from simulator.cli.common import floats, progress
+from simulator.cli.common import default_out, floats, progress
 from simulator.errors import AsyngradError, ScenarioError
 
 THEOREM_ARGS = {
@@ -19,10 +20,44 @@ THEOREM_ARGS = {
     "langford": ("L", "F", "tau", "T"),
 }
 
+# The bounds each option of ``theorem`` and ``check`` belongs to, by argparse dest; a
+# constant above (``check --eps`` too) belongs to the bounds that list it. One given to
+# another bound is refused, not ignored.
+OPTIONS = {"beta": ("asyngrad",), "theta": ("hogwild",), "sigma": ("langford",),
+           "lam": ("langford",), "max_updates": ("asyngrad", "hogwild"),
+           "rounds": ("asyngrad", "hogwild")}
+
+# Options left out take these values (``tausweep --max-updates`` keeps its own default).
+DEFAULTS = {"beta": 1.0, "theta": 0.5, "max_updates": 200_000, "rounds": 3, "points": 9}
+
+
+def _flag(name: str) -> str:
+    """The option an argparse dest comes from."""
+    return "--lambda" if name == "lam" else "--" + name.replace("_", "-")
+
+
+def _options(args: argparse.Namespace) -> None:
+    """Refuse an option given on the command line (not None) that ``--bound`` does not use
+    (``OPTIONS``, ``THEOREM_ARGS``), then fill in the defaults of those left out
+    (``DEFAULTS``).
+
+    Raises:
+        ScenarioError: naming the option and the bounds that use it.
+    """
+    for name, value in list(vars(args).items()):
+        users = OPTIONS.get(name) or tuple(
+            bound for bound, constants in THEOREM_ARGS.items() if name in constants)
+        if value is not None and users and args.bound not in users:
+            raise ScenarioError(_flag(name), value, f"applies to --bound {' or '.join(users)} "
+                                f"only (not {args.bound})")
+        if value is None and name in DEFAULTS:
+            setattr(args, name, DEFAULTS[name])
+
 
 def _theorem(args: argparse.Namespace) -> int:
     import json
 
+    _options(args)
     for name in THEOREM_ARGS[args.bound]:
         if getattr(args, name) is None:
             raise ScenarioError(f"--{name}", None, f"is required by --bound {args.bound}")
@@ -43,17 +78,28 @@ def _theorem(args: argparse.Namespace) -> int:
 
 def _count(updates: int | None) -> str:
     """An update count as printed (in scientific notation from 10^15); None: one beyond 64
-    bits."""
+    bits (or floating point)."""
     if updates is None:
         return "more than 2^63"
     return f"{updates:,}" if updates < 10 ** 15 else f"{float(updates):.3g}"
+
+
+def _updates(count: Callable[[], int]) -> int | None:
+    """A bound's update count, None where its formula refuses it as beyond any run
+    (``InfeasibleError``; judged by :func:`_runnable`)."""
+    from theory.asyngrad import InfeasibleError
+
+    try:
+        return count()
+    except InfeasibleError:
+        return None
 
 
 def _runnable(result: dict[str, Any], count: str, step: str) -> None:
     """Judge the bound's update count against what a run can make (``GRADIENT_LIMIT``, the
     most gradients ``simulator.budget.preflight`` lets one run compute) and this machine's
     memory; the verdict goes into ``result`` (``runnable``, ``fits_here``, ``verdict``).
-    ``updates`` None: the count does not even fit in 64 bits."""
+    ``updates`` None: the count is beyond 64 bits (or floating point)."""
     from simulator.budget import GRADIENT_LIMIT, max_updates
 
     updates, here = result["updates"], max_updates()
@@ -89,7 +135,8 @@ def _asyngrad_theorem(args: argparse.Namespace) -> dict[str, Any]:
     result: dict[str, Any] = {
         "bound": "asyngrad", "c": k.c, "q": k.q, "kappa2": k.kappa2, "tau": k.tau, "a0": k.a0,
         "eps": args.eps, "beta": args.beta, "gamma": gamma,
-        "updates": updates(k, args.eps, args.beta), "error_budget": error_budget(k, args.eps),
+        "updates": _updates(lambda: updates(k, args.eps, args.beta)),
+        "error_budget": error_budget(k, args.eps),
         "tau_limit": tau_limit(k, args.eps), "fixed_point": fixed_point(k, gamma),
         "q_times_fixed_point": k.q * fixed_point(k, gamma)}
     _runnable(result, "t (10)", "γ (9)")
@@ -108,7 +155,6 @@ def _asyngrad_theorem(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _hogwild_theorem(args: argparse.Namespace) -> dict[str, Any]:
-    from theory.asyngrad import InfeasibleError
     from theory.hogwild import (
         COUNT_TAU2,
         HogwildConstants,
@@ -119,19 +165,13 @@ def _hogwild_theorem(args: argparse.Namespace) -> dict[str, Any]:
 
     k = HogwildConstants(c=args.c, L=args.L, M=args.M, omega=args.omega, delta=args.delta,
                          rho=args.rho, tau=args.tau, d0=args.d0)
+    lagless = dataclasses.replace(k, tau=0.0)
     gamma = step_size(k, args.eps, args.theta)
-
-    def count(constants: HogwildConstants) -> int | None:
-        try:
-            return updates(constants, args.eps, args.theta)
-        except InfeasibleError:  # beyond 64 bits: judged by _runnable
-            return None
-
     result: dict[str, Any] = {
         "bound": "hogwild", **dataclasses.asdict(k), "eps": args.eps, "theta": args.theta,
-        "gamma": gamma, "updates": count(k), "lag_factor": lag_factor(k),
-        "lag_factor_count": lag_factor(k, COUNT_TAU2),
-        "serial_updates": count(dataclasses.replace(k, tau=0.0))}
+        "gamma": gamma, "updates": _updates(lambda: updates(k, args.eps, args.theta)),
+        "lag_factor": lag_factor(k), "lag_factor_count": lag_factor(k, COUNT_TAU2),
+        "serial_updates": _updates(lambda: updates(lagless, args.eps, args.theta))}
     _runnable(result, "k (4.2)", "γ (4.1)")
     if not args.json:
         serial = result["serial_updates"]
@@ -196,12 +236,16 @@ def _check(args: argparse.Namespace) -> int:
     from simulator.scenario import load_scenario
     from theory.plots import check_figure, regret_figure
 
+    _options(args)
     if args.bound != "langford" and args.eps is None:
         raise ScenarioError("--eps", None, f"is required by --bound {args.bound}")
     scenario = load_scenario(args.scenario, args.set)
-    out = Path(args.out or f"runs/check-{scenario.name}")
+    out = default_out(args.out, "check", scenario.name)
     check_out(out, CHECK_FILES)
-    with progress(args.pilot_seeds + args.seeds * args.rounds, args.quiet) as bar:
+    # At most: rounds stop once the assumptions hold; delayed SGD runs Theorem 1, and
+    # Theorem 2 where the losses are strongly convex.
+    validations = 2 if args.bound == "langford" else args.rounds
+    with progress(args.pilot_seeds + args.seeds * validations, args.quiet) as bar:
         if args.bound == "asyngrad":
             from theory.check import check_theorem
             result = check_theorem(scenario, args.eps, args.seeds, args.beta, args.pilot_seeds,
@@ -246,10 +290,7 @@ def _print_asyngrad_check(result: dict[str, Any], name: str) -> None:
                   f"{entry['updates']:,}, assumptions held: "
                   + ("not re-measured" if entry["measured"] is None
                      else str(entry["assumptions_held"])))
-    validation = result.get("validation")
-    if validation and validation["reached_eps_at"] is not None:
-        print(f"  the mean fell below ε after {validation['reached_eps_at']:,} updates "
-              f"(tightness {validation['tightness']:.3g} of t)")
+    _print_reached(result, "t")
 
 
 def _print_hogwild_check(result: dict[str, Any], name: str) -> None:
@@ -266,10 +307,18 @@ def _print_hogwild_check(result: dict[str, Any], name: str) -> None:
         print(f"  round {i}: τ = {entry['tau']}, M = {entry['M']:.4g} [{entry['source']}]; "
               f"γ (4.1) = {entry['gamma']:.4g} (its lag factor 1 + 6ρτ + 4τ²Ω√Δ = "
               f"{entry['lag_factor']:.4g}), k (4.2) = {updates} (with 6τ²Ω√Δ)")
+    _print_reached(result, "k")
+
+
+def _print_reached(result: dict[str, Any], count: str) -> None:
+    """When the validation's mean fell below ε and the tightness, its share of the bound's
+    ``count`` (n/a where the count is 0); nothing without a validation."""
     validation = result.get("validation")
     if validation and validation["reached_eps_at"] is not None:
+        tightness = validation["tightness"]
+        shown = "n/a" if tightness is None else f"{tightness:.3g}"
         print(f"  the mean fell below ε after {validation['reached_eps_at']:,} updates "
-              f"(tightness {validation['tightness']:.3g} of k)")
+              f"(tightness {shown} of {count})")
 
 
 def _print_langford_check(result: dict[str, Any], name: str) -> None:
@@ -296,9 +345,13 @@ def _tausweep(args: argparse.Namespace) -> int:
     from theory.injection import tau_sweep
     from theory.plots import tausweep_figure
 
+    if args.bounds and args.points is not None:
+        raise ScenarioError("--points", args.points, "sizes the default grid; --bounds gives "
+                            "the error norms itself")
+    args.points = DEFAULTS["points"] if args.points is None else args.points
     scenario = load_scenario(args.scenario, args.set)
     bounds = floats("--bounds", args.bounds) if args.bounds else None
-    out = Path(args.out or f"runs/tausweep-{scenario.name}")
+    out = default_out(args.out, "tausweep", scenario.name)
     check_out(out, TAUSWEEP_FILES)
     total = args.pilot_seeds + args.seeds * (len(bounds) if bounds else args.points)
     with progress(total, args.quiet) as bar:
@@ -353,9 +406,8 @@ def add_commands(commands: Any) -> None:
         theorem.add_argument(f"--{name}", type=float, default=None, help=meaning)
     theorem.add_argument("--lambda", dest="lam", type=float, default=None,
                          help="λ: every f_t λ-strongly convex (delayed SGD Theorem 2)")
-    theorem.add_argument("--beta", type=float, default=1.0, help="β >= 1 (AsynGrad; default 1)")
-    theorem.add_argument("--theta", type=float, default=0.5,
-                         help="ϑ in (0, 1) (Hogwild!; default 0.5)")
+    theorem.add_argument("--beta", type=float, help="β >= 1 (AsynGrad; default 1)")
+    theorem.add_argument("--theta", type=float, help="ϑ in (0, 1) (Hogwild!; default 0.5)")
     theorem.add_argument("--json", action="store_true", help="print the results as JSON")
 
     check = command("check", "measure a bound's conditions on a scenario and validate it by "
@@ -367,15 +419,16 @@ def add_commands(commands: Any) -> None:
     check.add_argument("--eps", type=float, default=None,
                        help="target accuracy ε (asyngrad, hogwild)")
     check.add_argument("--seeds", type=int, default=30, help="Monte Carlo runs (default 30)")
-    check.add_argument("--beta", type=float, default=1.0, help="β >= 1 (asyngrad; default 1)")
-    check.add_argument("--theta", type=float, default=0.5,
-                       help="ϑ in (0, 1) (hogwild; default 0.5)")
+    check.add_argument("--beta", type=float, help="β >= 1 (asyngrad; default 1)")
+    check.add_argument("--theta", type=float, help="ϑ in (0, 1) (hogwild; default 0.5)")
     check.add_argument("--pilot-seeds", type=int, default=3,
                        help="pilot runs that estimate the constants (default 3)")
-    check.add_argument("--max-updates", type=int, default=200_000,
-                       help="cap on the updates of each validation run (default 200000)")
-    check.add_argument("--rounds", type=int, default=3,
-                       help="re-estimation rounds of the run-dependent constants (default 3)")
+    check.add_argument("--max-updates", type=int,
+                       help="cap on the updates of each validation run (asyngrad, hogwild; "
+                            "default 200000)")
+    check.add_argument("--rounds", type=int,
+                       help="re-estimation rounds of the run-dependent constants (asyngrad, "
+                            "hogwild; default 3)")
 
     tsweep = command("tausweep", "inject adversarial gradient errors of growing size and find "
                      "where convergence to ε stops, against Theorem 1's limit", _tausweep,
@@ -385,7 +438,8 @@ def add_commands(commands: Any) -> None:
     tsweep.add_argument("--seeds", type=int, default=5, help="runs per error size (default 5)")
     tsweep.add_argument("--bounds", metavar="B1,B2,...",
                         help="error norms to inject (default: --points norms around the limit)")
-    tsweep.add_argument("--points", type=int, default=9, help="default grid size (default 9)")
+    tsweep.add_argument("--points", type=int,
+                        help="size of the default grid (default 9; not with --bounds)")
     tsweep.add_argument("--horizon", type=float, default=2.0,
                         help="run length as a multiple of t of (10) (default 2)")
     tsweep.add_argument("--beta", type=float, default=1.0, help="β >= 1 (default 1)")

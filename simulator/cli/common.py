@@ -59,6 +59,26 @@ def print_summary(summary: dict[str, Any], out: Path, seconds: float) -> None:
     print(f"  wrote {out}/ in {seconds:.2f} s")
 
 
+def default_out(out: str | None, command: str, name: str | None = None) -> Path:
+    """``--out``, or where it is left out ``runs/COMMAND`` (``runs/COMMAND-NAME`` with the
+    scenario's ``name``).
+
+    Raises:
+        ScenarioError: an empty ``--out`` (it wrote the default), or a name that is not a
+            plain file name (``../x`` wrote outside runs/).
+    """
+    if out is not None:
+        if not out.strip():
+            raise ScenarioError("--out", out, "must not be empty")
+        return Path(out)
+    if name is None:
+        return Path("runs") / command
+    if not name or name in (".", "..") or any(c in name for c in "/\\\0"):
+        raise ScenarioError("name", name, f"cannot name the default --out "
+                            f"runs/{command}-NAME (give --out)")
+    return Path("runs") / f"{command}-{name}"
+
+
 def progress(total: int, quiet: bool) -> Any:
     """A progress bar on stderr when it is a terminal. A terminal that reports no size (a
     pseudo-terminal nobody sized) counts as 80 × 24: tqdm would draw nothing in 0 × 0."""

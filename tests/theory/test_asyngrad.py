@@ -9,6 +9,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from simulator.cli import main
 from simulator.errors import ScenarioError
 from theory.asyngrad import (
     Constants,
@@ -169,3 +170,16 @@ def test_recursion_bound_rejects_non_contracting_rates():
     with pytest.raises(ScenarioError, match="gamma"):
         recursion_bound(k, 3.0, 10)
     assert np.all(np.diff(recursion_bound(k, 0.1, 50)) < 0)
+
+
+def test_updates_beyond_floating_point_are_infeasible(capsys):
+    """t of (10) whose quotient overflows (or whose denominator underflows to 0) is refused
+    as beyond any run, not an OverflowError: the command line says so in one line, exit 2."""
+    for k, eps in ((Constants(c=1e-160, q=1, kappa2=1e300, tau=0, a0=10), 1.0),
+                   (Constants(c=1e-200, q=1, kappa2=1, tau=0, a0=1e300), 1e-120)):
+        with pytest.raises(InfeasibleError, match=r"Theorem 1 \(10\) asks for inf updates"):
+            updates(k, eps)
+    assert main(["theorem", "--c", "1e-160", "--q", "1", "--kappa", "1e150", "--tau", "0",
+                 "--eps", "1", "--a0", "10"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "t (10) = more than 2^63 updates" in err[0], err

@@ -27,6 +27,8 @@ from theory.bounds import (
     delay_mismatch,
     expected_regret,
     hypergraph,
+    lost_writes,
+    refuse_uncovered,
 )
 from theory.hogwild import HogwildConstants, lag_factor, step_size, updates
 from theory.langford import (
@@ -301,9 +303,10 @@ def test_hogwild_validates_on_a_small_quadratic():
 
 
 def test_hogwild_with_lag_says_when_k_is_beyond_reach():
-    """Four lock-free threads: the lag factor makes k too large for --max-updates; the check
-    runs what it may and says it did not validate."""
-    r = check_hogwild(scenario(*QUADRATIC, "run.threads=4"), 0.05, 2, max_updates=300)
+    """Four lock-free threads (atomic adds): the lag factor makes k too large for
+    --max-updates; the check runs what it may and says it did not validate."""
+    r = check_hogwild(scenario(*QUADRATIC, "run.threads=4", "run.write_mode=atomic_add"), 0.05,
+                      2, max_updates=300)
     last = r["rounds"][-1]
     assert last["tau"] >= 1 and last["lag_factor"] > 1
     assert last["ran_updates"] == 300 < last["updates"]
@@ -351,3 +354,63 @@ def test_cli_check_langford_writes_json_and_plot(tmp_path):
     bad = _cli("check", "--bound", "hogwild", "--out", str(tmp_path / "bad"))
     assert bad.returncode == 2 and "--eps = None" in bad.stderr
     assert not (tmp_path / "bad").exists()
+
+
+SERIAL_QUADRATIC = ("problem.name=quadratic", "problem.dim=10", "problem.n_samples=100",
+                    "run.protocol=serial", "run.threads=1", "run.updates=300")
+
+
+def test_hogwild_refuses_the_injections_its_analysis_does_not_cover():
+    """Injected gradient errors, dropped and rounded writes: one line naming the inject
+    field, before any run, by the rule the delayed-SGD check uses; a delay is measured."""
+    for overrides, field in ((("inject.error=adversarial", "inject.error_bound=2"),
+                              "inject.error"),
+                             (("inject.drop=0.1",), "inject.drop"),
+                             (("inject.write_bits=8",), "inject.write_bits")):
+        with pytest.raises(ScenarioError, match=rf"^{field} = .*Hogwild!'s analysis"):
+            check_hogwild(scenario(*SERIAL_QUADRATIC, *overrides), 1.0, 2)
+    refuse_uncovered(scenario(*SERIAL_QUADRATIC, "inject.delay=3").inject, "hogwild")
+    with pytest.raises(ScenarioError, match=r"^inject\.delay_dist = 'uniform'"):
+        refuse_uncovered(scenario(*SERIAL_QUADRATIC, "inject.delay_dist=uniform",
+                                  "inject.delay_max=3").inject, "langford")
+
+
+def test_hogwild_claims_nothing_where_writes_were_lost():
+    """Lock-free load_store writes of several threads overwrite each other, which
+    Proposition 4.1 does not allow: the pilot runs' lost stores give no guarantee and no
+    validation; a protocol that never lets writes overlap (locked) loses none whatever its
+    write mode, and is judged."""
+    lossy = scenario(*QUADRATIC, "run.threads=4", "run.write_mode=load_store")
+    r = check_hogwild(lossy, 0.05, 2)
+    assert not r["guarantee"] and r["rounds"] == [] and "validation" not in r
+    assert r["verdict"].startswith("no guarantee: the 3 pilot runs lost ")
+    locked = check_hogwild(scenario(*QUADRATIC, "run.threads=4", "run.protocol=locked",
+                                    "run.write_mode=load_store"), 0.05, 2)
+    assert locked["rounds"] and "lost" not in locked["verdict"]
+    assert lost_writes([simulate(scenario(*QUADRATIC, "run.write_mode=atomic_add"))],
+                       "runs") is None
+
+
+def test_hogwild_and_langford_claim_nothing_when_a_pilot_diverges():
+    """A pilot run that diverges at the scenario's lr: no guarantee, saying which run, not
+    a constant refused as if it were bad input."""
+    hog = check_hogwild(scenario(*SERIAL_QUADRATIC, "run.lr=5"), 0.1, 2, pilot_seeds=1)
+    assert not hog["guarantee"] and hog["rounds"] == []
+    assert hog["verdict"].startswith("no guarantee: τ and M cannot be measured, pilot run 1 "
+                                     "of 1 diverged at update")
+    lang = check_langford(scenario(*ROUND_ROBIN, "run.lr=1e3"), 2, pilot_seeds=1)
+    assert not lang["guarantee"] and lang["theorems"] == {}
+    assert lang["verdict"].startswith("no guarantee: L and F cannot be measured, pilot run 1")
+
+
+def test_hogwild_counts_beyond_floating_point_are_refused():
+    """A denominator c²ϑε of (4.2) that underflows to 0 is a count beyond any run, not a
+    division by zero; squares that no float holds are refused with the constant named."""
+    tiny_c = HogwildConstants(c=1e-150, L=1, M=1, omega=1, delta=1, rho=1, tau=0, d0=10)
+    with pytest.raises(InfeasibleError, match=r"Proposition 4\.1 asks for inf updates"):
+        updates(tiny_c, 1e-30)
+    for field, value in (("M", 1e200), ("M", 1e-200), ("c", 1e-170)):
+        fields = {"c": 1.0, "L": 1.0, "M": 1.0, "omega": 1, "delta": 1, "rho": 1, "tau": 0,
+                  "d0": 10, field: value}
+        with pytest.raises(ScenarioError, match=rf"^{field} = .*square"):
+            HogwildConstants(**fields)

@@ -62,3 +62,35 @@ def test_cli_writes_json_and_png_and_rejects_bad_input(tmp_path, capsys):
         assert not (tmp_path / "bad").exists()
     with pytest.raises(ScenarioError):
         tau_sweep(scenario(*SMALL), eps=0.02, horizon=0)
+
+
+SERIAL = ("problem.name=quadratic", "problem.dim=10", "problem.n_samples=100",
+          "run.protocol=serial", "run.threads=1", "run.updates=300")
+
+
+def test_short_runs_measure_tau_in_fewer_windows():
+    """ε so loose that t of (10) is a few updates: τ is measured in as many windows as the
+    short runs allow (``window_count``), not refused for empty windows."""
+    result = tau_sweep(scenario(*SERIAL), eps=1.0, seeds=2, points=2, pilot_seeds=1)
+    assert result["ran_updates"] < 20 and len(result["points"]) == 2
+    assert all(p["tau"] >= 0 for p in result["points"])
+
+
+def test_a_diverging_pilot_is_a_result_not_an_input_error(tmp_path, capsys):
+    """A pilot run that diverges at the scenario's lr: no sweep, said as such (exit 0 and
+    tausweep.json written, as check does for no guarantee), not 'kappa2 = nan'."""
+    result = tau_sweep(scenario(*SERIAL, "run.lr=5"), eps=1.0, seeds=2, pilot_seeds=1)
+    assert result["points"] == [] and "gamma" not in result
+    assert result["verdict"].startswith("no sweep: κ² and τ cannot be measured, pilot run 1 "
+                                        "of 1 diverged at update")
+    out = tmp_path / "ts"
+    assert main(["tausweep", "--eps", "1", "--seeds", "2", "--pilot-seeds", "1", "--out",
+                 str(out), *(f"--set={o}" for o in (*SERIAL, "run.lr=5"))]) == 0
+    assert "diverged" in capsys.readouterr().out and (out / "tausweep.json").exists()
+
+
+def test_a_scenario_with_its_own_error_is_refused():
+    """The adversarial error replaces the scenario's inject.error, so one that sets its own
+    is refused with the field named, before any run."""
+    with pytest.raises(ScenarioError, match=r"^inject\.error = 'noise': tausweep injects"):
+        tau_sweep(scenario(*SERIAL, "inject.error=noise", "inject.error_bound=0.1"), eps=1.0)
