@@ -252,6 +252,7 @@ def run_real(scenario: Scenario, workers: int, mode: str, dtype: str = "float32"
 
     Raises:
         ScenarioError: workers < 1, an unknown mode or dtype, timeout <= 0, measure_every < 1,
+            a --pattern other than shared on the CPU,
             or a scenario field this backend does not honour
             (``realrun.support``).
     """
@@ -269,6 +270,9 @@ def run_real(scenario: Scenario, workers: int, mode: str, dtype: str = "float32"
         launch = "processes" if device == "cpu" else CUDA_LAUNCH
     _one_of("--launch", launch, LAUNCHES)
     _one_of("--pattern", pattern, PATTERNS)
+    if device == "cpu" and pattern != "shared":
+        raise ScenarioError("--pattern", pattern, "places the parameters of CUDA workers "
+                            "(--device cuda); CPU workers share one vector in memory")
     _check_device(device)
     refuse_unsupported(scenario, "shm" if device == "cpu" else "cuda", mode)
     preflight(scenario)  # the trace the parent merges, as a simulation of it would hold

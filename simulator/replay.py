@@ -126,6 +126,21 @@ def _value(scenario: Scenario, dotted: str) -> object:
     return value
 
 
+def _check_rows(trace: Trace, threads: int) -> None:
+    """Raise TraceError where a row cannot be replayed: a negative sample, a thread the
+    scenario does not have (its updates would never run), a negative duration."""
+    columns = {"sample": trace["sample"], "thread": trace["thread"],
+               "grad_ns": trace["grad_ns"], "idle_ns": trace["idle_ns"],
+               "op_read_ns": trace["op_read_ns"], "op_write_ns": trace["op_write_ns"]}
+    for name, values in columns.items():
+        high = threads - 1 if name == "thread" else None
+        bad = np.flatnonzero((values < 0) | (values > high if high is not None else False))
+        if bad.size:
+            allowed = f"in 0..{high}" if high is not None else ">= 0"
+            raise TraceError(f"trace: {name}[{int(bad[0])}] = {int(values[bad[0]])}: must be "
+                             f"{allowed} to be replayed")
+
+
 def replay(trace: Trace, overrides: list[str] | tuple[str, ...] = (),
            ) -> tuple[Scenario, Problem, Trace]:
     """Re-run a trace's interleaving; returns the scenario, problem and new trace.
@@ -148,6 +163,7 @@ def replay(trace: Trace, overrides: list[str] | tuple[str, ...] = (),
                          "cannot reproduce the run")
     scenario = replay_scenario(trace, overrides)
     problem = make_problem(scenario.problem)
+    _check_rows(trace, make_protocol(scenario.run.protocol, scenario).threads(scenario.run))
     if len(trace) and int(trace["sample"].max()) >= problem.n_samples:
         raise ScenarioError("problem.n_samples", problem.n_samples,
                             f"the trace uses sample {int(trace['sample'].max())}")

@@ -52,6 +52,13 @@ def _write_files(where: Path, scenario: Scenario, trace: Trace, summary: dict[st
     error_histogram_figure(trace).savefig(where / "error_hist.png", dpi=110)
 
 
+def file_above(path: Path) -> Path | None:
+    """The file that the nearest existing path above ``path`` is, where it is one (then
+    nothing can be written at ``path``), else None."""
+    above = next((p for p in path.parents if p.exists()), Path("."))
+    return None if above.is_dir() else above
+
+
 def check_out(out: str | Path, files: tuple[str, ...] = FILES) -> Path:
     """The directory to write: new, empty, or one holding only ``files`` (it is replaced).
 

@@ -54,6 +54,7 @@ __all__ = ["OBJECTIVES", "OPTIONS", "SCHEDULERS", "Property", "Scheduler", "enum
            "explore", "format_schedule", "greedy_schedule", "parse_schedule",
            "refuse_options", "run_schedule", "search_violation", "shrink"]
 
+MAX_STEPS = 10_000_000  # the longest schedule read (a controlled run's steps: ~4 an update)
 SCHEDULERS = ("random", "roundrobin", "pct", "fixed", "dfs", "adversarial")
 PROPERTY_SCHEDULERS = ("random", "roundrobin", "pct")  # those --property searches with
 
@@ -85,7 +86,10 @@ def parse_schedule(text: str) -> list[int]:
         if not _digits(thread) or (sep and (not _digits(count) or int(count) < 1)):
             raise ScenarioError("--schedule", text, f"has a bad part {part!r} (expected "
                                 "THREAD or THREADxCOUNT, separated by dots)")
-        choices.extend([int(thread)] * (int(count) if count else 1))
+        times = int(count) if count else 1
+        if len(choices) + times > MAX_STEPS:  # (before building it: 0x10**12 is 8 TB)
+            raise ScenarioError("--schedule", text[:60], f"has more than {MAX_STEPS:,} steps")
+        choices.extend([int(thread)] * times)
     return choices
 
 
@@ -106,6 +110,8 @@ class Scheduler:
             raise ScenarioError("--scheduler", kind, f"must be one of {', '.join(SCHEDULERS)}")
         if depth < 1:
             raise ScenarioError("--depth", depth, "must be >= 1")
+        if seed < 0:
+            raise ScenarioError("--seed", seed, "must be >= 0")
         self.kind, self.threads = kind, threads
         if kind in ("random", "pct"):  # only these draw (seeding costs ≈ 20 µs a run)
             self.rng = np.random.default_rng([seed, 0x5C4ED])

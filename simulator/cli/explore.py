@@ -101,6 +101,7 @@ def _options(args: argparse.Namespace) -> None:
     """Refuse the options the scheduler (or a --property search) would ignore, then fill in
     the defaults of those not given."""
     from simulator.errors import ScenarioError
+    from simulator.rundir import file_above
     from simulator.schedule import refuse_options
 
     if args.property is not None:
@@ -111,6 +112,12 @@ def _options(args: argparse.Namespace) -> None:
     refuse_options(args.scheduler, {
         "--runs": args.runs, "--seed": args.seed, "--depth": args.depth, "--keep": args.keep,
         "--preemptions": args.preemptions, "--checkpoint": args.checkpoint})
+    if args.checkpoint is not None:  # (written after the search: checked before it)
+        state = Path(args.checkpoint)
+        above = file_above(state)
+        if state.is_dir() or above is not None:
+            raise ScenarioError("--checkpoint", args.checkpoint, "is a directory"
+                                if above is None else f"lies under a file ({above})")
     for name, default in DEFAULTS.items():
         if getattr(args, name) is None:
             setattr(args, name, default)

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from simulator.cli.common import command as subcommand
-from simulator.cli.common import ns
+from simulator.cli.common import default_out, ns
 from simulator.errors import AsyngradError, ScenarioError
 from simulator.scenario import SLICINGS, DeviceSpec
 
@@ -27,7 +27,7 @@ def _compare(args: argparse.Namespace) -> int:
     from simulator.fidelity.report import compare_text
     from simulator.rundir import check_out, publish
 
-    out = Path(args.out or "runs/compare")
+    out = default_out(args.out, "compare")
     check_out(out, COMPARE_FILES)
     report = compare_runs(args.run_a, args.run_b)
 
@@ -122,8 +122,10 @@ def _check_scenario_out(out: Path, marker: str) -> None:
     """Raises AsyngradError where ``out`` cannot take a calibrated scenario: it exists and
     is not one (its first bytes are not ``marker``; a binary file included), or a folder
     above it is a file (checked before the calibration runs)."""
-    above = next((p for p in out.parents if p.exists()), Path("."))
-    if not above.is_dir():
+    from simulator.rundir import file_above
+
+    above = file_above(out)
+    if above is not None:
         raise AsyngradError(f"--out = '{out}': {above} is not a directory")
     try:
         mine = out.is_file() and out.read_bytes().startswith(marker.encode())

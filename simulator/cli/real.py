@@ -31,8 +31,8 @@ def _real(args: argparse.Namespace) -> int:
         raise ScenarioError("--backend", args.backend, "must be shm or ps")
     with progress(scenario.run.updates, args.quiet) as bar:
         run = run_real(scenario, args.workers, args.mode, args.dtype, args.timeout, bar.update,
-                       measure_every=args.measure_every or (
-                           scenario.metrics.every if args.measure else None),
+                       measure_every=args.measure_every if args.measure_every is not None
+                       else scenario.metrics.every if args.measure else None,
                        device=args.device, launch=args.launch, pattern=args.pattern,
                        pin=args.pin, probe=args.probe,
                        notice=None if args.quiet else _notice)

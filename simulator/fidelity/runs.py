@@ -109,6 +109,9 @@ def read_run(path: Path) -> tuple[Trace, Scenario]:
         raise AsyngradError(f"calibrate: {err}") from None
     if len(trace) < 2:
         raise AsyngradError(f"calibrate: {path}: the trace has {len(trace)} updates")
+    if trace.source == "scheduled":
+        raise AsyngradError(f"calibrate: {path}: recorded under a scheduler (explore), so "
+                            "its durations count steps, not nanoseconds")
     return trace, scenario_from_dict(tomllib.loads(trace.scenario_toml))
 
 

@@ -225,6 +225,9 @@ def load_scenario(path: str | Path | None = None, overrides: list[str] | tuple[s
             data = tomllib.loads(Path(path).read_text())
         except OSError as err:
             raise ScenarioError("scenario", str(path), err.strerror or "cannot be read") from None
+        except UnicodeDecodeError:
+            raise ScenarioError("scenario", str(path), "is not UTF-8 text (a scenario is a "
+                                "TOML file)") from None
         except tomllib.TOMLDecodeError as err:
             raise ScenarioError("scenario", str(path), f"is not valid TOML ({err})") from None
     if any(o.split("=", 1)[0].startswith("devices.") for o in overrides):

@@ -89,6 +89,10 @@ def test_lock_free_threads_converge():
     ("--launch", "fibers", "--launch = 'fibers': must be one of processes, threads"),
     ("--pattern", "remote", "--pattern = 'remote': must be one of shared, host"),
     ("--device", "tpu", "--device = 'tpu': must be cpu, cuda or cuda:N"),
+    # places CUDA workers' parameters: on the CPU it changed nothing, with exit 0
+    ("--pattern", "host", "--pattern = 'host': places the parameters of CUDA workers"),
+    # 0 turned measure mode off, with exit 0
+    ("--measure-every", "0", "--measure-every = 0: must be >= 1"),
 ])
 def test_bad_real_options_are_one_line(tmp_path, capsys, flag, value, message):
     out = tmp_path / "run"

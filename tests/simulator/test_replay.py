@@ -4,8 +4,9 @@ import numpy as np
 import pytest
 
 from simulator.engine import simulate
-from simulator.errors import ScenarioError
+from simulator.errors import ScenarioError, TraceError
 from simulator.replay import replay
+from simulator.trace import Trace
 from tests.conftest import scenario
 
 SCHEDULE = ("uid", "thread", "thread_seq", "sample", "read_start", "read_end", "grad_start",
@@ -93,6 +94,21 @@ def test_replay_of_migrating_time_slices_refuses_another_seed():
                                  "devices=[{cores=2}]", slices))
     _, _, again = replay(unsliced, ["run.seed=7"])
     assert np.array_equal(again["write_end"], unsliced["write_end"])
+
+
+@pytest.mark.parametrize(("column", "value", "said"), [
+    ("sample", -1, r"sample\[3\] = -1: must be >= 0"),
+    ("thread", 500, r"thread\[3\] = 500: must be in 0\.\.7"),
+    ("grad_ns", -5, r"grad_ns\[3\] = -5: must be >= 0")])
+def test_replay_refuses_rows_it_cannot_replay(recorded, column, value, said):
+    """A negative sample was read as the last one, a thread the scenario lacks never ran its
+    updates, a negative duration ran backwards: each replayed with exit 0."""
+    arrays = dict(recorded.arrays)
+    arrays[column] = arrays[column].copy()
+    arrays[column][3] = value
+    damaged = Trace(arrays, recorded.scenario_toml, source=recorded.source)
+    with pytest.raises(TraceError, match=said):
+        replay(damaged)
 
 
 def test_replay_needs_the_recorded_samples(recorded):

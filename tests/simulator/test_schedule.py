@@ -16,6 +16,7 @@ from simulator.errors import ScenarioError
 from simulator.problems import SparseLogisticProblem
 from simulator.rules import staleness_scale
 from simulator.schedule import (
+    MAX_STEPS,
     Property,
     Scheduler,
     enumerate_schedules,
@@ -42,6 +43,12 @@ def test_bad_schedule_strings_and_schedules_are_one_clear_error():
     for text in ("0x", "ax2", "1x0", "0..1", "²", "0x²", "٣", "1x٣"):  # ASCII digits only
         with pytest.raises(ScenarioError, match="--schedule"):
             parse_schedule(text)
+    # A count is refused before the list is built (0x10**20 overflowed, 0x10**11 took 8 TB).
+    for text in ("0x99999999999999999999", "1.0x10000000000", f"0x{MAX_STEPS}.1"):
+        with pytest.raises(ScenarioError, match=f"more than {MAX_STEPS:,} steps"):
+            parse_schedule(text)
+    with pytest.raises(ScenarioError, match=r"--seed = -1: must be >= 0"):
+        Scheduler("random", 2, seed=-1)
     s = scenario(*TINY, "run.updates=2")
     with pytest.raises(ScenarioError, match="ends after 3 steps"):
         run_schedule(s, Scheduler("fixed", 2, schedule=[0, 0, 1]))
@@ -228,6 +235,22 @@ def test_a_dfs_checkpoint_resumes_only_the_search_it_was_made_for(tmp_path, caps
     state.write_text("[]")
     with pytest.raises(ScenarioError, match=r"--checkpoint = .*: is not a checkpoint"):
         enumerate_schedules(s, "lost_blocks", checkpoint=str(state))
+
+
+@pytest.mark.parametrize(("where", "said"), [("dir", "is a directory"),
+                                            ("file/dfs.json", "lies under a file")])
+def test_a_checkpoint_that_cannot_be_written_is_refused_before_the_search(tmp_path, capsys,
+                                                                         where, said):
+    """The checkpoint is written after the search: a directory, or a path under a file,
+    failed there with a traceback; now one line before anything runs."""
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "file").write_text("x")
+    sets = [arg for o in (*TINY, "run.updates=2", "run.blocks=1") for arg in ("--set", o)]
+    assert main(["explore", "--out", str(tmp_path / "x"), "--scheduler", "dfs", "--checkpoint",
+                 str(tmp_path / where), "--quiet", *sets]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--checkpoint" in err[0] and said in err[0], err
+    assert not (tmp_path / "x").exists()
 
 
 def test_a_dropped_write_records_the_one_step_it_takes():

@@ -102,6 +102,20 @@ def test_bad_input_is_one_line_and_nothing_is_overwritten(tmp_path, capsys):
     assert not (tmp_path / "x").exists()
 
 
+def test_a_scheduled_run_is_not_calibrated(tmp_path, capsys):
+    """explore's run directories count steps, not ns: calibrating one fitted "1 ns"
+    timings with exit 0 (replay refuses the same trace)."""
+    sets = [a for o in ("problem.dim=4", "run.threads=2", "run.updates=20",
+                        "metrics.curve_points=0") for a in ("--set", o)]
+    assert main(["explore", "--out", str(tmp_path / "ex"), "--runs", "2", "--quiet",
+                 *sets]) == 0
+    assert main(["calibrate", str(tmp_path / "ex" / "worst"), "--out",
+                 str(tmp_path / "cal.toml")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "recorded under a scheduler" in err[0], err
+    assert not (tmp_path / "cal.toml").exists()
+
+
 def test_pooled_calibration_shares_cores_between_threads(tmp_path):
     run = _source(tmp_path)
     scenario, report = calibrate(run, pool=True, cores=2, quantum=4_000_000)

@@ -103,7 +103,7 @@ def test_both_models_come_back_from_exact_write_draws(tmp_path):
     out = _simulated(tmp_path / "run", "run.threads=2", "run.updates=6000", "run.split=even",
                      "timing.write={dist='constant', mean=3500}", "timing.write_shared=3.5",
                      "timing.write_under_grad=1.7")
-    calibrated, report = calibrate(out, pool=True, interference="auto", shared="auto")
+    calibrated, _ = calibrate(out, pool=True, interference="auto", shared="auto")
     timing = fitted(calibrated)
     assert timing.write_shared == pytest.approx(3.5, rel=0.01)
     assert timing.write_under_grad == pytest.approx(1.7, rel=0.02)

@@ -93,6 +93,10 @@ def test_unreadable_files_are_scenario_errors(tmp_path):
     bad.write_text("[run\nthreads=")
     with pytest.raises(ScenarioError, match="not valid TOML"):
         load_scenario(bad)
+    binary = tmp_path / "trace.npz"  # (replay --schedule takes a scenario: a trace given)
+    binary.write_bytes(b"PK\x03\x04\xb7\xff\xfe")
+    with pytest.raises(ScenarioError, match="is not UTF-8 text"):
+        load_scenario(binary)
 
 
 def test_scenarios_are_frozen():
