@@ -45,6 +45,7 @@ from theory.check import (
     _mean_and_bounds,
     _runs,
     check_max_updates,
+    diverged,
     pilot_runs,
     window_count,
 )
@@ -58,6 +59,9 @@ def default_bounds(limit: float, a0: float, points: int) -> list[float]:
     adversary's τ at w_0 (b·√a_0) equals the theorem's limit, evenly spaced in log."""
     b_lim = limit / math.sqrt(a0) if a0 > 0 else limit
     return [float(b) for b in b_lim * np.geomspace(0.1, 1000.0, points)]
+
+
+MAX_POINTS = 1000  # error bounds one sweep runs (each: --seeds runs)
 
 
 def tau_sweep(scenario: Scenario, eps: float, seeds: int = 5,
@@ -82,6 +86,10 @@ def tau_sweep(scenario: Scenario, eps: float, seeds: int = 5,
                              ("--max-updates", max_updates, 1)):
         if value < low:
             raise ScenarioError(name, value, f"must be >= {low}")
+    for name, value in (("--points", points), ("--bounds", len(bounds or ()))):
+        if value > MAX_POINTS:  # each point is --seeds runs
+            raise ScenarioError(name, value if name == "--points" else f"{value} bounds",
+                                f"must be <= {MAX_POINTS} points")
     check_max_updates(max_updates)
     if not (math.isfinite(horizon) and horizon > 0):
         raise ScenarioError("--horizon", horizon, "must be a finite number > 0")
@@ -120,20 +128,36 @@ def tau_sweep(scenario: Scenario, eps: float, seeds: int = 5,
     bounds = list(bounds) if bounds else default_bounds(limit, a0, points)
     every = max(1, ran * seeds // 20_000)
     for b in sorted(bounds):
-        runs = _runs(scenario, problem, [
-            f"run.lr={gamma!r}", f"run.updates={ran}", "metrics.exact=true",
-            f"metrics.every={every}", "metrics.curve_points=20", "inject.error=adversarial",
-            f"inject.error_bound={b!r}", "inject.error_relative=false"], range(seeds), progress)
-        _, tau = serialized_constants(runs, window_count(runs))
-        final = np.array([r["curve_loss"][-1] - f_star for r in runs])
-        mean, _, upper = _mean_and_bounds(final[:, None])
-        distance = float(np.mean([np.linalg.norm(r["w_final"] - w_star) for r in runs]))
-        result["points"].append({
-            "bound": b, "tau": tau.upper, "tau_mean": tau.mean,
-            "final_mean": float(mean[0]), "final_upper": float(upper[0]),
-            "final_distance": distance, "reached_eps": bool(mean[0] <= eps)})
+        with np.errstate(all="ignore"):  # (a bound large enough diverges: said in its point)
+            result["points"].append(_point(scenario, problem, b, gamma, ran, every, seeds,
+                                           f_star, w_star, eps, progress))
     _conclude(result, eps)
     return result
+
+
+def _point(scenario: Scenario, problem: Problem, b: float, gamma: float, ran: int,
+           every: int, seeds: int, f_star: float, w_star: np.ndarray, eps: float,
+           progress: Callable[[int], object] | None) -> dict[str, Any]:
+    """The runs at error bound ``b``: τ measured in them and where they ended; where one
+    diverged, which (``diverged``), and no τ or final values (None)."""
+    runs = _runs(scenario, problem, [
+        f"run.lr={gamma!r}", f"run.updates={ran}", "metrics.exact=true",
+        f"metrics.every={every}", "metrics.curve_points=20", "inject.error=adversarial",
+        f"inject.error_bound={b!r}", "inject.error_relative=false"], range(seeds), progress)
+    failed = diverged(runs)
+    if failed is not None:
+        return {"bound": b, "diverged": failed, "tau": None, "tau_mean": None,
+                "final_mean": None, "final_upper": None, "final_distance": None,
+                "reached_eps": False}
+    _, tau = serialized_constants(runs, window_count(runs))
+    final = np.array([r["curve_loss"][-1] - f_star for r in runs])
+    mean, _, upper = _mean_and_bounds(final[:, None])
+    distance = float(np.mean([np.linalg.norm(r["w_final"] - w_star) for r in runs]))
+    return {"bound": b, "diverged": None, "tau": tau.upper, "tau_mean": tau.mean,
+            "final_mean": float(mean[0]), "final_upper": float(upper[0]),
+            "final_distance": distance, "reached_eps": bool(mean[0] <= eps)}
+
+
 
 
 def _conclude(result: dict[str, Any], eps: float) -> None:
@@ -153,7 +177,17 @@ def _conclude(result: dict[str, Any], eps: float) -> None:
         return
     breaking = points[first_miss]["tau"]
     result["breaking_tau"] = breaking
-    result["conservatism"] = breaking / limit
+    result["conservatism"] = None if breaking is None else breaking / limit
+    if breaking is None:  # its runs diverged: no τ to compare
+        missed = points[first_miss]
+        where = ("even the smallest injected error" if last_ok is None else
+                 f"convergence to ε = {eps:g} held up to τ = {last_ok['tau']:.4g} "
+                 f"({last_ok['tau'] / limit:.3g}× the limit {limit:.4g}); the next error")
+        result["verdict"] = (f"{where}, of norm {missed['bound']:.4g}, diverged "
+                             f"({missed['diverged']}): "
+                             + ("start --bounds lower" if first_miss == 0 else
+                                "add bounds between them to find where it stops"))
+        return
     if first_miss == 0:
         result["verdict"] = (f"even the smallest injected error (τ = {breaking:.4g}, "
                              f"{breaking / limit:.3g}× the limit {limit:.4g}) missed ε: "

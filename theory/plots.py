@@ -70,7 +70,8 @@ def tausweep_figure(result: dict[str, Any]) -> Figure:
     stopped."""
     fig = Figure(figsize=(8, 4.8), layout="constrained")
     ax = fig.add_subplot()
-    points, eps = result["points"], result["eps"]
+    eps = result["eps"]
+    points = [p for p in result["points"] if p["tau"] is not None]  # (diverged: in the verdict)
     if not points:
         ax.text(0.5, 0.5, result["verdict"], ha="center", va="center", wrap=True,
                 transform=ax.transAxes)

@@ -371,8 +371,10 @@ def _tausweep(args: argparse.Namespace) -> int:
                   f"{result['gamma']:.4g}, {result['ran_updates']:,} updates per run")
             print("  bound b | τ measured | final f − f* (mean) | reached ε")
             for p in result["points"]:
-                print(f"  {p['bound']:.4g} | {p['tau']:.4g} | {p['final_mean']:.4g} | "
-                      f"{'yes' if p['reached_eps'] else 'no'}")
+                print(f"  {p['bound']:.4g} | " + (
+                    f"{p['tau']:.4g} | {p['final_mean']:.4g} | "
+                    f"{'yes' if p['reached_eps'] else 'no'}" if p["tau"] is not None
+                    else "diverged | n/a | no"))
         print(f"  {result['verdict']}")
         print(f"  wrote {out}/tausweep.json and tausweep.png")
     return 0

@@ -89,6 +89,25 @@ def test_a_diverging_pilot_is_a_result_not_an_input_error(tmp_path, capsys):
     assert "diverged" in capsys.readouterr().out and (out / "tausweep.json").exists()
 
 
+def test_an_error_that_diverges_is_said_and_written_as_strict_json(tmp_path, capsys):
+    """An injected error large enough to diverge has no τ: its point says which run
+    diverged, the verdict names it, tausweep.json holds no NaN (it held NaN and inf, and
+    printing the table crashed on the missing values), and numpy prints no warning."""
+    out = tmp_path / "ts"
+    assert main(["tausweep", "--eps", "0.01", "--seeds", "2", "--bounds", "0.001,1e300",
+                 "--out", str(out), *(f"--set={o}" for o in SERIAL)]) == 0
+    printed = capsys.readouterr()
+    assert "1e+300 | diverged | n/a | no" in printed.out and printed.err == ""
+    result = json.loads((out / "tausweep.json").read_text(),
+                        parse_constant=lambda name: pytest.fail(f"{name} in tausweep.json"))
+    ok, blown = result["points"]
+    assert ok["reached_eps"] and blown["diverged"].startswith("run 1 of 2 diverged")
+    assert blown["tau"] is None and result["breaking_tau"] is None
+    assert "the next error, of norm 1e+300, diverged" in result["verdict"]
+    with pytest.raises(ScenarioError, match=r"--points = 100000000: must be <= 1000"):
+        tau_sweep(scenario(*SERIAL), eps=0.01, points=100_000_000)
+
+
 def test_a_scenario_with_its_own_error_is_refused():
     """The adversarial error replaces the scenario's inject.error, so one that sets its own
     is refused with the field named, before any run."""
