@@ -2,7 +2,8 @@
 
 Every cell's scenario is built and validated before anything runs or is written. Cells are
 written all-or-nothing (``rundir.write_run``), so an interrupted sweep resumes: a rerun skips
-each cell whose directory already holds a summary for the same resolved scenario. Cells run on
+each cell whose directory holds a run of the same resolved scenario whose files load, and runs
+the others again. The sweep directory holds only ``SWEEP_FILES``. Cells run on
 any ``concurrent.futures.Executor`` (local processes by default; a Dask ``Client``'s
 ``get_executor()`` spreads them over a cluster) and, being deterministic, give the same table
 whatever ran them and in whatever order.
@@ -11,24 +12,31 @@ whatever ran them and in whatever order.
 from __future__ import annotations
 
 import csv
+import functools
 import itertools
 import json
 import math
+import operator
 import os
 import tomllib
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from simulator.budget import preflight
 from simulator.errors import AsyngradError, ScenarioError
+from simulator.rundir import FILES, check_out, write_run
 from simulator.scenario import Scenario, load_scenario, scenario_to_toml
 
-__all__ = ["MAX_CELLS", "METRICS", "Axis", "Cell", "parse_axis", "plan_sweep", "run_sweep"]
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+__all__ = ["MAX_CELLS", "METRICS", "SWEEP_FILES", "Axis", "Cell", "parse_axis", "plan_sweep",
+           "run_sweep"]
 
 # The most cells one sweep plans: each is a run directory and a scenario held in memory.
 MAX_CELLS = 100_000
@@ -46,6 +54,8 @@ METRICS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("span_ns", ("time", "span_ns")),
     ("updates_per_second", ("time", "updates_per_second")),
 )
+# What a sweep directory holds: a directory with anything else is not one (``run_sweep``).
+SWEEP_FILES = ("cells", "sweep.csv", "sweep.png")
 
 
 @dataclass(frozen=True)
@@ -111,8 +121,9 @@ def plan_sweep(scenario: str | Path | None, overrides: Sequence[str],
     this machine (``simulator.budget.preflight``).
 
     Raises:
-        ScenarioError: a repeated axis, more than ``MAX_CELLS`` cells, or any cell with an
-            invalid value or one that cannot run here.
+        ScenarioError: a repeated axis, a value that repeats another of its axis (``2,2`` or
+            ``0.5,0.50``: two cells of the same scenario), more than ``MAX_CELLS`` cells, or
+            any cell with an invalid value or one that cannot run here.
     """
     keys = [axis.key for axis in axes]
     if len(set(keys)) != len(keys):
@@ -122,9 +133,16 @@ def plan_sweep(scenario: str | Path | None, overrides: Sequence[str],
         raise ScenarioError("--grid", count, f"cells: more than {MAX_CELLS:,}, each a run "
                             "directory (split the sweep)")
     cells = []
-    for index, values in enumerate(itertools.product(*(a.values for a in axes))):
+    seen: dict[Scenario, tuple[int, ...]] = {}
+    for index, picks in enumerate(itertools.product(*(range(len(a.values)) for a in axes))):
+        values = tuple(a.values[i] for a, i in zip(axes, picks, strict=True))
         cell_overrides = (*overrides, *(f"{k}={v}" for k, v in zip(keys, values, strict=True)))
         cell = Cell(index, values, cell_overrides, load_scenario(scenario, list(cell_overrides)))
+        first = seen.setdefault(cell.scenario, picks)
+        if first != picks:
+            n = next(n for n, (a, b) in enumerate(zip(first, picks, strict=True)) if a != b)
+            raise ScenarioError(f"--grid {keys[n]}", values[n],
+                                f"repeats {axes[n].values[first[n]]!r}: give each value once")
         preflight(cell.scenario)
         cells.append(cell)
     return cells
@@ -133,7 +151,6 @@ def plan_sweep(scenario: str | Path | None, overrides: Sequence[str],
 def _run_cell(cell: Cell, out: str) -> dict[str, Any]:
     """Simulate one cell and write its run directory (no plots); returns its summary."""
     from simulator.engine import Engine
-    from simulator.rundir import write_run
 
     engine = Engine(cell.scenario)
     trace = engine.run()
@@ -141,33 +158,62 @@ def _run_cell(cell: Cell, out: str) -> dict[str, Any]:
 
 
 def _finished(cell: Cell, where: Path) -> dict[str, Any] | None:
-    """The summary of a cell run earlier with the same scenario, if there is one.
+    """The summary of the cell's earlier run, or None where there is none to resume: a file
+    of it missing, or one that does not load (the cell then runs again, replacing them).
 
     Raises:
-        AsyngradError: the directory holds a different scenario.
+        AsyngradError: the directory holds anything but a run's files, or a run of a
+            different scenario (a ``scenario.toml`` that is TOML but not the cell's).
     """
-    if not (where / "summary.json").is_file():
+    check_out(where, FILES)
+    try:
+        text = (where / "scenario.toml").read_text()
+        if text != scenario_to_toml(cell.scenario):
+            tomllib.loads(text)  # whole TOML: another scenario, not a damaged file
+            raise AsyngradError(f"sweep: {where} holds a run of a different scenario; "
+                                "use another --out or remove it")
+        summary = json.loads((where / "summary.json").read_text())
+        _metrics(summary)
+        _curve(where)
+        return summary if (where / "trace.npz").is_file() else None
+    except (OSError, ValueError):  # ValueError: also bad UTF-8, TOML, JSON
         return None
-    if (where / "scenario.toml").read_text() != scenario_to_toml(cell.scenario):
-        raise AsyngradError(f"sweep: {where} holds a run of a different scenario; "
-                            "use another --out or remove it")
-    return dict(json.loads((where / "summary.json").read_text()))
+
+
+def _metrics(summary: Any) -> dict[str, Any]:
+    """The ``METRICS`` of a summary, each a number or null.
+
+    Raises:
+        ValueError: one is missing or is not a number.
+    """
+    row = {}
+    for column, path in METRICS:
+        try:
+            value = functools.reduce(operator.getitem, path, summary)
+        except (KeyError, TypeError):
+            raise ValueError(f"summary.json: no {'.'.join(path)}") from None
+        if isinstance(value, bool) or not isinstance(value, int | float | None):
+            raise ValueError(f"summary.json: {'.'.join(path)} = {value!r} is not a number")
+        row[column] = value
+    return row
 
 
 def _row(cell: Cell, axes: Sequence[Axis], summary: dict[str, Any]) -> dict[str, Any]:
     row: dict[str, Any] = {"cell": cell.name}
     row.update({axis.key: value for axis, value in zip(axes, cell.values, strict=True)})
-    for column, path in METRICS:
-        value: Any = summary
-        for part in path:
-            value = value[part]
-        row[column] = value
+    row.update(_metrics(summary))
     return row
+
+
+def _staging(out: Path, name: str) -> Path:
+    """Where ``name`` is written before it replaces ``out/name``: inside ``cells/``, so that
+    a run killed while writing leaves nothing that makes ``out`` look like no sweep."""
+    return out / "cells" / f".{name}.partial-{os.getpid()}{Path(name).suffix}"
 
 
 def _write_table(out: Path, axes: Sequence[Axis], rows: list[dict[str, Any]]) -> None:
     columns = ["cell", *(a.key for a in axes), *(c for c, _ in METRICS)]
-    staging = out / f".sweep.csv.partial-{os.getpid()}"
+    staging = _staging(out, "sweep.csv")
     with open(staging, "w", newline="") as handle:
         writer = csv.DictWriter(handle, columns)
         writer.writeheader()
@@ -178,9 +224,16 @@ def _write_table(out: Path, axes: Sequence[Axis], rows: list[dict[str, Any]]) ->
 def run_sweep(cells: list[Cell], axes: Sequence[Axis], out: str | Path,
               executor: Executor | None = None,
               progress: Callable[[int], object] | None = None) -> tuple[list[dict[str, Any]], int]:
-    """Run the cells not finished yet; write ``sweep.csv``. Returns the table and how many
-    cells ran now (the others were resumed from disk)."""
-    out = Path(out)
+    """Run the cells not finished yet (see ``_finished``); write ``sweep.csv`` and
+    ``sweep.png``. Returns the table and how many cells ran now (the others were resumed from
+    disk).
+
+    Raises:
+        AsyngradError: ``out`` is a file, a directory holding anything but ``SWEEP_FILES``,
+            or cannot be written; a cell's directory holds anything but a run's files, or a
+            run of a different scenario. Nothing is run or written then.
+    """
+    out = check_out(out, SWEEP_FILES)
     try:
         (out / "cells").mkdir(parents=True, exist_ok=True)
     except OSError as err:
@@ -209,22 +262,37 @@ def run_sweep(cells: list[Cell], axes: Sequence[Axis], out: str | Path,
             if progress:
                 progress(1)
     rows = [_row(cell, axes, summaries[cell.index]) for cell in cells]
+    figure = _figure(out, cells, axes)  # every curve loaded before either file is replaced
     _write_table(out, axes, rows)
-    _write_figure(out, cells, axes)
+    staging = _staging(out, "sweep.png")
+    figure.savefig(staging, dpi=110)
+    staging.replace(out / "sweep.png")
     return rows, len(pending)
 
 
 def _curve(where: Path) -> np.ndarray:
-    """A cell's (time_ns, gradients, suboptimality) rows from its curve.csv."""
-    with open(where / "curve.csv", newline="") as handle:
-        rows = list(csv.DictReader(handle))
-    return np.array([[float(r["time_ns"]), float(r["gradients"]), float(r["suboptimality"])]
-                     for r in rows])
+    """A cell's (time_ns, gradients, suboptimality) rows from its curve.csv.
+
+    Raises:
+        OSError: it cannot be read.
+        ValueError: it is cut short (no rows, or a last line without its end), or a row
+            lacks one of those numbers.
+    """
+    text = (where / "curve.csv").read_text()
+    rows = list(csv.DictReader(text.splitlines()))
+    if not rows or not text.endswith("\n"):
+        raise ValueError(f"{where / 'curve.csv'}: cut short")
+    try:
+        return np.array([[float(r[c]) for c in ("time_ns", "gradients", "suboptimality")]
+                         for r in rows])
+    except (KeyError, TypeError):  # a column missing, or a row shorter than the header
+        raise ValueError(f"{where / 'curve.csv'}: a row lacks a number") from None
 
 
-def _write_figure(out: Path, cells: list[Cell], axes: Sequence[Axis]) -> None:
-    """``sweep.png``: suboptimality against simulated time and against gradients, one line
-    per combination of the swept values other than ``run.seed`` (mean over seeds)."""
+def _figure(out: Path, cells: list[Cell], axes: Sequence[Axis]) -> Figure:
+    """``sweep.png``'s figure: suboptimality against simulated time and against gradients,
+    one line per combination of the swept values other than ``run.seed`` (mean over
+    seeds)."""
     from simulator.plots import sweep_figure
 
     keep = [i for i, axis in enumerate(axes) if axis.key != "run.seed"]
@@ -232,6 +300,4 @@ def _write_figure(out: Path, cells: list[Cell], axes: Sequence[Axis]) -> None:
     for cell in cells:
         key = tuple(cell.values[i] for i in keep)
         groups.setdefault(key, []).append(_curve(out / "cells" / cell.name))
-    staging = out / f".sweep.png.partial-{os.getpid()}.png"
-    sweep_figure(groups, [axes[i].key for i in keep]).savefig(staging, dpi=110)
-    staging.replace(out / "sweep.png")
+    return sweep_figure(groups, [axes[i].key for i in keep])

@@ -93,6 +93,9 @@ def _sweep(args: argparse.Namespace) -> int:
     if args.seeds is not None and args.seeds > MAX_CELLS:
         raise ScenarioError("--seeds", args.seeds, f"must be <= {MAX_CELLS:,} (cells of one "
                             "sweep)")
+    if args.dask is not None and not args.dask.strip():
+        raise ScenarioError("--dask", args.dask, "is empty: give the scheduler's address, "
+                            "e.g. tcp://host:8786")
     axes = [parse_axis(text) for text in args.grid]
     if args.seeds is not None:
         axes.append(Axis("run.seed", tuple(str(s) for s in range(args.seeds))))
@@ -102,7 +105,7 @@ def _sweep(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     jobs = min(args.jobs or os.cpu_count() or 1, len(cells))
     with progress(len(cells), args.quiet) as bar:
-        if args.dask:
+        if args.dask is not None:
             with _dask_client(args.dask) as client:
                 rows, ran = run_sweep(cells, axes, args.out, client.get_executor(), bar.update)
         elif jobs > 1:
@@ -114,12 +117,17 @@ def _sweep(args: argparse.Namespace) -> int:
         keys = [a.key for a in axes]
         print(" | ".join([*keys, "error rate", "staleness", "lost blocks", "suboptimality"]))
         for row in rows:
-            rate = "off" if row["error_rate"] is None else f"{row['error_rate']:.3f}"
-            print(" | ".join([*(str(row[k]) for k in keys), rate, f"{row['staleness_mean']:.2f}",
-                              str(row["lost_blocks"]), f"{row['final_suboptimality']:.4g}"]))
+            print(" | ".join([*(str(row[k]) for k in keys), _shown(row["error_rate"], ".3f", "off"),
+                              _shown(row["staleness_mean"], ".2f"), str(row["lost_blocks"]),
+                              _shown(row["final_suboptimality"], ".4g")]))
         print(f"{ran} cells ran, {len(cells) - ran} resumed; wrote {args.out}/sweep.csv in "
               f"{time.perf_counter() - started:.1f} s")
     return 0
+
+
+def _shown(value: float | None, spec: str, none: str = "—") -> str:
+    """A sweep table's number as ``spec`` formats it; ``none`` where the summary had none."""
+    return none if value is None else format(value, spec)
 
 
 def _scenario(args: argparse.Namespace) -> int:

@@ -105,9 +105,124 @@ def test_sweep_out_that_is_a_file_is_refused(tmp_path):
     """A file where the sweep directory should go is an error, and the file is kept."""
     out = tmp_path / "s"
     out.write_text("precious")
-    with pytest.raises(AsyngradError, match="cannot hold a sweep"):
+    with pytest.raises(AsyngradError, match="exists and is not a directory"):
         run_sweep(plan_sweep(None, BASE, AXES), AXES, out)
     assert out.read_text() == "precious"
+
+
+SMALL = ["problem.dim=10", "run.updates=50"]
+THREADS = [Axis("run.threads", ("1", "2"))]
+
+
+def _cut(path, size):
+    path.write_bytes(path.read_bytes()[:size])
+
+
+def _edit(path, old, new):
+    path.write_text(path.read_text().replace(old, new))
+
+
+@pytest.mark.parametrize("damage", [
+    lambda cell: (cell / "summary.json").write_text("garbage"),
+    lambda cell: (cell / "summary.json").write_text("{}"),
+    lambda cell: (cell / "summary.json").write_text("[1]"),
+    lambda cell: _edit(cell / "summary.json", '"lost_blocks": ', '"lost_blocks": "x", "_": '),
+    lambda cell: (cell / "scenario.toml").unlink(),
+    lambda cell: (cell / "scenario.toml").write_bytes(b"\xff garbage ["),
+    lambda cell: _cut(cell / "curve.csv", 50),
+    lambda cell: _cut(cell / "curve.csv", 120),
+    lambda cell: (cell / "curve.csv").write_text("a,b\n1,2\n"),
+    lambda cell: (cell / "trace.npz").unlink(),
+], ids=["summary-garbage", "summary-empty", "summary-list", "summary-metric-text",
+        "scenario-missing", "scenario-garbage", "curve-header-only", "curve-cut-mid-row",
+        "curve-other-columns", "trace-missing"])
+def test_resume_reruns_a_cell_whose_files_do_not_load(tmp_path, damage):
+    """A resumed cell with a file missing or damaged is run again; the table is unchanged."""
+    cells = plan_sweep(None, SMALL, THREADS)
+    run_sweep(cells, THREADS, tmp_path)
+    cell = tmp_path / "cells" / "0001"
+    files = {p.name: p.read_bytes() for p in cell.iterdir()}
+    table = (tmp_path / "sweep.csv").read_bytes()
+    damage(cell)
+    assert run_sweep(cells, THREADS, tmp_path)[1] == 1
+    assert {p.name: p.read_bytes() for p in cell.iterdir()} == files
+    assert (tmp_path / "sweep.csv").read_bytes() == table
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cells", "sweep.csv", "sweep.png"]
+
+
+def test_cli_resume_of_a_damaged_sweep(tmp_path):
+    """`asyngrad sweep` rerun on a sweep with damaged cells runs them again, exit 0."""
+    from simulator.cli import main
+
+    args = ["sweep", "--out", str(tmp_path / "s"), "--grid", "run.threads=1,2", "--jobs", "1",
+            "--quiet", *(x for s in SMALL for x in ("--set", s))]
+    assert main(args) == 0
+    (tmp_path / "s" / "cells" / "0000" / "summary.json").write_text("garbage")
+    _cut(tmp_path / "s" / "cells" / "0001" / "curve.csv", 50)
+    assert main(args) == 0
+    assert len((tmp_path / "s" / "sweep.csv").read_text().splitlines()) == 3
+
+
+def test_resume_refuses_a_cell_holding_other_files(tmp_path):
+    """A cell directory holding a file a run does not write is refused before anything runs."""
+    cells = plan_sweep(None, SMALL, THREADS)
+    run_sweep(cells, THREADS, tmp_path)
+    shutil.rmtree(tmp_path / "cells" / "0000")
+    (tmp_path / "cells" / "0001" / "summary.json").unlink()
+    (tmp_path / "cells" / "0001" / "notes.txt").write_text("mine")
+    with pytest.raises(AsyngradError, match=r"0001': is a directory with other files \(notes"):
+        run_sweep(cells, THREADS, tmp_path)
+    assert (tmp_path / "cells" / "0001" / "notes.txt").read_text() == "mine"
+    assert not (tmp_path / "cells" / "0000").exists()
+
+
+@pytest.mark.parametrize("other", ["keep.txt", "run"])
+def test_cli_sweep_refuses_a_directory_that_is_not_a_sweep(tmp_path, capsys, other):
+    """--out holding anything but a sweep's own files (cells/, sweep.csv, sweep.png): one
+    line, exit 2, nothing added; a run directory is not a sweep either."""
+    from simulator.cli import main
+
+    out = tmp_path / "s"
+    if other == "run":
+        run_sweep(plan_sweep(None, SMALL, THREADS), THREADS, tmp_path / "sweep")
+        shutil.copytree(tmp_path / "sweep" / "cells" / "0000", out)
+    else:
+        out.mkdir()
+        (out / other).write_text("precious")
+    before = sorted(p.name for p in out.iterdir())
+    code = main(["sweep", "--out", str(out), "--grid", "run.threads=1,2", "--jobs", "1",
+                 "--quiet", *(x for s in SMALL for x in ("--set", s))])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1
+    assert f"--out = '{out}': is a directory with other files" in err[0]
+    assert sorted(p.name for p in out.iterdir()) == before
+
+
+def test_dask_empty_address_is_refused(tmp_path, capsys):
+    """`--dask ''` is one line naming --dask, not a silent local run."""
+    from simulator.cli import main
+
+    code = main(["sweep", "--out", str(tmp_path / "s"), "--seeds", "1", "--quiet",
+                 "--dask", "", *(x for s in SMALL for x in ("--set", s))])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "--dask = ''" in err[0]
+    assert not (tmp_path / "s").exists()
+
+
+def test_a_value_given_twice_fails_the_plan(tmp_path, capsys):
+    """A grid value that repeats another of its axis (as text, or as the same scenario) is
+    one line naming the key and the value, before anything is written."""
+    with pytest.raises(ScenarioError, match=r"--grid run\.threads = '2': repeats '2'"):
+        plan_sweep(None, SMALL, [Axis("run.threads", ("2", "2"))])
+    with pytest.raises(ScenarioError, match=r"--grid run\.lr = '0\.50': repeats '0\.5'"):
+        plan_sweep(None, SMALL, [*THREADS, Axis("run.lr", ("0.5", "0.50"))])
+    from simulator.cli import main
+
+    code = main(["sweep", "--out", str(tmp_path / "s"), "--grid", "run.threads=2,2",
+                 "--quiet", *(x for s in SMALL for x in ("--set", s))])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "run.threads = '2'" in err[0]
+    assert not (tmp_path / "s").exists()
 
 
 def test_dask_scheduler_gives_the_same_table_and_figure(tmp_path):
