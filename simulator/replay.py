@@ -10,13 +10,13 @@ performs.
 
 from __future__ import annotations
 
-from collections import Counter
 from pathlib import Path
 
 import numpy as np
 
 from simulator.engine import simulate
 from simulator.errors import ScenarioError, TraceError
+from simulator.hardware.slices import sliced_devices
 from simulator.problems import Problem, make_problem
 from simulator.protocols import make_protocol
 from simulator.scenario import Scenario, apply_override, plain, scenario_from_dict, scenario_to_dict
@@ -106,13 +106,11 @@ def _seed_draws(scenario: Scenario) -> str | None:
     devices sliced (``simulator.hardware.slices``)."""
     if scenario.run.placement == "shuffled":
         return "the shuffled placement"
-    on = Counter(scenario.device_of(thread)
-                 for thread in range(make_protocol(scenario.run.protocol, scenario)
-                                     .threads(scenario.run)))
-    for device, threads in on.items():
+    threads = make_protocol(scenario.run.protocol, scenario).threads(scenario.run)
+    for device in sliced_devices(scenario, threads):
         slices = scenario.hardware_of(device).time_slices
-        if (slices is not None and slices.slicing == "per_core" and slices.migrate > 0
-                and 0 < scenario.devices[device].cores < threads):
+        assert slices is not None
+        if slices.slicing == "per_core" and slices.migrate > 0:
             return "the load balancer's moves (hardware.time_slices.migrate)"
     return None
 

@@ -57,12 +57,14 @@ from simulator.scenario import InjectSpec, Scenario, with_overrides
 from simulator.trace import Trace
 from theory.asyngrad import InfeasibleError
 from theory.check import (
+    _at,
     _mean_and_bounds,
     _runs,
     check_counts,
     diverged,
     gradients_per_update,
     pilot_runs,
+    runnable_updates,
     suboptimality,
     validation_runs,
 )
@@ -202,10 +204,11 @@ def check_hogwild(scenario: Scenario, eps: float, seeds: int, theta: float = 0.5
         except InfeasibleError as err:
             entry.update(gamma=gamma, infeasible=str(err))
             break
-        ran = max(min(planned, max_updates), 1)
+        ran = runnable_updates(min(planned, max_updates), per_update)
         entry.update(gamma=gamma, updates=planned, ran_updates=ran)
         runs = validation_runs(scenario, problem, gamma, ran, seeds, progress, per_update)
-        entry["validation"] = result["validation"] = suboptimality(runs, problem, eps, planned)
+        entry["validation"] = result["validation"] = suboptimality(runs, problem, eps, planned,
+                                                                   ran)
         lost = lost_writes(runs, f"{seeds} validation runs at γ = {gamma:.4g}")
         if lost is not None:
             entry["lost"] = lost
@@ -238,17 +241,19 @@ def _hogwild_verdict(result: dict[str, Any], eps: float) -> str:
     if v["reached"] < last["ran_updates"]:
         return (f"not validated at k: (4.2) asks for {last['updates']:,} updates of w, a run "
                 f"made only {v['reached']:,} (a thread died, or fewer of its gradients were "
-                f"applied than in the pilot runs); there the mean suboptimality is "
-                f"{v['final_mean']:.4g} (95% upper bound {v['final_upper']:.4g}) against "
-                f"ε = {eps:g}")
-    if last["ran_updates"] < last["updates"]:
-        return (f"not validated at k: (4.2) asks for {last['updates']:,} updates, the runs "
-                f"stopped at {last['ran_updates']:,} (--max-updates); there the mean "
+                f"applied than in the pilot runs); at update {v['final_at']:,} the mean "
                 f"suboptimality is {v['final_mean']:.4g} (95% upper bound "
                 f"{v['final_upper']:.4g}) against ε = {eps:g}")
+    if last["ran_updates"] < last["updates"]:
+        return (f"not validated at k: (4.2) asks for {last['updates']:,} updates, the runs "
+                f"stopped at {last['ran_updates']:,} (--max-updates, or the gradients one run "
+                f"can hold here); at update {v['final_at']:,} the mean suboptimality is "
+                f"{v['final_mean']:.4g} (95% upper bound {v['final_upper']:.4g}) against "
+                f"ε = {eps:g}")
     holds = v["final_upper"] <= eps
-    return (f"{'holds' if holds else 'VIOLATED'}: after k = {last['updates']:,} updates the "
-            f"mean suboptimality is {v['final_mean']:.4g}, 95% upper bound "
+    where = _at(v["final_at"], last["updates"], "k")
+    return (f"{'holds' if holds else 'VIOLATED'}: {where} "
+            f"the mean suboptimality is {v['final_mean']:.4g}, 95% upper bound "
             f"{v['final_upper']:.4g} {'<=' if holds else '>'} ε = {eps:g}")
 
 

@@ -94,11 +94,23 @@ def pilot_runs(scenario: Scenario, problem: Problem, count: int,
                  range(PILOT_SEED, PILOT_SEED + count), progress)
 
 
+SPREAD_MARGIN = 0.1  # more gradients planned where the pilot runs' ratios differ
+
+
 def gradients_per_update(runs: list[Trace]) -> float:
-    """The most gradients any of ``runs`` computed per update of w (completion): more than
-    one where a protocol averages several (minibatch, a server's accumulation) or throws
-    some away; t in (10) counts updates of w."""
-    return max(len(run) / max(1, completions(run)) for run in runs)
+    """The gradients to plan per update of w (t in (10) counts updates of w, completions):
+    the most any of ``runs`` computed, more than one where a protocol averages several
+    (minibatch, a server's accumulation) or throws some away, and ``SPREAD_MARGIN`` more
+    where the runs differ (a server discarding stale pushes), so that validation runs reach
+    their count and are read there (:func:`common_points`)."""
+    ratios = [len(run) / max(1, completions(run)) for run in runs]
+    return max(ratios) * (1 + SPREAD_MARGIN if max(ratios) > min(ratios) else 1)
+
+
+def runnable_updates(wanted: int, per_update: float) -> int:
+    """``wanted`` updates of w, or fewer where their gradients would not fit one run on
+    this machine (``simulator.budget.max_updates``), at least one."""
+    return max(1, min(wanted, math.floor(budget_max_updates() / per_update)))
 
 
 def completions(run: Trace) -> int:
@@ -147,22 +159,27 @@ def validation_runs(scenario: Scenario, problem: Problem, lr: float, ran: int, s
                                      "metrics.curve_points=100"], range(seeds), progress)
 
 
-def common_points(runs: list[Trace], name: str) -> tuple[np.ndarray, np.ndarray]:
-    """The checkpoints (updates of w) that every run's loss curve has, and per run the
-    curve's ``name`` column at them (runs that stopped early have fewer points)."""
-    common = runs[0]["curve_t"]
-    for run in runs[1:]:
-        common = np.intersect1d(common, run["curve_t"])
-    values = [run[name][np.searchsorted(run["curve_t"], common)] for run in runs]
-    return common, np.array(values)
+def common_points(runs: list[Trace], name: str,
+                  upto: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """A grid of update counts every run reached (the loss-curve checkpoints of the run with
+    the fewest updates of w, up to ``upto``), and per run its curve's ``name`` column at
+    them: the value at its last checkpoint at or before each (checkpoints sit at gradient
+    counts, so runs that turn gradients into updates at different rates have different
+    ones)."""
+    shortest = min(runs, key=completions)["curve_t"]
+    grid = shortest[shortest <= upto] if upto is not None else shortest
+    values = [run[name][np.searchsorted(run["curve_t"], grid, side="right") - 1]
+              for run in runs]
+    return grid, np.array(values)
 
 
 def suboptimality(runs: list[Trace], problem: Problem, eps: float,
-                  planned: int) -> dict[str, Any]:
-    """Mean f(w_t) − f* over the runs at the checkpoints they all have, its 95% band and
-    one-sided upper bound, when the mean first fell to ``eps`` (also as a share of
-    ``planned``), and ``reached``: the fewest updates of w a run made."""
-    checkpoints, losses = common_points(runs, "curve_loss")
+                  planned: int, upto: int | None = None) -> dict[str, Any]:
+    """Mean f(w_t) − f* over the runs on a grid they all reached, up to ``upto`` updates of
+    w (:func:`common_points`), its 95% band and one-sided upper bound, when the mean first
+    fell to ``eps`` (also as a share of ``planned``), ``final_at`` (the last grid point)
+    and ``reached``: the fewest updates of w a run made."""
+    checkpoints, losses = common_points(runs, "curve_loss", upto)
     f_star = problem.optimum()[1]
     mean, half, upper = _mean_and_bounds(losses - f_star)
     below = np.flatnonzero(mean <= eps)
@@ -170,7 +187,7 @@ def suboptimality(runs: list[Trace], problem: Problem, eps: float,
         "checkpoints": checkpoints.tolist(), "mean": mean.tolist(), "half_width": half.tolist(),
         "upper": upper.tolist(), "envelope": None,
         "final_mean": float(mean[-1]), "final_upper": float(upper[-1]),
-        "reached": min(completions(run) for run in runs),
+        "final_at": int(checkpoints[-1]), "reached": min(completions(run) for run in runs),
         "reached_eps_at": int(checkpoints[below[0]]) if below.size else None,
         "tightness": float(checkpoints[below[0]]) / planned if below.size and planned else None,
     }
@@ -202,8 +219,8 @@ def _validate(scenario: Scenario, problem: Problem, k: Constants, gamma: float, 
     (q/2)·bound envelope of the recursion and whether the mean a_t stayed under its
     bound."""
     runs = validation_runs(scenario, problem, gamma, ran, seeds, progress, per_update)
-    result = suboptimality(runs, problem, eps, t)
-    checkpoints, dist2 = common_points(runs, "curve_dist2")
+    result = suboptimality(runs, problem, eps, t, ran)
+    checkpoints, dist2 = common_points(runs, "curve_dist2", ran)
     mean_dist2 = dist2.mean(axis=0)
     bound = (recursion_bound(k, gamma, int(checkpoints[-1]))[checkpoints]
              if k.c * gamma < 1 else None)
@@ -282,7 +299,7 @@ def check_theorem(scenario: Scenario, eps: float, seeds: int, beta: float = 1.0,
         except InfeasibleError as err:
             entry["infeasible"] = str(err)
             break
-        ran = min(t, max_updates)
+        ran = runnable_updates(min(t, max_updates), per_update)
         entry.update(gamma=gamma, updates=t, ran_updates=ran, fixed_point=fixed_point(k, gamma))
         if t == 0:  # f(w_0) − f* ≤ (q/2)·a_0 ≤ ε already: nothing to run
             entry["measured"], entry["assumptions_held"] = None, True
@@ -345,15 +362,26 @@ def _verdict(result: dict[str, Any], eps: float) -> str:
     if v["reached"] < last["ran_updates"]:
         return (f"not validated at t: (10) asks for {last['updates']:,} updates of w, a run "
                 f"made only {v['reached']:,} (a thread died, or fewer of its gradients were "
-                f"applied than in the pilot runs); there the mean suboptimality is "
-                f"{v['final_mean']:.4g} (95% "
-                f"upper bound {v['final_upper']:.4g}) against ε = {eps:g}")
-    if last["ran_updates"] < last["updates"]:
-        return (f"not validated at t: (10) asks for {last['updates']:,} updates, the runs "
-                f"stopped at {last['ran_updates']:,} (--max-updates); there the mean "
+                f"applied than in the pilot runs); at update {v['final_at']:,} the mean "
                 f"suboptimality is {v['final_mean']:.4g} (95% upper bound "
                 f"{v['final_upper']:.4g}) against ε = {eps:g}")
+    if last["ran_updates"] < last["updates"]:
+        return (f"not validated at t: (10) asks for {last['updates']:,} updates, the runs "
+                f"stopped at {last['ran_updates']:,} (--max-updates, or the gradients one run "
+                f"can hold here); at update {v['final_at']:,} the mean suboptimality is "
+                f"{v['final_mean']:.4g} (95% upper bound {v['final_upper']:.4g}) against "
+                f"ε = {eps:g}")
     holds = v["final_upper"] <= eps
-    return (f"{'holds' if holds else 'VIOLATED'}: after t = {last['updates']:,} updates the "
-            f"mean suboptimality is {v['final_mean']:.4g}, 95% upper bound "
+    where = _at(v["final_at"], last["updates"], "t")
+    return (f"{'holds' if holds else 'VIOLATED'}: {where} "
+            f"the mean suboptimality is {v['final_mean']:.4g}, 95% upper bound "
             f"{v['final_upper']:.4g} {'<=' if holds else '>'} ε = {eps:g}")
+
+
+def _at(final_at: int, planned: int, name: str) -> str:
+    """Where a verdict's final values were read: after the planned count, or at the last
+    checkpoint before it that every run reached (runs made at their own rates)."""
+    if final_at == planned:
+        return f"after {name} = {planned:,} updates"
+    return (f"at update {final_at:,} of {name} = {planned:,} (the last checkpoint every run "
+            "reached by then)")

@@ -45,8 +45,11 @@ from theory.check import (
     _mean_and_bounds,
     _runs,
     check_max_updates,
+    common_points,
     diverged,
+    gradients_per_update,
     pilot_runs,
+    runnable_updates,
     window_count,
 )
 from theory.estimators import curvature, initial_distance, serialized_constants
@@ -123,25 +126,30 @@ def tau_sweep(scenario: Scenario, eps: float, seeds: int = 5,
     except InfeasibleError as err:
         result["verdict"] = f"no sweep: with the scenario's own κ² and τ, {err}"
         return result
-    ran = min(max(1, math.ceil(horizon * t)), max_updates)
+    per_update = gradients_per_update(pilot)
+    ran = runnable_updates(min(max(1, math.ceil(horizon * t)), max_updates), per_update)
     result.update(gamma=gamma, updates=t, ran_updates=ran)
     bounds = list(bounds) if bounds else default_bounds(limit, a0, points)
-    every = max(1, ran * seeds // 20_000)
+    gradients = math.ceil(ran * per_update)
+    every = max(1, gradients * seeds // 20_000)
     for b in sorted(bounds):
         with np.errstate(all="ignore"):  # (a bound large enough diverges: said in its point)
-            result["points"].append(_point(scenario, problem, b, gamma, ran, every, seeds,
-                                           f_star, w_star, eps, progress))
+            result["points"].append(_point(scenario, problem, b, gamma, (ran, gradients),
+                                           every, seeds, f_star, w_star, eps, progress))
     _conclude(result, eps)
     return result
 
 
-def _point(scenario: Scenario, problem: Problem, b: float, gamma: float, ran: int,
-           every: int, seeds: int, f_star: float, w_star: np.ndarray, eps: float,
+def _point(scenario: Scenario, problem: Problem, b: float, gamma: float,
+           length: tuple[int, int], every: int, seeds: int, f_star: float,
+           w_star: np.ndarray, eps: float,
            progress: Callable[[int], object] | None) -> dict[str, Any]:
-    """The runs at error bound ``b``: τ measured in them and where they ended; where one
+    """The runs at error bound ``b`` (``length``: updates of w to read them at, gradients to
+    run): τ measured in them and where they ended, at ``final_at`` updates of w; where one
     diverged, which (``diverged``), and no τ or final values (None)."""
+    ran, gradients = length
     runs = _runs(scenario, problem, [
-        f"run.lr={gamma!r}", f"run.updates={ran}", "metrics.exact=true",
+        f"run.lr={gamma!r}", f"run.updates={gradients}", "metrics.exact=true",
         f"metrics.every={every}", "metrics.curve_points=20", "inject.error=adversarial",
         f"inject.error_bound={b!r}", "inject.error_relative=false"], range(seeds), progress)
     failed = diverged(runs)
@@ -150,10 +158,11 @@ def _point(scenario: Scenario, problem: Problem, b: float, gamma: float, ran: in
                 "final_mean": None, "final_upper": None, "final_distance": None,
                 "reached_eps": False}
     _, tau = serialized_constants(runs, window_count(runs))
-    final = np.array([r["curve_loss"][-1] - f_star for r in runs])
-    mean, _, upper = _mean_and_bounds(final[:, None])
+    grid, losses = common_points(runs, "curve_loss", ran)
+    mean, _, upper = _mean_and_bounds(losses[:, -1:] - f_star)
     distance = float(np.mean([np.linalg.norm(r["w_final"] - w_star) for r in runs]))
     return {"bound": b, "diverged": None, "tau": tau.upper, "tau_mean": tau.mean,
+            "final_at": int(grid[-1]),
             "final_mean": float(mean[0]), "final_upper": float(upper[0]),
             "final_distance": distance, "reached_eps": bool(mean[0] <= eps)}
 

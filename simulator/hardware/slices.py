@@ -125,24 +125,32 @@ class Migrating:
         return None
 
 
+def sliced_devices(scenario: Scenario, threads: int) -> dict[int, list[int]]:
+    """The devices whose time is sliced, each with its threads: those with a
+    ``[hardware.time_slices]`` table and fewer cores than threads (with a core each, no
+    thread waits for one)."""
+    on: dict[int, list[int]] = {}
+    for thread in range(threads):
+        on.setdefault(scenario.device_of(thread), []).append(thread)
+    return {device: members for device, members in on.items()
+            if scenario.hardware_of(device).time_slices is not None
+            and 0 < scenario.devices[device].cores < len(members)}
+
+
 class TimeSlices(Hardware):
     """Threads on time-sliced devices start actions only in their own slices; with
     ``preempt`` a slice's end also stops the action running, which goes on in the thread's
     next slice."""
 
     def __init__(self, scenario: Scenario, threads: int) -> None:
-        on: dict[int, list[int]] = {}
-        for thread in range(threads):
-            on.setdefault(scenario.device_of(thread), []).append(thread)
         # Per sliced thread: (the threads it rotates with, itself included; the cores they
         # share; quantum; the device's per-core queues or None for global slicing).
         self.slices: list[tuple[list[int], int, int, Migrating | None] | None] = [None] * threads
         self.preempts = [False] * threads
-        for device, members in on.items():
+        for device, members in sliced_devices(scenario, threads).items():
             spec, cores = (scenario.hardware_of(device).time_slices,
                            scenario.devices[device].cores)
-            if spec is None or not 0 < cores < len(members):
-                continue
+            assert spec is not None
             ordered = sorted(members, key=scenario.slot_of)
             moves = (Migrating(ordered, cores, spec.quantum, spec.migrate, scenario.run.seed,
                                device)

@@ -108,6 +108,16 @@ def test_an_error_that_diverges_is_said_and_written_as_strict_json(tmp_path, cap
         tau_sweep(scenario(*SERIAL), eps=0.01, points=100_000_000)
 
 
+def test_a_minibatch_sweep_is_read_after_its_updates_of_w():
+    """t (10) counts updates of w: each point's runs compute four gradients per update of a
+    minibatch of 4 and are read at the sweep's count (they ran that many gradients, a
+    quarter of the updates)."""
+    result = tau_sweep(scenario(*SERIAL, "run.protocol=minibatch", "run.threads=4",
+                                "run.updates=400"), eps=0.5, seeds=2, bounds=[1e-3])
+    point = result["points"][0]
+    assert 0.9 * result["ran_updates"] <= point["final_at"] <= result["ran_updates"]
+
+
 def test_a_scenario_with_its_own_error_is_refused():
     """The adversarial error replaces the scenario's inject.error, so one that sets its own
     is refused with the field named, before any run."""
