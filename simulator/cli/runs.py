@@ -61,8 +61,17 @@ def _replay_schedule(path: Path, text: str, overrides: list[str]) -> tuple[Any, 
 
     source = path / "scenario.toml" if path.is_dir() else path
     scenario = load_scenario(source, overrides)
-    if Path(text).is_file():  # a schedule file, such as explore's worst.schedule
-        text = Path(text).read_text().strip()
+    try:  # a schedule file, such as explore's worst.schedule (a long schedule written
+        # inline is no file name: ENAMETOOLONG)
+        named = Path(text).is_file()
+    except OSError:
+        named = False
+    if named:
+        try:
+            text = Path(text).read_text().strip()
+        except (OSError, UnicodeDecodeError):
+            raise ScenarioError("--schedule", text, "cannot be read as a schedule "
+                                "file") from None
     choices = parse_schedule(text)
     result = run_schedule(scenario, lambda threads: Scheduler("fixed", threads,
                                                               schedule=choices))

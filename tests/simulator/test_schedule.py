@@ -253,6 +253,18 @@ def test_a_checkpoint_that_cannot_be_written_is_refused_before_the_search(tmp_pa
     assert not (tmp_path / "x").exists()
 
 
+def test_a_long_schedule_written_inline_is_read_as_one(tmp_path, capsys):
+    """A schedule too long to be a file name was tried as one (OSError: File name too long)."""
+    sets = [arg for o in (*TINY, "run.updates=2", "run.blocks=1") for arg in ("--set", o)]
+    assert main(["explore", "--out", str(tmp_path / "ex"), "--runs", "1", "--quiet",
+                 *sets]) == 0
+    capsys.readouterr()
+    assert main(["replay", str(tmp_path / "ex"), "--schedule", ".".join(["0"] * 400),
+                 "--out", str(tmp_path / "again"), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--schedule" in err[0] and "cannot act" in err[0], err
+
+
 def test_a_dropped_write_records_the_one_step_it_takes():
     """Under a scheduler a dropped write is one action: its blocks' recorded write durations
     add up to its one step (the first block's), as every write's add up to its steps (one
