@@ -57,7 +57,6 @@ from simulator.scenario import InjectSpec, Scenario, with_overrides
 from simulator.trace import Trace
 from theory.asyngrad import InfeasibleError
 from theory.check import (
-    _at,
     _mean_and_bounds,
     _runs,
     check_counts,
@@ -66,6 +65,7 @@ from theory.check import (
     pilot_runs,
     runnable_updates,
     suboptimality,
+    validated,
     validation_runs,
 )
 from theory.estimators import curvature, initial_distance
@@ -238,23 +238,7 @@ def _hogwild_verdict(result: dict[str, Any], eps: float) -> str:
         return (f"no guarantee: the validation runs saw lag τ = {m['tau']} and M = "
                 f"{m['M']:.4g}, beyond the assumed {last['tau']} and {last['M']:.4g} after "
                 f"{len(result['rounds'])} rounds")
-    if v["reached"] < last["ran_updates"]:
-        return (f"not validated at k: (4.2) asks for {last['updates']:,} updates of w, a run "
-                f"made only {v['reached']:,} (a thread died, or fewer of its gradients were "
-                f"applied than in the pilot runs); at update {v['final_at']:,} the mean "
-                f"suboptimality is {v['final_mean']:.4g} (95% upper bound "
-                f"{v['final_upper']:.4g}) against ε = {eps:g}")
-    if last["ran_updates"] < last["updates"]:
-        return (f"not validated at k: (4.2) asks for {last['updates']:,} updates, the runs "
-                f"stopped at {last['ran_updates']:,} (--max-updates, or the gradients one run "
-                f"can hold here); at update {v['final_at']:,} the mean suboptimality is "
-                f"{v['final_mean']:.4g} (95% upper bound {v['final_upper']:.4g}) against "
-                f"ε = {eps:g}")
-    holds = v["final_upper"] <= eps
-    where = _at(v["final_at"], last["updates"], "k")
-    return (f"{'holds' if holds else 'VIOLATED'}: {where} "
-            f"the mean suboptimality is {v['final_mean']:.4g}, 95% upper bound "
-            f"{v['final_upper']:.4g} {'<=' if holds else '>'} ε = {eps:g}")
+    return validated(v, last, eps, "k", "(4.2)")
 
 
 def expected_regret(trace: Trace, f_star: float, tau: int) -> np.ndarray:

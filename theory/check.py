@@ -50,7 +50,8 @@ from theory.estimators import Estimate, curvature, initial_distance, serialized_
 
 __all__ = ["PILOT_SEED", "WINDOWS", "check_counts", "check_theorem", "common_points",
            "completions", "constant_step", "diverged", "gradients_per_update", "pilot_runs",
-           "remeasured_constants", "suboptimality", "validation_runs", "window_count"]
+           "remeasured_constants", "runnable_updates", "suboptimality", "validated",
+           "validation_runs", "window_count"]
 
 PILOT_SEED = 1_000_000  # pilot runs use seeds from here, so they never reuse a validation seed
 WINDOWS = 10  # windows κ² and τ are measured in (``serialized_constants``)
@@ -359,29 +360,31 @@ def _verdict(result: dict[str, Any], eps: float) -> str:
                 f"{m['tau']:.4g}, against the assumed {last['kappa2']:.4g} and "
                 f"{last['tau']:.4g} after {len(result['rounds'])} rounds" + empirical)
     assert v is not None
+    return validated(v, last, eps, "t", "(10)")
+
+
+def validated(v: dict[str, Any], last: dict[str, Any], eps: float, name: str,
+              formula: str) -> str:
+    """The verdict of a validation ``v`` (:func:`suboptimality`) of the last round ``last``
+    (``updates`` the bound's count ``name`` by ``formula``, ``ran_updates`` those run):
+    not validated where the runs fell short of what was planned or were cut, else holds or
+    VIOLATED, saying where the final values were read."""
+    there = (f"at update {v['final_at']:,} the mean suboptimality is {v['final_mean']:.4g} "
+             f"(95% upper bound {v['final_upper']:.4g}) against ε = {eps:g}")
     if v["reached"] < last["ran_updates"]:
-        return (f"not validated at t: (10) asks for {last['updates']:,} updates of w, a run "
-                f"made only {v['reached']:,} (a thread died, or fewer of its gradients were "
-                f"applied than in the pilot runs); at update {v['final_at']:,} the mean "
-                f"suboptimality is {v['final_mean']:.4g} (95% upper bound "
-                f"{v['final_upper']:.4g}) against ε = {eps:g}")
+        return (f"not validated at {name}: {formula} asks for {last['updates']:,} updates of "
+                f"w, a run made only {v['reached']:,} (a thread died, or fewer of its "
+                f"gradients were applied than in the pilot runs); {there}")
     if last["ran_updates"] < last["updates"]:
-        return (f"not validated at t: (10) asks for {last['updates']:,} updates, the runs "
-                f"stopped at {last['ran_updates']:,} (--max-updates, or the gradients one run "
-                f"can hold here); at update {v['final_at']:,} the mean suboptimality is "
-                f"{v['final_mean']:.4g} (95% upper bound {v['final_upper']:.4g}) against "
-                f"ε = {eps:g}")
+        return (f"not validated at {name}: {formula} asks for {last['updates']:,} updates, "
+                f"the runs stopped at {last['ran_updates']:,} (--max-updates, or the "
+                f"gradients one run can hold here); {there}")
     holds = v["final_upper"] <= eps
-    where = _at(v["final_at"], last["updates"], "t")
+    if v["final_at"] == last["updates"]:
+        where = f"after {name} = {last['updates']:,} updates"
+    else:  # runs made at their own rates
+        where = (f"at update {v['final_at']:,} of {name} = {last['updates']:,} (the last "
+                 "checkpoint every run reached by then)")
     return (f"{'holds' if holds else 'VIOLATED'}: {where} "
             f"the mean suboptimality is {v['final_mean']:.4g}, 95% upper bound "
             f"{v['final_upper']:.4g} {'<=' if holds else '>'} ε = {eps:g}")
-
-
-def _at(final_at: int, planned: int, name: str) -> str:
-    """Where a verdict's final values were read: after the planned count, or at the last
-    checkpoint before it that every run reached (runs made at their own rates)."""
-    if final_at == planned:
-        return f"after {name} = {planned:,} updates"
-    return (f"at update {final_at:,} of {name} = {planned:,} (the last checkpoint every run "
-            "reached by then)")
