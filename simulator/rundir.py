@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import os
 import re
 import shutil
@@ -23,16 +24,33 @@ from simulator.problems import Problem
 from simulator.scenario import Scenario, scenario_to_toml
 from simulator.trace import Trace
 
-__all__ = ["FILES", "HOLD", "check_out", "hold", "publish", "remove_stale", "write_run"]
+__all__ = ["FILES", "HOLD", "check_out", "hold", "publish", "remove_stale", "write_json",
+           "write_run"]
 
 FILES = ("scenario.toml", "summary.json", "trace.npz", "curve.csv", "timeline.png", "loss.png",
          "error_hist.png")
 
 
+def _strict(value: Any) -> Any:
+    """``value`` with every float that is not finite (a diverged run's) made None."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: _strict(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_strict(item) for item in value]
+    return value
+
+
+def write_json(path: Path, value: Any) -> None:
+    """Write ``value`` as JSON that strict readers take: NaN and ±inf are written null."""
+    path.write_text(json.dumps(_strict(value), indent=2, allow_nan=False) + "\n")
+
+
 def _write_files(where: Path, scenario: Scenario, trace: Trace, summary: dict[str, Any],
                  f_star: float, plots: bool) -> None:
     (where / "scenario.toml").write_text(scenario_to_toml(scenario))
-    (where / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    write_json(where / "summary.json", summary)
     trace.save(where / "trace.npz")
     rows = curve_rows(trace, f_star)
     with open(where / "curve.csv", "w", newline="") as handle:

@@ -19,6 +19,7 @@ import math
 import operator
 import os
 import tomllib
+import zipfile
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, as_completed
 from dataclasses import dataclass
@@ -159,7 +160,8 @@ def _run_cell(cell: Cell, out: str) -> dict[str, Any]:
 
 def _finished(cell: Cell, where: Path) -> dict[str, Any] | None:
     """The summary of the cell's earlier run, or None where there is none to resume: a file
-    of it missing, or one that does not load (the cell then runs again, replacing them).
+    of it missing, or one that does not load or, for the trace, has no index (cut short): the
+    cell then runs again, replacing them.
 
     Raises:
         AsyngradError: the directory holds anything but a run's files, or a run of a
@@ -175,8 +177,9 @@ def _finished(cell: Cell, where: Path) -> dict[str, Any] | None:
         summary = json.loads((where / "summary.json").read_text())
         _metrics(summary)
         _curve(where)
-        return summary if (where / "trace.npz").is_file() else None
-    except (OSError, ValueError):  # ValueError: also bad UTF-8, TOML, JSON
+        with zipfile.ZipFile(where / "trace.npz"):  # its index is read: a cut file has none
+            return summary
+    except (OSError, ValueError, zipfile.BadZipFile):  # ValueError: also bad UTF-8, TOML, JSON
         return None
 
 

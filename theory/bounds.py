@@ -204,6 +204,9 @@ def check_hogwild(scenario: Scenario, eps: float, seeds: int, theta: float = 0.5
         except InfeasibleError as err:
             entry.update(gamma=gamma, infeasible=str(err))
             break
+        if planned == 0:  # f(x_0) − f* <= (L/2)·D_0 < ε already: nothing to run
+            entry.update(gamma=gamma, updates=0, ran_updates=0, assumptions_held=True)
+            break
         ran = runnable_updates(min(planned, max_updates), per_update)
         entry.update(gamma=gamma, updates=planned, ran_updates=ran)
         runs = validation_runs(scenario, problem, gamma, ran, seeds, progress, per_update)
@@ -232,6 +235,10 @@ def _hogwild_verdict(result: dict[str, Any], eps: float) -> str:
         return f"no validation: {last['infeasible']} (γ (4.1) = {last['gamma']:.4g})"
     if "lost" in last:
         return f"no guarantee: {last['lost']}"
+    if last["updates"] == 0:
+        start = result["conditions"]["smoothness"]["L"] * result["d0"]
+        return (f"holds: L·D_0 = {start:.4g} <= ε = {eps:g} at x_0, so (4.2) asks for no "
+                "update and nothing was run")
     v = result["validation"]
     if not last["assumptions_held"]:
         m = last["measured"]

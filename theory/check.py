@@ -33,6 +33,7 @@ from simulator.engine import Engine
 from simulator.errors import AsyngradError, ScenarioError
 from simulator.metrics import diverged_at
 from simulator.problems import Problem, make_problem
+from simulator.protocols import PROTOCOLS
 from simulator.scenario import Scenario, with_overrides
 from simulator.trace import Trace
 from theory.asyngrad import (
@@ -73,12 +74,17 @@ def constant_step(scenario: Scenario) -> None:
     """Raise ScenarioError unless every update applies γ·s_t with one γ, as the theorems
     assume (w_t = w_{t−1} − γ s_t): no learning-rate schedule, no step scaled by staleness
     (the serialized view divides such factors out of s_t, so the measured s_t would not be
-    the iteration's)."""
+    the iteration's), no protocol whose updates are not SGD steps (ADMM's local solves: the
+    view measures nothing of them)."""
+    protocol = scenario.run.protocol
+    if not PROTOCOLS[protocol].exact_view:
+        raise ScenarioError("run.protocol", protocol, "its updates are not SGD steps "
+                            "w_t = w_{t−1} − γ s_t; the bounds are about SGD")
     if scenario.run.lr_schedule != "constant":
         raise ScenarioError("run.lr_schedule", scenario.run.lr_schedule,
                             "the bounds assume a constant learning rate γ (set it constant)")
-    if scenario.run.protocol == "staleness_lr":
-        raise ScenarioError("run.protocol", scenario.run.protocol,
+    if protocol == "staleness_lr":
+        raise ScenarioError("run.protocol", protocol,
                             "scales γ by each update's staleness; the bounds assume one γ")
 
 
@@ -178,7 +184,7 @@ def suboptimality(runs: list[Trace], problem: Problem, eps: float,
                   planned: int, upto: int | None = None) -> dict[str, Any]:
     """Mean f(w_t) − f* over the runs on a grid they all reached, up to ``upto`` updates of
     w (:func:`common_points`), its 95% band and one-sided upper bound, when the mean first
-    fell to ``eps`` (also as a share of ``planned``), ``final_at`` (the last grid point)
+    fell to ``eps`` (also as a share of ``planned`` > 0), ``final_at`` (the last grid point)
     and ``reached``: the fewest updates of w a run made."""
     checkpoints, losses = common_points(runs, "curve_loss", upto)
     f_star = problem.optimum()[1]
@@ -190,7 +196,7 @@ def suboptimality(runs: list[Trace], problem: Problem, eps: float,
         "final_mean": float(mean[-1]), "final_upper": float(upper[-1]),
         "final_at": int(checkpoints[-1]), "reached": min(completions(run) for run in runs),
         "reached_eps_at": int(checkpoints[below[0]]) if below.size else None,
-        "tightness": float(checkpoints[below[0]]) / planned if below.size and planned else None,
+        "tightness": float(checkpoints[below[0]]) / planned if below.size else None,
     }
 
 

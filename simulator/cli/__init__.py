@@ -12,7 +12,7 @@ from typing import Any
 
 from simulator.cli import bounds, explore, fidelity, real, runs, table
 from simulator.cli.common import Parser
-from simulator.errors import AsyngradError
+from simulator.errors import AsyngradError, ScenarioError
 
 __all__ = ["main"]
 
@@ -44,6 +44,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     main_thread = threading.current_thread() is threading.main_thread()
     before = signal.signal(signal.SIGTERM, _terminated) if main_thread else None
     try:
+        out = getattr(args, "out", None)
+        if out is not None and not out.strip():  # (Path('') is '.')
+            raise ScenarioError("--out", out, "must not be empty")
         return int(args.run(args))
     except AsyngradError as err:
         print(f"asyngrad: error: {err}", file=sys.stderr)

@@ -230,9 +230,8 @@ TAUSWEEP_FILES = ("tausweep.json", "tausweep.png")
 
 
 def _check(args: argparse.Namespace) -> int:
-    import json
 
-    from simulator.rundir import check_out, publish
+    from simulator.rundir import check_out, publish, write_json
     from simulator.scenario import load_scenario
     from theory.plots import check_figure, regret_figure
 
@@ -260,7 +259,7 @@ def _check(args: argparse.Namespace) -> int:
     figure = regret_figure if args.bound == "langford" else check_figure
 
     def write(where: Path) -> None:
-        (where / "check.json").write_text(json.dumps(result, indent=2) + "\n")
+        write_json(where / "check.json", result)
         figure(result).savefig(where / "check.png", dpi=110)
 
     publish(out, CHECK_FILES, write)
@@ -312,13 +311,11 @@ def _print_hogwild_check(result: dict[str, Any], name: str) -> None:
 
 def _print_reached(result: dict[str, Any], count: str) -> None:
     """When the validation's mean fell below ε and the tightness, its share of the bound's
-    ``count`` (n/a where the count is 0); nothing without a validation."""
+    ``count``; nothing without a validation."""
     validation = result.get("validation")
     if validation and validation["reached_eps_at"] is not None:
-        tightness = validation["tightness"]
-        shown = "n/a" if tightness is None else f"{tightness:.3g}"
         print(f"  the mean fell below ε after {validation['reached_eps_at']:,} updates "
-              f"(tightness {shown} of {count})")
+              f"(tightness {validation['tightness']:.3g} of {count})")
 
 
 def _print_langford_check(result: dict[str, Any], name: str) -> None:
@@ -338,9 +335,8 @@ def _print_langford_check(result: dict[str, Any], name: str) -> None:
 
 
 def _tausweep(args: argparse.Namespace) -> int:
-    import json
 
-    from simulator.rundir import check_out, publish
+    from simulator.rundir import check_out, publish, write_json
     from simulator.scenario import load_scenario
     from theory.injection import tau_sweep
     from theory.plots import tausweep_figure
@@ -359,7 +355,7 @@ def _tausweep(args: argparse.Namespace) -> int:
                            args.beta, args.pilot_seeds, args.max_updates, bar.update)
 
     def write(where: Path) -> None:
-        (where / "tausweep.json").write_text(json.dumps(result, indent=2) + "\n")
+        write_json(where / "tausweep.json", result)
         tausweep_figure(result).savefig(where / "tausweep.png", dpi=110)
 
     publish(out, TAUSWEEP_FILES, write)

@@ -64,12 +64,9 @@ def default_out(out: str | None, command: str, name: str | None = None) -> Path:
     scenario's ``name``).
 
     Raises:
-        ScenarioError: an empty ``--out`` (it wrote the default), or a name that is not a
-            plain file name (``../x`` wrote outside runs/).
+        ScenarioError: a name that is not a plain file name (``../x`` wrote outside runs/).
     """
-    if out is not None:
-        if not out.strip():
-            raise ScenarioError("--out", out, "must not be empty")
+    if out is not None:  # (an empty one is refused in ``main``)
         return Path(out)
     if name is None:
         return Path("runs") / command

@@ -12,9 +12,8 @@ from simulator.cli.common import progress
 
 
 def _explore(args: argparse.Namespace) -> int:
-    import json
 
-    from simulator.rundir import check_out, publish, write_run
+    from simulator.rundir import check_out, publish, write_json, write_run
     from simulator.scenario import load_scenario, scenario_to_toml
     from simulator.schedule import explore
 
@@ -31,7 +30,7 @@ def _explore(args: argparse.Namespace) -> int:
                                 args.preemptions, args.checkpoint)
 
     def write(where: Path) -> None:
-        (where / "explore.json").write_text(json.dumps(report, indent=2) + "\n")
+        write_json(where / "explore.json", report)
         (where / "scenario.toml").write_text(scenario_to_toml(scenario))
         (where / "worst.schedule").write_text(report["worst"][0]["schedule"] + "\n")
         write_run(where / "worst", scenario, worst.trace, worst.problem)
@@ -63,9 +62,8 @@ def _explore(args: argparse.Namespace) -> int:
 def _explore_property(args: argparse.Namespace, scenario: Any, out: Path,
                       files: tuple[str, ...]) -> int:
     """Search for a schedule violating --property, shrink it, write the counterexample."""
-    import json
 
-    from simulator.rundir import publish, write_run
+    from simulator.rundir import publish, write_json, write_run
     from simulator.scenario import scenario_to_toml
     from simulator.schedule import Property, search_violation
 
@@ -76,7 +74,7 @@ def _explore_property(args: argparse.Namespace, scenario: Any, out: Path,
     run = report.pop("run", None)
 
     def write(where: Path) -> None:
-        (where / "explore.json").write_text(json.dumps(report, indent=2) + "\n")
+        write_json(where / "explore.json", report)
         (where / "scenario.toml").write_text(scenario_to_toml(scenario))
         if run is not None:
             (where / "worst.schedule").write_text(report["counterexample_schedule"] + "\n")

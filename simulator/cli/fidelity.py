@@ -20,19 +20,18 @@ COMPARE_FILES = ("compare.json", "compare.png")
 
 
 def _compare(args: argparse.Namespace) -> int:
-    import json
 
     from simulator.fidelity.compare import compare_runs
     from simulator.fidelity.figure import compare_figure
     from simulator.fidelity.report import compare_text
-    from simulator.rundir import check_out, publish
+    from simulator.rundir import check_out, publish, write_json
 
     out = default_out(args.out, "compare")
     check_out(out, COMPARE_FILES)
     report = compare_runs(args.run_a, args.run_b)
 
     def write(where: Path) -> None:
-        (where / "compare.json").write_text(json.dumps(report, indent=2) + "\n")
+        write_json(where / "compare.json", report)
         compare_figure(args.run_a, args.run_b).savefig(where / "compare.png", dpi=100)
 
     publish(out, COMPARE_FILES, write)

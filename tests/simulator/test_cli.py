@@ -80,6 +80,19 @@ def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path, args, needle):
     assert not out.exists() and list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("name", ["simulate", "replay missing.npz", "sweep", "check",
+                                  "tausweep --eps 0.1", "explore", "table",
+                                  "calibrate missing", "compare a b", "real"])
+def test_an_empty_out_is_refused_by_every_command(tmp_path, monkeypatch, capsys, name):
+    """``--out ''`` is one line naming --out, before the command's own inputs are read (it
+    was taken as '.', and named '.' in the error)."""
+    monkeypatch.chdir(tmp_path)
+    assert main([*name.split(), "--out", ""]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["asyngrad: error: --out = '': must not be empty"]
+    assert not any(tmp_path.iterdir())
+
+
 def test_corrupt_trace_is_one_line_exit_2(tmp_path):
     """A corrupt trace given to replay is reported in one line with exit 2."""
     bad = tmp_path / "trace.npz"

@@ -133,9 +133,11 @@ def _edit(path, old, new):
     lambda cell: _cut(cell / "curve.csv", 120),
     lambda cell: (cell / "curve.csv").write_text("a,b\n1,2\n"),
     lambda cell: (cell / "trace.npz").unlink(),
+    lambda cell: _cut(cell / "trace.npz", 200),
+    lambda cell: (cell / "trace.npz").write_bytes(b""),
 ], ids=["summary-garbage", "summary-empty", "summary-list", "summary-metric-text",
         "scenario-missing", "scenario-garbage", "curve-header-only", "curve-cut-mid-row",
-        "curve-other-columns", "trace-missing"])
+        "curve-other-columns", "trace-missing", "trace-cut", "trace-empty"])
 def test_resume_reruns_a_cell_whose_files_do_not_load(tmp_path, damage):
     """A resumed cell with a file missing or damaged is run again; the table is unchanged."""
     cells = plan_sweep(None, SMALL, THREADS)

@@ -302,6 +302,16 @@ def test_hogwild_validates_on_a_small_quadratic():
     assert r["conditions"]["sparsity"] == {"omega": 2, "delta": 1.0, "rho": 1.0, "samples": 50}
 
 
+def test_hogwild_start_within_eps_runs_nothing():
+    """L·D_0 <= ε: (4.2) gives k = 0, the bound holds at x_0 and nothing is validated (it ran
+    one update, the least a run can make, and judged it as if asked for)."""
+    r = check_hogwild(scenario(*QUADRATIC, "run.threads=1"), 50.0, 2)
+    last = r["rounds"][-1]
+    assert r["guarantee"] and last["updates"] == last["ran_updates"] == 0
+    assert "validation" not in r and r["verdict"].startswith("holds: L·D_0 = ")
+    assert len(r["rounds"]) == 1
+
+
 def test_hogwild_with_lag_says_when_k_is_beyond_reach():
     """Four lock-free threads (atomic adds): the lag factor makes k too large for
     --max-updates; the check runs what it may and says it did not validate."""

@@ -11,6 +11,7 @@ from simulator.errors import ScenarioError
 from simulator.problems import QuadraticProblem, make_problem
 from tests.conftest import scenario
 from theory.asyngrad import Constants, updates
+from theory.bounds import check_hogwild
 from theory.check import check_theorem, completions, pilot_runs, remeasured_constants
 from theory.estimators import initial_distance, serialized_constants
 
@@ -148,12 +149,17 @@ def test_validation_runs_fit_this_machine(monkeypatch):
 
 
 @pytest.mark.parametrize(("override", "field"), [
-    ("run.lr_schedule=inverse", "run.lr_schedule"), ("run.protocol=staleness_lr", "run.protocol")])
+    ("run.lr_schedule=inverse", "run.lr_schedule"), ("run.protocol=staleness_lr", "run.protocol"),
+    ("run.protocol=admm", "run.protocol")])
 def test_a_step_that_is_not_gamma_times_s_is_refused(override, field):
     """Theorem 1's iteration is w_t = w_{t−1} − γ s_t with one γ: a schedule or a
-    staleness-scaled step ran the validation at another rate (VIOLATED with a guarantee)."""
+    staleness-scaled step ran the validation at another rate (VIOLATED with a guarantee);
+    ADMM's local solves are not SGD steps (refused after the pilots as "0 measured updates",
+    asking for metrics.exact, which was on). Hogwild!'s check refuses them too."""
     with pytest.raises(ScenarioError, match=field.replace(".", r"\.")):
         check_theorem(scenario(*QUADRATIC, override), 0.05, 2)
+    with pytest.raises(ScenarioError, match=field.replace(".", r"\.")):
+        check_hogwild(scenario(*QUADRATIC, override), 0.05, 2)
 
 
 def test_a_diverging_pilot_claims_nothing():

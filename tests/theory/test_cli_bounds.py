@@ -55,13 +55,14 @@ def test_options_left_out_take_their_defaults(capsys):
     assert "σ = 0.5" in capsys.readouterr().out
 
 
-def test_check_prints_missing_values_as_n_a(tmp_path, capsys):
-    """ε above (L/2)·D_0: (4.2) asks for no update, so the validation has no tightness; the
-    printout says n/a instead of failing. AsynGrad's check at such an ε has no validation."""
+def test_check_of_a_start_within_eps_prints_no_validation(tmp_path, capsys):
+    """ε above L·D_0: (4.2) asks for no update and nothing runs; the printout and the figure
+    do without a validation. The same for AsynGrad's check at such an ε."""
     assert main(["check", "--bound", "hogwild", "--eps", "5", "--seeds", "2",
                  "--pilot-seeds", "1", "--out", str(tmp_path / "hog"), *SETS]) == 0
     out = capsys.readouterr().out
-    assert "(tightness n/a of k)" in out and "k (4.2) = 0" in out
+    assert "k (4.2) = 0" in out and "holds: L·D_0" in out and "tightness" not in out
+    assert (tmp_path / "hog" / "check.png").stat().st_size > 0
     assert main(["check", "--eps", "5", "--seeds", "2", "--pilot-seeds", "1", "--out",
                  str(tmp_path / "asyn"), *SETS]) == 0
     assert "t (10) = 0" in capsys.readouterr().out
