@@ -284,12 +284,13 @@ def bare(problem: Problem, samples: list[int]) -> np.ndarray:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="2,000 updates, 3 repeats")
+    parser.add_argument("--quick", action="store_true", help="3 repeats, 2,000 updates")
     parser.add_argument("--dim", type=int, default=100,
                         help="the problem's dimension (other than 100: no schedules table)")
-    parser.add_argument("--updates", type=int, default=20_000)
+    parser.add_argument("--updates", type=int, help="default 20,000 (--quick: 2,000)")
     args = parser.parse_args()
-    updates, repeats, threads = (2_000, 3, 8) if args.quick else (args.updates, 5, 8)
+    repeats, threads = (3, 8) if args.quick else (5, 8)
+    updates = args.updates or (2_000 if args.quick else 20_000)
     scenario = load_scenario(None, [f"problem.dim={args.dim}", f"run.threads={threads}",
                                     f"run.updates={updates}", "metrics.exact=false",
                                     "metrics.curve_points=0"])

@@ -24,27 +24,28 @@ from simulator.problems import Problem
 from simulator.scenario import Scenario, scenario_to_toml
 from simulator.trace import Trace
 
-__all__ = ["FILES", "HOLD", "check_out", "hold", "publish", "remove_stale", "write_json",
-           "write_run"]
+__all__ = ["FILES", "HOLD", "check_out", "hold", "publish", "remove_stale", "strict",
+           "write_json", "write_run"]
 
 FILES = ("scenario.toml", "summary.json", "trace.npz", "curve.csv", "timeline.png", "loss.png",
          "error_hist.png")
 
 
-def _strict(value: Any) -> Any:
-    """``value`` with every float that is not finite (a diverged run's) made None."""
+def strict(value: Any) -> Any:
+    """``value`` as a JSON file written by :func:`write_json` gives it back: every float that
+    is not finite (a diverged run's) None, tuples lists."""
     if isinstance(value, float):
         return value if math.isfinite(value) else None
     if isinstance(value, dict):
-        return {key: _strict(item) for key, item in value.items()}
+        return {key: strict(item) for key, item in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_strict(item) for item in value]
+        return [strict(item) for item in value]
     return value
 
 
 def write_json(path: Path, value: Any) -> None:
     """Write ``value`` as JSON that strict readers take: NaN and ±inf are written null."""
-    path.write_text(json.dumps(_strict(value), indent=2, allow_nan=False) + "\n")
+    path.write_text(json.dumps(strict(value), indent=2, allow_nan=False) + "\n")
 
 
 def _write_files(where: Path, scenario: Scenario, trace: Trace, summary: dict[str, Any],

@@ -20,6 +20,7 @@ import operator
 import os
 import tomllib
 import zipfile
+import zlib
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, as_completed
 from dataclasses import dataclass
@@ -30,7 +31,7 @@ import numpy as np
 
 from simulator.budget import preflight
 from simulator.errors import AsyngradError, ScenarioError
-from simulator.rundir import FILES, check_out, write_run
+from simulator.rundir import FILES, check_out, strict, write_run
 from simulator.scenario import Scenario, load_scenario, scenario_to_toml
 
 if TYPE_CHECKING:
@@ -150,18 +151,19 @@ def plan_sweep(scenario: str | Path | None, overrides: Sequence[str],
 
 
 def _run_cell(cell: Cell, out: str) -> dict[str, Any]:
-    """Simulate one cell and write its run directory (no plots); returns its summary."""
+    """Simulate one cell and write its run directory (no plots); returns its summary as
+    ``summary.json`` holds it (a value that is not finite is None), as a resumed cell's."""
     from simulator.engine import Engine
 
     engine = Engine(cell.scenario)
     trace = engine.run()
-    return write_run(Path(out), cell.scenario, trace, engine.problem, plots=False)
+    return strict(write_run(Path(out), cell.scenario, trace, engine.problem, plots=False))
 
 
 def _finished(cell: Cell, where: Path) -> dict[str, Any] | None:
     """The summary of the cell's earlier run, or None where there is none to resume: a file
-    of it missing, or one that does not load or, for the trace, has no index (cut short): the
-    cell then runs again, replacing them.
+    of it missing, or one that does not load (for the trace: an array whose checksum fails);
+    the cell then runs again, replacing them.
 
     Raises:
         AsyngradError: the directory holds anything but a run's files, or a run of a
@@ -177,9 +179,10 @@ def _finished(cell: Cell, where: Path) -> dict[str, Any] | None:
         summary = json.loads((where / "summary.json").read_text())
         _metrics(summary)
         _curve(where)
-        with zipfile.ZipFile(where / "trace.npz"):  # its index is read: a cut file has none
-            return summary
-    except (OSError, ValueError, zipfile.BadZipFile):  # ValueError: also bad UTF-8, TOML, JSON
+        with zipfile.ZipFile(where / "trace.npz") as trace:
+            return summary if trace.testzip() is None else None  # every array's CRC
+    # (ValueError: also bad UTF-8, TOML, JSON; zlib.error: a damaged compressed array)
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error):
         return None
 
 

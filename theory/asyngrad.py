@@ -29,8 +29,8 @@ import numpy as np
 from simulator.errors import AsyngradError, ScenarioError
 
 __all__ = ["Constants", "InfeasibleError", "check_accuracy", "contraction", "error_budget",
-           "fixed_point", "learning_rate", "recursion_bound", "tau_limit", "update_count",
-           "updates"]
+           "fixed_point", "learning_rate", "recursion_bound", "start_within", "tau_limit",
+           "update_count", "updates"]
 
 
 class InfeasibleError(AsyngradError):
@@ -114,11 +114,17 @@ def updates(k: Constants, eps: float, beta: float = 1.0) -> int:
         ScenarioError: as :func:`learning_rate`.
     """
     learning_rate(k, eps, beta)  # validates, and raises when infeasible
-    ratio = k.q * k.a0 / eps
-    if ratio <= 1:
+    if start_within(k.q, k.a0, eps):
         return 0
-    return update_count(beta * k.q * k.kappa2 * math.log(ratio),
+    return update_count(beta * k.q * k.kappa2 * math.log(k.q * k.a0 / eps),
                         k.c * (k.c * eps - 2 * k.tau * k.q), "Theorem 1 (10)")
+
+
+def start_within(smoothness: float, distance2: float, eps: float) -> bool:
+    """Whether the start already meets ε: smoothness·‖w_0 − w*‖² <= ε, so that
+    f(w_0) − f* <= (smoothness/2)·‖w_0 − w*‖² < ε and a bound's count of updates is 0
+    (AsynGrad's (10) with q and a_0, Hogwild!'s (4.2) with L and D_0)."""
+    return smoothness * distance2 <= eps
 
 
 def update_count(numerator: float, denominator: float, source: str,

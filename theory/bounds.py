@@ -55,11 +55,12 @@ from simulator.errors import AsyngradError, ScenarioError
 from simulator.problems import Problem, make_problem
 from simulator.scenario import InjectSpec, Scenario, with_overrides
 from simulator.trace import Trace
-from theory.asyngrad import InfeasibleError
+from theory.asyngrad import InfeasibleError, start_within
 from theory.check import (
     _mean_and_bounds,
     _runs,
     check_counts,
+    constant_step,
     diverged,
     gradients_per_update,
     pilot_runs,
@@ -161,6 +162,7 @@ def check_hogwild(scenario: Scenario, eps: float, seeds: int, theta: float = 0.5
     check_counts(seeds, pilot_seeds, max_updates, rounds)
     check_theta(eps, theta)
     refuse_uncovered(scenario.inject, "hogwild")
+    constant_step(scenario)
     problem = problem if problem is not None else make_problem(scenario.problem)
     curv = curvature(problem)
     sparsity = hypergraph(problem)
@@ -179,6 +181,11 @@ def check_hogwild(scenario: Scenario, eps: float, seeds: int, theta: float = 0.5
     if not curv.convex or curv.c <= 0:
         result["verdict"] = (f"no guarantee: f is not strongly convex ({curv.method}: "
                              f"smallest {curv.c:.4g}, largest {curv.q:.4g})")
+        return result
+    if start_within(curv.q, d0, eps):  # whatever τ and M: (4.2) gives k = 0
+        result["guarantee"] = True
+        result["verdict"] = (f"holds: L·D_0 = {curv.q * d0:.4g} <= ε = {eps:g} at x_0, so "
+                             "(4.2) asks for no update and nothing was run")
         return result
     pilot = pilot_runs(scenario, problem, pilot_seeds, progress)
     failed = (pilot_diverged(pilot, scenario, "τ and M")
@@ -203,9 +210,6 @@ def check_hogwild(scenario: Scenario, eps: float, seeds: int, theta: float = 0.5
             planned = updates(k, eps, theta)
         except InfeasibleError as err:
             entry.update(gamma=gamma, infeasible=str(err))
-            break
-        if planned == 0:  # f(x_0) − f* <= (L/2)·D_0 < ε already: nothing to run
-            entry.update(gamma=gamma, updates=0, ran_updates=0, assumptions_held=True)
             break
         ran = runnable_updates(min(planned, max_updates), per_update)
         entry.update(gamma=gamma, updates=planned, ran_updates=ran)
@@ -235,10 +239,6 @@ def _hogwild_verdict(result: dict[str, Any], eps: float) -> str:
         return f"no validation: {last['infeasible']} (γ (4.1) = {last['gamma']:.4g})"
     if "lost" in last:
         return f"no guarantee: {last['lost']}"
-    if last["updates"] == 0:
-        start = result["conditions"]["smoothness"]["L"] * result["d0"]
-        return (f"holds: L·D_0 = {start:.4g} <= ε = {eps:g} at x_0, so (4.2) asks for no "
-                "update and nothing was run")
     v = result["validation"]
     if not last["assumptions_held"]:
         m = last["measured"]

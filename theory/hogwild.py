@@ -35,7 +35,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from theory.asyngrad import _require, update_count
+from theory.asyngrad import _require, start_within, update_count
 
 __all__ = ["COUNT_TAU2", "STEP_TAU2", "HogwildConstants", "check_theta", "lag_factor",
            "step_size", "updates"]
@@ -117,9 +117,8 @@ def updates(k: HogwildConstants, eps: float, theta: float = 0.5) -> int:
         InfeasibleError: the count does not fit in a 64-bit integer (``update_count``).
     """
     check_theta(eps, theta)
-    ratio = k.L * k.d0 / eps
-    if ratio <= 1:
+    if start_within(k.L, k.d0, eps):
         return 0
     return update_count(2 * k.L * k.M ** 2 * k.omega * lag_factor(k, COUNT_TAU2)
-                        * math.log(ratio), k.c ** 2 * theta * eps, "Proposition 4.1",
+                        * math.log(k.L * k.d0 / eps), k.c ** 2 * theta * eps, "Proposition 4.1",
                         limit=2 ** 63)

@@ -78,6 +78,18 @@ def test_rerun_resumes_finished_cells(tmp_path):
     assert (tmp_path / "sweep.csv").read_bytes() == table
 
 
+def test_a_diverged_cell_gives_the_same_table_run_or_resumed(tmp_path):
+    """A cell whose run diverged has the same row whether it ran now or was resumed from its
+    summary.json, where values that are not finite are null (the fresh row said nan)."""
+    axes = [Axis("run.threads", ("1", "2"))]
+    cells = plan_sweep(None, ["run.updates=200", "problem.dim=10", "run.lr=1e300"], axes)
+    rows, ran = run_sweep(cells, axes, tmp_path)
+    table = (tmp_path / "sweep.csv").read_bytes()
+    assert ran == 2 and rows[0]["final_suboptimality"] is None
+    assert run_sweep(cells, axes, tmp_path) == (rows, 0)
+    assert (tmp_path / "sweep.csv").read_bytes() == table
+
+
 def test_resume_refuses_a_different_scenario(tmp_path):
     """Cells of another sweep in the same directory are an error, not silently reused."""
     run_sweep(plan_sweep(None, BASE, AXES), AXES, tmp_path)
@@ -118,6 +130,12 @@ def _cut(path, size):
     path.write_bytes(path.read_bytes()[:size])
 
 
+def _flip(path, at):
+    data = bytearray(path.read_bytes())
+    data[at:at + 64] = bytes(b ^ 0xFF for b in data[at:at + 64])
+    path.write_bytes(bytes(data))
+
+
 def _edit(path, old, new):
     path.write_text(path.read_text().replace(old, new))
 
@@ -135,9 +153,11 @@ def _edit(path, old, new):
     lambda cell: (cell / "trace.npz").unlink(),
     lambda cell: _cut(cell / "trace.npz", 200),
     lambda cell: (cell / "trace.npz").write_bytes(b""),
+    lambda cell: _flip(cell / "trace.npz", 600),
 ], ids=["summary-garbage", "summary-empty", "summary-list", "summary-metric-text",
         "scenario-missing", "scenario-garbage", "curve-header-only", "curve-cut-mid-row",
-        "curve-other-columns", "trace-missing", "trace-cut", "trace-empty"])
+        "curve-other-columns", "trace-missing", "trace-cut", "trace-empty",
+        "trace-bytes-changed"])
 def test_resume_reruns_a_cell_whose_files_do_not_load(tmp_path, damage):
     """A resumed cell with a file missing or damaged is run again; the table is unchanged."""
     cells = plan_sweep(None, SMALL, THREADS)

@@ -172,10 +172,13 @@ def test_a_diverging_pilot_claims_nothing():
 
 
 def test_a_start_within_eps_runs_nothing():
-    """(q/2)·a_0 <= ε: (10) gives t = 0, the bound holds at w_0 and nothing is validated."""
-    r = check_theorem(scenario(*QUADRATIC, "run.protocol=serial", "run.threads=1"), 50.0, 2)
-    assert r["guarantee"] and r["rounds"][-1]["updates"] == 0
-    assert "validation" not in r and r["verdict"].startswith("holds: (q/2)·a_0")
+    """q·a_0 <= ε: (10) gives t = 0 whatever κ² and τ, so the bound holds at w_0 and nothing
+    runs, not even the pilots (a pilot that diverged, at lr = 5, claimed no guarantee)."""
+    for lr in ("0.05", "5"):
+        r = check_theorem(scenario(*QUADRATIC, "run.protocol=serial", "run.threads=1",
+                                   f"run.lr={lr}"), 50.0, 2)
+        assert r["guarantee"] and r["rounds"] == [] and "validation" not in r
+        assert r["verdict"].startswith("holds: (q/2)·a_0") and "nothing was run" in r["verdict"]
 
 
 def test_a_short_pilot_is_measured_in_fewer_windows():
