@@ -34,6 +34,21 @@ def _terminated(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt("SIGTERM")
 
 
+#: The arguments that name a file or directory, by how an error names them.
+_PATHS = {"out": "--out", "scenario": "scenario", "trace": "trace", "run_dir": "RUN",
+          "run_a": "run_a", "run_b": "run_b"}
+
+
+def _refuse_empty(args: Any) -> None:
+    """Refuse a path given as an empty string: ``Path('')`` is '.', which a command would
+    read or write instead."""
+    for dest, name in _PATHS.items():
+        given = getattr(args, dest, None)
+        for value in given if isinstance(given, list) else [given]:
+            if value is not None and not value.strip():
+                raise ScenarioError(name, value, "must not be empty")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``asyngrad`` command; returns the exit status (SIGTERM is handled
     as Ctrl-C while it runs, from the main thread)."""
@@ -44,9 +59,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     main_thread = threading.current_thread() is threading.main_thread()
     before = signal.signal(signal.SIGTERM, _terminated) if main_thread else None
     try:
-        out = getattr(args, "out", None)
-        if out is not None and not out.strip():  # (Path('') is '.')
-            raise ScenarioError("--out", out, "must not be empty")
+        _refuse_empty(args)
         return int(args.run(args))
     except AsyngradError as err:
         print(f"asyngrad: error: {err}", file=sys.stderr)

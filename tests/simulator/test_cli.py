@@ -93,6 +93,21 @@ def test_an_empty_out_is_refused_by_every_command(tmp_path, monkeypatch, capsys,
     assert not any(tmp_path.iterdir())
 
 
+@pytest.mark.parametrize(("args", "name"), [
+    (["simulate", "", "--out", "x"], "scenario"), (["replay", "", "--out", "x"], "trace"),
+    (["calibrate", "run", "", "--out", "x"], "RUN"), (["compare", "", "b"], "run_a"),
+    (["compare", "a", " "], "run_b")])
+def test_an_empty_path_is_refused(tmp_path, monkeypatch, capsys, args, name):
+    """A path given as '' is one line naming it, before anything is read (compare and
+    calibrate read '.' and named it so; replay looked for trace.npz there)."""
+    monkeypatch.chdir(tmp_path)
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"asyngrad: error: {name} = '"), err
+    assert err[0].endswith("': must not be empty")
+    assert not any(tmp_path.iterdir())
+
+
 def test_corrupt_trace_is_one_line_exit_2(tmp_path):
     """A corrupt trace given to replay is reported in one line with exit 2."""
     bad = tmp_path / "trace.npz"
