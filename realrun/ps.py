@@ -144,12 +144,13 @@ def serve(problem: Problem, scenario: Scenario, trainers: int, timeout: float,
           progress: Callable[[int], object] | None = None, measure: bool = False,
           dtype: str = "float32",
           dead: Callable[[], dict[str, Any] | None] | None = None,
-          ) -> tuple[Trace, dict[str, Any] | None, int]:
+          limit: float | None = None) -> tuple[Trace, dict[str, Any] | None, int]:
     """Run the server (rank 0 of an initialised gloo group) until every trainer is done, a
-    receive fails or times out, or ``dead`` (polled every ``_POLL_S`` seconds between
+    receive fails or times out, ``dead`` (polled every ``_POLL_S`` seconds between
     messages, and when a receive fails; a local run passes one that looks at its trainer
-    processes) reports a dead trainer; the trace of every gradient, the failure, if any,
-    and the number of pushes."""
+    processes) reports a dead trainer, or ``limit`` seconds have passed (looked at as
+    ``dead`` is); the trace of every gradient, the failure, if any, and the number of
+    pushes."""
     import torch
     import torch.distributed as dist
 
@@ -177,6 +178,8 @@ def serve(problem: Problem, scenario: Scenario, trainers: int, timeout: float,
                 polled = time.monotonic_ns()
                 failure = (dead() if dead is not None else None) or _silent(
                     state, heard, polled, timeout)
+                if failure is None and limit is not None and polled - origin > limit * 1e9:
+                    failure = {"worker": None, "reason": f"timeout after {limit:g} s"}
                 if failure is not None:
                     break
             try:
@@ -582,14 +585,17 @@ def _trainer_main(rank: int, world: int, address: str, port: int, toml: str, dty
 def run_ps(scenario: Scenario, trainers: int, dtype: str = "float32",
            timeout: float | None = None, progress: Callable[[int], object] | None = None,
            measure: bool = False, problem: Problem | None = None,
-           on_start: Callable[[list[int]], object] | None = None) -> PSRun:
+           on_start: Callable[[list[int]], object] | None = None,
+           limit: float | None = None) -> PSRun:
     """A parameter-server run on this machine: this process serves (rank 0) and K spawned
     trainers train, over gloo on loopback (``MASTER_ADDR`` / ``MASTER_PORT`` if set, else
-    127.0.0.1 and a free port). ``timeout`` is the receive timeout (default 60 s).
+    127.0.0.1 and a free port). ``timeout`` is the receive timeout (default 60 s): how long
+    the server waits for a silent trainer; ``limit`` stops the run after that many seconds
+    of serving, its partial trace kept (``asyngrad real --timeout``).
 
     Raises:
-        ScenarioError: trainers < 1, an unknown dtype, timeout <= 0, or a scenario field
-            the ps backend does not honour (``realrun.support``).
+        ScenarioError: trainers < 1, an unknown dtype, timeout or limit <= 0, or a scenario
+            field the ps backend does not honour (``realrun.support``).
     """
     import torch.distributed as dist
     import torch.multiprocessing as mp
@@ -597,8 +603,9 @@ def run_ps(scenario: Scenario, trainers: int, dtype: str = "float32",
     if trainers < 1:
         raise ScenarioError("--workers", trainers, "must be >= 1")
     _one_of("--dtype", dtype, DTYPES)
-    if timeout is not None and not timeout > 0:
-        raise ScenarioError("--timeout", timeout, "must be > 0 seconds")
+    for value in (timeout, limit):
+        if value is not None and not value > 0:
+            raise ScenarioError("--timeout", value, "must be > 0 seconds")
     timeout = 60.0 if timeout is None else timeout
     scenario = _ps_scenario(scenario, trainers, measure)
     problem = problem if problem is not None else make_problem(scenario.problem)
@@ -627,7 +634,8 @@ def run_ps(scenario: Scenario, trainers: int, dtype: str = "float32",
             raise AsyngradError(f"parameter server: cannot open {address}:{port} "
                                 f"({_first_line(err)})") from None
         trace, failure, pushes = serve(problem, scenario, trainers, timeout, progress,
-                                       measure, dtype, dead=lambda: _dead_trainer(processes))
+                                       measure, dtype, dead=lambda: _dead_trainer(processes),
+                                       limit=limit)
     finally:
         if failure is not None:  # stop the others before the group goes
             for process in processes:

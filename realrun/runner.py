@@ -251,9 +251,9 @@ def run_real(scenario: Scenario, workers: int, mode: str, dtype: str = "float32"
     ``"SIGTERM"``) stops the run as a failure does: partial trace kept.
 
     Raises:
-        ScenarioError: workers < 1, an unknown mode or dtype, timeout <= 0, measure_every < 1,
-            a --pattern other than shared on the CPU,
-            or a scenario field this backend does not honour
+        ScenarioError: workers < 1 (other than 1 with --mode serial), an unknown mode or
+            dtype, timeout <= 0, measure_every < 1, a --pattern other than shared on the
+            CPU, --probe on CUDA, or a scenario field this backend does not honour
             (``realrun.support``).
     """
     import torch
@@ -262,6 +262,8 @@ def run_real(scenario: Scenario, workers: int, mode: str, dtype: str = "float32"
     _one_of("--dtype", dtype, DTYPES)
     if workers < 1:
         raise ScenarioError("--workers", workers, "must be >= 1")
+    if mode == "serial" and workers != 1:
+        raise ScenarioError("--workers", workers, "--mode serial runs one worker")
     if timeout is not None and not timeout > 0:
         raise ScenarioError("--timeout", timeout, "must be > 0 seconds")
     if measure_every is not None and measure_every < 1:
@@ -273,11 +275,14 @@ def run_real(scenario: Scenario, workers: int, mode: str, dtype: str = "float32"
     if device == "cpu" and pattern != "shared":
         raise ScenarioError("--pattern", pattern, "places the parameters of CUDA workers "
                             "(--device cuda); CPU workers share one vector in memory")
+    if probe and device != "cpu":
+        raise ScenarioError("--probe", "on", "probes the CPUs of CPU workers; not with "
+                            f"--device {device}")
     _check_device(device)
     refuse_unsupported(scenario, "shm" if device == "cpu" else "cuda", mode)
-    preflight(scenario)  # the trace the parent merges, as a simulation of it would hold
+    # The trace the parent merges, as a simulation of the run as recorded would hold it.
+    preflight(recorded(scenario, mode, workers, True, measure_every))
     torch_path = device != "cpu" or launch == "threads"
-    workers = 1 if mode == "serial" else workers
     # The embedded scenario states the closest simulator semantics (realrun.support.recorded):
     # a per-block lock makes each block's read-modify-write atomic (atomic_add); the
     # whole-update lock is `locked`; each worker makes a fixed share of the updates (split =
@@ -315,7 +320,7 @@ def run_real(scenario: Scenario, workers: int, mode: str, dtype: str = "float32"
         failure = _start_together(buffers, processes, timeout, started)
         if failure is None:
             _stage("ready", pids)
-            if probe and device == "cpu":  # the workers wait asleep: the probes run alone
+            if probe:  # the workers wait asleep: the probes run alone
                 _stage("probing", pids)
                 probes = _probe(cpus, workers, problem, buffers.w.element_size())
                 failure = _failure(buffers, processes)  # a worker that died meanwhile

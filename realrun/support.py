@@ -115,8 +115,12 @@ def _unsupported(scenario: Scenario, backend: str, mode: str) -> tuple[str, Any,
         if run.split != "shared":
             return ("run.split", run.split, "the server hands out the updates to whichever "
                     "trainer asks (shared)")
-    hardware = dataclasses.replace(scenario.hardware, sweeping_reads=None)  # (recorded)
-    return (_changed("timing", scenario.timing, TimingSpec())
+    # (A real run records [hardware.sweeping_reads] with its defaults: accepted as such.)
+    sweeps = scenario.hardware.sweeping_reads
+    hardware = dataclasses.replace(scenario.hardware, sweeping_reads=None)
+    return ((_changed("hardware.sweeping_reads", sweeps, SweepingReadsSpec())
+             if sweeps is not None else None)
+            or _changed("timing", scenario.timing, TimingSpec())
             or _changed("hardware", hardware, HardwareSpec())
             or _devices(scenario)
             or _injected(scenario.inject))

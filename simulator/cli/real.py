@@ -25,6 +25,8 @@ def _real(args: argparse.Namespace) -> int:
 
     scenario = load_scenario(args.scenario, args.set)
     check_out(args.out)
+    if args.workers is None:
+        args.workers = 1 if args.mode == "serial" else 2
     if args.backend == "ps":
         return _real_ps(args, scenario)
     if args.backend != "shm":
@@ -76,7 +78,8 @@ def _real_ps(args: argparse.Namespace, scenario: Any) -> int:
     for flag, value, default in (("--mode", args.mode, "lockfree"),
                                  ("--device", args.device, "cpu"),
                                  ("--launch", args.launch, None),
-                                 ("--pattern", args.pattern, "shared")):
+                                 ("--pattern", args.pattern, "shared"),
+                                 ("--probe", "on" if args.probe else None, None)):
         if value != default:
             raise ScenarioError(flag, value, "a flag of the shared-memory workers; the ps "
                                 "backend runs paramserver on the CPU ([paramserver] options)")
@@ -85,8 +88,9 @@ def _real_ps(args: argparse.Namespace, scenario: Any) -> int:
             raise ScenarioError("--measure-every", args.measure_every, "must be >= 1")
         scenario = with_overrides(scenario, [f"metrics.every={args.measure_every}"])
     with progress(scenario.run.updates, args.quiet) as bar:
-        run = run_ps(scenario, args.workers, args.dtype, args.timeout, bar.update,
-                     measure=args.measure or args.measure_every is not None)
+        run = run_ps(scenario, args.workers, args.dtype, progress=bar.update,
+                     measure=args.measure or args.measure_every is not None,
+                     limit=args.timeout)
     summary = write_run(args.out, run.scenario, run.trace, run.problem,
                         extra=summary_extra(run))
     if run.failure is not None:
@@ -109,7 +113,8 @@ def add_commands(commands: Any) -> None:
     """The group's subcommands, added to ``commands``."""
     command = partial(subcommand, commands)
     real = command("real", "train with real lock-free worker processes", _real)
-    real.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
+    real.add_argument("--workers", type=int, default=None,
+                      help="worker processes (default 2; 1 with --mode serial)")
     real.add_argument("--mode", default="lockfree",
                       help="lockfree, blocklock (a lock per block write), locked or serial")
     real.add_argument("--dtype", default="float32", help="float32 (default) or float64")

@@ -240,6 +240,20 @@ def test_cli_real_ps_and_bad_backend(tmp_path, capsys):
     assert len(err) == 1 and "--pin = 'on'" in err[0] and not (tmp_path / "y").exists()
 
 
+def test_cli_timeout_stops_a_ps_run_and_keeps_its_part(tmp_path, capsys):
+    """`real --backend ps --timeout 1` stops serving after about a second, keeps the partial
+    trace and exits 1, as the shared-memory backend does (it set how long the server waits
+    for a silent trainer, and a long run went on to the end)."""
+    out = tmp_path / "run"
+    started = time.monotonic()
+    assert main(["real", "--backend", "ps", "--timeout", "1", "--out", str(out), "--quiet",
+                 "--set", "problem.dim=20", "--set", "run.updates=2000000"]) == 1
+    assert time.monotonic() - started < 60
+    assert "timeout after 1 s" in capsys.readouterr().err
+    summary = json.loads((out / "summary.json").read_text())
+    assert 0 < summary["updates"] < 2_000_000
+
+
 def test_a_trainer_silent_while_others_are_served_is_named():
     """The silence rule on its own: finished trainers and those waiting for their round's
     answer do not count; a trainer quiet for the timeout does."""

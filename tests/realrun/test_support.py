@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import realrun.ps as ps
+import realrun.runner as runner
 import simulator.protocols.paramserver as sim_paramserver
 import simulator.protocols.rounds as sim_rounds
 from realrun import support
@@ -53,6 +54,9 @@ REFUSED = [
     ((), "devices.0.speed=2", "devices.0.speed = 2.0", "shm"),
     (("--backend", "ps"), "run.blocks=2", "run.blocks = 2", "ps"),
     (("--backend", "ps"), ("run.split=even",), "run.split = 'even'", "ps"),
+    ((), "hardware.sweeping_reads.lead=500", "hardware.sweeping_reads.lead = 500.0", "shm"),
+    (("--backend", "ps"), "hardware.sweeping_reads.tail=300",
+     "hardware.sweeping_reads.tail = 300.0", "ps"),
 ]
 
 
@@ -98,14 +102,45 @@ def test_torchrun_nodes_refuse_before_joining(tmp_path, capsys, monkeypatch):
     assert not out.exists()
 
 
-@pytest.mark.parametrize(("flag", "value"), [("--mode", "locked"), ("--device", "cuda"),
-                                             ("--launch", "threads"), ("--pattern", "host")])
-def test_ps_refuses_the_shared_memory_flags(tmp_path, capsys, flag, value):
+@pytest.mark.parametrize("flags", [("--mode", "locked"), ("--device", "cuda"),
+                                   ("--launch", "threads"), ("--pattern", "host"),
+                                   ("--probe",)])
+def test_ps_refuses_the_shared_memory_flags(tmp_path, capsys, flags):
+    """Flags of the shared-memory workers (--probe ran nothing and said nothing)."""
     out = tmp_path / "ps"
-    assert main(["real", "--backend", "ps", flag, value, "--out", str(out), "--quiet"]) == 2
+    assert main(["real", "--backend", "ps", *flags, "--out", str(out), "--quiet"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith(f"asyngrad: error: {flag} = ")
+    assert len(err) == 1 and err[0].startswith(f"asyngrad: error: {flags[0]} = ")
     assert not out.exists()
+
+
+@pytest.mark.parametrize(("flags", "named"), [
+    (("--device", "cuda", "--probe"), "--probe = 'on': probes the CPUs of CPU workers; not "
+     "with --device cuda"),
+    (("--mode", "serial", "--workers", "3"), "--workers = 3: --mode serial runs one worker")])
+def test_shared_memory_flags_that_cannot_act_are_refused(tmp_path, capsys, flags, named):
+    """--probe on CUDA workers probed nothing, and --workers 3 with --mode serial ran one
+    worker, each without a word."""
+    out = tmp_path / "run"
+    assert main(["real", *flags, "--out", str(out), "--quiet", *TINY_SETS]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"asyngrad: error: {named}"], err
+    assert not out.exists()
+
+
+def test_the_memory_check_sizes_the_run_that_will_run(monkeypatch):
+    """The preflight sees the workers and measurement the run records (it sized
+    run.threads = 4096 of the scenario, which --workers 2 replaces, and refused it)."""
+    seen = []
+
+    def preflight(s):
+        seen.append((s.run.threads, s.metrics.exact))
+        raise ScenarioError("x", 0, "stop here")
+
+    monkeypatch.setattr(runner, "preflight", preflight)
+    with pytest.raises(ScenarioError, match="stop here"):
+        runner.run_real(scenario(*TINY, "run.threads=4096"), 2, "lockfree", measure_every=5)
+    assert seen == [(2, True)]
 
 
 def test_the_cuda_backend_refuses_as_the_others():
