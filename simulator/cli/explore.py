@@ -47,7 +47,7 @@ def _explore(args: argparse.Namespace) -> int:
                   f"({extent}); {report['objective']}: mean {v['mean']:.4g}, p95 "
                   f"{v['p95']:.4g}, max {v['max']:.4g}")
         else:
-            depth = "" if report["depth"] is None else f" (depth {report['depth']})"
+            depth = "" if report.get("depth") is None else f" (depth {report['depth']})"
             print(f"{report['runs']} {report['scheduler']} schedules{depth} "
                   f"of {scenario.name}, {report['steps_per_run']} steps each; "
                   f"{report['objective']}: mean {v['mean']:.4g}, max {v['max']:.4g}")

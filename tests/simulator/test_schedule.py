@@ -667,3 +667,12 @@ def test_every_problem_runs_under_a_scheduler(name, write_mode):
         assert run.trace["lost_blocks"].sum() == run.trace["overwrote"].sum()
         lost += int(run.trace["lost_blocks"].sum())
     assert (lost > 0) == (write_mode == "load_store")
+
+
+def test_cli_adversarial_search_prints_its_summary(tmp_path, capsys):
+    """`explore --scheduler adversarial` without --quiet prints its summary (it crashed on a
+    missing depth after writing its files)."""
+    assert main(["explore", "--scheduler", "adversarial", "--set", "run.threads=2",
+                 "--set", "run.updates=4", "--set", "problem.dim=4",
+                 "--set", "problem.n_samples=20", "--out", str(tmp_path / "x")]) == 0
+    assert "adversarial schedules" in capsys.readouterr().out
