@@ -643,7 +643,7 @@ def run_ps(scenario: Scenario, trainers: int, dtype: str = "float32",
         if dist.is_initialized():
             dist.destroy_process_group()
         for process in processes:
-            process.join(5.0 if failure is None else 0.5)
+            process.join(30.0 if failure is None else 0.5)  # (exiting is slow when busy)
             if process.is_alive():
                 process.terminate()
                 process.join(2.0)
