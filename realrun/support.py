@@ -55,8 +55,8 @@ SUPPORT: tuple[tuple[str, str, str], ...] = (
      "a time, so both modes store the same values)", "inert (pushes are applied whole)"),
     ("`run.lr_schedule`", "refused unless `constant`", "refused unless `constant`"),
     ("`run.split`", "recorded: `even`", "refused unless `shared`"),
-    ("`[hardware.sweeping_reads]`", "recorded: set (dense), unset (sparse)",
-     "recorded: unset"),
+    ("`[hardware.sweeping_reads]`", "recorded: set (dense), unset (sparse); a `lead` or "
+     "`tail` other than 0 refused", "recorded: unset; as for shm"),
     ("`run.store_grain`, `run.placement`", "refused unless default", "refused unless default"),
     ("`[timing]`, `[[devices]]` (but a device's `name`), the other `[hardware.*]` tables",
      "refused unless default", "refused unless default"),
