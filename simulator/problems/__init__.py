@@ -1,0 +1,82 @@
+"""Optimisation problems shared by the simulator and the real backends.
+
+``base`` holds the interface (:class:`Problem`), ``builtin`` the built-in problems, and
+``PROBLEMS`` maps each ``problem.name`` to the function that builds it from a ``ProblemSpec``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from simulator.budget import check_problem
+from simulator.errors import ScenarioError
+from simulator.problems.base import (
+    CACHE_ENV,
+    HELD_OUT,
+    Gradient,
+    LocalOptimumProblem,
+    Problem,
+    cache_dir,
+    holdout_split,
+    spec_hash,
+)
+from simulator.problems.builtin import (
+    LogisticProblem,
+    MLPProblem,
+    QuadraticProblem,
+    SparseLogisticProblem,
+)
+
+__all__ = ["CACHE_ENV", "HELD_OUT", "PROBLEMS", "Gradient", "LocalOptimumProblem",
+           "LogisticProblem", "MLPProblem", "Problem", "QuadraticProblem",
+           "SparseLogisticProblem", "cache_dir", "holdout_split", "make_problem"]
+
+
+def _make_quadratic(spec: Any) -> Problem:
+    return QuadraticProblem(spec.dim, spec.n_samples, spec.l2, spec.seed)
+
+
+def _make_logistic(spec: Any) -> Problem:
+    if spec.data == "breast_cancer":
+        return LogisticProblem.breast_cancer(spec.l2, spec.holdout, spec.seed)
+    return LogisticProblem.synthetic(spec.dim, spec.n_samples, spec.l2, spec.seed)
+
+
+def _make_sparse_logistic(spec: Any) -> Problem:
+    return SparseLogisticProblem(spec.dim, spec.n_samples, spec.l2, spec.density, spec.seed)
+
+
+def _make_mlp(spec: Any) -> Problem:
+    if spec.data == "digits":
+        return MLPProblem.digits(spec.hidden, spec.l2, spec.seed, spec.holdout)
+    return MLPProblem.synthetic(spec.dim, spec.n_samples, spec.classes, spec.hidden, spec.l2,
+                                spec.seed)
+
+
+def _make_tagger(spec: Any) -> Problem:
+    from simulator.dense_crf import DenseCRFProblem
+    from simulator.lstm_tagger import LSTMTaggerProblem
+
+    cls = LSTMTaggerProblem if spec.name == "lstm_tagger" else DenseCRFProblem
+    return cls.synthetic(spec.dim, spec.n_samples, spec.length, spec.classes, spec.hidden,
+                         spec.l2, spec.seed)
+
+
+PROBLEMS = {"quadratic": _make_quadratic, "logistic": _make_logistic,
+            "sparse_logistic": _make_sparse_logistic, "mlp": _make_mlp,
+            "lstm_tagger": _make_tagger, "dense_crf": _make_tagger}
+
+
+def make_problem(spec: Any) -> Problem:
+    """Build the problem a ``ProblemSpec`` describes.
+
+    Raises:
+        ScenarioError: an unknown problem name, or data that cannot fit in this machine's
+            memory (``simulator.budget.check_problem``).
+    """
+    if spec.name not in PROBLEMS:
+        raise ScenarioError("problem.name", spec.name, f"must be one of {', '.join(PROBLEMS)}")
+    check_problem(spec)
+    problem = PROBLEMS[spec.name](spec)
+    problem.spec_key = spec_hash(spec)
+    return problem
