@@ -26,10 +26,11 @@ from simulator.problems.builtin import (
     QuadraticProblem,
     SparseLogisticProblem,
 )
+from simulator.problems.torchmodel import TorchProblem, from_spec
 
 __all__ = ["CACHE_ENV", "HELD_OUT", "PROBLEMS", "Gradient", "LocalOptimumProblem",
            "LogisticProblem", "MLPProblem", "Problem", "QuadraticProblem",
-           "SparseLogisticProblem", "cache_dir", "holdout_split", "make_problem"]
+           "SparseLogisticProblem", "TorchProblem", "cache_dir", "holdout_split", "make_problem"]
 
 
 def _make_quadratic(spec: Any) -> Problem:
@@ -62,9 +63,14 @@ def _make_tagger(spec: Any) -> Problem:
                          spec.l2, spec.seed)
 
 
+def _make_torch(spec: Any) -> Problem:
+    return from_spec(spec)
+
+
 PROBLEMS = {"quadratic": _make_quadratic, "logistic": _make_logistic,
             "sparse_logistic": _make_sparse_logistic, "mlp": _make_mlp,
-            "lstm_tagger": _make_tagger, "dense_crf": _make_tagger}
+            "lstm_tagger": _make_tagger, "dense_crf": _make_tagger,
+            "torch": _make_torch}
 
 
 def make_problem(spec: Any) -> Problem:
@@ -78,5 +84,6 @@ def make_problem(spec: Any) -> Problem:
         raise ScenarioError("problem.name", spec.name, f"must be one of {', '.join(PROBLEMS)}")
     check_problem(spec)
     problem = PROBLEMS[spec.name](spec)
-    problem.spec_key = spec_hash(spec)
+    if problem.spec_key is None:  # a torch problem hashes its own data and module
+        problem.spec_key = spec_hash(spec)
     return problem

@@ -9,6 +9,7 @@ lists them all (:mod:`simulator.scenario_reference`). The opt-in hardware tables
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from dataclasses import dataclass
@@ -62,15 +63,25 @@ class ProblemSpec:
     ``dim`` and ``n_samples`` (for ``digits`` also ``classes``): the resolved spec shows its
     values (breast_cancer 30 features and 569 samples, digits 64 pixels, 1,797 samples and 10
     classes; ``n_samples`` counts the whole set, before ``holdout``), and any other value is
-    refused (a field at its default counts as unset)."""
+    refused (a field at its default counts as unset).
+
+    ``name = "torch"`` trains the PyTorch model whose factory ``model`` names
+    (``simulator.problems.torchmodel``): the model and its data set the parameter count and
+    the samples, so ``dim``, ``n_samples``, ``density``, ``hidden``, ``classes`` and ``length``
+    stay unset; ``batch`` rows make one sample (a minibatch per update), ``holdout`` keeps a
+    seeded share of the rows out of training, ``seed`` seeds the model's initial parameters,
+    the split and the minibatches, and ``l2`` adds (λ/2)‖w‖²."""
 
     name: str = key("logistic", "the problem to train (a name in simulator.problems.PROBLEMS)")
     data: str = key("synthetic", "generated data, or a real data set a package ships",
                     choices=DATA_SOURCES)
+    model: str = key("", "the torch problem's factory: 'package.module:function' or "
+                     "'path/to/file.py:function' (problem.name = torch)")
     dim: int = key(100, "features (mlp: inputs; lstm_tagger, dense_crf: vocabulary)",
                    bounds=">= 1")
     n_samples: int = key(1000, "training samples (a real data set: the whole set)",
                          bounds=">= 1")
+    batch: int = key(1, "rows in one sample, a minibatch per update (torch)", bounds=">= 1")
     l2: float = key(0.01, "L2 regularisation weight λ", bounds=">= 0")
     density: float = key(0.01, "share of features a sample has (sparse_logistic)",
                          bounds="(0, 1]")
@@ -98,8 +109,23 @@ class ProblemSpec:
         check(self.seed >= 0, "seed", self.seed, "must be >= 0")
         check(math.isfinite(self.holdout) and 0 <= self.holdout < 1, "holdout", self.holdout,
                "must be in [0, 1)")
-        check(self.holdout == 0 or self.data != "synthetic", "holdout", self.holdout,
-               "splits a real data set; synthetic problems draw their own held-out samples")
+        check(self.holdout == 0 or self.data != "synthetic" or self.name == "torch",
+               "holdout", self.holdout, "splits a real data set or a torch problem's data; "
+               "synthetic problems draw their own held-out samples")
+        check(self.batch >= 1, "batch", self.batch, "must be >= 1")
+        check(self.batch == 1 or self.name == "torch", "batch", self.batch,
+               "minibatches serve problem.name = torch; the built-in problems take one "
+               "sample per update")
+        for field in ("dim", "n_samples", "density", "hidden", "classes", "length"):
+            check(self.name != "torch" or getattr(self, field) == _DEFAULTS[field], field,
+                   getattr(self, field), "is set by the torch model and its data (leave it "
+                   "unset)")
+        check(bool(self.model) == (self.name == "torch"), "model", self.model,
+               "names the factory of problem.name = torch ('package.module:function' or "
+               "'path/to/file.py:function'), and only of it")
+
+
+_DEFAULTS = {item.name: item.default for item in dataclasses.fields(ProblemSpec)}
 
 
 @dataclass(frozen=True)

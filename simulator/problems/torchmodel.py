@@ -1,0 +1,432 @@
+"""A user's PyTorch model as a problem: any ``nn.Module``, a loss function and data.
+
+The parameters are one flat float64 vector w: the module's parameters in ``named_parameters()``
+order, each flattened. f_j(w) is the loss of minibatch j (``batch`` rows of a seeded shuffle;
+with ``batch = 1`` sample j is row j) plus (λ/2)‖w‖², and f(w) = (1/m) Σ_j f_j(w) over the m
+minibatches, so E_j ∇f_j = ∇f as Theorem 1 needs (with equal batches f is the loss of all rows).
+Every derivative is of one function, the loss of a ``torch.func.functional_call`` at w:
+gradients by reverse-mode autograd, Hessian-vector products by ``torch.func.jvp`` of
+``torch.func.grad`` (forward over reverse), so the simulator, the real workers and the checks
+differentiate the same thing.
+
+The module runs in evaluation mode (dropout and batch-norm statistics off): a gradient is then a
+function of w and the minibatch alone, as ∇f_z(w) is in the theorem. ``loss_fn(output, target)``
+must return the mean over the batch's rows (``reduction="mean"``, PyTorch's default); this is
+checked on the first rows. Floating data and the module are taken to float64.
+
+A scenario names a factory (``problem.name = "torch"``, ``problem.model =
+"package.module:function"`` or ``"path/to/file.py:function"``); the factory takes no arguments
+and returns ``(model, loss_fn, X, y)``, ``(model, loss_fn, dataset)`` or a dict with keys
+``model``, ``loss`` and ``X``/``y`` or ``data`` (optionally ``convex``: True where the user
+knows f is convex). It is called with torch's generator seeded from ``problem.seed``, so the
+module's initial parameters, w_0, are the same in every process.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import importlib
+import importlib.util
+import math
+import warnings
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from simulator.errors import ScenarioError
+from simulator.problems.base import (
+    OPTIMUM_VERSION,
+    Gradient,
+    LocalOptimumProblem,
+    Problem,
+    holdout_split,
+)
+
+__all__ = ["TorchProblem", "from_spec", "load_factory"]
+
+BATCHES = 0xBA7C  # the minibatch shuffle's random stream, apart from the holdout split's
+CHUNK = 4096  # rows per forward pass when the whole data set is evaluated
+
+
+def _tensor(data: Any, what: str) -> Any:
+    """``data`` as a tensor: floating values in float64 (refused where NaN or inf), integers in
+    int64, booleans as 0/1 int64."""
+    import torch
+
+    t = torch.as_tensor(np.asarray(data.detach().cpu() if isinstance(data, torch.Tensor)
+                                   else data))
+    if t.dtype.is_floating_point:
+        t = t.to(torch.float64)
+        bad = (~torch.isfinite(t)).reshape(len(t), -1).any(dim=1) if t.ndim else None
+        if bad is not None and bool(bad.any()):
+            raise ValueError(f"{what} has NaN or inf values (first in row "
+                             f"{int(bad.nonzero()[0])})")
+    elif t.dtype.is_complex:
+        raise ValueError(f"{what} is complex; real values are needed")
+    else:
+        t = t.to(torch.int64)
+    if t.ndim == 0:
+        raise ValueError(f"{what} is a scalar; one row per sample is needed")
+    return t.contiguous()
+
+
+def _stack(dataset: Any) -> tuple[Any, Any]:
+    """The rows of a map-style dataset (``len`` and ``dataset[i] -> (x, y)``) as two tensors."""
+    import torch
+
+    if not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
+        raise ValueError(f"the data is a {type(dataset).__name__}: a map-style dataset "
+                         "(len and dataset[i] -> (x, y)) or tensors X, y are needed")
+    rows = [dataset[i] for i in range(len(dataset))]
+    if not rows:
+        raise ValueError("the dataset is empty")
+    if not all(isinstance(row, (tuple, list)) and len(row) == 2 for row in rows):
+        raise ValueError("each dataset item must be a pair (x, y)")
+    return (torch.stack([torch.as_tensor(x) for x, _ in rows]),
+            torch.stack([torch.as_tensor(y) for _, y in rows]))
+
+
+class TorchProblem(LocalOptimumProblem):
+    """A PyTorch module, a loss and data as a finite-sum problem (module docstring).
+
+    ``TorchProblem(model, loss_fn, X, y)``, or ``TorchProblem(model, loss_fn, dataset)``.
+    ``l2`` adds (λ/2)‖w‖²; ``batch`` rows make one sample (a minibatch); ``holdout`` keeps that
+    share of the rows out of training (a split seeded by ``seed``, which also shuffles the
+    minibatches), or ``held`` gives held-out ``(X, y)``; ``convex`` says f is convex (then
+    w* is found by Newton-CG and the checks read c and q at w*), else it is treated as a
+    nonconvex network (w* a local minimum from w_0, the checks report convexity as not shown).
+
+    Raises:
+        ValueError: data that does not fit the model (lengths, NaN, a loss that is not a
+            scalar mean over rows), in one sentence.
+    """
+
+    name = "torch"
+
+    def __init__(self, model: Any, loss_fn: Callable[[Any, Any], Any], X: Any,
+                 y: Any = None, *, l2: float = 0.0, batch: int = 1, holdout: float = 0.0,
+                 seed: int = 0, convex: bool = False,
+                 held: tuple[Any, Any] | None = None, label: str = "") -> None:
+        import torch
+
+        if not isinstance(model, torch.nn.Module):
+            raise ValueError(f"the model is a {type(model).__name__}, not a torch.nn.Module")
+        if not callable(loss_fn):
+            raise ValueError(f"the loss function is a {type(loss_fn).__name__}, not callable")
+        if batch < 1:
+            raise ValueError(f"batch is {batch}; at least 1 row per sample is needed")
+        if y is None:
+            X, y = _stack(X)
+        X, y = _tensor(X, "X"), _tensor(y, "y")
+        if len(X) != len(y):
+            raise ValueError(f"X has {len(X)} rows and y has {len(y)}")
+        train, held_rows = holdout_split(len(X), holdout, seed)
+        if train.size == 0:
+            raise ValueError(f"holdout {holdout} leaves no training rows of {len(X)}")
+        if held is None and held_rows.size:
+            held = (X[held_rows], y[held_rows])
+        elif held is not None:
+            held = (_tensor(held[0], "the held-out X"), _tensor(held[1], "the held-out y"))
+        X, y = X[train], y[train]
+        n = len(X)
+        if batch > 1:
+            order = torch.as_tensor(np.random.default_rng([seed, BATCHES]).permutation(n))
+            X, y = X[order].contiguous(), y[order].contiguous()
+        self.X, self.y, self.held, self.rows = X, y, held, n
+        self.l2, self.batch, self.convex, self.label = float(l2), batch, convex, label
+        self.loss_fn = loss_fn
+        self.module = copy.deepcopy(model).to(torch.float64).eval()
+        params = [(k, p) for k, p in self.module.named_parameters() if p.requires_grad]
+        if not params:
+            raise ValueError("the model has no parameters that require gradients")
+        self._names = [k for k, _ in params]
+        self._shapes = [tuple(p.shape) for _, p in params]
+        self._cuts = np.cumsum([0] + [p.numel() for _, p in params]).tolist()
+        self._w0 = torch.cat([p.detach().reshape(-1) for _, p in params]).numpy().copy()
+        super().__init__(self._cuts[-1], math.ceil(n / batch))
+        self._on: dict[tuple[str, Any], tuple[Any, Any, Any]] = {}
+        # Made here, not on first use: a slice first taken inside a torch.func transform
+        # would be kept at that transform's level and fail every later call.
+        self._parts = self._split()
+        self._check_loss()
+        self.spec_key = self._content_key()
+
+    # -- the one function every derivative comes from --------------------------------------
+
+    def _params(self, flat: Any) -> dict[str, Any]:
+        c = self._cuts
+        return {name: flat[c[i]:c[i + 1]].view(shape)
+                for i, (name, shape) in enumerate(zip(self._names, self._shapes, strict=True))}
+
+    def _data_loss(self, flat: Any, x: Any, y: Any, module: Any = None) -> Any:
+        out = torch_func().functional_call(module if module is not None else self.module,
+                                           self._params(flat), (x,))
+        return self.loss_fn(out, y)
+
+    def _objective(self, flat: Any, x: Any, y: Any) -> Any:
+        loss = self._data_loss(flat, x, y)
+        return loss + 0.5 * self.l2 * (flat @ flat) if self.l2 else loss
+
+    def _full(self, flat: Any) -> Any:
+        total = sum(weight * self._data_loss(flat, x, y) for x, y, weight in self._parts)
+        return total + 0.5 * self.l2 * (flat @ flat) if self.l2 else total
+
+    def _split(self) -> list[tuple[Any, Any, float]]:
+        """Slices of the training rows, each with its weight, whose weighted mean losses sum
+        to (1/m) Σ_j f_j's data term: rows of full batches weigh 1/(m·batch) each, a shorter
+        last batch 1/m as a whole."""
+        n, b, m = self.rows, self.batch, self.n_samples
+        body = n if n % b == 0 else (m - 1) * b
+        parts = [(self.X[a:min(a + CHUNK, body)], self.y[a:min(a + CHUNK, body)],
+                  (min(a + CHUNK, body) - a) / (m * b)) for a in range(0, body, CHUNK)]
+        if body < n:
+            parts.append((self.X[body:], self.y[body:], 1.0 / m))
+        return parts
+
+    def _batch(self, idx: int) -> tuple[Any, Any]:
+        a = idx * self.batch
+        return self.X[a:a + self.batch], self.y[a:a + self.batch]
+
+    def _check_loss(self) -> None:
+        """The loss of two rows must be a scalar, the mean of theirs (reduction='mean')."""
+        import torch
+
+        flat = torch.from_numpy(self._w0)
+        with torch.no_grad():
+            both = self._data_loss(flat, self.X[:2], self.y[:2])
+            if not isinstance(both, torch.Tensor) or both.ndim != 0:
+                raise ValueError("the loss function must return a scalar tensor, got "
+                                 f"{getattr(both, 'shape', type(both).__name__)}")
+            if self.rows < 2:
+                return
+            each = [float(self._data_loss(flat, self.X[i:i + 1], self.y[i:i + 1]))
+                    for i in range(2)]
+        mean = (each[0] + each[1]) / 2
+        if not math.isclose(float(both), mean, rel_tol=1e-9, abs_tol=1e-12):
+            raise ValueError(f"the loss of rows 0 and 1 is {float(both):.6g}, not the mean "
+                             f"of theirs ({mean:.6g}): the loss must average over the batch "
+                             "(reduction='mean')")
+
+    def _content_key(self) -> str:
+        """The optimum cache's key: a hash of everything w* depends on (data, w_0, the module's
+        structure, the loss, l2, batches, the torch version)."""
+        import torch
+
+        digest = hashlib.sha256()
+        for part in (self.X, self.y):
+            digest.update(part.numpy().tobytes())
+        digest.update(self._w0.tobytes())
+        digest.update(repr((repr(self.module), getattr(self.loss_fn, "__qualname__",
+                                                       repr(self.loss_fn)),
+                            self.l2, self.batch, self.convex, OPTIMUM_VERSION,
+                            torch.__version__)).encode())
+        return digest.hexdigest()[:24]
+
+    # -- the Problem interface ---------------------------------------------------------------
+
+    def initial(self) -> np.ndarray:
+        return self._w0.copy()
+
+    def loss(self, w: np.ndarray, idx: int) -> float:
+        import torch
+
+        with torch.no_grad():
+            return float(self._objective(_flat(w), *self._batch(idx)))
+
+    def grad(self, w: np.ndarray, idx: int) -> Gradient:
+        return _derivative(self._objective, w, *self._batch(idx)), None
+
+    def full_loss(self, w: np.ndarray) -> float:
+        import torch
+
+        with torch.no_grad():
+            return float(self._full(_flat(w)))
+
+    def full_grad(self, w: np.ndarray) -> np.ndarray:
+        return _derivative(self._full, w)
+
+    def hessp(self, w: np.ndarray, v: np.ndarray) -> np.ndarray:
+        import torch
+
+        with warnings.catch_warnings():  # torch's own first jvp scripts its decompositions
+            warnings.filterwarnings("ignore", "`torch.jit.script` is deprecated",
+                                    DeprecationWarning)
+            hv = torch.func.jvp(torch.func.grad(self._full), (_flat(w),), (_flat(v),))[1]
+        return hv.numpy()
+
+    def _solve(self) -> np.ndarray:
+        # A convex problem: Newton-CG to the global minimum; a network: L-BFGS from w_0.
+        return Problem._solve(self) if self.convex else super()._solve()
+
+    def torch_loss(self, w: Any, idx: int) -> Any:
+        module, X, y = self._device(w)
+        a = idx * self.batch
+        loss = self._data_loss(w, X[a:a + self.batch], y[a:a + self.batch], module)
+        return loss + 0.5 * self.l2 * (w @ w) if self.l2 else loss
+
+    def _device(self, w: Any) -> tuple[Any, Any, Any]:
+        """The module and the training data on ``w``'s device, floating parts in ``w``'s
+        dtype, copied there once."""
+        key = (str(w.device), w.dtype)
+        if key not in self._on:
+            def move(t: Any) -> Any:
+                return t.to(w.device, w.dtype if t.dtype.is_floating_point else None)
+            self._on[key] = (copy.deepcopy(self.module).to(w.device, w.dtype),
+                             move(self.X), move(self.y))
+        return self._on[key]
+
+    def _outputs(self, w: np.ndarray, X: Any) -> Any:
+        import torch
+
+        flat = _flat(w)
+        with torch.no_grad():
+            return torch.cat([torch_func().functional_call(self.module, self._params(flat),
+                                                           (X[a:a + CHUNK],))
+                              for a in range(0, len(X), CHUNK)])
+
+    def _accuracy(self, w: np.ndarray, X: Any, y: Any) -> float | None:
+        """The share of rows classified right, where the targets are classes: integer targets
+        and one output per class (argmax), or one output and targets 0/1 or ±1 (the class
+        its sign gives, 0 counted positive)."""
+        import torch
+
+        if y.ndim != 1:
+            return None
+        out = self._outputs(w, X)
+        if out.ndim == 2 and out.shape[1] >= 2 and not y.dtype.is_floating_point:
+            guess = out.argmax(dim=1)
+        elif out.numel() == len(y) and bool(((y == 0) | (y == 1)).all()):
+            guess = (out.reshape(-1) >= 0).to(y.dtype)
+        elif out.numel() == len(y) and bool(((y == -1) | (y == 1)).all()):
+            guess = torch.where(out.reshape(-1) >= 0, 1, -1).to(y.dtype)
+        else:
+            return None
+        return float((guess == y).to(torch.float64).mean())
+
+    def accuracy(self, w: np.ndarray) -> float | None:
+        return self._accuracy(w, self.X, self.y)
+
+    def held_out_accuracy(self, w: np.ndarray) -> float | None:
+        return None if self.held is None else self._accuracy(w, *self.held)
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "rows": self.rows, "batch": self.batch,
+                "model": self.label or type(self.module).__name__}
+
+
+def torch_func() -> Any:
+    import torch.func
+
+    return torch.func
+
+
+def _derivative(function: Callable[..., Any], w: np.ndarray, *args: Any) -> np.ndarray:
+    """∇ of ``function(flat, *args)`` at ``w``, by reverse-mode autograd: a leaf over w's
+    memory, the module's parameters views of it (``functional_call``). 2x faster per update
+    than ``torch.func.grad`` on small modules, and as close to a bare ``loss.backward()`` as
+    swapping the parameters in allows."""
+    import torch
+
+    flat = _flat(w).requires_grad_()
+    (grad,) = torch.autograd.grad(function(flat, *args), flat)
+    return grad.numpy()
+
+
+def _flat(w: np.ndarray) -> Any:
+    """``w`` as a float64 tensor sharing its memory where it can (a read-only or non-contiguous
+    array is copied)."""
+    import torch
+
+    if not (isinstance(w, np.ndarray) and w.dtype == np.float64 and w.flags.c_contiguous
+            and w.flags.writeable):
+        w = np.array(w, dtype=np.float64)
+    return torch.from_numpy(w)
+
+
+# -- the scenario's way in: problem.model names a factory -------------------------------------
+
+def load_factory(text: str) -> Callable[[], Any]:
+    """The function ``problem.model`` names: ``package.module:function`` on the import path,
+    or ``path/to/file.py:function`` (relative to the working directory).
+
+    Raises:
+        ScenarioError: naming problem.model, where the module, file or function is missing
+            or importing it fails.
+    """
+    target, sep, func = text.rpartition(":")
+    if not sep or not target or not func.isidentifier():
+        raise ScenarioError("problem.model", text, "must be 'package.module:function' or "
+                            "'path/to/file.py:function'")
+    try:
+        if target.endswith(".py") or "/" in target or "\\" in target:
+            path = Path(target).expanduser()
+            if not path.is_file():
+                raise ScenarioError("problem.model", text, f"no file {path}")
+            name = "asyngrad_model_" + hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:12]
+            loader = importlib.util.spec_from_file_location(name, path)
+            if loader is None or loader.loader is None:
+                raise ScenarioError("problem.model", text, f"{path} cannot be loaded as Python")
+            module = importlib.util.module_from_spec(loader)
+            loader.loader.exec_module(module)
+        else:
+            module = importlib.import_module(target)
+    except ScenarioError:
+        raise
+    except ModuleNotFoundError as err:
+        raise ScenarioError("problem.model", text, f"no module named {err.name!r}") from None
+    except Exception as err:  # the user's module failed while it was imported
+        raise ScenarioError("problem.model", text,
+                            f"importing it raised {type(err).__name__}: {err}") from None
+    factory = getattr(module, func, None)
+    if not callable(factory):
+        raise ScenarioError("problem.model", text, f"{target} has no function {func!r}")
+    return factory
+
+
+def _unpack(made: Any) -> tuple[Any, Any, Any, Any, dict[str, Any]]:
+    """(model, loss, X, y, options) from what a factory returned."""
+    if isinstance(made, Mapping):
+        extra = set(made) - {"model", "loss", "X", "y", "data", "convex", "held"}
+        if extra or not {"model", "loss"} <= set(made):
+            raise ValueError("the factory's dict must have keys model, loss and X, y or data "
+                             f"(convex, held optional); it has {', '.join(sorted(made))}")
+        options = {k: made[k] for k in ("convex", "held") if k in made}
+        if "data" in made:
+            return made["model"], made["loss"], made["data"], None, options
+        return made["model"], made["loss"], made.get("X"), made.get("y"), options
+    if isinstance(made, (tuple, list)) and len(made) in (3, 4):
+        model, loss, *data = made
+        return model, loss, data[0], data[1] if len(data) == 2 else None, {}
+    raise ValueError(f"the factory returned a {type(made).__name__}: (model, loss_fn, X, y), "
+                     "(model, loss_fn, dataset) or a dict is needed")
+
+
+def from_spec(spec: Any) -> TorchProblem:
+    """The problem a ``ProblemSpec`` with ``name = "torch"`` describes: its factory called with
+    torch's generator seeded from ``spec.seed`` (and restored after).
+
+    Raises:
+        ScenarioError: naming problem.model, for a factory that cannot be found, raises, or
+            returns what is not a model, a loss and data that fit it.
+    """
+    import torch
+
+    factory = load_factory(spec.model)
+    try:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(spec.seed)
+            made = factory()
+            model, loss, X, y, options = _unpack(made)
+            return TorchProblem(model, loss, X, y, l2=spec.l2, batch=spec.batch,
+                                holdout=spec.holdout, seed=spec.seed, label=spec.model,
+                                **options)
+    except ScenarioError:
+        raise
+    except ValueError as err:
+        raise ScenarioError("problem.model", spec.model, str(err)) from None
+    except Exception as err:  # the user's code failed: one line, not a traceback
+        raise ScenarioError("problem.model", spec.model,
+                            f"raised {type(err).__name__}: {err}") from None

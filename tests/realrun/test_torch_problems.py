@@ -1,0 +1,65 @@
+"""A user's torch model on the real backends: CPU worker processes on one shared vector, the
+torch workers (autograd of the same loss), and the parameter server over loopback."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+
+from realrun.ps import run_ps
+from realrun.runner import run_real
+from simulator.engine import simulate
+from simulator.problems import make_problem
+from tests.conftest import scenario
+
+pytestmark = pytest.mark.alone  # real processes: see conftest
+
+MODELS = Path(__file__).parent.parent / "simulator" / "problems" / "torch_models.py"
+NET = ("problem.name=torch", f"problem.model={MODELS}:net", "problem.batch=4",
+       "run.updates=600", "run.lr=0.2")
+TWIN = ("problem.name=torch", f"problem.model={MODELS}:logistic", "run.updates=400",
+        "run.lr=0.05")
+
+
+def test_one_worker_on_a_torch_model_is_the_simulators_serial_run_to_the_bit():
+    """Serial, float64, the torch twin of the logistic problem: the worker process draws the
+    simulator's samples and applies the same gradients, so the final vectors are identical."""
+    real = run_real(scenario(*TWIN), 1, "serial", dtype="float64", timeout=120)
+    simulated = simulate(scenario(*TWIN, "run.protocol=serial"))
+    assert real.failure is None and len(real.trace) == 400
+    assert np.array_equal(real.trace["sample"], simulated["sample"])
+    assert np.array_equal(real.trace["w_final"], simulated["w_final"])
+
+
+def test_lock_free_workers_train_a_torch_network_and_measure_its_errors():
+    """Two lock-free processes on a ReLU network with minibatches of 4: the loss falls, and
+    measure mode rebuilds the serialized view (finite exact errors on every 2nd update)."""
+    s = scenario(*NET)
+    run = run_real(s, 2, "lockfree", dtype="float64", timeout=120, measure_every=2)
+    trace = run.trace
+    assert run.failure is None and len(trace) == 600
+    assert trace["curve_loss"][-1] < 0.8 * trace["curve_loss"][0]
+    assert np.isfinite(trace["delta_norm"][trace["measured"]]).all()
+    assert set(np.unique(trace["sample"])) <= set(range(make_problem(s.problem).n_samples))
+
+
+def test_torch_workers_run_the_same_loss_by_autograd():
+    """Worker threads computing autograd of the problem's torch loss (float64) end where
+    plain SGD with the problem's own gradients ends, to 1e-12."""
+    s = scenario(*NET, "run.updates=150")
+    run = run_real(s, 1, "serial", "float64", timeout=120, launch="threads")
+    problem = make_problem(s.problem)
+    w = problem.initial()
+    for sample in run.trace["sample"]:
+        w = w - s.run.lr * problem.grad(w, int(sample))[0]
+    assert run.failure is None and len(run.trace) == 150
+    np.testing.assert_allclose(run.trace["w_final"], w, rtol=1e-12, atol=1e-14)
+
+
+def test_the_parameter_server_trains_a_torch_network():
+    """Two trainers pushing gradients of the network to the server over loopback."""
+    run = run_ps(scenario(*NET, "run.updates=300"), 2, "float64", timeout=60)
+    assert run.failure is None and len(run.trace) == 300
+    assert run.trace["curve_loss"][-1] < run.trace["curve_loss"][0]

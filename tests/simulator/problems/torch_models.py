@@ -1,0 +1,71 @@
+"""Factories for ``problem.model`` in the tests: torch twins of built-in problems, and models
+and data that must be refused."""
+
+import numpy as np
+import torch
+
+from simulator.problems import LogisticProblem, MLPProblem
+
+
+def _logistic_loss(out, y):
+    return torch.nn.functional.softplus(-y * out[:, 0]).mean()
+
+
+def logistic_numpy():
+    return LogisticProblem.synthetic(12, 90, 0.01, seed=3)
+
+
+def logistic():
+    """The synthetic logistic problem as a bias-free linear module starting at w = 0."""
+    ref = logistic_numpy()
+    model = torch.nn.Linear(ref.dim, 1, bias=False)
+    torch.nn.init.zeros_(model.weight)
+    return {"model": model, "loss": _logistic_loss, "X": ref.X, "y": ref.y, "convex": True}
+
+
+def mlp_numpy():
+    return MLPProblem.synthetic(6, 70, classes=3, hidden=5, l2=0.01, seed=1)
+
+
+def mlp():
+    """The synthetic tanh MLP with the numpy problem's w_0: its parameters in the same order
+    (W1, b1, W2, b2)."""
+    ref = mlp_numpy()
+    model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 3))
+    with torch.no_grad():
+        torch.nn.utils.vector_to_parameters(torch.tensor(ref.initial()), model.parameters())
+    return model, torch.nn.functional.cross_entropy, ref.X, ref.y
+
+
+def net():
+    """A small network initialised from torch's generator (seeded by problem.seed)."""
+    X = torch.randn(40, 4)
+    y = (X[:, 0] > 0).long()
+    model = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.ReLU(), torch.nn.Linear(6, 2))
+    return model, torch.nn.functional.cross_entropy, torch.utils.data.TensorDataset(X, y)
+
+
+def summed():
+    model, _, data = net()
+    return model, lambda out, y: torch.nn.functional.cross_entropy(out, y, reduction="sum"), data
+
+
+def with_nan():
+    X = np.ones((5, 4))
+    X[3, 1] = np.nan
+    return torch.nn.Linear(4, 2), torch.nn.functional.cross_entropy, X, np.zeros(5, dtype=int)
+
+
+def short_labels():
+    return torch.nn.Linear(4, 2), torch.nn.functional.cross_entropy, np.ones((5, 4)), [0, 1]
+
+
+def not_a_model():
+    return "model", torch.nn.functional.cross_entropy, np.ones((5, 4)), np.zeros(5)
+
+
+def fails():
+    raise RuntimeError("no data here")
+
+
+not_callable = 3
