@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from simulator.budget import check_problem
 from simulator.errors import ScenarioError
 from simulator.problems.base import (
@@ -26,7 +28,14 @@ from simulator.problems.builtin import (
     QuadraticProblem,
     SparseLogisticProblem,
 )
+from simulator.problems.files import (
+    binary_labels,
+    class_labels,
+    digest,
+    training_split,
+)
 from simulator.problems.torchmodel import TorchProblem, from_spec
+from simulator.scenario.base import is_file
 
 __all__ = ["CACHE_ENV", "HELD_OUT", "PROBLEMS", "Gradient", "LocalOptimumProblem",
            "LogisticProblem", "MLPProblem", "Problem", "QuadraticProblem",
@@ -34,20 +43,38 @@ __all__ = ["CACHE_ENV", "HELD_OUT", "PROBLEMS", "Gradient", "LocalOptimumProblem
 
 
 def _make_quadratic(spec: Any) -> Problem:
+    if is_file(spec.data):
+        X, y, _ = training_split(spec)
+        return QuadraticProblem.from_arrays(X, y.astype(np.float64), spec.l2)
     return QuadraticProblem(spec.dim, spec.n_samples, spec.l2, spec.seed)
 
 
 def _make_logistic(spec: Any) -> Problem:
+    if is_file(spec.data):
+        X, y, held = training_split(spec)
+        held = None if held is None else (held[0], binary_labels(held[1], spec))
+        return LogisticProblem(X, binary_labels(y, spec), spec.l2, held)
     if spec.data == "breast_cancer":
         return LogisticProblem.breast_cancer(spec.l2, spec.holdout, spec.seed)
     return LogisticProblem.synthetic(spec.dim, spec.n_samples, spec.l2, spec.seed)
 
 
 def _make_sparse_logistic(spec: Any) -> Problem:
-    return SparseLogisticProblem(spec.dim, spec.n_samples, spec.l2, spec.density, spec.seed)
+    if is_file(spec.data):
+        X, y, held = training_split(spec, dense=False)
+        held = None if held is None else (held[0], binary_labels(held[1], spec))
+        return SparseLogisticProblem(X, binary_labels(y, spec), spec.l2, held)
+    return SparseLogisticProblem.synthetic(spec.dim, spec.n_samples, spec.l2, spec.density,
+                                           spec.seed)
 
 
 def _make_mlp(spec: Any) -> Problem:
+    if is_file(spec.data):
+        X, y, held = training_split(spec)
+        classes, index = class_labels(y, spec)
+        if held is not None:  # a class seen only in held-out rows is never predicted right
+            held = (held[0], np.searchsorted(classes, held[1]))
+        return MLPProblem(X, index, classes.size, spec.hidden, spec.l2, spec.seed, held)
     if spec.data == "digits":
         return MLPProblem.digits(spec.hidden, spec.l2, spec.seed, spec.holdout)
     return MLPProblem.synthetic(spec.dim, spec.n_samples, spec.classes, spec.hidden, spec.l2,
@@ -85,5 +112,5 @@ def make_problem(spec: Any) -> Problem:
     check_problem(spec)
     problem = PROBLEMS[spec.name](spec)
     if problem.spec_key is None:  # a torch problem hashes its own data and module
-        problem.spec_key = spec_hash(spec)
+        problem.spec_key = spec_hash(spec, digest(spec.data) if is_file(spec.data) else "")
     return problem

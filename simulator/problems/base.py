@@ -50,10 +50,12 @@ def cache_dir() -> Path:
     return Path(base) / "asyngrad-lab"
 
 
-def spec_hash(spec: Any) -> str:
-    """A hash of the problem spec, the solver code's version and the numeric libraries'."""
+def spec_hash(spec: Any, data: str = "") -> str:
+    """A hash of the problem spec, the solver code's version and the numeric libraries' (and
+    ``data``: a digest of a data file's bytes, which its path alone does not fix)."""
     text = json.dumps({"spec": dataclasses.asdict(spec), "version": OPTIMUM_VERSION,
-                       "numpy": np.__version__, "scipy": scipy.__version__}, sort_keys=True)
+                       "numpy": np.__version__, "scipy": scipy.__version__, "data": data},
+                      sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 

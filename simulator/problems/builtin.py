@@ -27,12 +27,21 @@ class QuadraticProblem(Problem):
     name = "quadratic"
 
     def __init__(self, dim: int, n_samples: int, l2: float, seed: int) -> None:
-        super().__init__(dim, n_samples)
         rng = np.random.default_rng(seed)
-        self.l2 = l2
-        self.A = rng.standard_normal((n_samples, dim))
+        A = rng.standard_normal((n_samples, dim))
         w_true = rng.standard_normal(dim) / math.sqrt(dim)
-        self.b = self.A @ w_true + 0.5 * rng.standard_normal(n_samples)
+        self._data(A, A @ w_true + 0.5 * rng.standard_normal(n_samples), l2)
+
+    @classmethod
+    def from_arrays(cls, A: np.ndarray, b: np.ndarray, l2: float) -> QuadraticProblem:
+        """Ridge least squares on given data: the rows of ``A``, the targets ``b``."""
+        problem = cls.__new__(cls)
+        problem._data(A, b, l2)
+        return problem
+
+    def _data(self, A: np.ndarray, b: np.ndarray, l2: float) -> None:
+        Problem.__init__(self, A.shape[1], A.shape[0])
+        self.A, self.b, self.l2 = A, b, l2
         self._b = self.b.tolist()
 
     @cached_property
@@ -196,50 +205,62 @@ def _expit(z: np.ndarray) -> np.ndarray:
 
 
 class SparseLogisticProblem(Problem):
-    """Sparse logistic regression, the Hogwild! regime: each sample has ``nnz`` features.
+    """Sparse logistic regression, the Hogwild! regime: each sample has a few features.
 
     The l2 term is split over supports so per-sample gradients stay sparse (Niu et al. 2011):
     f_i(w) = log(1 + exp(−y_i x_iᵀw)) + (λ/2) Σ_{j∈S_i} (n/n_j) w_j², with n_j the number of
     samples that contain feature j. Averaged over i this is exactly (λ/2)Σ_j w_j² over the
     features that occur, so f = mean logistic loss + (λ/2)‖w‖² (features that never occur stay
     at their initial 0, which is their optimum) and c, q are as for the dense problem.
+    ``X`` is a CSR matrix with sorted indices (sample i's support is its row's), ``y`` ±1.
     """
 
     name = "sparse_logistic"
 
-    def __init__(self, dim: int, n_samples: int, l2: float, density: float, seed: int) -> None:
-        super().__init__(dim, n_samples)
+    def __init__(self, X: Any, y: np.ndarray, l2: float,
+                 held: tuple[Any, np.ndarray] | None = None) -> None:
+        super().__init__(X.shape[1], X.shape[0])
+        self.X, self.y, self.l2, self.held = X, y, l2, held
+        self.cols = np.ascontiguousarray(X.indices, dtype=np.int64)
+        self.vals = np.ascontiguousarray(X.data, dtype=np.float64)
+        self._ptr = X.indptr.tolist()
+        ptr = self._ptr
+        self._rows = [(self.cols[ptr[i]:ptr[i + 1]], self.vals[ptr[i]:ptr[i + 1]])
+                      for i in range(self.n_samples)]
+        self._y = y.tolist()
+        counts = np.bincount(self.cols, minlength=self.dim)
+        self.reg = np.where(counts > 0, self.n_samples / np.maximum(counts, 1), 0.0)
+
+    @classmethod
+    def synthetic(cls, dim: int, n_samples: int, l2: float, density: float,
+                  seed: int) -> SparseLogisticProblem:
+        """round(density·dim) Gaussian features per sample at random coordinates; labels from a
+        logistic model; a held-out set of n/4 samples from the same model (its own stream)."""
         rng = np.random.default_rng(seed)
-        self.l2 = l2
-        self.nnz = max(1, round(density * dim))
-        cols = np.sort([rng.choice(dim, self.nnz, replace=False) for _ in range(n_samples)],
+        nnz = max(1, round(density * dim))
+        cols = np.sort([rng.choice(dim, nnz, replace=False) for _ in range(n_samples)],
                        axis=1).astype(np.int64)
-        vals = rng.standard_normal((n_samples, self.nnz))
-        self.cols, self.vals = cols, vals
-        self.X = scipy.sparse.csr_matrix(
-            (vals.ravel(), cols.ravel(), np.arange(0, n_samples * self.nnz + 1, self.nnz)),
+        vals = rng.standard_normal((n_samples, nnz))
+        X = scipy.sparse.csr_matrix(
+            (vals.ravel(), cols.ravel(), np.arange(0, n_samples * nnz + 1, nnz)),
             shape=(n_samples, dim))
-        w_true = rng.standard_normal(dim) * (3.0 / math.sqrt(self.nnz))
-        self.y = _logistic_labels(rng, self.X @ w_true)
+        w_true = rng.standard_normal(dim) * (3.0 / math.sqrt(nnz))
+        y = _logistic_labels(rng, X @ w_true)
         held = np.random.default_rng([seed, HELD_OUT])
         m = max(1, n_samples // 4)
-        held_cols = np.sort([held.choice(dim, self.nnz, replace=False) for _ in range(m)],
-                            axis=1)
+        held_cols = np.sort([held.choice(dim, nnz, replace=False) for _ in range(m)], axis=1)
         Xh = scipy.sparse.csr_matrix(
-            (held.standard_normal(m * self.nnz), held_cols.ravel(),
-             np.arange(0, m * self.nnz + 1, self.nnz)), shape=(m, dim))
+            (held.standard_normal(m * nnz), held_cols.ravel(), np.arange(0, m * nnz + 1, nnz)),
+            shape=(m, dim))
         yh = _logistic_labels(held, Xh @ w_true)
-        self.held = (Xh, yh)
-        self._y = self.y.tolist()
-        counts = np.bincount(cols.ravel(), minlength=dim)
-        self.reg = np.where(counts > 0, n_samples / np.maximum(counts, 1), 0.0)
+        return cls(X, y, l2, (Xh, yh))
 
     @property
     def sparse(self) -> bool:
         return True
 
     def support(self, idx: int) -> np.ndarray:
-        return self.cols[idx]
+        return self._rows[idx][0]
 
     @property
     def strong_convexity(self) -> float:
@@ -251,13 +272,13 @@ class SparseLogisticProblem(Problem):
         return self.l2 + top * top / (4 * self.n_samples)
 
     def loss(self, w: np.ndarray, idx: int) -> float:
-        cols, reg = self.cols[idx], self.reg[self.cols[idx]]
+        cols, x = self._rows[idx]
         wj = w[cols]
-        return float(np.logaddexp(0.0, -self._y[idx] * float(self.vals[idx] @ wj))
-                     + 0.5 * self.l2 * float(reg @ (wj * wj)))
+        return float(np.logaddexp(0.0, -self._y[idx] * float(x @ wj))
+                     + 0.5 * self.l2 * float(self.reg[cols] @ (wj * wj)))
 
     def grad(self, w: np.ndarray, idx: int) -> Gradient:
-        cols, x = self.cols[idx], self.vals[idx]
+        cols, x = self._rows[idx]
         wj = w[cols]
         g = x * _logistic_coef(self._y[idx], float(x @ wj))
         g += self.l2 * self.reg[cols] * wj
@@ -271,7 +292,7 @@ class SparseLogisticProblem(Problem):
         return _sign_accuracy(self.X, self.y, w)
 
     def held_out_accuracy(self, w: np.ndarray) -> float | None:
-        return _sign_accuracy(*self.held, w)
+        return None if self.held is None else _sign_accuracy(*self.held, w)
 
     def full_grad(self, w: np.ndarray) -> np.ndarray:
         coef = -self.y * _expit(-self.y * (self.X @ w))
@@ -283,8 +304,9 @@ class SparseLogisticProblem(Problem):
 
     def torch_loss(self, w: Any, idx: int) -> Any:
         import torch
-        cols = self.on_device("cols", w, floating=False)[idx]
-        x = self.on_device("vals", w)[idx]
+        a, b = self._ptr[idx], self._ptr[idx + 1]
+        cols = self.on_device("cols", w, floating=False)[a:b]
+        x = self.on_device("vals", w)[a:b]
         reg = self.on_device("reg", w)[cols]
         wj = w[cols]
         margin = float(self._y[idx]) * (x @ wj)

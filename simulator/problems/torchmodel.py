@@ -16,7 +16,8 @@ checked on the first rows. Floating data and the module are taken to float64.
 
 A scenario names a factory (``problem.name = "torch"``, ``problem.model =
 "package.module:function"`` or ``"path/to/file.py:function"``); the factory takes no arguments
-and returns ``(model, loss_fn, X, y)``, ``(model, loss_fn, dataset)`` or a dict with keys
+and returns ``(model, loss_fn, X, y)``, ``(model, loss_fn, dataset)``, ``(model, loss_fn)``
+where ``problem.data`` names a data file (``simulator.problems.files``), or a dict with keys
 ``model``, ``loss`` and ``X``/``y`` or ``data`` (optionally ``convex``: True where the user
 knows f is convex). It is called with torch's generator seeded from ``problem.seed``, so the
 module's initial parameters, w_0, are the same in every process.
@@ -397,11 +398,30 @@ def _unpack(made: Any) -> tuple[Any, Any, Any, Any, dict[str, Any]]:
         if "data" in made:
             return made["model"], made["loss"], made["data"], None, options
         return made["model"], made["loss"], made.get("X"), made.get("y"), options
-    if isinstance(made, (tuple, list)) and len(made) in (3, 4):
+    if isinstance(made, (tuple, list)) and len(made) in (2, 3, 4):
         model, loss, *data = made
-        return model, loss, data[0], data[1] if len(data) == 2 else None, {}
+        return (model, loss, data[0] if data else None, data[1] if len(data) == 2 else None,
+                {})
     raise ValueError(f"the factory returned a {type(made).__name__}: (model, loss_fn, X, y), "
-                     "(model, loss_fn, dataset) or a dict is needed")
+                     "(model, loss_fn, dataset), (model, loss_fn) with problem.data a file, "
+                     "or a dict is needed")
+
+
+def _file_data(spec: Any, X: Any, y: Any) -> tuple[Any, Any]:
+    """The data: the factory's, or the file ``problem.data`` names (never both)."""
+    from simulator.problems.files import read_data
+    from simulator.scenario.base import is_file
+
+    if not is_file(spec.data):
+        if X is None:
+            raise ValueError("the factory returned no data: return (model, loss_fn, X, y) or "
+                             "(model, loss_fn, dataset), or set problem.data to a data file")
+        return X, y
+    if X is not None:
+        raise ValueError(f"the factory returned data and problem.data names {spec.data}: "
+                         "return (model, loss_fn) to train on the file")
+    X, y = read_data(spec.data, spec.target)
+    return (X.toarray() if hasattr(X, "toarray") else X), y
 
 
 def from_spec(spec: Any) -> TorchProblem:
@@ -420,6 +440,7 @@ def from_spec(spec: Any) -> TorchProblem:
             torch.manual_seed(spec.seed)
             made = factory()
             model, loss, X, y, options = _unpack(made)
+            X, y = _file_data(spec, X, y)
             return TorchProblem(model, loss, X, y, l2=spec.l2, batch=spec.batch,
                                 holdout=spec.holdout, seed=spec.seed, label=spec.model,
                                 **options)

@@ -7,9 +7,9 @@ from typing import Any
 
 from simulator.errors import ScenarioError
 
-__all__ = ["DATA_SOURCES", "EVEN_SPLIT_PROTOCOLS", "LR_SCHEDULES", "MAX_THREADS", "PHASES",
-           "PLACEMENTS", "PROTOCOLS", "REAL_DATA", "REAL_SHAPES", "SLICINGS", "SPLITS",
-           "WRITE_MODES", "check", "check_ints"]
+__all__ = ["DATA_SOURCES", "EVEN_SPLIT_PROTOCOLS", "FILE_PROBLEMS", "FILE_SUFFIXES",
+           "LR_SCHEDULES", "MAX_THREADS", "PHASES", "PLACEMENTS", "PROTOCOLS", "REAL_DATA",
+           "REAL_SHAPES", "SLICINGS", "SPLITS", "WRITE_MODES", "check", "check_ints", "is_file"]
 
 PROTOCOLS = ("serial", "locked", "lockfree", "roundrobin", "minibatch", "paramserver",
              "staleness_lr", "dcasgd", "admm")
@@ -24,6 +24,15 @@ PHASES = ("read", "grad", "write", "idle")  # in the order of simulator.timing.R
 # Real data that a package ships, and the problem each serves.
 REAL_DATA = {"breast_cancer": "logistic", "digits": "mlp"}
 DATA_SOURCES = ("synthetic", *REAL_DATA)
+# A data file's suffixes (``simulator.problems.files``), and the problems that train on one.
+FILE_SUFFIXES = (".csv", ".npz", ".svm", ".libsvm")
+FILE_PROBLEMS = ("quadratic", "logistic", "sparse_logistic", "mlp", "torch")
+
+
+def is_file(data: str) -> bool:
+    """Whether ``problem.data`` names a data file (by its suffix), not a data source."""
+    return data.lower().endswith(FILE_SUFFIXES)
+
 # The shape of each real data set, which its resolved ProblemSpec shows: (field, value, what).
 REAL_SHAPES = {
     "breast_cancer": (("dim", 30, "features"), ("n_samples", 569, "samples")),

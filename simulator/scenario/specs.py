@@ -21,6 +21,8 @@ from simulator.keys import key
 from simulator.scenario.base import (
     DATA_SOURCES,
     EVEN_SPLIT_PROTOCOLS,
+    FILE_PROBLEMS,
+    FILE_SUFFIXES,
     LR_SCHEDULES,
     MAX_THREADS,
     PLACEMENTS,
@@ -31,6 +33,7 @@ from simulator.scenario.base import (
     WRITE_MODES,
     check,
     check_ints,
+    is_file,
 )
 from simulator.scenario.hardware import HardwareSpec
 
@@ -70,13 +73,22 @@ class ProblemSpec:
     the samples, so ``dim``, ``n_samples``, ``density``, ``hidden``, ``classes`` and ``length``
     stay unset; ``batch`` rows make one sample (a minibatch per update), ``holdout`` keeps a
     seeded share of the rows out of training, ``seed`` seeds the model's initial parameters,
-    the split and the minibatches, and ``l2`` adds (λ/2)‖w‖²."""
+    the split and the minibatches, and ``l2`` adds (λ/2)‖w‖².
+
+    ``data`` may name a file (``path.csv``, ``path.npz``, ``path.svm``;
+    ``simulator.problems.files``) for ``quadratic``, ``logistic`` (two classes, the larger
+    value +1), ``sparse_logistic`` (a libsvm file stays sparse), ``mlp`` (integer classes) and
+    ``torch`` (its factory then returns ``(model, loss_fn)``); ``target`` names its target.
+    The file sets ``dim``, ``n_samples``, ``density`` and ``classes`` (left unset);
+    ``holdout`` keeps a seeded share of its rows out of training."""
 
     name: str = key("logistic", "the problem to train (a name in simulator.problems.PROBLEMS)")
-    data: str = key("synthetic", "generated data, or a real data set a package ships",
-                    choices=DATA_SOURCES)
+    data: str = key("synthetic", "synthetic (generated), a real data set a package ships "
+                    "(breast_cancer, digits), or a file: path.csv, path.npz, path.svm")
     model: str = key("", "the torch problem's factory: 'package.module:function' or "
                      "'path/to/file.py:function' (problem.name = torch)")
+    target: str = key("", "a data file's target: a CSV column (name or 0-based index; "
+                      "default the last) or an npz array (default y)")
     dim: int = key(100, "features (mlp: inputs; lstm_tagger, dense_crf: vocabulary)",
                    bounds=">= 1")
     n_samples: int = key(1000, "training samples (a real data set: the whole set)",
@@ -93,10 +105,19 @@ class ProblemSpec:
     holdout: float = key(0.0, "share of a real data set held out of training", bounds="[0, 1)")
 
     def __post_init__(self) -> None:
-        check(self.data in DATA_SOURCES, "data", self.data,
-               f"must be one of {', '.join(DATA_SOURCES)}")
-        check(self.data == "synthetic" or REAL_DATA[self.data] == self.name, "data",
+        check(self.data in DATA_SOURCES or is_file(self.data), "data", self.data,
+               f"must be one of {', '.join(DATA_SOURCES)}, or a data file "
+               f"({', '.join(FILE_SUFFIXES)})")
+        check(self.data not in REAL_DATA or REAL_DATA[self.data] == self.name, "data",
                self.data, f"serves the {REAL_DATA.get(self.data)} problem, not {self.name}")
+        check(not is_file(self.data) or self.name in FILE_PROBLEMS, "data", self.data,
+               f"data files serve {', '.join(FILE_PROBLEMS)}; {self.name} trains on "
+               "sequences it generates")
+        check(not self.target or is_file(self.data), "target", self.target,
+               "names the target in a data file (problem.data = path.csv, .npz)")
+        for field in ("dim", "n_samples", "density", "classes"):
+            check(not is_file(self.data) or getattr(self, field) == _DEFAULTS[field], field,
+                   getattr(self, field), "is set by the data file (leave it unset)")
         check_ints(self)
         _real_shape(self)
         check(self.dim >= 1, "dim", self.dim, "must be >= 1")

@@ -572,7 +572,8 @@ def test_a_phase_without_actions_does_not_carry_its_choice_past_a_gate():
                  "run.blocks=3", "run.updates=9", "run.protocol=locked", "metrics.exact=false",
                  "metrics.curve_points=0")
     spec = s.problem
-    problem = _SometimesEmpty(spec.dim, spec.n_samples, spec.l2, spec.density, spec.seed)
+    problem = _SometimesEmpty.synthetic(spec.dim, spec.n_samples, spec.l2, spec.density,
+                                       spec.seed)
     for kind in ("random", "roundrobin", "pct"):
         run = run_schedule(s, Scheduler(kind, 3, seed=1, depth=2, steps=60), problem)
         assert len(run.trace) == 9 and (run.trace["step"] > 0).sum() == 9

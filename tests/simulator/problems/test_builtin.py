@@ -13,7 +13,7 @@ PROBLEMS = {
     "quadratic": lambda: QuadraticProblem(20, 200, 0.01, seed=3),
     "logistic": lambda: LogisticProblem.synthetic(20, 300, 0.01, seed=3),
     "breast_cancer": lambda: LogisticProblem.breast_cancer(0.01),
-    "sparse_logistic": lambda: SparseLogisticProblem(200, 300, 0.01, 0.05, seed=3),
+    "sparse_logistic": lambda: SparseLogisticProblem.synthetic(200, 300, 0.01, 0.05, seed=3),
 }
 
 
@@ -270,7 +270,7 @@ def test_synthetic_held_out_sets_come_from_the_training_model_without_changing_i
     assert abs(p.held_out_accuracy(w_star) - p.accuracy(w_star)) < 0.12
     sk = LogisticRegression(C=1 / (0.01 * 400), fit_intercept=False, tol=1e-10).fit(p.X, p.y)
     assert p.held_out_accuracy(w_star) == pytest.approx(sk.score(Xh, yh), abs=0.02)
-    sparse = SparseLogisticProblem(200, 400, 0.01, 0.05, seed=3)
+    sparse = SparseLogisticProblem.synthetic(200, 400, 0.01, 0.05, seed=3)
     assert sparse.held[0].shape == (100, 200) and 0.5 < sparse.held_out_accuracy(
         sparse.optimum()[0]) <= 1
     mlp = MLPProblem.synthetic(6, 200, 3, 5, 0.01, seed=2)
