@@ -106,10 +106,13 @@ def test_minibatches_average_their_rows_and_f_averages_the_batches():
                                               rel=1e-12)
 
 
-def test_derivatives_against_finite_differences():
-    """A ReLU network with minibatches: the gradient and Hessian-vector product agree with
-    central differences of the loss and the gradient."""
-    problem = make_problem(_spec("net", batch=5))
+@pytest.mark.parametrize("factory", ["net", "tied"])
+def test_derivatives_against_finite_differences(factory):
+    """A ReLU network with minibatches, and a network whose two layers share one weight: the
+    gradient and Hessian-vector product agree with central differences of the loss and the
+    gradient."""
+    problem = make_problem(_spec(factory, batch=5))
+    assert problem.dim == (16 if factory == "tied" else 44)
     w = _points(problem, 1)[0]
     v = np.random.default_rng(1).standard_normal(problem.dim)
     # Hessian-vector products first and twice: nothing the first keeps breaks the next

@@ -45,6 +45,15 @@ def net():
     return model, torch.nn.functional.cross_entropy, torch.utils.data.TensorDataset(X, y)
 
 
+def tied():
+    """Two layers sharing one weight matrix (tied weights): one parameter, used twice."""
+    X = torch.randn(30, 4)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4, bias=False), torch.nn.Tanh(),
+                                torch.nn.Linear(4, 4, bias=False))
+    model[2].weight = model[0].weight
+    return model, torch.nn.functional.mse_loss, X, torch.sin(X)
+
+
 def summed():
     model, _, data = net()
     return model, lambda out, y: torch.nn.functional.cross_entropy(out, y, reduction="sum"), data
