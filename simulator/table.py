@@ -3,7 +3,8 @@
 Rows: synchronous (``locked``) and asynchronous lock-free (``lockfree``) training with k
 threads; columns: a sparse model (``sparse_logistic``, the Hogwild regime) and three dense
 ones (``logistic``; ``lstm_tagger``, the paper's model, and ``dense_crf``, the talk's second
-experiment, both with per-token accuracy). Each cell:
+experiment, both with per-token accuracy), and, where a scenario is given, a column of its own
+problem (a user's model or data). Each cell:
 gradient error rate, median relative error ‖δ‖/‖g‖, mean staleness, the speedup in simulated
 time over a serial run of the same T updates, and the final training and held-out accuracy
 and suboptimality (the serial run's are given alongside).
@@ -46,19 +47,29 @@ def _run(scenario: Scenario, problem: Problem) -> dict[str, Any]:
 
 
 def paper_table(updates: int = 20_000, threads: int = 8, seed: int = 0,
-                progress: Any = None) -> list[dict[str, Any]]:
-    """One row per (row, column) cell with its measured numbers."""
+                progress: Any = None,
+                yours: tuple[str | None, list[str]] | None = None) -> list[dict[str, Any]]:
+    """One row per (row, column) cell with its measured numbers. ``yours`` = (scenario file or
+    None, overrides) adds a column ``yours``: that scenario's problem and run settings (its
+    own model or data, learning rate ...), run in the table's rows."""
     cells = []
-    for column, overrides in COLUMNS.items():
-        base = [*overrides, f"run.updates={updates}", f"run.seed={seed}",
-                "metrics.curve_points=10"]
-        # One problem (data and optimum) for the column's three runs: its spec is theirs.
-        problem = make_problem(load_scenario(None, base).problem)
-        serial = _run(load_scenario(None, [*base, "run.protocol=serial"]), problem)
+    columns: dict[str, tuple[str | None, list[str]]] = {
+        name: (None, list(overrides)) for name, overrides in COLUMNS.items()}
+    if yours is not None:
+        columns["yours"] = yours
+    bases = {column: [*overrides, f"run.updates={updates}", f"run.seed={seed}",
+                      "metrics.curve_points=10"] for column, (_, overrides) in columns.items()}
+    # One problem (data and optimum) for each column's three runs: its spec is theirs. All
+    # are built first, so a user's model that cannot be built is refused before any run.
+    problems = {column: make_problem(load_scenario(path, bases[column]).problem)
+                for column, (path, _) in columns.items()}
+    for column, (path, _) in columns.items():
+        base, problem = bases[column], problems[column]
+        serial = _run(load_scenario(path, [*base, "run.protocol=serial"]), problem)
         if progress:
             progress(1)
         for row, protocol in ROWS.items():
-            s = _run(load_scenario(None, [*base, f"run.protocol={protocol}",
+            s = _run(load_scenario(path, [*base, f"run.protocol={protocol}",
                                           f"run.threads={threads}"]), problem)
             if progress:
                 progress(1)
@@ -92,9 +103,11 @@ def table_markdown(cells: list[dict[str, Any]]) -> str:
                 f"{c['serial_accuracy']:.3f}){held}")
 
     threads = cells[0]["threads"]
-    lines = ["| | " + " | ".join(HEADINGS[c] for c in COLUMNS) + " |",
-             "|---|" + "---|" * len(COLUMNS)]
+    columns = list(dict.fromkeys(c["column"] for c in cells))
+    problems = {c["column"]: c["problem"] for c in cells}
+    lines = ["| | " + " | ".join(HEADINGS.get(c, f"Yours ({problems[c]})") for c in columns)
+             + " |", "|---|" + "---|" * len(columns)]
     for row, label in (("sync", f"Sync (locked, k = {threads})"),
                        ("async", f"Async (lock-free, k = {threads})")):
-        lines.append(f"| {label} | " + " | ".join(cell(row, c) for c in COLUMNS) + " |")
+        lines.append(f"| {label} | " + " | ".join(cell(row, c) for c in columns) + " |")
     return "\n".join(lines) + "\n"

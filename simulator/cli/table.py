@@ -25,8 +25,9 @@ def _table(args: argparse.Namespace) -> int:
             raise ScenarioError(name, value, "must be >= 1")
     out = Path(args.out)
     check_out(out, TABLE_FILES)
-    with progress(3 * len(COLUMNS), args.quiet) as bar:
-        cells = paper_table(args.updates, args.threads, args.seed, bar.update)
+    yours = (args.scenario, args.set) if args.scenario is not None or args.set else None
+    with progress(3 * (len(COLUMNS) + (yours is not None)), args.quiet) as bar:
+        cells = paper_table(args.updates, args.threads, args.seed, bar.update, yours)
     text = table_markdown(cells)
 
     def write(where: Path) -> None:
@@ -47,8 +48,9 @@ def add_commands(commands: Any) -> None:
     """The group's subcommands, added to ``commands``."""
     command = partial(subcommand, commands)
     tab = command("table", "the Sync/Async × Sparse/Dense table of AsynGrad (sparse and dense "
-                  "logistic, LSTM tagger, dense CRF), measured", _table,
-                  scenario=False, out="directory for table.csv and table.md")
+                  "logistic, LSTM tagger, dense CRF), measured; a scenario or --set adds a "
+                  "column of its problem (your model or data)", _table,
+                  out="directory for table.csv and table.md")
     tab.add_argument("--updates", type=int, default=20_000, help="T per run (default 20000)")
     tab.add_argument("--threads", type=int, default=8, help="k (default 8)")
     tab.add_argument("--seed", type=int, default=0, help="run seed (default 0)")

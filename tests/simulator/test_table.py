@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+from pathlib import Path
 
 import pytest
 
@@ -42,14 +43,30 @@ def test_accuracy_of_the_classifiers():
     assert quadratic.accuracy(quadratic.initial()) is None  # not a classifier
 
 
-def test_cli_writes_csv_and_markdown(tmp_path, capsys):
+def test_cli_writes_csv_and_markdown_with_a_column_of_the_users_problem(tmp_path, capsys):
+    """``asyngrad table --set problem.name=torch --set problem.model=...``: the four columns,
+    then a fifth, the user's model in both rows with its serial run beside; a bad field is one
+    line, exit 2, nothing written, before any run."""
+    pytest.importorskip("torch")
+    model = Path(__file__).parent / "problems" / "torch_models.py"
     out = tmp_path / "table"
-    assert main(["table", "--out", str(out), "--updates", "500"]) == 0
+    assert main(["table", "--out", str(out), "--updates", "500", "--set",
+                 "problem.name=torch", "--set", f"problem.model={model}:net"]) == 0
     assert "Async (lock-free, k = 8)" in capsys.readouterr().out
     rows = list(csv.DictReader((out / "table.csv").read_text().splitlines()))
     assert [(r["row"], r["column"]) for r in rows] == [
         ("sync", "sparse"), ("async", "sparse"), ("sync", "dense"), ("async", "dense"),
-        ("sync", "lstm"), ("async", "lstm"), ("sync", "crf"), ("async", "crf")]
-    assert (out / "table.md").read_text().startswith("| | Sparse")
-    assert "Dense (dense_crf)" in (out / "table.md").read_text().splitlines()[0]
+        ("sync", "lstm"), ("async", "lstm"), ("sync", "crf"), ("async", "crf"),
+        ("sync", "yours"), ("async", "yours")]
+    assert {r["problem"] for r in rows[-2:]} == {"torch"}
+    assert float(rows[-2]["error_rate"]) == 0 < float(rows[-1]["error_rate"])
+    heading = (out / "table.md").read_text().splitlines()[0]
+    assert heading.startswith("| | Sparse") and "Dense (dense_crf)" in heading
+    assert heading.endswith("| Yours (torch) |")
     assert main(["table", "--out", str(tmp_path / "bad"), "--threads", "0"]) == 2
+    capsys.readouterr()
+    bad = tmp_path / "bad"
+    assert main(["table", "--out", str(bad), "--set", "problem.name=torch",
+                 "--set", "problem.model=nomodule_xyz:f"]) == 2
+    assert "problem.model" in capsys.readouterr().err
+    assert not bad.exists()
