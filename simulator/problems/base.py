@@ -101,6 +101,10 @@ class Problem(ABC):
     def full_grad(self, w: np.ndarray) -> np.ndarray:
         """∇f(w)."""
 
+    def full_loss_and_grad(self, w: np.ndarray) -> tuple[float, np.ndarray]:
+        """(f(w), ∇f(w)); a problem that gets both from one pass over its data overrides it."""
+        return self.full_loss(w), self.full_grad(w)
+
     @abstractmethod
     def hessp(self, w: np.ndarray, v: np.ndarray) -> np.ndarray:
         """∇²f(w) v."""
@@ -256,8 +260,8 @@ class LocalOptimumProblem(Problem):
         with tqdm(total=self.SOLVER_ITERATIONS, disable=not sys.stderr.isatty(), leave=False,
                   desc=f"estimating the optimum of {self.name} (L-BFGS)",
                   unit="it") as bar:
-            result = scipy.optimize.minimize(self.full_loss, self.initial(),
-                                             jac=self.full_grad, method="L-BFGS-B",
+            result = scipy.optimize.minimize(self.full_loss_and_grad, self.initial(),
+                                             jac=True, method="L-BFGS-B",
                                              callback=lambda _: bar.update(1),
                                              options={"gtol": 1e-10, "ftol": 1e-15,
                                                       "maxiter": self.SOLVER_ITERATIONS})

@@ -251,7 +251,17 @@ class TorchProblem(LocalOptimumProblem):
         return data + 0.5 * self.l2 * float(w @ w)
 
     def full_grad(self, w: np.ndarray) -> np.ndarray:
-        return self._with_l2(_derivative(self._full, w), w)
+        return self.full_loss_and_grad(w)[1]
+
+    def full_loss_and_grad(self, w: np.ndarray) -> tuple[float, np.ndarray]:
+        """f(w) and ∇f(w) from one forward and one backward pass (L-BFGS asks for both)."""
+        import torch
+
+        flat = _flat(w).requires_grad_()
+        data = self._full(flat)
+        (grad,) = torch.autograd.grad(data, flat)
+        return (float(data.detach()) + 0.5 * self.l2 * float(w @ w),
+                self._with_l2(grad.numpy(), w))
 
     def hessp(self, w: np.ndarray, v: np.ndarray) -> np.ndarray:
         """∇²f(w)v by reverse over reverse: ∇(∇f(w)·v). (``torch.func.jvp`` of
@@ -302,19 +312,21 @@ class TorchProblem(LocalOptimumProblem):
                               for a in range(0, len(X), CHUNK)])
 
     def _accuracy(self, w: np.ndarray, X: Any, y: Any) -> float | None:
-        """The share of rows classified right, where the targets are classes: integer targets
-        and one output per class (argmax), or one output and targets 0/1 or ±1 (the class
-        its sign gives, 0 counted positive)."""
+        """The share of targets classified right, where they are classes: integer targets
+        (one per row, or one per position of a row: a tagger's tokens) and one output per
+        class (argmax), or one output per row and targets 0/1 or ±1 (the class its sign
+        gives, 0 counted positive)."""
         import torch
 
-        if y.ndim != 1:
-            return None
         out = self._outputs(w, X)
-        if out.ndim == 2 and out.shape[1] >= 2 and not y.dtype.is_floating_point:
-            guess = out.argmax(dim=1)
-        elif out.numel() == len(y) and bool(((y == 0) | (y == 1)).all()):
+        if (out.ndim == y.ndim + 1 and out.shape[:-1] == y.shape and out.shape[-1] >= 2
+                and not y.dtype.is_floating_point):  # a class per row, or per position
+            guess = out.argmax(dim=-1)
+        elif y.ndim != 1 or out.numel() != len(y):
+            return None
+        elif bool(((y == 0) | (y == 1)).all()):
             guess = (out.reshape(-1) >= 0).to(y.dtype)
-        elif out.numel() == len(y) and bool(((y == -1) | (y == 1)).all()):
+        elif bool(((y == -1) | (y == 1)).all()):
             guess = torch.where(out.reshape(-1) >= 0, 1, -1).to(y.dtype)
         else:
             return None
