@@ -43,7 +43,7 @@ from simulator.memory import (
     grain_durations,
     grain_ops,
 )
-from simulator.problems import Problem, make_problem
+from simulator.problems import Problem, make_problem, recorded_text
 from simulator.protocols import make_protocol
 from simulator.protocols.base import GROUPED, MEMBER, Protocol
 from simulator.rules import LR_FACTORS, mean_step
@@ -93,9 +93,9 @@ class Engine:
             preflight(scenario)
         if choose is not None:
             refuse_unscheduled(scenario)
-        self._text = text
         self.scenario = scenario
         self.problem = problem if problem is not None else make_problem(scenario.problem)
+        self._text = text if text is not None else recorded_text(scenario, problem)
         run = scenario.run
         if run.blocks > self.problem.dim:
             raise ScenarioError("run.blocks", run.blocks,

@@ -48,3 +48,17 @@ def test_scenarios_notebook(tmp_path):
     assert len([o for o in outputs if "image/png" in o.get("data", {})]) == 3
     conclusion = notebook.cells[-1].outputs[0]["data"]["text/markdown"]
     assert "dense model's updates carry a gradient error" in conclusion
+
+
+@pytest.mark.alone  # real runs
+def test_your_model_notebook(tmp_path):
+    """Notebook 04 walks the digits convnet example through simulate, check, real,
+    calibrate and compare; its conclusion is computed from the run."""
+    model = f"{NOTEBOOKS.parent / 'examples' / 'digits_convnet.py'}:make"
+    notebook = _execute("04_your_model.py", {"MODEL": model, "UPDATES": 1500,
+                                             "OUT": str(tmp_path / "nb")}, tmp_path)
+    outputs = [o for c in notebook.cells if c.cell_type == "code" for o in c.outputs]
+    assert len([o for o in outputs if "image/png" in o.get("data", {})]) == 2
+    conclusion = notebook.cells[-1].outputs[0]["data"]["text/markdown"]
+    assert "carried a gradient error" in conclusion and "condition (4) fails" in conclusion
+    assert "targets met:" in conclusion

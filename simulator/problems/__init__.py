@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -39,7 +40,8 @@ from simulator.scenario.base import is_file
 
 __all__ = ["CACHE_ENV", "HELD_OUT", "PROBLEMS", "Gradient", "LocalOptimumProblem",
            "LogisticProblem", "MLPProblem", "Problem", "QuadraticProblem",
-           "SparseLogisticProblem", "TorchProblem", "cache_dir", "holdout_split", "make_problem"]
+           "SparseLogisticProblem", "TorchProblem", "cache_dir", "holdout_split", "make_problem",
+           "recorded_text"]
 
 
 def _make_quadratic(spec: Any) -> Problem:
@@ -52,8 +54,8 @@ def _make_quadratic(spec: Any) -> Problem:
 def _make_logistic(spec: Any) -> Problem:
     if is_file(spec.data):
         X, y, held = training_split(spec)
-        held = None if held is None else (held[0], binary_labels(held[1], spec))
-        return LogisticProblem(X, binary_labels(y, spec), spec.l2, held)
+        labels, held = binary_labels(y, held, spec)
+        return LogisticProblem(X, labels, spec.l2, held)
     if spec.data == "breast_cancer":
         return LogisticProblem.breast_cancer(spec.l2, spec.holdout, spec.seed)
     return LogisticProblem.synthetic(spec.dim, spec.n_samples, spec.l2, spec.seed)
@@ -62,8 +64,8 @@ def _make_logistic(spec: Any) -> Problem:
 def _make_sparse_logistic(spec: Any) -> Problem:
     if is_file(spec.data):
         X, y, held = training_split(spec, dense=False)
-        held = None if held is None else (held[0], binary_labels(held[1], spec))
-        return SparseLogisticProblem(X, binary_labels(y, spec), spec.l2, held)
+        labels, held = binary_labels(y, held, spec)
+        return SparseLogisticProblem(X, labels, spec.l2, held)
     return SparseLogisticProblem.synthetic(spec.dim, spec.n_samples, spec.l2, spec.density,
                                            spec.seed)
 
@@ -71,10 +73,8 @@ def _make_sparse_logistic(spec: Any) -> Problem:
 def _make_mlp(spec: Any) -> Problem:
     if is_file(spec.data):
         X, y, held = training_split(spec)
-        classes, index = class_labels(y, spec)
-        if held is not None:  # a class seen only in held-out rows is never predicted right
-            held = (held[0], np.searchsorted(classes, held[1]))
-        return MLPProblem(X, index, classes.size, spec.hidden, spec.l2, spec.seed, held)
+        classes, index, held = class_labels(y, held, spec)
+        return MLPProblem(X, index, classes, spec.hidden, spec.l2, spec.seed, held)
     if spec.data == "digits":
         return MLPProblem.digits(spec.hidden, spec.l2, spec.seed, spec.holdout)
     return MLPProblem.synthetic(spec.dim, spec.n_samples, spec.classes, spec.hidden, spec.l2,
@@ -114,3 +114,17 @@ def make_problem(spec: Any) -> Problem:
     if problem.spec_key is None:  # a torch problem hashes its own data and module
         problem.spec_key = spec_hash(spec, digest(spec.data) if is_file(spec.data) else "")
     return problem
+
+
+def recorded_text(scenario: Any, problem: Problem | None) -> str | None:
+    """The scenario a run on a problem built outside the scenario records (TOML), where it is
+    not the scenario's own (a ``TorchProblem`` made in Python: ``TorchProblem.recorded``);
+    None where the scenario describes the run."""
+    if not isinstance(problem, TorchProblem):
+        return None
+    spec = problem.recorded(scenario.problem)
+    if spec is scenario.problem:
+        return None
+    from simulator.scenario import scenario_to_toml
+
+    return scenario_to_toml(dataclasses.replace(scenario, problem=spec))

@@ -8,6 +8,7 @@
 - **libsvm / svmlight** (``.svm``, ``.libsvm``): read by scikit-learn's loader; the features
   stay a sparse CSR matrix, the Hogwild! regime (``sparse_logistic``).
 
+A header row is a first row with a name in it, or exactly 0, 1, ... (pandas' default names).
 Targets whose values are all integers are read as int64 (class labels), others as float64.
 Every mistake is one ``ScenarioError`` naming ``problem.data`` (or ``problem.target``): a
 missing or unreadable file, a target that is not there, ragged or empty rows, NaN or inf.
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +45,7 @@ def _labels(y: np.ndarray) -> np.ndarray:
 
 
 def _csv(path: Path, text: str, target: str) -> tuple[np.ndarray, np.ndarray]:
-    with path.open(newline="") as handle:
+    with path.open(newline="", encoding="utf-8-sig") as handle:  # (an editor's BOM)
         rows = [row for row in csv.reader(handle) if row and any(cell.strip() for cell in row)]
     if not rows:
         raise _fail(text, "the file has no rows")
@@ -55,7 +57,11 @@ def _csv(path: Path, text: str, target: str) -> tuple[np.ndarray, np.ndarray]:
             return False
         return True
 
-    header = None if all(numeric(cell) for cell in rows[0]) else [c.strip() for c in rows[0]]
+    first = [cell.strip() for cell in rows[0]]
+    # A header: a first row with a name in it (an empty cell is a missing number, not a
+    # name), or exactly 0, 1, ..., the column names pandas writes by default.
+    named = any(cell and not numeric(cell) for cell in first)
+    header = first if named or first == [str(i) for i in range(len(first))] else None
     body = rows[1:] if header is not None else rows
     width = len(rows[0])
     for number, row in enumerate(body, start=2 if header is not None else 1):
@@ -83,6 +89,9 @@ def _csv(path: Path, text: str, target: str) -> tuple[np.ndarray, np.ndarray]:
 
 def _npz(path: Path, text: str, target: str) -> tuple[np.ndarray, np.ndarray]:
     name = target or "y"
+    if not zipfile.is_zipfile(path):
+        raise _fail(text, "is not an npz archive (numpy.savez writes one; numpy.save "
+                    "writes .npy)")
     try:
         with np.load(path, allow_pickle=False) as archive:
             if "X" not in archive.files or name not in archive.files:
@@ -164,26 +173,36 @@ def training_split(spec: Any, dense: bool = True) -> tuple[Any, np.ndarray, Any]
     return X[train], y[train], (X[held], y[held]) if held.size else None
 
 
-def binary_labels(y: np.ndarray, spec: Any) -> np.ndarray:
-    """±1 labels from a target of two classes (the larger value +1)."""
+def binary_labels(y: np.ndarray, held: Any, spec: Any) -> tuple[np.ndarray, Any]:
+    """±1 labels from a training target of two classes (the larger value +1), and the held-out
+    rows' by the same classes (a value training never had is 0, never predicted)."""
     classes = np.unique(y)
     if classes.size != 2:
         raise ScenarioError("problem.data", spec.data, f"{spec.name} needs a target of two "
-                            f"classes; it has {classes.size} distinct values")
-    return np.where(y == classes[1], 1.0, -1.0)
+                            f"classes in its training rows; they have {classes.size} "
+                            "distinct values")
+
+    def signs(values: np.ndarray) -> np.ndarray:
+        return np.select([values == classes[1], values == classes[0]], [1.0, -1.0], 0.0)
+
+    return signs(y), None if held is None else (held[0], signs(held[1]))
 
 
-def class_labels(y: np.ndarray, spec: Any) -> tuple[np.ndarray, np.ndarray]:
-    """The class values (sorted) and each row's index among them; at least two classes of
-    integer labels."""
+def class_labels(y: np.ndarray, held: Any, spec: Any) -> tuple[int, np.ndarray, Any]:
+    """The number of classes (the training target's integer values), each training row's
+    index among them (sorted), and the held-out rows' (a value training never had is −1,
+    never predicted)."""
     if y.dtype.kind == "f":
         raise ScenarioError("problem.data", spec.data, f"{spec.name} needs class labels "
                             "(integers) as its target")
     classes, index = np.unique(y, return_inverse=True)
     if classes.size < 2:
-        raise ScenarioError("problem.data", spec.data,
-                            f"{spec.name} needs at least two classes in its target")
-    return classes, index.astype(np.int64)
+        raise ScenarioError("problem.data", spec.data, f"{spec.name} needs at least two "
+                            "classes in its training rows")
+    if held is not None:
+        at = np.minimum(np.searchsorted(classes, held[1]), classes.size - 1)
+        held = (held[0], np.where(classes[at] == held[1], at, -1).astype(np.int64))
+    return int(classes.size), index.astype(np.int64), held
 
 
 def digest(text: str) -> str:

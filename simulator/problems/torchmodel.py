@@ -25,12 +25,17 @@ module's initial parameters, w_0, are the same in every process.
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import dataclasses
 import hashlib
 import importlib
 import importlib.util
 import math
-from collections.abc import Callable, Mapping
+import random
+import sys
+import threading
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -157,6 +162,7 @@ class TorchProblem(LocalOptimumProblem):
         self._parts = self._split()
         self._check_loss()
         self.spec_key = self._content_key()
+        self.caches_optimum = self.spec_key is not None  # (LocalOptimumProblem: by default)
 
     # -- the one function every derivative comes from --------------------------------------
 
@@ -211,19 +217,37 @@ class TorchProblem(LocalOptimumProblem):
                              f"of theirs ({mean:.6g}): the loss must average over the batch "
                              "(reduction='mean')")
 
-    def _content_key(self) -> str:
-        """The optimum cache's key: a hash of everything w* depends on (data, w_0, the module's
-        structure, the loss, l2, batches, the torch version)."""
+    def _content_key(self) -> str | None:
+        """The optimum cache's key: a hash of everything w* depends on (the data, the module's
+        whole state, the source of its classes and of the loss, with a loss's closure or
+        partial arguments, λ, the batches, torch's and scipy's versions); None (nothing
+        cached) where a source cannot be read."""
+        import inspect
+
+        import scipy
         import torch
 
         digest = hashlib.sha256()
-        for part in (self.X, self.y):
+        for part in (self.X, self.y, *(v.detach().cpu() for v in
+                                       self.module.state_dict().values())):
             digest.update(part.numpy().tobytes())
-        digest.update(self._w0.tobytes())
-        digest.update(repr((repr(self.module), getattr(self.loss_fn, "__qualname__",
-                                                       repr(self.loss_fn)),
-                            self.l2, self.batch, self.convex, OPTIMUM_VERSION,
-                            torch.__version__)).encode())
+        loss = self.loss_fn
+        try:
+            sources = [inspect.getsource(cls) for cls in
+                       sorted({type(m) for m in self.module.modules()}, key=repr)]
+            target = getattr(loss, "func", loss)
+            sources.append(inspect.getsource(target if inspect.isroutine(target)
+                                             else type(target)))
+        except (OSError, TypeError):
+            return None
+        closure = [cell.cell_contents for cell in getattr(loss, "__closure__", None) or ()]
+        extra = (getattr(loss, "args", ()), getattr(loss, "keywords", {}),
+                 getattr(loss, "__defaults__", None), closure,
+                 {k: v for k, v in vars(loss).items() if not k.startswith("_")}
+                 if hasattr(loss, "__dict__") and not inspect.isroutine(loss) else {})
+        digest.update(repr((sources, repr(self.module), extra, self.l2, self.batch,
+                            self.convex, OPTIMUM_VERSION, torch.__version__,
+                            scipy.__version__)).encode())
         return digest.hexdigest()[:24]
 
     # -- the Problem interface ---------------------------------------------------------------
@@ -342,6 +366,20 @@ class TorchProblem(LocalOptimumProblem):
         return {**super().describe(), "rows": self.rows, "batch": self.batch,
                 "model": self.label or type(self.module).__name__}
 
+    def recorded(self, spec: Any) -> Any:
+        """The ``[problem]`` a run on this problem records, from the scenario's ``spec``: the
+        spec itself where it names this problem's factory; else one naming this problem as
+        built in Python, which no later command can rebuild (a replay of the run refuses it
+        in one line, instead of rebuilding the scenario's other problem)."""
+        if spec.name == "torch" and spec.model == self.label:
+            return spec
+        defaults = {item.name: item.default for item in dataclasses.fields(spec)}
+        unset = {k: defaults[k] for k in ("data", "target", "dim", "n_samples", "density",
+                                          "hidden", "classes", "length", "holdout")}
+        return dataclasses.replace(spec, name="torch", batch=self.batch, l2=self.l2,
+                                   model=self.label or f"<built in Python: "
+                                   f"{type(self.module).__name__}>", **unset)
+
 
 def torch_func() -> Any:
     import torch.func
@@ -382,6 +420,10 @@ def load_factory(text: str) -> Callable[[], Any]:
         ScenarioError: naming problem.model, where the module, file or function is missing
             or importing it fails.
     """
+    if text.startswith("<built in Python"):
+        raise ScenarioError("problem.model", text, "the run's problem was a TorchProblem made "
+                            "in Python, which only that session can rebuild: pass it again "
+                            "(simulate(scenario, problem=...)) or name a factory")
     target, sep, func = text.rpartition(":")
     if not sep or not target or not func.isidentifier():
         raise ScenarioError("problem.model", text, "must be 'package.module:function' or "
@@ -396,14 +438,19 @@ def load_factory(text: str) -> Callable[[], Any]:
             if loader is None or loader.loader is None:
                 raise ScenarioError("problem.model", text, f"{path} cannot be loaded as Python")
             module = importlib.util.module_from_spec(loader)
+            # Registered first, as an import does: dataclasses and pickling look it up there.
+            sys.modules[name] = module
             loader.loader.exec_module(module)
         else:
             module = importlib.import_module(target)
     except ScenarioError:
         raise
     except ModuleNotFoundError as err:
-        raise ScenarioError("problem.model", text, f"no module named {err.name!r}") from None
-    except Exception as err:  # the user's module failed while it was imported
+        hint = (f" (a file in the working directory is named as {target.replace('.', '/')}.py:"
+                f"{func})" if err.name == target else "")
+        raise ScenarioError("problem.model", text,
+                            f"no module named {err.name!r}{hint}") from None
+    except (Exception, SystemExit) as err:  # the user's module failed while it was imported
         raise ScenarioError("problem.model", text,
                             f"importing it raised {type(err).__name__}: {err}") from None
     factory = getattr(module, func, None)
@@ -449,23 +496,49 @@ def _file_data(spec: Any, X: Any, y: Any) -> tuple[Any, Any]:
     return (X.toarray() if hasattr(X, "toarray") else X), y
 
 
+# One build at a time in a process: the generators are process-wide, and worker threads
+# (``--launch threads``) build their problems at once.
+_BUILDING = threading.Lock()
+
+
+@contextlib.contextmanager
+def _seeded(seed: int) -> Iterator[None]:
+    """torch's, numpy's global and ``random``'s generators seeded with ``seed`` inside, and
+    restored after: a factory that draws from any of them builds the same problem in every
+    process."""
+    import torch
+
+    state = np.random.get_state(), random.getstate()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        np.random.seed(seed)
+        random.seed(seed)
+        try:
+            yield
+        finally:
+            np.random.set_state(state[0])
+            random.setstate(state[1])
+
+
 def from_spec(spec: Any) -> TorchProblem:
     """The problem a ``ProblemSpec`` with ``name = "torch"`` describes: its factory called with
-    torch's generator seeded from ``spec.seed`` (and restored after).
+    torch's, numpy's and ``random``'s generators seeded from ``spec.seed`` (and restored
+    after), one build at a time.
 
     Raises:
         ScenarioError: naming problem.model, for a factory that cannot be found, raises, or
             returns what is not a model, a loss and data that fit it.
     """
-    import torch
-
     factory = load_factory(spec.model)
     try:
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(spec.seed)
+        with _BUILDING, _seeded(spec.seed):
             made = factory()
             model, loss, X, y, options = _unpack(made)
             X, y = _file_data(spec, X, y)
+            if "held" in options and spec.holdout:
+                raise ValueError("the factory returned held-out data and problem.holdout "
+                                 f"is {spec.holdout}: the rows held out would never be "
+                                 "scored (set one or the other)")
             return TorchProblem(model, loss, X, y, l2=spec.l2, batch=spec.batch,
                                 holdout=spec.holdout, seed=spec.seed, label=spec.model,
                                 **options)
@@ -473,6 +546,6 @@ def from_spec(spec: Any) -> TorchProblem:
         raise
     except ValueError as err:
         raise ScenarioError("problem.model", spec.model, str(err)) from None
-    except Exception as err:  # the user's code failed: one line, not a traceback
+    except (Exception, SystemExit) as err:  # the user's code failed: one line
         raise ScenarioError("problem.model", spec.model,
                             f"raised {type(err).__name__}: {err}") from None

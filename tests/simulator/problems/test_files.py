@@ -117,6 +117,45 @@ def test_an_mlp_takes_its_classes_from_the_labels_and_holds_rows_out(tmp_path, d
     assert 0 <= problem.held_out_accuracy(problem.initial()) <= 1
 
 
+def test_held_out_labels_keep_the_training_classes(tmp_path, data):
+    """Held-out rows are labelled by the training rows' classes: a value training never had
+    is never predicted right (mlp: −1; logistic: 0), and held-out rows of one class are no
+    reason to refuse a two-class target."""
+    X, _ = data
+    labels = np.where(np.arange(60) % 2 == 0, 0, 2)
+    labels[holdout_split(60, 0.25, 7)[1][0]] = 1  # a class held out only
+    path = _csv(tmp_path / "d.csv", X, labels)
+    mlp = make_problem(_spec(name="mlp", data=path, holdout=0.25, seed=7))
+    assert mlp.shape[2] == 2 and -1 in mlp.held[1]
+    expected = np.where(labels == 2, 1, np.where(labels == 0, 0, -1))
+    np.testing.assert_array_equal(mlp.held[1], expected[holdout_split(60, 0.25, 7)[1]])
+    logistic = make_problem(_spec(name="logistic", data=path, holdout=0.25, seed=7))
+    assert set(np.unique(logistic.held[1])) == {-1.0, 0.0, 1.0}
+    held = holdout_split(60, 0.25, 7)[1]
+    one_class = np.arange(60) % 2
+    one_class[held] = 1  # every held-out row of one class
+    path = _csv(tmp_path / "e.csv", X, one_class)
+    logistic = make_problem(_spec(name="logistic", data=path, holdout=0.25, seed=7))
+    assert np.all(logistic.held[1] == 1.0)
+
+
+def test_csv_headers_pandas_names_and_a_bom(tmp_path, data):
+    """pandas' default header 0,1,... is a header; a first row with an empty cell is data with
+    a missing number (refused), not a header; an editor's BOM does not end up in a name."""
+    X, y = data
+    body = "\n".join(",".join(f"{v:.17g}" for v in row) + f",{t}"
+                     for row, t in zip(X, y, strict=True))
+    (tmp_path / "pandas.csv").write_text("0,1,2,3,4,5\n" + body + "\n")
+    problem = make_problem(_spec(name="logistic", data=str(tmp_path / "pandas.csv")))
+    assert problem.n_samples == 60
+    (tmp_path / "bom.csv").write_text("a,b,c,d,e,label\n" + body + "\n", encoding="utf-8-sig")
+    assert make_problem(_spec(name="logistic", data=str(tmp_path / "bom.csv"),
+                              target="label")).n_samples == 60
+    (tmp_path / "gap.csv").write_text("1,,0\n3,4,1\n")
+    with pytest.raises(ScenarioError, match="line 1 has '', not a number"):
+        make_problem(_spec(name="logistic", data=str(tmp_path / "gap.csv")))
+
+
 def test_a_torch_model_trains_on_a_file(tmp_path, data):
     """A factory that returns (model, loss_fn) takes X and y from problem.data."""
     pytest.importorskip("torch")
@@ -148,6 +187,7 @@ BAD = [
     ("head.csv", "z", {}, "problem.target", "is not a column of"),
     ("d.npz", "", {}, "problem.data", "X and y are needed"),
     ("flat.npz", "", {}, "problem.data", "a 2-d X and a 1-d y are needed"),
+    ("saved.npz", "", {}, "problem.data", "is not an npz archive"),
     ("d.svm", "y", {"name": "sparse_logistic"}, "problem.target", "one target"),
     ("three.csv", "", {}, "problem.data", "logistic needs a target of two classes"),
     ("float.csv", "", {"name": "mlp"}, "problem.data", "mlp needs class labels"),
@@ -168,6 +208,8 @@ def _bad_files(tmp):
     (tmp / "good.csv").write_text("1,2,0\n3,4,1\n")
     np.savez(tmp / "d.npz", X=np.ones((3, 2)), z=np.ones(3))
     np.savez(tmp / "flat.npz", X=np.ones(3), y=np.ones(3))
+    with open(tmp / "saved.npz", "wb") as handle:  # numpy.save's .npy under an npz name
+        np.save(handle, np.ones((3, 2)))
     dump_svmlight_file(np.eye(3), np.array([0, 1, 1]), str(tmp / "d.svm"))
 
 

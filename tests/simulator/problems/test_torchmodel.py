@@ -153,6 +153,62 @@ def test_the_seed_fixes_w0_and_runs_are_bit_identical():
         assert np.array_equal(array, second[key], equal_nan=True), key
 
 
+def test_a_factory_drawing_from_numpy_and_random_is_seeded_too():
+    """numpy's and random's global generators are seeded by problem.seed around the factory
+    (and restored): two builds give the same data, another seed other data."""
+    import random
+
+    state = np.random.get_state()[1].copy(), random.getstate()
+    a, b = make_problem(_spec("numpy_drawn")), make_problem(_spec("numpy_drawn"))
+    assert np.array_equal(np.random.get_state()[1], state[0]) and random.getstate() == state[1]
+    assert a.spec_key == b.spec_key and torch.equal(a.X, b.X) and torch.equal(a.y, b.y)
+    assert not torch.equal(a.X, make_problem(_spec("numpy_drawn", seed=1)).X)
+
+
+def test_the_optimum_cache_key_follows_what_w_star_depends_on():
+    """The key is stable across builds (a partial's loss included), and changes with the
+    loss's arguments, the data and λ; nothing is cached where a source cannot be read."""
+    one, again = make_problem(_spec("smooth_1")), make_problem(_spec("smooth_1"))
+    assert one.spec_key == again.spec_key and one.caches_optimum
+    assert make_problem(_spec("smooth_3")).spec_key != one.spec_key
+    assert make_problem(_spec("smooth_1", l2=0.5)).spec_key != one.spec_key
+    assert make_problem(_spec("smooth_1", seed=3)).spec_key != one.spec_key
+    made = TorchProblem(torch.nn.Linear(3, 2), eval("lambda out, y: (out - y).pow(2).mean()"),
+                        np.ones((4, 3)), np.zeros((4, 2)))
+    assert made.spec_key is None and not made.caches_optimum  # source unknown: not cached
+
+
+def test_a_model_file_can_use_dataclasses_and_postponed_annotations(tmp_path):
+    """The factory's file is registered as a module while it runs, as an import does."""
+    factory = tmp_path / "mine.py"
+    factory.write_text(
+        "from __future__ import annotations\n"
+        "import dataclasses\nimport torch\n\n"
+        "@dataclasses.dataclass\nclass Sizes:\n    hidden: int = 3\n\n"
+        "def make():\n"
+        "    model = torch.nn.Linear(2, Sizes().hidden)\n"
+        "    return model, torch.nn.functional.cross_entropy, torch.ones(4, 2), "
+        "torch.zeros(4, dtype=torch.long)\n")
+    assert make_problem(_spec("make", model=f"{factory}:make")).dim == 9
+
+
+def test_a_problem_made_in_python_is_recorded_as_such_and_not_replayed_as_another():
+    """simulate(scenario, problem=TorchProblem(...)) records [problem] as that problem (name
+    torch, its batch, a model string naming it as built in Python): replaying the trace is one
+    line naming problem.model, not a run of the scenario's logistic problem."""
+    from simulator.replay import replay
+
+    X = torch.randn(30, 3)
+    made = TorchProblem(torch.nn.Linear(3, 2), torch.nn.functional.cross_entropy, X,
+                        (X[:, 0] > 0).long(), batch=3)
+    scenario = scenario_from_dict({"run": {"updates": 60}})
+    trace = simulate(scenario, problem=made)
+    assert 'name = "torch"' in trace.scenario_toml and "batch = 3" in trace.scenario_toml
+    with pytest.raises(ScenarioError) as err:
+        replay(trace)
+    assert err.value.field == "problem.model" and "made in Python" in err.value.reason
+
+
 def test_accuracy_on_classes_and_a_held_out_split():
     """Integer targets and one output per class: accuracy is the argmax's; holdout keeps a
     seeded share of the rows out of training and scores them."""
@@ -190,6 +246,10 @@ def test_accuracy_on_classes_and_a_held_out_split():
      "X has 5 rows and y has 2"),
     ({"model": "tests.simulator.problems.torch_models:not_a_model"}, "problem.model",
      "not a torch.nn.Module"),
+    ({"model": "tests.simulator.problems.torch_models:exits"}, "problem.model",
+     "raised SystemExit: 3"),
+    ({"model": "tests.simulator.problems.torch_models:with_held", "holdout": 0.2},
+     "problem.model", "returned held-out data and problem.holdout"),
 ])
 def test_bad_models_and_data_are_one_line_naming_problem_model(problem, field, words):
     """Each mistake is a ScenarioError naming the field, so the CLI prints one line and

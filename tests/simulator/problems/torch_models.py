@@ -78,3 +78,38 @@ def fails():
 
 
 not_callable = 3
+
+
+def numpy_drawn():
+    """Data drawn from numpy's and random's global generators (problem.seed seeds them)."""
+    import random
+
+    X = np.random.standard_normal((20, 3))
+    y = np.array([random.randint(0, 1) for _ in range(20)])
+    return torch.nn.Linear(3, 2), torch.nn.functional.cross_entropy, X, y
+
+
+def smoothed(amount):
+    """A factory whose loss's constant lives in a partial: cross-entropy with label
+    smoothing."""
+    import functools
+
+    def make():
+        model, _, data = net()
+        return model, functools.partial(torch.nn.functional.cross_entropy,
+                                        label_smoothing=amount), data
+    return make
+
+
+smooth_1 = smoothed(0.1)
+smooth_3 = smoothed(0.3)
+
+
+def with_held():
+    model, loss, data = net()
+    X, y = data.tensors
+    return {"model": model, "loss": loss, "X": X, "y": y, "held": (X[:5], y[:5])}
+
+
+def exits():
+    raise SystemExit(3)
