@@ -8,6 +8,7 @@ curve is off (curve_points=0) so the table shows the engine and the exact metric
     python bench/simulator.py --quick    # fewer updates, for a smoke run
     python bench/simulator.py --protocols  # only the table of protocols (d = 100, k = 8)
     python bench/simulator.py --schedules  # only controlled schedules (asyngrad explore)
+    python bench/simulator.py --torch      # only torch modules, against a bare torch loop
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 # Run as `python bench/simulator.py`, this file's folder comes first on sys.path and its name
 # would shadow the `simulator` package; drop that folder before importing it.
@@ -125,12 +127,68 @@ def schedules(seconds: float) -> None:
               f"{per_update / base:.0f} |", flush=True)
 
 
+ROOT = Path(__file__).resolve().parent.parent
+TORCH_CASES = [
+    ("digits convnet (examples/digits_convnet.py, 3,658 parameters)",
+     f"{ROOT}/examples/digits_convnet.py:make"),
+    ("tanh MLP 64-1500-10 (bench/models.py, 112,510 parameters)",
+     f"{ROOT}/bench/models.py:digits_mlp"),
+]
+
+
+def bare_torch(problem: Any, samples: np.ndarray, lr: float) -> float:
+    """Seconds per update of the plain PyTorch loop on the problem's own module and minibatches:
+    ``loss_fn(model(x), y).backward()``, then SGD with weight decay λ (the (λ/2)‖w‖² term)."""
+    import copy
+
+    import torch
+
+    model = copy.deepcopy(problem.module)
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr, weight_decay=problem.l2)
+    X, y, batch = problem.X, problem.y, problem.batch
+    started = time.perf_counter()
+    for z in samples.tolist():
+        optimizer.zero_grad()
+        problem.loss_fn(model(X[z * batch:(z + 1) * batch]), y[z * batch:(z + 1) * batch]
+                        ).backward()
+        optimizer.step()
+    return (time.perf_counter() - started) / samples.size
+
+
+def torch_models(updates: int, repeats: int) -> None:
+    """A user's torch module (minibatches of 16, d as the module has, k = 1 and 8, B = 1,
+    metrics off) against the bare PyTorch loop on the same module, both on one torch
+    thread."""
+    import torch
+
+    torch.set_num_threads(1)
+    print("| module | k | bare torch µs/update | simulator µs/update | ratio |")
+    print("|---|---:|---:|---:|---:|")
+    for label, factory in TORCH_CASES:
+        model = ["problem.name=torch", f"problem.model={factory}", "problem.batch=16"]
+        problem = make_problem(load_scenario(None, model).problem)
+        problem.optimum()  # computed once (L-BFGS), outside the timings
+        samples = np.random.default_rng(0).integers(0, problem.n_samples, updates)
+        for threads in (1, 8):
+            overrides = [*model, f"run.threads={threads}", f"run.updates={updates}",
+                         "metrics.exact=false", "metrics.curve_points=0", "run.lr=0.05"]
+            base, sim = [], []
+            for _ in range(repeats):
+                base.append(bare_torch(problem, samples, 0.05))
+                sim.append(simulated(problem, overrides))
+            b, s = statistics.median(base), statistics.median(sim)
+            print(f"| {label} | {threads} | {b * 1e6:.0f} | {s * 1e6:.0f} | {s / b:.2f} |",
+                  flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer updates and repeats")
     parser.add_argument("--protocols", action="store_true", help="only the protocol table")
     parser.add_argument("--schedules", action="store_true",
                         help="only the table of controlled schedules")
+    parser.add_argument("--torch", action="store_true",
+                        help="only torch modules against a bare torch loop")
     args = parser.parse_args()
     scale, repeats = (0.1, 1) if args.quick else (1.0, 3)
     print(f"# {time.strftime('%Y-%m-%d')}, {platform.processor() or platform.machine()}, "
@@ -140,6 +198,9 @@ def main() -> None:
         return
     if args.schedules:
         schedules(3.0 * scale)
+        return
+    if args.torch:
+        torch_models(int(3_000 * scale), repeats)
         return
     print("| d | k | B | exact metrics | bare SGD µs/update | simulator µs/update | ratio |")
     print("|---:|---:|---:|:---:|---:|---:|---:|")
@@ -158,6 +219,8 @@ def main() -> None:
     protocols(int(20_000 * scale), repeats)
     print()
     schedules(3.0 * scale)
+    print()
+    torch_models(int(3_000 * scale), repeats)
 
 
 if __name__ == "__main__":
