@@ -19,11 +19,13 @@ them just before and after it: a virtual machine's host moves its CPUs between L
     python bench/realrun.py --quick             # fewer updates and seeds
     python bench/realrun.py --pairs-only --pairs 15
     python bench/realrun.py --measure-only      # what --measure costs
+    python bench/realrun.py --torch             # users' torch modules (problem.name = torch)
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import platform
 import statistics
@@ -47,7 +49,7 @@ from realrun.runner import run_real
 from realrun.timeline import overlap_rate, thread_ends
 from realrun.worker import START
 from simulator.fidelity.runs import alone_writes, running_together
-from simulator.problems import MLPProblem, Problem, make_problem
+from simulator.problems import MLPProblem, Problem, TorchProblem, make_problem
 from simulator.rundir import FAR_NS, latency_pair, placement
 from simulator.scenario import Scenario, load_scenario
 from simulator.timing import sample_stream
@@ -96,7 +98,10 @@ def median_write_us(trace: Trace) -> float:
 
 
 def _model(problem: Problem) -> torch.nn.Module:
-    """The module a PyTorch user would write for the problem, starting at its w_0."""
+    """The module a PyTorch user would write for the problem, starting at its w_0 (a torch
+    problem's own module)."""
+    if isinstance(problem, TorchProblem):
+        return copy.deepcopy(problem.module)
     w0 = torch.as_tensor(problem.initial())
     if isinstance(problem, MLPProblem):
         d_in, hidden, classes = problem.shape
@@ -112,12 +117,15 @@ def _model(problem: Problem) -> torch.nn.Module:
     return model
 
 
-def _plain_worker(rank: int, workers: int, quota: int, toml: str, model: torch.nn.Module,
-                  stamps: torch.Tensor, start: SimpleNamespace) -> None:
-    """The PyTorch Hogwild example's loop: a per-process optimizer on a shared module. It
-    starts with the others, as the real runs' workers do (``wait_for_start``): spawned one
-    after another, a worker would otherwise make all its updates of a short run before the
-    next had started, and leave no window in which both ran (the table's ``nan``)."""
+def _plain_worker(rank: int, workers: int, quota: int, toml: str,
+                  shared: list[torch.Tensor], stamps: torch.Tensor,
+                  start: SimpleNamespace) -> None:
+    """The PyTorch Hogwild example's loop: a per-process optimizer on a shared module. The
+    worker builds the module itself (a user's module class, loaded from a file, cannot be
+    pickled to it) and points its parameters at the shared tensors, as ``share_memory()``
+    leaves them. It starts with the others, as the real runs' workers do (``wait_for_start``):
+    spawned one after another, a worker would otherwise make all its updates of a short run
+    before the next had started, and leave no window in which both ran (the table's ``nan``)."""
     import tomllib
 
     from realrun.worker import die_with_parent, wait_for_start
@@ -125,17 +133,25 @@ def _plain_worker(rank: int, workers: int, quota: int, toml: str, model: torch.n
     torch.set_num_threads(1)
     scenario = scenario_from_dict(tomllib.loads(toml))
     problem = make_problem(scenario.problem)
+    model = _model(problem)
+    for parameter, memory in zip(model.parameters(), shared, strict=True):
+        parameter.data = memory
     optimizer = torch.optim.SGD(model.parameters(), lr=scenario.run.lr)
     X, y = torch.as_tensor(problem.X), torch.as_tensor(problem.y)
     mlp = isinstance(problem, MLPProblem)
+    batch = problem.batch if isinstance(problem, TorchProblem) else None
     stream = sample_stream(scenario.run.seed, workers, rank, problem.n_samples)
     wait_for_start(start, rank, die_with_parent())
     for step in range(quota):
         i = int(stream.take())
         optimizer.zero_grad()
-        out = model(X[i])
-        data = (torch.nn.functional.cross_entropy(out.unsqueeze(0), y[i].unsqueeze(0)) if mlp
-                else torch.nn.functional.softplus(-y[i] * out.squeeze()))
+        if batch is not None:  # a user's module: its own loss on the minibatch
+            rows = slice(i * batch, (i + 1) * batch)
+            data = problem.loss_fn(model(X[rows]), y[rows])
+        else:
+            out = model(X[i])
+            data = (torch.nn.functional.cross_entropy(out.unsqueeze(0), y[i].unsqueeze(0))
+                    if mlp else torch.nn.functional.softplus(-y[i] * out.squeeze()))
         penalty = sum((p * p).sum() for p in model.parameters())
         (data + 0.5 * problem.l2 * penalty).backward()
         optimizer.step()
@@ -144,8 +160,7 @@ def _plain_worker(rank: int, workers: int, quota: int, toml: str, model: torch.n
 
 def _plain(scenario: Scenario, problem: Problem, workers: int) -> tuple[float, float]:
     from simulator.scenario import scenario_to_toml
-    model = _model(problem)
-    model.share_memory()
+    shared = [p.detach().clone().share_memory_() for p in _model(problem).parameters()]
     updates = scenario.run.updates
     quotas = [updates // workers + (1 if r < updates % workers else 0) for r in range(workers)]
     stamps = torch.zeros(workers, max(quotas), dtype=torch.int64).share_memory_()
@@ -154,7 +169,7 @@ def _plain(scenario: Scenario, problem: Problem, workers: int) -> tuple[float, f
     context = mp.get_context("spawn")
     toml = scenario_to_toml(scenario)
     processes = [context.Process(target=_plain_worker, args=(
-        r, workers, quotas[r], toml, model, stamps, start)) for r in range(workers)]
+        r, workers, quotas[r], toml, shared, stamps, start)) for r in range(workers)]
     for p in processes:
         p.start()
     while not all(start.ready.tolist()):
@@ -163,7 +178,7 @@ def _plain(scenario: Scenario, problem: Problem, workers: int) -> tuple[float, f
     for p in processes:
         p.join()
     rate = overlap_rate([stamps[r, :quota].numpy() for r, quota in enumerate(quotas)])
-    w = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).numpy()
+    w = torch.cat([p.reshape(-1) for p in shared]).numpy()
     return rate, problem.full_loss(w) - problem.optimum()[1]
 
 
@@ -218,6 +233,17 @@ PROBLEMS = (
     ("MLP 100-1000-4 (105,004 parameters)",
      ["problem.name=mlp", "problem.dim=100", "problem.hidden=1000", "problem.l2=0.001",
       "run.lr=0.005"], 2_000),
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+# Users' torch modules (problem.name = torch), minibatches of 16.
+TORCH_PROBLEMS = (
+    ("digits convnet (examples/digits_convnet.py, 3,658 parameters)",
+     ["problem.name=torch", f"problem.model={ROOT}/examples/digits_convnet.py:make",
+      "problem.batch=16", "run.lr=0.05"], 3_000),
+    ("tanh MLP 64-1500-10 (bench/models.py, 112,510 parameters)",
+     ["problem.name=torch", f"problem.model={ROOT}/bench/models.py:digits_mlp",
+      "problem.batch=16", "run.lr=0.05"], 1_500),
 )
 
 
@@ -288,6 +314,8 @@ def main() -> None:
                         help="only the paired MLP comparison")
     parser.add_argument("--measure-only", action="store_true",
                         help="only the cost of measure mode")
+    parser.add_argument("--torch", action="store_true",
+                        help="only the table of users' torch modules")
     parser.add_argument("--dtype", choices=("float64", "float32"), default="float64",
                         help="the shared vector's dtype in the table and the paired runs "
                              "(measure mode's cost is always float64)")
@@ -300,6 +328,9 @@ def main() -> None:
     label, overrides, updates = PROBLEMS[-1]
     if args.measure_only:
         measure_cost(args.quick, seeds)
+        return
+    if args.torch:
+        table(args.quick, seeds, args.dtype, TORCH_PROBLEMS)
         return
     if not args.pairs_only:
         table(args.quick, seeds, args.dtype)
@@ -344,13 +375,15 @@ def measure_cost(quick: bool, seeds: int) -> None:
               f"{tenth:.2f} s | {megabytes:,.0f} MB |", flush=True)
 
 
-def table(quick: bool, seeds: int, dtype: str = "float64") -> None:
-    """Every configuration on every problem, then the instrumentation's cost."""
+def table(quick: bool, seeds: int, dtype: str = "float64",
+          problems: tuple[tuple[str, list[str], int], ...] | None = None) -> None:
+    """Every configuration on every problem (default: the built-in ones, then users' torch
+    modules), then the instrumentation's cost."""
     print("| problem | mode | workers | updates/s (median) | vs serial | final suboptimality "
           "(mean ± sd over seeds) |")
     print("|---|---|---:|---:|---:|---:|")
     serial_update_ns: dict[str, float] = {}
-    for label, overrides, updates in PROBLEMS:
+    for label, overrides, updates in problems or PROBLEMS + TORCH_PROBLEMS:
         updates = updates // 4 if quick else updates
         problem = make_problem(load_scenario(None, overrides).problem)
         problem.optimum()  # once, outside every timing
@@ -373,6 +406,8 @@ def table(quick: bool, seeds: int, dtype: str = "float64") -> None:
             print(f"| {label} | {name} | {workers} | {speed:,.0f} | {speed / base:.2f}× | "
                   f"{mean:.4f} ± {sd:.4f} |", flush=True)
         serial_update_ns[label] = 1e9 / base
+    if problems is not None:
+        return
     print("\n| problem | serial update | instrumentation, C recorder (B = 1) | share | "
           "Python recorder | share |")
     print("|---|---:|---:|---:|---:|---:|")
