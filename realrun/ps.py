@@ -66,7 +66,7 @@ import numpy as np
 
 from realrun.runner import DTYPES, _one_of
 from realrun.support import recorded, refuse_unsupported
-from realrun.worker import one_thread_each, one_thread_env
+from realrun.worker import one_thread_each, one_thread_env, same_problem
 from simulator.budget import preflight
 from simulator.errors import AsyngradError, ScenarioError
 from simulator.problems import Problem, make_problem
@@ -561,7 +561,7 @@ def _free_port() -> int:
 
 
 def _trainer_main(rank: int, world: int, address: str, port: int, toml: str, dtype: str,
-                  timeout: float) -> None:
+                  timeout: float, fingerprint: str = "") -> None:
     """A spawned local trainer: join the group, train, leave; one line if the server went."""
     import signal
 
@@ -573,6 +573,11 @@ def _trainer_main(rank: int, world: int, address: str, port: int, toml: str, dty
     one_thread_each()
     dist.init_process_group("gloo", init_method=f"tcp://{address}:{port}", rank=rank,
                             world_size=world, timeout=_group_timeout(timeout))
+    try:
+        same_problem(problem, fingerprint, f"trainer {rank}")
+    except ScenarioError as err:  # after joining, so the server sees this trainer end
+        print(f"asyngrad ps trainer {rank}: {err}", file=sys.stderr)
+        raise SystemExit(1) from None
     try:
         train(problem, scenario, rank, world - 1, TRAINER_PATIENCE * timeout, dtype)
     except RuntimeError as err:
@@ -615,7 +620,7 @@ def run_ps(scenario: Scenario, trainers: int, dtype: str = "float32",
     toml = scenario_to_toml(scenario)
     context = mp.get_context("spawn")
     processes = [context.Process(target=_trainer_main, daemon=True, args=(
-        rank, trainers + 1, address, port, toml, dtype, timeout))
+        rank, trainers + 1, address, port, toml, dtype, timeout, problem.fingerprint()))
         for rank in range(1, trainers + 1)]
     with one_thread_env():
         for process in processes:

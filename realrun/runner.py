@@ -304,7 +304,7 @@ def run_real(scenario: Scenario, workers: int, mode: str, dtype: str = "float32"
     buffers.w.copy_(torch.as_tensor(problem.initial()))
     toml = scenario_to_toml(scenario)
     processes = _workers(buffers, workers, quotas, toml, mode, scenario.run.blocks,
-                         device if torch_path else None, launch, cpus)
+                         device if torch_path else None, launch, cpus, problem.fingerprint())
     called = started = time.monotonic()
     snapshots: list[tuple[int, int, np.ndarray]] = []
     probes: tuple[dict[str, Any] | None, ...] = (None, None, None)
@@ -389,7 +389,7 @@ def _post_start(buffers: Buffers, snapshots: list[tuple[int, int, np.ndarray]]) 
 
 def _workers(buffers: Buffers, workers: int, quotas: list[int], toml: str, mode: str,
              blocks: int, device: str | None, launch: str,
-             cpus: list[int] | None) -> list[Any]:
+             cpus: list[int] | None, fingerprint: str = "") -> list[Any]:
     """The worker processes or threads, not started; each carries the locks as ``.shared``.
     ``device`` None: the numpy worker; else the torch worker on that device. ``cpus``: worker
     r pins itself to ``cpus[r]``. They start and exit on the flags in ``buffers.control``."""
@@ -399,8 +399,8 @@ def _workers(buffers: Buffers, workers: int, quotas: list[int], toml: str, mode:
 
     from realrun.torch_worker import ThreadWorker, torch_worker_main
 
-    specs = [WorkerSpec(rank, workers, quotas[rank], toml, -1 if cpus is None else cpus[rank])
-             for rank in range(workers)]
+    specs = [WorkerSpec(rank, workers, quotas[rank], toml, -1 if cpus is None else cpus[rank],
+                        fingerprint) for rank in range(workers)]
 
     if launch == "threads":
         lock: Any = threading.Lock() if mode == "locked" else None

@@ -36,6 +36,7 @@ from realrun.worker import (
     die_with_parent,
     pin,
     record_failure,
+    same_problem,
     touch_records,
     wait_for_release,
     wait_for_start,
@@ -117,6 +118,7 @@ def _loop(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any, devic
 
     scenario = scenario_from_dict(tomllib.loads(spec.scenario_toml))
     problem = make_problem(scenario.problem)
+    same_problem(problem, spec.fingerprint, f"worker {spec.rank}")
     w = buffers.w
     dev = torch.device(device)
     local = torch.empty(problem.dim, dtype=w.dtype, device=dev)

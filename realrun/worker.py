@@ -49,6 +49,7 @@ class WorkerSpec:
     quota: int
     scenario_toml: str
     cpu: int = -1  # the CPU the worker pins itself to (−1: not pinned, the OS places it)
+    fingerprint: str = ""  # the parent's problem's (Problem.fingerprint): the worker's must match
 
 
 @dataclass(frozen=True)
@@ -218,6 +219,23 @@ def one_thread_env() -> Iterator[None]:
                 os.environ[name] = value
 
 
+def same_problem(problem: Any, fingerprint: str, who: str) -> None:
+    """Refuse to train a problem other than the parent's: a user's factory that draws from
+    anything but the seeded generators builds other data or other initial parameters in each
+    process.
+
+    Raises:
+        ScenarioError: naming problem.model.
+    """
+    from simulator.errors import ScenarioError
+
+    if fingerprint and problem.fingerprint() != fingerprint:
+        raise ScenarioError("problem.model", getattr(problem, "label", problem.name),
+                            f"{who} built another problem than the parent (other data or "
+                            "initial parameters): the factory must build the same one in "
+                            "every process from problem.seed")
+
+
 def one_thread_each() -> None:
     """One compute thread per worker: torch's intra-op pool and every BLAS/OpenMP pool numpy
     and scipy loaded (k workers on k cores must not start k² threads that spin)."""
@@ -260,6 +278,7 @@ def _loop(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any,
 
     scenario = scenario_from_dict(tomllib.loads(spec.scenario_toml))
     problem = make_problem(scenario.problem)
+    same_problem(problem, spec.fingerprint, f"worker {spec.rank}")
     one_thread_each()  # after the problem: the pools its libraries loaded are limited too
     w = buffers.w.numpy()
     bounds = block_bounds(problem.dim, scenario.run.blocks)

@@ -101,6 +101,12 @@ class Problem(ABC):
     def full_grad(self, w: np.ndarray) -> np.ndarray:
         """∇f(w)."""
 
+    def fingerprint(self) -> str:
+        """A hash of what the problem trains on (data, w_0) where another process could build
+        it differently from the same spec ("": built from the spec alone, deterministically).
+        Real workers compare theirs with the parent's before they start."""
+        return ""
+
     def full_loss_and_grad(self, w: np.ndarray) -> tuple[float, np.ndarray]:
         """(f(w), ∇f(w)); a problem that gets both from one pass over its data overrides it."""
         return self.full_loss(w), self.full_grad(w)

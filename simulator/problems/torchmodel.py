@@ -366,6 +366,14 @@ class TorchProblem(LocalOptimumProblem):
         return {**super().describe(), "rows": self.rows, "batch": self.batch,
                 "model": self.label or type(self.module).__name__}
 
+    def fingerprint(self) -> str:
+        """A hash of the training data and w_0: a factory that draws from anything but the
+        seeded generators builds another problem in each process, and this tells."""
+        digest = hashlib.sha256()
+        for part in (self.X.numpy(), self.y.numpy(), self._w0):
+            digest.update(part.tobytes())
+        return digest.hexdigest()[:24]
+
     def recorded(self, spec: Any) -> Any:
         """The ``[problem]`` a run on this problem records, from the scenario's ``spec``: the
         spec itself where it names this problem's factory; else one naming this problem as
