@@ -67,6 +67,8 @@ def _convert(tp: Any, value: Any, base: Any, name: str) -> Any:
         check(isinstance(value, int) and not isinstance(value, bool), name, value,
                "must be an integer")
         return value
+    if tp is str and isinstance(value, int) and not isinstance(value, bool):
+        return str(value)  # a column index, a label: `target = 3`, `--set name=2026`
     check(isinstance(value, tp), name, value, f"must be a {_describe(tp)}")
     return value
 

@@ -17,7 +17,7 @@ from simulator.problems import (
     make_problem,
 )
 from simulator.problems.base import holdout_split
-from simulator.scenario import scenario_from_dict
+from simulator.scenario import load_scenario, scenario_from_dict
 from tests.simulator.problems import torch_models
 
 
@@ -64,6 +64,11 @@ def test_a_csv_without_a_header_takes_the_last_column_or_an_index(tmp_path, data
                                                           target_at=0), target="0"))
     np.testing.assert_array_equal(last.X, first.X)
     np.testing.assert_array_equal(last.y, first.y)
+    # An index as a TOML integer (`target = 0`, `--set problem.target=0`) is that column too.
+    spec = load_scenario(None, [f"problem.data={tmp_path / 'b.csv'}",
+                                "problem.target=0"]).problem
+    assert spec.target == "0"
+    np.testing.assert_array_equal(make_problem(spec).y, first.y)
 
 
 def test_an_npz_trains_ridge_regression_to_its_closed_form(tmp_path):
