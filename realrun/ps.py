@@ -66,7 +66,7 @@ import numpy as np
 
 from realrun.runner import DTYPES, _one_of
 from realrun.support import recorded, refuse_unsupported
-from realrun.worker import one_thread_each, one_thread_env, same_problem
+from realrun.worker import another_problem, one_thread_each, one_thread_env, same_problem
 from simulator.budget import preflight
 from simulator.errors import AsyngradError, ScenarioError
 from simulator.problems import Problem, make_problem
@@ -77,7 +77,7 @@ from simulator.view import UNMEASURED, Measurement, SerializedView
 
 __all__ = ["PSRun", "run_ps", "serve", "train"]
 
-PULL, PUSH, DONE = 1, 2, 3
+PULL, PUSH, DONE, REFUSED = 1, 2, 3, 4  # REFUSED: the trainer built another problem
 _POLL_S = 0.25  # how often a local server looks at its trainer processes
 #: Trainers wait this many times the server's receive timeout: when a trainer hangs, the
 #: server (whose receives from any source stall behind it) must be the one that times out
@@ -211,6 +211,10 @@ def serve(problem: Problem, scenario: Scenario, trainers: int, timeout: float,
                 _push(state, push)
                 if progress:
                     progress(n)
+            elif kind == REFUSED:
+                failure = {"worker": source - 1,
+                           "reason": str(another_problem(problem, f"trainer {source}"))}
+                break
             elif kind == DONE:
                 state.done.add(source)
                 if options.fraction > 0:
@@ -565,6 +569,7 @@ def _trainer_main(rank: int, world: int, address: str, port: int, toml: str, dty
     """A spawned local trainer: join the group, train, leave; one line if the server went."""
     import signal
 
+    import torch
     import torch.distributed as dist
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -575,8 +580,11 @@ def _trainer_main(rank: int, world: int, address: str, port: int, toml: str, dty
                             world_size=world, timeout=_group_timeout(timeout))
     try:
         same_problem(problem, fingerprint, f"trainer {rank}")
-    except ScenarioError as err:  # after joining, so the server sees this trainer end
+    except ScenarioError as err:  # after joining: the server is told, and stops the run
         print(f"asyngrad ps trainer {rank}: {err}", file=sys.stderr)
+        header = torch.zeros(_header_size(scenario.paramserver.accumulate), dtype=torch.int64)
+        header[:2] = torch.tensor([REFUSED, rank])
+        dist.send(header, 0)
         raise SystemExit(1) from None
     try:
         train(problem, scenario, rank, world - 1, TRAINER_PATIENCE * timeout, dtype)

@@ -27,9 +27,9 @@ import numpy as np
 from realrun.records import recorder
 
 __all__ = ["ONE_THREAD_ENV", "RELEASE", "START", "STATUS_DONE", "STATUS_FAILED",
-           "STATUS_RUNNING", "Buffers", "WorkerSpec", "die_with_parent", "one_thread_each",
-           "one_thread_env", "pin", "pinned_cpus", "record_failure", "touch_records",
-           "wait_for_release", "wait_for_start", "worker_main"]
+           "STATUS_RUNNING", "Buffers", "WorkerSpec", "another_problem", "die_with_parent",
+           "one_thread_each", "one_thread_env", "pin", "pinned_cpus", "record_failure",
+           "touch_records", "wait_for_release", "wait_for_start", "worker_main"]
 
 STATUS_RUNNING, STATUS_DONE, STATUS_FAILED = 0, 1, 2
 MESSAGE_BYTES = 512
@@ -227,13 +227,18 @@ def same_problem(problem: Any, fingerprint: str, who: str) -> None:
     Raises:
         ScenarioError: naming problem.model.
     """
+    if fingerprint and problem.fingerprint() != fingerprint:
+        raise another_problem(problem, who)
+
+
+def another_problem(problem: Any, who: str) -> Any:
+    """The error :func:`same_problem` raises (a parameter server says it for its trainer)."""
     from simulator.errors import ScenarioError
 
-    if fingerprint and problem.fingerprint() != fingerprint:
-        raise ScenarioError("problem.model", getattr(problem, "label", problem.name),
-                            f"{who} built another problem than the parent (other data or "
-                            "initial parameters): the factory must build the same one in "
-                            "every process from problem.seed")
+    return ScenarioError("problem.model", getattr(problem, "label", problem.name),
+                         f"{who} built another problem than the parent (other data or "
+                         "initial parameters): the factory must build the same one in every "
+                         "process from problem.seed")
 
 
 def one_thread_each() -> None:

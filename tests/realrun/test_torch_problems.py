@@ -69,13 +69,15 @@ def test_a_worker_that_builds_another_problem_stops_the_run(capfd):
     """A factory whose data depends on the process: each worker's problem is compared with the
     parent's before the start (its fingerprint: data and w_0), and the run stops with a
     failure naming problem.model instead of training other data. A parameter-server trainer
-    says so in one line and leaves; the server stops at its receive timeout, with no push."""
+    says so in one line and tells the server, which stops the run at once, with no push."""
     s = scenario("problem.name=torch", f"problem.model={MODELS}:per_process",
                  "run.updates=100")
     run = run_real(s, 2, "lockfree", dtype="float64", timeout=60)
     assert run.failure is not None and len(run.trace) == 0
     assert "built another problem than the parent" in run.failure["reason"]
     assert "problem.model" in run.failure["reason"]
-    served = run_ps(s, 1, "float64", timeout=5)
+    served = run_ps(s, 1, "float64", timeout=60)
     assert served.failure is not None and served.pushes == 0
+    assert "trainer 1 built another problem" in served.failure["reason"]
+    assert served.seconds < 50  # told, not waiting out the 60 s receive timeout
     assert "trainer 1 built another problem than the parent" in capfd.readouterr().err
