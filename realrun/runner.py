@@ -42,6 +42,7 @@ from realrun.worker import (
     STATUS_DONE,
     STATUS_FAILED,
     Buffers,
+    Rounds,
     WorkerSpec,
     one_thread_env,
     pinned_cpus,
@@ -56,7 +57,7 @@ from simulator.trace import Trace
 
 __all__ = ["MODES", "RealRun", "run_real"]
 
-MODES = ("lockfree", "blocklock", "locked", "serial")
+MODES = ("lockfree", "blocklock", "locked", "serial", "minibatch")
 DTYPES = ("float32", "float64")
 LAUNCHES = ("processes", "threads")
 # Measured with bench/gpu.py (bench/README.md): the faster way to run CUDA workers.
@@ -279,6 +280,14 @@ def run_real(scenario: Scenario, workers: int, mode: str, dtype: str = "float32"
         raise ScenarioError("--probe", "on", "probes the CPUs of CPU workers; not with "
                             f"--device {device}")
     _check_device(device)
+    if mode == "minibatch" and (device != "cpu" or launch == "threads"):
+        raise ScenarioError("--mode", mode, "synchronous rounds run on CPU worker processes "
+                            "(not --launch threads or CUDA, yet)")
+    if mode == "minibatch" and measure_every is not None:
+        raise ScenarioError("--measure", "on", "measure mode rebuilds one gradient per "
+                            "completion; a minibatch round's mean is not rebuilt yet (its "
+                            "gradient error is zero by construction: every member read the "
+                            "same vector)")
     refuse_unsupported(scenario, "shm" if device == "cpu" else "cuda", mode)
     # The trace the parent merges, as a simulation of the run as recorded would hold it.
     preflight(recorded(scenario, mode, workers, True, measure_every))
@@ -303,8 +312,10 @@ def run_real(scenario: Scenario, workers: int, mode: str, dtype: str = "float32"
                         torch_path, problem.support(0) is None)
     buffers.w.copy_(torch.as_tensor(problem.initial()))
     toml = scenario_to_toml(scenario)
+    rounds = _rounds(workers, quotas, buffers.w) if mode == "minibatch" else None
     processes = _workers(buffers, workers, quotas, toml, mode, scenario.run.blocks,
-                         device if torch_path else None, launch, cpus, problem.fingerprint())
+                         device if torch_path else None, launch, cpus, problem.fingerprint(),
+                         rounds)
     called = started = time.monotonic()
     snapshots: list[tuple[int, int, np.ndarray]] = []
     probes: tuple[dict[str, Any] | None, ...] = (None, None, None)
@@ -347,7 +358,7 @@ def run_real(scenario: Scenario, workers: int, mode: str, dtype: str = "float32"
     if failure is not None and notice:
         notice(f"merging the {int(buffers.progress.sum()):,} updates done")
     trace, lost = _trace(buffers, workers, scenario, problem, w_star, snapshots, toml, dtype,
-                         measure_every)
+                         measure_every, rounds is not None)
     return RealRun(scenario, problem, trace, workers, mode, dtype, stopped - started, failure,
                    lost, measure_every, device, launch, pattern, cpus,
                    "c" if compiled() and not torch_path else "python", latency, shared_write,
@@ -387,12 +398,24 @@ def _post_start(buffers: Buffers, snapshots: list[tuple[int, int, np.ndarray]]) 
     return start / 1e9
 
 
+def _rounds(workers: int, quotas: list[int], w: Any) -> Rounds:
+    """The flags and step slots of synchronous rounds (``realrun.worker.Rounds``)."""
+    import torch
+
+    full = min(quotas)
+    return Rounds(torch.zeros(workers + 1, dtype=torch.int64).share_memory_(),
+                  torch.zeros(workers, w.numel(), dtype=w.dtype).share_memory_(), full,
+                  sum(q > full for q in quotas))
+
+
 def _workers(buffers: Buffers, workers: int, quotas: list[int], toml: str, mode: str,
              blocks: int, device: str | None, launch: str,
-             cpus: list[int] | None, fingerprint: str = "") -> list[Any]:
+             cpus: list[int] | None, fingerprint: str = "",
+             rounds: Rounds | None = None) -> list[Any]:
     """The worker processes or threads, not started; each carries the locks as ``.shared``.
     ``device`` None: the numpy worker; else the torch worker on that device. ``cpus``: worker
-    r pins itself to ``cpus[r]``. They start and exit on the flags in ``buffers.control``."""
+    r pins itself to ``cpus[r]``. They start and exit on the flags in ``buffers.control``.
+    ``rounds``: the synchronous rounds of ``--mode minibatch`` (numpy worker processes)."""
     import threading
 
     import torch.multiprocessing as mp
@@ -418,14 +441,14 @@ def _workers(buffers: Buffers, workers: int, quotas: list[int], toml: str, mode:
                        else None)
         made = []
         for spec in specs:
-            target, args = ((worker_main, (spec, buffers, lock, block_locks))
+            target, args = ((worker_main, (spec, buffers, lock, block_locks, rounds))
                             if device is None else
                             (torch_worker_main, (spec, buffers, lock, block_locks, device)))
             made.append(context.Process(target=target, args=args, daemon=True))
     for worker in made:
         # Process.start() drops its arguments; the parent must keep the locks alive until the
         # workers end (a collected semaphore is unlinked before a spawned child can open it).
-        worker.shared = (lock, block_locks)
+        worker.shared = (lock, block_locks, rounds)
     return made
 
 
@@ -480,7 +503,8 @@ def _snapshot(buffers: Buffers, done: int,
 
 def _trace(buffers: Buffers, workers: int, scenario: Scenario, problem: Problem,
            w_star: np.ndarray, snapshots: list[tuple[int, int, np.ndarray]], toml: str,
-           dtype: str, measure_every: int | None) -> tuple[Trace, dict[str, Any] | None]:
+           dtype: str, measure_every: int | None,
+           rounds: bool = False) -> tuple[Trace, dict[str, Any] | None]:
     records = []
     for rank in range(workers):
         n = int(buffers.progress[rank])
@@ -489,7 +513,8 @@ def _trace(buffers: Buffers, workers: int, scenario: Scenario, problem: Problem,
         store_end = buffers.store_end[rank, :n].numpy().copy()
         if copy_end.shape[1] == 1:  # the numpy worker leaves one block's stamps to these
             np.copyto(copy_end[:, 0], times[:, 1], where=copy_end[:, 0] < 0)
-            np.copyto(store_end[:, 0], times[:, 3], where=store_end[:, 0] < 0)
+            if not rounds:  # (in a round only its writer stores, and stamps it)
+                np.copyto(store_end[:, 0], times[:, 3], where=store_end[:, 0] < 0)
         records.append(WorkerRecord(times, copy_end, store_end,
                                     buffers.samples[rank, :n].numpy().copy()))
     w_final = _host(buffers.w)
@@ -502,7 +527,7 @@ def _trace(buffers: Buffers, workers: int, scenario: Scenario, problem: Problem,
         measure_every, scenario.metrics.curve_points,
         [buffers.steps[r].numpy() for r in range(workers)],
         None if buffers.reads is None else [buffers.reads[r].numpy() for r in range(workers)])
-    return merge(records, problem.initial(), w_final, curve, toml, measure)
+    return merge(records, problem.initial(), w_final, curve, toml, measure, rounds)
 
 
 def summary_extra(run: RealRun) -> dict[str, Any]:

@@ -31,7 +31,9 @@ __all__ = ["BACKENDS", "PROTOCOL_OF", "SUPPORT", "recorded", "refuse_unsupported
 BACKENDS = ("shm", "cuda", "ps")
 #: The simulator protocol each real mode runs (``ps`` runs ``paramserver``).
 PROTOCOL_OF = {"lockfree": "lockfree", "blocklock": "lockfree", "locked": "locked",
-               "serial": "serial", "paramserver": "paramserver"}
+               "serial": "serial", "minibatch": "minibatch", "paramserver": "paramserver"}
+#: Modes whose workers take their updates in synchronous rounds.
+ROUND_MODES = ("minibatch",)
 #: Real-run modes whose writes are atomic per block (a lock per block write).
 ATOMIC_MODES = ("blocklock",)
 
@@ -42,8 +44,9 @@ _NO_INJECTION = "real runs inject no delays, errors or faults yet (simulate it)"
 #: Field (or section) → (shm and cuda, ps): what a real run does with it.
 SUPPORT: tuple[tuple[str, str, str], ...] = (
     ("`name`, `problem.*`", "honoured", "honoured"),
-    ("`run.protocol`", "recorded: the mode's (`lockfree`, `locked`, `serial`); another "
-     "non-default one refused", "recorded: `paramserver`; another non-default one refused"),
+    ("`run.protocol`", "recorded: the mode's (`lockfree`, `locked`, `serial`, `minibatch`: "
+     "CPU worker processes, without `--measure`); another non-default one refused",
+     "recorded: `paramserver`; another non-default one refused"),
     ("`run.threads`", "recorded: `--workers`", "recorded: `--workers` (trainers)"),
     ("`run.updates`", "honoured: gradients computed (one per update), T split evenly",
      "honoured: gradients computed (the server hands out the budget; `accumulate` n pushes "
@@ -55,8 +58,8 @@ SUPPORT: tuple[tuple[str, str, str], ...] = (
      "a time, so both modes store the same values)", "inert (pushes are applied whole)"),
     ("`run.lr_schedule`", "refused unless `constant`", "refused unless `constant`"),
     ("`run.split`", "recorded: `even`", "refused unless `shared`"),
-    ("`[hardware.sweeping_reads]`", "recorded: set (dense), unset (sparse); a `lead` or "
-     "`tail` other than 0 refused", "recorded: unset; as for shm"),
+    ("`[hardware.sweeping_reads]`", "recorded: set (dense), unset (sparse, `minibatch`); a "
+     "`lead` or `tail` other than 0 refused", "recorded: unset; as for shm"),
     ("`run.store_grain`, `run.placement`", "refused unless default", "refused unless default"),
     ("`[timing]`, `[[devices]]` (but a device's `name`), the other `[hardware.*]` tables",
      "refused unless default", "refused unless default"),
@@ -176,7 +179,9 @@ def recorded(scenario: Scenario, mode: str, workers: int, sparse: bool,
     if mode != "paramserver":
         overrides += ["run.split=even", "run.write_mode="
                       f"{'atomic_add' if mode in ATOMIC_MODES else 'load_store'}"]
-    sweeps = SweepingReadsSpec() if mode != "paramserver" and not sparse else None
+    # No read overlaps a write in rounds (the barrier), nor a pull a push on the server.
+    sweeps = (SweepingReadsSpec() if mode not in ("paramserver", *ROUND_MODES) and not sparse
+              else None)
     scenario = with_overrides(scenario, overrides)
     return dataclasses.replace(scenario, hardware=dataclasses.replace(
         scenario.hardware, sweeping_reads=sweeps))

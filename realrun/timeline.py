@@ -71,13 +71,17 @@ class Measure:
 
 def merge(records: list[WorkerRecord], w0: np.ndarray, w_final: np.ndarray,
           curve: list[tuple[int, int, float, float]], scenario_toml: str,
-          measure: Measure | None = None) -> tuple[Trace, dict[str, Any] | None]:
+          measure: Measure | None = None, rounds: bool = False,
+          ) -> tuple[Trace, dict[str, Any] | None]:
     """A trace (source ``real``) from the workers' records, and in measure mode what the
     hardware lost. ``curve`` (completions, time, f(w), ‖w − w*‖²) is the parent's sampled
     curve; measure mode replaces it with the exact rebuilt one.
 
     An update's read ends with its last block copy and the update completes with its last
-    block store (its write end)."""
+    block store (its write end). ``rounds``: synchronous rounds (``realrun.worker.Rounds``),
+    each worker's i-th update in round i, whose one writer stored the blocks; the round is
+    completion i + 1 for every member, and the others' empty writes sit at its end (as the
+    simulator's minibatch records them), before the writer's row."""
     data = _stacked(records)
     times = data["times"]
     origin = int(times[:, 0].min()) if len(times) else 0
@@ -86,26 +90,34 @@ def merge(records: list[WorkerRecord], w0: np.ndarray, w_final: np.ndarray,
     rel = times - origin
     # As in the simulator, a read ends with its last block copy and a write with its last
     # block store (the timestamps taken after each loop come a few ns later).
-    if len(rel):
+    if len(rel):  # (a round's member stored nothing: its write end is the round's, below)
         rel[:, 1] = copy_end.max(axis=1)
-        rel[:, 3] = store_end.max(axis=1)
+        last = store_end.max(axis=1)
+        rel[:, 3] = np.where(last >= 0, last, rel[:, 3])
+    writes = np.ones(len(rel), dtype=bool)
+    write_start = rel[:, 2].copy()
+    if rounds:
+        writes, completed = _rounds(rel, write_start, data["thread_seq"], store_end)
     start_order = np.lexsort((data["thread"], rel[:, 0]))
     uid = np.empty(len(rel), dtype=np.int64)
     uid[start_order] = np.arange(len(rel))
-    order = np.lexsort((data["thread"], rel[:, 3]))  # completion order
+    order = np.lexsort((data["thread"], writes, rel[:, 3]))  # completion order
     position = np.empty(len(rel), dtype=np.int64)
     position[order] = np.arange(len(rel))
+    if not rounds:
+        completed = position + 1
     nan = np.full(len(rel), np.nan)
     columns = {
         "uid": uid, "thread": data["thread"], "thread_seq": data["thread_seq"],
-        "sample": data["samples"], "step": position + 1,
+        "sample": data["samples"], "step": completed,
         "read_start": rel[:, 0], "read_end": rel[:, 1],
-        "grad_start": rel[:, 1], "grad_end": rel[:, 2], "write_start": rel[:, 2],
+        "grad_start": rel[:, 1], "grad_end": rel[:, 2], "write_start": write_start,
         "write_end": rel[:, 3], "grad_ns": rel[:, 2] - rel[:, 1],
         # Local work before each update and the completions before its read: from the times,
         # by the builder (the workers measure and count neither).
-        "idle_ns": np.full(len(rel), -1), "seen": np.full(len(rel), -1),
-        "completed": position + 1,
+        "idle_ns": np.full(len(rel), -1),
+        "seen": completed - 1 if rounds else np.full(len(rel), -1),
+        "completed": completed,
         "overwrote": np.zeros(len(rel)), "delay": np.zeros(len(rel)),
         "error_norm": np.zeros(len(rel)), "dropped": np.zeros(len(rel), dtype=bool),
         "lr_scale": np.ones(len(rel)), "measured": np.zeros(len(rel), dtype=bool),
@@ -154,6 +166,20 @@ def merge(records: list[WorkerRecord], w0: np.ndarray, w_final: np.ndarray,
                          extras=extras, source="real"), loss
 
 
+def _rounds(rel: np.ndarray, write_start: np.ndarray, seq: np.ndarray,
+            store_end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Synchronous rounds (``merge``): each member's write moved to its round's end (its
+    start and end both the writer's write end, in ``rel`` and ``write_start``; a round whose
+    writer's row is missing, from a run stopped under it, keeps its members' own), and per
+    row whether it wrote and its completion (its round + 1)."""
+    writes = (store_end.max(axis=1) >= 0 if len(rel) else np.zeros(0, dtype=bool))
+    ends = np.full(int(seq.max()) + 1 if len(seq) else 0, -1, dtype=np.int64)
+    ends[seq[writes]] = rel[writes, 3]
+    members = ~writes & (ends[seq] >= 0)
+    rel[members, 3] = write_start[members] = ends[seq[members]]
+    return writes, seq + 1
+
+
 def _durations(start: np.ndarray, ends: np.ndarray) -> np.ndarray:
     """Per block: its end minus the previous touched block's end in the same row (or the
     row's ``start``); rows are updates, −1 marks untouched blocks."""
@@ -168,12 +194,14 @@ def _durations(start: np.ndarray, ends: np.ndarray) -> np.ndarray:
 def _ops(rel: np.ndarray, copy_end: np.ndarray, store_end: np.ndarray,
          ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """Each update's count of block operations and the operations (touched blocks, in block
-    order): the block, its read and write durations, when its copy and store ended."""
+    order): the block, its read and write durations, when its copy and store ended (a block
+    a round's member copied and did not store: no write, 0)."""
     touched = copy_end >= 0
     rows, blocks = np.nonzero(touched)
+    written = np.where(store_end >= 0, _durations(rel[:, 2], store_end), 0)
     return touched.sum(axis=1), {
         "block": blocks, "read_ns": _durations(rel[:, 0], copy_end)[rows, blocks],
-        "write_ns": _durations(rel[:, 2], store_end)[rows, blocks],
+        "write_ns": written[rows, blocks],
         "copied": copy_end[rows, blocks], "stored": store_end[rows, blocks]}
 
 

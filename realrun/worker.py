@@ -5,7 +5,9 @@ The shared flat tensor is viewed as a numpy array (zero copy), so the worker run
 coordination at all (``w[block] -= lr·g[block]``: a non-atomic read-modify-write per element, the
 Hogwild! update); ``blocklock`` holds one lock per block across that block's read-modify-write
 (no store is lost, reads stay unlocked and can tear); ``locked`` holds one lock across the whole
-update. Every timestamp comes from
+update; ``minibatch`` runs synchronous rounds (:class:`Rounds`: each worker leaves its step
+in a slot, worker 0 subtracts the round's mean step once all have, nobody reads until it
+has). Every timestamp comes from
 ``time.monotonic_ns()`` (one clock for all processes) and goes into preallocated shared
 buffers: no locks, no I/O, no allocation of records inside the loop.
 """
@@ -27,9 +29,10 @@ import numpy as np
 from realrun.records import recorder
 
 __all__ = ["ONE_THREAD_ENV", "RELEASE", "START", "STATUS_DONE", "STATUS_FAILED",
-           "STATUS_RUNNING", "Buffers", "WorkerSpec", "another_problem", "die_with_parent",
-           "one_thread_each", "one_thread_env", "pin", "pinned_cpus", "record_failure",
-           "touch_records", "wait_for_release", "wait_for_start", "worker_main"]
+           "STATUS_RUNNING", "Buffers", "Rounds", "WorkerSpec", "another_problem",
+           "die_with_parent", "one_thread_each", "one_thread_env", "pin", "pinned_cpus",
+           "record_failure", "touch_records", "wait_for_release", "wait_for_start",
+           "worker_main"]
 
 STATUS_RUNNING, STATUS_DONE, STATUS_FAILED = 0, 1, 2
 MESSAGE_BYTES = 512
@@ -80,8 +83,47 @@ class Buffers:
     control: Any = None  # the parent's signals: control[START], control[RELEASE]
 
 
+@dataclass(frozen=True)
+class Rounds:
+    """Synchronous minibatch rounds on real workers (``--mode minibatch``). Round r is every
+    worker's r-th update: with T = q·k + m updates (``split = even``: the first m workers make
+    one more), rounds 0..q−1 take all k workers, round q the first m. A worker subtracts
+    nothing itself: it leaves its step lr·g in ``slots[rank]`` and raises its arrival count
+    ``flags[rank]``; worker 0 (a member of every round), once every member has arrived,
+    subtracts the mean step of the round's slots (``simulator.rules.mean_step``, in rank
+    order) block by block and raises ``flags[-1]``, the rounds written, which the others
+    wait for, so no read sees the write in flight. Only the writer stamps block stores (how
+    the parent tells it apart).
+
+    A barrier of flags in shared memory, each written by one process (no lock, no atomic
+    read-modify-write), waited on by looking (:data:`_SPINS` times), then sleeping between
+    looks: a ``multiprocessing.Barrier`` (semaphores; the last to arrive wakes the others)
+    cost 280 µs a round of two workers on the 2-core machine, this one under 10 µs with the
+    gradients (bench/README.md). Like the workers' records it relies on stores becoming
+    visible in program order (x86-64)."""
+
+    flags: Any  # (workers + 1,) int64 shared: arrivals per worker, then rounds written
+    slots: Any  # (workers, d) shared, in w's dtype
+    full: int  # q: the rounds every worker takes part in
+    last: int  # members of round q (m), the rest of the quota
+
+
+# A waiting worker looks this many times (about 1 µs each), then sleeps between looks, so
+# that k workers on fewer cores let the others compute.
+_SPINS, _NAP_S = 50, 20e-6
+
+
+def _await(flags: np.ndarray, upto: int, count: int) -> None:
+    """Wait until ``flags[:upto]`` are all at least ``count``."""
+    spins = 0
+    while flags[:upto].min() < count:
+        spins += 1
+        if spins > _SPINS:
+            time.sleep(_NAP_S)
+
+
 def worker_main(spec: WorkerSpec, buffers: Buffers, lock: Any,
-                block_locks: Any = None) -> None:
+                block_locks: Any = None, rounds: Rounds | None = None) -> None:
     """Set up, wait for the common start (:func:`wait_for_start`), run ``spec.quota``
     updates, then wait (asleep) for the release (:func:`wait_for_release`), which the parent
     gives once every worker is done; on any exception record it and exit with status 1.
@@ -97,7 +139,7 @@ def worker_main(spec: WorkerSpec, buffers: Buffers, lock: Any,
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     gone = die_with_parent()
     try:
-        _loop(spec, buffers, lock, block_locks, gone)
+        _loop(spec, buffers, lock, block_locks, gone, rounds)
         buffers.status[spec.rank] = STATUS_DONE
         wait_for_release(buffers, gone)
     except BaseException as err:  # every failure, SystemExit included, must reach the parent
@@ -274,8 +316,28 @@ def record_failure(buffers: Buffers, rank: int, err: BaseException) -> None:
     buffers.status[rank] = STATUS_FAILED
 
 
+def _round_write(rounds: Rounds, flags: np.ndarray, slots: np.ndarray, rank: int, i: int,
+                 step: np.ndarray, w: np.ndarray, ops: list[Any],
+                 stored: Callable[[int], None]) -> None:
+    """The write phase of synchronous round ``i`` (:class:`Rounds`)."""
+    from simulator.rules import mean_step
+
+    slots[rank] = step
+    flags[rank] = i + 1
+    if rank == 0:  # the writer, once every member has arrived
+        members = len(slots) if i < rounds.full else rounds.last
+        _await(flags, members, i + 1)
+        mean = mean_step(list(slots[:members]))
+        for block, index, _, _ in ops:
+            w[index] -= mean[index]
+            stored(block)
+        flags[-1] = i + 1
+    else:
+        _await(flags[-1:], 1, i + 1)
+
+
 def _loop(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any,
-          gone: Callable[[], bool]) -> None:
+          gone: Callable[[], bool], rounds: Rounds | None = None) -> None:
     from simulator.memory import block_bounds, block_ops
     from simulator.problems import make_problem
     from simulator.scenario import scenario_from_dict
@@ -306,7 +368,12 @@ def _loop(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any,
     rounded = None if w.dtype == np.float64 else np.zeros(problem.dim, dtype=w.dtype)
     steps = None if buffers.steps is None else buffers.steps[spec.rank].numpy()
     reads = None if buffers.reads is None else buffers.reads[spec.rank].numpy()
-    dense = block_ops(bounds, None) if problem.support(0) is None else None
+    # A round averages gradients of different samples: every update reads and writes every
+    # block, with the dense gradient (as the simulator's minibatch).
+    whole = rounds is not None or problem.support(0) is None
+    dense = block_ops(bounds, None) if whole else None
+    slots, flags = (None, None) if rounds is None else (rounds.slots.numpy(),
+                                                        rounds.flags.numpy())
     problem.grad(local, 0)  # warm up (first-call costs stay out of the timed loop)
     touch_records(buffers, spec.rank)
     pin(spec)
@@ -322,20 +389,25 @@ def _loop(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any,
             if stamp:
                 copied(block)
         read_end()
-        step, support = problem.grad(local, sample)
+        step, support = ((problem.dense_grad(local, sample), None) if rounds is not None
+                         else problem.grad(local, sample))
         if rounded is None:
             step *= lr
         else:
             step = np.multiply(step, lr, out=rounded[: step.size], casting="same_kind")
         grad_end()
-        for block, index, values, _ in ops:
-            if block_locks is None:
-                w[index] -= step[values]
-            else:
-                with block_locks[block]:
+        if rounds is not None:
+            _round_write(rounds, flags, slots, spec.rank, i, step, w,  # type: ignore[arg-type]
+                         ops, stored)
+        else:
+            for block, index, values, _ in ops:
+                if block_locks is None:
                     w[index] -= step[values]
-            if stamp:
-                stored(block)
+                else:
+                    with block_locks[block]:
+                        w[index] -= step[values]
+                if stamp:
+                    stored(block)
         written()
         if lock is not None:
             lock.release()

@@ -19,12 +19,14 @@ def _real(args: argparse.Namespace) -> int:
     except ImportError:
         raise AsyngradError("asyngrad real needs PyTorch: pip install torch "
                             "(or the project's extra: pip install -e '.[torch]')") from None
-    from realrun.runner import run_real, summary_extra
+    from realrun.runner import MODES, run_real, summary_extra
     from simulator.rundir import check_out, latency_line, write_run
     from simulator.scenario import load_scenario
 
     scenario = load_scenario(args.scenario, args.set)
     check_out(args.out)
+    if args.mode is None and args.backend != "ps":  # the scenario's protocol, where a mode runs it
+        args.mode = (scenario.run.protocol if scenario.run.protocol in MODES else "lockfree")
     if args.workers is None:
         args.workers = 1 if args.mode == "serial" else 2
     if args.backend == "ps":
@@ -75,7 +77,7 @@ def _real_ps(args: argparse.Namespace, scenario: Any) -> int:
     if args.pin:
         raise ScenarioError("--pin", "on", "pins the shared-memory workers; not with "
                             "--backend ps")
-    for flag, value, default in (("--mode", args.mode, "lockfree"),
+    for flag, value, default in (("--mode", args.mode, None),
                                  ("--device", args.device, "cpu"),
                                  ("--launch", args.launch, None),
                                  ("--pattern", args.pattern, "shared"),
@@ -115,8 +117,10 @@ def add_commands(commands: Any) -> None:
     real = command("real", "train with real lock-free worker processes", _real)
     real.add_argument("--workers", type=int, default=None,
                       help="worker processes (default 2; 1 with --mode serial)")
-    real.add_argument("--mode", default="lockfree",
-                      help="lockfree, blocklock (a lock per block write), locked or serial")
+    real.add_argument("--mode", default=None,
+                      help="lockfree, blocklock (a lock per block write), locked, serial or "
+                      "minibatch (synchronous rounds); default: run.protocol where it is one "
+                      "of these, else lockfree")
     real.add_argument("--dtype", default="float32", help="float32 (default) or float64")
     real.add_argument("--timeout", type=float, default=None,
                       help="stop the run after this many seconds (partial results kept)")

@@ -239,7 +239,8 @@ class RunSpec:
 
     ``split`` says who makes the T updates: ``shared`` — any thread starts the next one until
     T have started (fast threads make more); ``even`` — thread i makes T // k updates, one
-    more for i < T mod k, as the real backend's workers do (a slow thread then finishes last).
+    more for i < T mod k, as the real backend's workers do (a slow thread then finishes last;
+    under ``minibatch`` the last round takes the threads with one more, as real rounds do).
 
     ``store_grain`` (``load_store`` writes): 0 — a block's write is one read-modify-write,
     loaded at its start and stored at its end, so a store landing in between loses the whole
@@ -299,7 +300,7 @@ class RunSpec:
         check(self.placement in PLACEMENTS, "placement", self.placement,
                f"must be one of {', '.join(PLACEMENTS)}")
         check(self.split == "shared" or self.protocol in EVEN_SPLIT_PROTOCOLS, "split",
-               self.split, f"needs a protocol without rounds or turns "
+               self.split, f"needs a protocol in which a thread can make a fixed share "
                f"({', '.join(EVEN_SPLIT_PROTOCOLS)}), not {self.protocol}")
 
 

@@ -37,7 +37,7 @@ REFUSED = [
     ((), "inject.error=noise", "inject.error = 'noise'", "shm"),
     ((), "inject.write_bits=8", "inject.write_bits = 8", "shm"),
     ((), "run.protocol=roundrobin", "run.protocol = 'roundrobin'", "shm"),
-    ((), "run.protocol=minibatch", "run.protocol = 'minibatch'", "shm"),
+    (("--mode", "lockfree"), "run.protocol=minibatch", "run.protocol = 'minibatch'", "shm"),
     ((), "run.protocol=staleness_lr", "run.protocol = 'staleness_lr'", "shm"),
     ((), "run.protocol=dcasgd", "run.protocol = 'dcasgd'", "shm"),
     ((), "run.protocol=admm", "run.protocol = 'admm'", "shm"),

@@ -1,0 +1,85 @@
+"""Synchronous minibatch SGD on real worker processes (``--mode minibatch``): a barrier per
+round, the last worker to arrive subtracting the round's mean step."""
+
+import json
+
+import numpy as np
+import pytest
+
+from realrun.runner import run_real
+from simulator.cli import main
+from simulator.engine import simulate
+from simulator.errors import ScenarioError
+from tests.conftest import scenario
+
+pytestmark = pytest.mark.alone  # real processes: see conftest
+
+TINY = ("problem.dim=30", "problem.n_samples=200", "run.protocol=minibatch")
+
+
+def _rounds(trace):
+    """Per round (completion t), its rows in trace order."""
+    return [np.flatnonzero(trace["step"] == t) for t in np.unique(trace["step"])]
+
+
+@pytest.mark.parametrize("workers, updates, blocks", [(2, 400, 1), (3, 401, 3)])
+def test_real_rounds_are_the_simulators_rounds(workers, updates, blocks):
+    """float64: round r averages every worker's r-th gradient (the first T mod k workers take
+    the last round) at the same vector, as the simulator's minibatch with ``split = even``
+    does. The same samples in the same rounds; the final vector is the simulator's to the bit
+    with two workers (a + b = b + a), to rounding with three (the real writer sums in rank
+    order, the simulator in arrival order)."""
+    s = scenario(*TINY, f"run.updates={updates}", f"run.blocks={blocks}")
+    real = run_real(s, workers, "minibatch", dtype="float64", timeout=120)
+    assert real.failure is None and len(real.trace) == updates
+    assert real.scenario.run.protocol == "minibatch" and real.scenario.run.split == "even"
+    simulated = simulate(real.scenario)
+    rows = sorted(zip(*(real.trace[n].tolist() for n in ("step", "thread", "sample")),
+                      strict=True))
+    assert rows == sorted(zip(*(simulated[n].tolist() for n in ("step", "thread", "sample")),
+                              strict=True))
+    if workers == 2:
+        assert np.array_equal(real.trace["w_final"], simulated["w_final"])
+    else:
+        np.testing.assert_allclose(real.trace["w_final"], simulated["w_final"], atol=1e-12)
+    trace = real.trace
+    assert trace["staleness"].max() == 0 and trace["read_overwrites"].max() == 0
+    rounds = _rounds(trace)
+    assert len(rounds) == -(-updates // workers)
+    assert sorted(trace["thread"][rounds[-1]].tolist()) == list(range(updates % workers
+                                                                      or workers))
+    previous_end = -1
+    for members in rounds:
+        writer = members[-1]  # the members' empty writes come first, at the round's end
+        assert (trace["write_end"][members] == trace["write_end"][writer]).all()
+        assert (trace["write_start"][members[:-1]] == trace["write_end"][writer]).all()
+        assert (trace["grad_end"][members] <= trace["write_end"][writer]).all()
+        assert (trace["read_start"][members] >= previous_end).all()  # no read meets a write
+        previous_end = trace["write_end"][writer]
+    # Only the writer's block operations write.
+    offsets, write_ns = trace["op_offsets"], trace["op_write_ns"]
+    for members in rounds:
+        assert all(write_ns[offsets[i]:offsets[i + 1]].sum() == 0 for i in members[:-1])
+
+
+def test_minibatch_refuses_what_it_does_not_run():
+    s = scenario(*TINY, "run.updates=40")
+    with pytest.raises(ScenarioError, match="--measure"):
+        run_real(s, 2, "minibatch", measure_every=1)
+    with pytest.raises(ScenarioError, match="CPU worker processes"):
+        run_real(s, 2, "minibatch", launch="threads")
+
+
+def test_the_command_line_runs_the_scenarios_protocol(tmp_path, capsys):
+    """``asyngrad real --set run.protocol=minibatch`` runs real rounds (no --mode needed);
+    an explicit other mode is refused in one line."""
+    out = tmp_path / "run"
+    sets = [a for o in (*TINY, "run.updates=200") for a in ("--set", o)]
+    assert main(["real", "--out", str(out), "--quiet", "--dtype", "float64", *sets]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["real"]["mode"] == "minibatch" and summary["real"]["workers"] == 2
+    assert summary["updates"] == 200 and summary["steps"] == 100  # two gradients a step
+    assert main(["real", "--out", str(tmp_path / "no"), "--quiet", "--mode", "lockfree",
+                 *sets]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "run.protocol = 'minibatch'" in err[0], err
