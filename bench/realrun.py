@@ -20,6 +20,7 @@ them just before and after it: a virtual machine's host moves its CPUs between L
     python bench/realrun.py --pairs-only --pairs 15
     python bench/realrun.py --measure-only      # what --measure costs
     python bench/realrun.py --torch             # users' torch modules (problem.name = torch)
+    python bench/realrun.py --protocols         # protocols other than lock-free (minibatch)
 """
 
 from __future__ import annotations
@@ -316,6 +317,8 @@ def main() -> None:
                         help="only the cost of measure mode")
     parser.add_argument("--torch", action="store_true",
                         help="only the table of users' torch modules")
+    parser.add_argument("--protocols", action="store_true",
+                        help="only the protocols against serial and lock-free")
     parser.add_argument("--dtype", choices=("float64", "float32"), default="float64",
                         help="the shared vector's dtype in the table and the paired runs "
                              "(measure mode's cost is always float64)")
@@ -331,6 +334,9 @@ def main() -> None:
         return
     if args.torch:
         table(args.quick, seeds, args.dtype, TORCH_PROBLEMS)
+        return
+    if args.protocols:
+        protocols(args.quick, seeds, args.dtype)
         return
     if not args.pairs_only:
         table(args.quick, seeds, args.dtype)
@@ -373,6 +379,52 @@ def measure_cost(quick: bool, seeds: int) -> None:
         print(f"| {label} | {updates:,} | {speed[None]:,.0f} | {speed[1]:,.0f} | "
               f"{speed[1] / speed[None]:.2f}× | {every:.2f} s | {every / updates * 1e6:,.0f} µs | "
               f"{tenth:.2f} s | {megabytes:,.0f} MB |", flush=True)
+
+
+PROTOCOL_CONFIGS = [("serial", 1), ("lockfree", 2), ("minibatch", 1), ("minibatch", 2)]
+
+
+def round_us(trace: Trace) -> tuple[float, float]:
+    """Of a synchronous run: the median round (one completion's period: its write end less
+    the previous one's) and the median of what each round adds to its slowest member's
+    read and gradient (waiting for the others, the mean step and its write), µs."""
+    ends = np.unique(trace["write_end"])
+    slowest = [int((trace["grad_end"][rows] - trace["read_start"][rows]).max())
+               for rows in (trace["step"] == t for t in np.unique(trace["step"]))]
+    period = np.diff(ends)
+    return (float(np.median(period)) / 1e3,
+            float(np.median(period - np.asarray(slowest[1:]))) / 1e3)
+
+
+def protocols(quick: bool, seeds: int, dtype: str) -> None:
+    """Gradients per second (overlap window) of each real protocol against serial, side by
+    side per seed, with final suboptimality; for synchronous minibatch also the round's
+    length and the barrier's share of it (:func:`round_us`)."""
+    print("| problem | mode | workers | gradients/s (median) | vs serial | final suboptimality "
+          "(mean ± sd) | round µs | barrier and write µs |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
+    for label, overrides, updates in PROBLEMS:
+        updates = updates // 4 if quick else updates
+        problem = make_problem(load_scenario(None, overrides).problem)
+        problem.optimum()
+        runs: dict[tuple[str, int], list[tuple[float, float, tuple[float, float] | None]]] = {
+            c: [] for c in PROTOCOL_CONFIGS}
+        for seed in range(seeds):
+            scenario = load_scenario(None, [*overrides, f"run.updates={updates}",
+                                            f"run.seed={seed}"])
+            for mode, workers in PROTOCOL_CONFIGS:
+                rate, suboptimality, trace, _ = _run(scenario, problem, workers, mode, dtype)
+                runs[(mode, workers)].append(
+                    (rate, suboptimality, round_us(trace) if mode == "minibatch" else None))
+        base = statistics.median(r for r, _, _ in runs[("serial", 1)])
+        for (mode, workers), done in runs.items():
+            rate = statistics.median(r for r, _, _ in done)
+            values = [v for _, v, _ in done]
+            rounds = [x for _, _, x in done if x is not None]
+            cells = (f"{statistics.median(x[0] for x in rounds):.1f} | "
+                     f"{statistics.median(x[1] for x in rounds):.1f}" if rounds else " | ")
+            print(f"| {label} | {mode} | {workers} | {rate:,.0f} | {rate / base:.2f}× | "
+                  f"{np.mean(values):.4f} ± {np.std(values):.4f} | {cells} |", flush=True)
 
 
 def table(quick: bool, seeds: int, dtype: str = "float64",

@@ -400,12 +400,15 @@ def _post_start(buffers: Buffers, snapshots: list[tuple[int, int, np.ndarray]]) 
 
 def _rounds(workers: int, quotas: list[int], w: Any) -> Rounds:
     """The flags and step slots of synchronous rounds (``realrun.worker.Rounds``)."""
+    import os
+
     import torch
 
     full = min(quotas)
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return Rounds(torch.zeros(workers + 1, dtype=torch.int64).share_memory_(),
                   torch.zeros(workers, w.numel(), dtype=w.dtype).share_memory_(), full,
-                  sum(q > full for q in quotas))
+                  sum(q > full for q in quotas), workers > (cpus or 1))
 
 
 def _workers(buffers: Buffers, workers: int, quotas: list[int], toml: str, mode: str,

@@ -96,29 +96,32 @@ class Rounds:
     the parent tells it apart).
 
     A barrier of flags in shared memory, each written by one process (no lock, no atomic
-    read-modify-write), waited on by looking (:data:`_SPINS` times), then sleeping between
-    looks: a ``multiprocessing.Barrier`` (semaphores; the last to arrive wakes the others)
-    cost 280 µs a round of two workers on the 2-core machine, this one under 10 µs with the
-    gradients (bench/README.md). Like the workers' records it relies on stores becoming
-    visible in program order (x86-64)."""
+    read-modify-write), waited on by looking (with more workers than CPUs :data:`_SPINS`
+    times, then sleeping between looks): a ``multiprocessing.Barrier`` (semaphores; the last
+    to arrive wakes the others) cost 280 µs a round of two workers on the 2-core machine,
+    this one under 10 µs with the gradients (bench/README.md). Like the workers' records it
+    relies on stores becoming visible in program order (x86-64)."""
 
     flags: Any  # (workers + 1,) int64 shared: arrivals per worker, then rounds written
     slots: Any  # (workers, d) shared, in w's dtype
     full: int  # q: the rounds every worker takes part in
     last: int  # members of round q (m), the rest of the quota
+    nap: bool  # more workers than CPUs: a waiting worker sleeps between looks
 
 
-# A waiting worker looks this many times (about 1 µs each), then sleeps between looks, so
-# that k workers on fewer cores let the others compute.
+# With more workers than CPUs a waiting worker looks this many times (about 1 µs each),
+# then sleeps between looks, so that the others can compute; with a CPU each, it only looks
+# (a sleep's wake-up took 60-80 µs: a round of the 105,004-parameter MLP's two workers took
+# 445 µs napping after 50 looks, 315 µs after 500, 207 µs looking only).
 _SPINS, _NAP_S = 50, 20e-6
 
 
-def _await(flags: np.ndarray, upto: int, count: int) -> None:
+def _await(flags: np.ndarray, upto: int, count: int, nap: bool) -> None:
     """Wait until ``flags[:upto]`` are all at least ``count``."""
     spins = 0
     while flags[:upto].min() < count:
         spins += 1
-        if spins > _SPINS:
+        if nap and spins > _SPINS:
             time.sleep(_NAP_S)
 
 
@@ -326,14 +329,14 @@ def _round_write(rounds: Rounds, flags: np.ndarray, slots: np.ndarray, rank: int
     flags[rank] = i + 1
     if rank == 0:  # the writer, once every member has arrived
         members = len(slots) if i < rounds.full else rounds.last
-        _await(flags, members, i + 1)
+        _await(flags, members, i + 1, rounds.nap)
         mean = mean_step(list(slots[:members]))
         for block, index, _, _ in ops:
             w[index] -= mean[index]
             stored(block)
         flags[-1] = i + 1
     else:
-        _await(flags[-1:], 1, i + 1)
+        _await(flags[-1:], 1, i + 1, rounds.nap)
 
 
 def _loop(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any,
