@@ -174,7 +174,7 @@ def rebuild(problem: Problem, lr: float, bounds: list[int], dtype: str, every: i
             store_end: np.ndarray, steps: list[np.ndarray], thread: np.ndarray,
             seq: np.ndarray, samples: np.ndarray, write_end: np.ndarray,
             reads: list[np.ndarray] | None = None, times: np.ndarray | None = None, *,
-            curve_points: int) -> Rebuild:
+            curve_points: int, scales: np.ndarray | None = None) -> Rebuild:
     """Replay the block stores of every row (rows in completion order).
 
     ``store_end[i, b]`` is when row i's store to block b finished (−1: untouched), ``steps[r]``
@@ -183,6 +183,8 @@ def rebuild(problem: Problem, lr: float, bounds: list[int], dtype: str, every: i
     computed its gradients at) and ``times[i]`` = (read start, read end, write start, write
     end), the view follows the real memory's losses (module docstring). The loss curve is
     taken at the simulator's checkpoints for ``curve_points`` (``metrics.curve_points``).
+    ``scales[i]``: the factor on lr row i's step took (an update rule's; the view divides it
+    out, as the simulator's does).
     """
     n = len(store_end)
     w = problem.initial().astype(dtype)
@@ -210,7 +212,8 @@ def rebuild(problem: Problem, lr: float, bounds: list[int], dtype: str, every: i
             completed += 1
             now = w.astype(np.float64)
             measurements[row] = view.complete(completed, now if loss is None else now + loss,
-                                              [int(samples[row])], int(write_end[row]))
+                                              [int(samples[row])], int(write_end[row]),
+                                              1.0 if scales is None else float(scales[row]))
     assert all(m is not None for m in measurements)
     return Rebuild([m for m in measurements if m is not None], view.curve,
                    w.astype(np.float64), seen)

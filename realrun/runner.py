@@ -33,7 +33,7 @@ from realrun.host.probe import (
     write_meetings,
 )
 from realrun.records import compiled
-from realrun.support import recorded, refuse_unsupported
+from realrun.support import RULE_MODES, recorded, refuse_unsupported
 from realrun.timeline import Measure, WorkerRecord, merge
 from realrun.worker import (
     MESSAGE_BYTES,
@@ -57,7 +57,7 @@ from simulator.trace import Trace
 
 __all__ = ["MODES", "RealRun", "run_real"]
 
-MODES = ("lockfree", "blocklock", "locked", "serial", "minibatch")
+MODES = ("lockfree", "blocklock", "locked", "serial", "minibatch", "staleness_lr", "dcasgd")
 DTYPES = ("float32", "float64")
 LAUNCHES = ("processes", "threads")
 # Measured with bench/gpu.py (bench/README.md): the faster way to run CUDA workers.
@@ -110,7 +110,7 @@ def _quotas(updates: int, workers: int) -> list[int]:
 
 
 def _allocate(dim: int, blocks: int, workers: int, quota: int, dtype: str, measure: bool,
-              w_device: str, torch_path: bool, dense: bool) -> Buffers:
+              w_device: str, torch_path: bool, dense: bool, scaled: bool = False) -> Buffers:
     """Shared buffers; ``w`` on ``w_device``. Workers' steps are in the run's dtype (the
     very values they subtracted: the numpy worker rounds its float64 step to w's dtype before
     the write, the torch worker computes in it). In measure mode the numpy worker on a dense
@@ -134,7 +134,19 @@ def _allocate(dim: int, blocks: int, workers: int, quota: int, dtype: str, measu
         steps=shared(workers, quota, dim, kind=step_dtype) if measure else None,
         reads=(shared(workers, quota, dim, kind=torch.float64)
                if measure and dense and not torch_path else None),
+        scales=shared(workers, quota, kind=torch.float64) if scaled else None,
         ready=shared(workers), control=shared(2))
+
+
+def torch_path_of(device: str, launch: str) -> bool:
+    """Whether the workers run the torch worker (CUDA, or threads) and not the numpy one."""
+    return device != "cpu" or launch == "threads"
+
+
+def scaled(scenario: Scenario) -> bool:
+    """Whether the workers apply a factor on lr per update (an update rule or a schedule),
+    which the trace records (``lr_scale``)."""
+    return scenario.run.protocol == "staleness_lr" or scenario.run.lr_schedule != "constant"
 
 
 def _check_buffers(scenario: Scenario, problem: Problem, rows: int, dtype: str,
@@ -149,7 +161,11 @@ def _check_buffers(scenario: Scenario, problem: Problem, rows: int, dtype: str,
     records = 8.0 * rows * (5 + 2 * scenario.run.blocks)
     copies = (np.dtype(dtype).itemsize + (8 if numpy_worker and problem.support(0) is None
                                           else 0)) * float(rows) * problem.dim
-    check_memory({"run.updates": records, "problem.dim": copies if measure else 0.0},
+    # A round's step slots (k·d) and the factors of an update rule (one float per update).
+    slots = (np.dtype(dtype).itemsize * float(scenario.run.threads) * problem.dim
+             if scenario.run.protocol == "minibatch" else 0.0)
+    check_memory({"run.updates": records + 8.0 * rows,
+                  "problem.dim": (copies if measure else 0.0) + slots},
                  {"run.updates": scenario.run.updates, "problem.dim": problem.dim})
 
 
@@ -280,9 +296,19 @@ def run_real(scenario: Scenario, workers: int, mode: str, dtype: str = "float32"
         raise ScenarioError("--probe", "on", "probes the CPUs of CPU workers; not with "
                             f"--device {device}")
     _check_device(device)
+    named = ("run.protocol", mode) if scenario.run.protocol == mode else ("--mode", mode)
     if mode == "minibatch" and (device != "cpu" or launch == "threads"):
-        raise ScenarioError("--mode", mode, "synchronous rounds run on CPU worker processes "
-                            "(not --launch threads or CUDA, yet)")
+        raise ScenarioError(*named, "synchronous rounds run on CPU worker processes (not "
+                            "--launch threads or CUDA, yet)")
+    if mode == "minibatch" and platform.machine().lower() not in ("x86_64", "amd64"):
+        raise ScenarioError(*named, "the rounds' barrier relies on x86-64's store order; "
+                            f"not on {platform.machine()}")
+    if torch_path_of(device, launch) and mode in RULE_MODES:
+        raise ScenarioError(*named, "update rules run on CPU worker processes (not --launch "
+                            "threads or CUDA, yet)")
+    if torch_path_of(device, launch) and scenario.run.lr_schedule != "constant":
+        raise ScenarioError("run.lr_schedule", scenario.run.lr_schedule, "schedules run on "
+                            "CPU worker processes (not --launch threads or CUDA, yet)")
     if mode == "minibatch" and measure_every is not None:
         raise ScenarioError("--measure", "on", "measure mode rebuilds one gradient per "
                             "completion; a minibatch round's mean is not rebuilt yet (its "
@@ -291,7 +317,7 @@ def run_real(scenario: Scenario, workers: int, mode: str, dtype: str = "float32"
     refuse_unsupported(scenario, "shm" if device == "cpu" else "cuda", mode)
     # The trace the parent merges, as a simulation of the run as recorded would hold it.
     preflight(recorded(scenario, mode, workers, True, measure_every))
-    torch_path = device != "cpu" or launch == "threads"
+    torch_path = torch_path_of(device, launch)
     # The embedded scenario states the closest simulator semantics (realrun.support.recorded):
     # a per-block lock makes each block's read-modify-write atomic (atomic_add); the
     # whole-update lock is `locked`; each worker makes a fixed share of the updates (split =
@@ -309,7 +335,7 @@ def run_real(scenario: Scenario, workers: int, mode: str, dtype: str = "float32"
     cpus = pinned_cpus(workers) if pin else None
     buffers = _allocate(problem.dim, scenario.run.blocks, workers, max(quotas), dtype,
                         measure_every is not None, device if pattern == "shared" else "cpu",
-                        torch_path, problem.support(0) is None)
+                        torch_path, problem.support(0) is None, scaled(scenario))
     buffers.w.copy_(torch.as_tensor(problem.initial()))
     toml = scenario_to_toml(scenario)
     rounds = _rounds(workers, quotas, buffers.w) if mode == "minibatch" else None
@@ -338,9 +364,10 @@ def run_real(scenario: Scenario, workers: int, mode: str, dtype: str = "float32"
         if failure is None:
             started = _post_start(buffers, snapshots)
             _stage("running", pids)
+            completions = scenario.run.updates if rounds is None else max(quotas)
             failure = _watch(buffers, processes, scenario.run.updates, timeout, started,
                              progress, snapshots,
-                             curve_every(scenario.run.updates, scenario.metrics.curve_points))
+                             curve_every(completions, scenario.metrics.curve_points), rounds)
     except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM where the caller made it one
         failure = {"worker": None,
                    "reason": f"interrupted ({err.args[0] if err.args else 'Ctrl-C'})"}
@@ -358,7 +385,7 @@ def run_real(scenario: Scenario, workers: int, mode: str, dtype: str = "float32"
     if failure is not None and notice:
         notice(f"merging the {int(buffers.progress.sum()):,} updates done")
     trace, lost = _trace(buffers, workers, scenario, problem, w_star, snapshots, toml, dtype,
-                         measure_every, rounds is not None)
+                         measure_every, rounds)
     return RealRun(scenario, problem, trace, workers, mode, dtype, stopped - started, failure,
                    lost, measure_every, device, launch, pattern, cpus,
                    "c" if compiled() and not torch_path else "python", latency, shared_write,
@@ -470,18 +497,21 @@ def _start_together(buffers: Buffers, processes: list[Any], timeout: float | Non
 
 def _watch(buffers: Buffers, processes: list[Any], total: int, timeout: float | None,
            started: float, progress: Callable[[int], object] | None,
-           snapshots: list[tuple[int, int, np.ndarray]], every: int = 1) -> dict[str, Any] | None:
+           snapshots: list[tuple[int, int, np.ndarray]], every: int = 1,
+           rounds: Rounds | None = None) -> dict[str, Any] | None:
     """Poll until every worker is done (then release them, so they exit) and has exited;
     the failure that stopped the run, if any; at most one snapshot for the curve per poll,
-    once ``every`` more updates were counted (``_snapshot``)."""
+    once ``every`` more completions were counted (updates, or with ``rounds`` rounds
+    written; ``_snapshot``)."""
     reported = 0
     while True:
         done = int(buffers.progress.sum())
         if progress and done > reported:
             progress(done - reported)
         reported = done
-        if done >= snapshots[-1][0] + every and done < total:
-            _snapshot(buffers, done, snapshots)
+        count = done if rounds is None else int(rounds.flags[-1])
+        if count >= snapshots[-1][0] + every and done < total:
+            _snapshot(buffers, count, snapshots, rounds)
         failure = _failure(buffers, processes)
         if failure is not None:
             return failure
@@ -494,11 +524,21 @@ def _watch(buffers: Buffers, processes: list[Any], total: int, timeout: float | 
         time.sleep(_POLL_S)
 
 
-def _snapshot(buffers: Buffers, done: int,
-              snapshots: list[tuple[int, int, np.ndarray]]) -> None:
+def _snapshot(buffers: Buffers, done: int, snapshots: list[tuple[int, int, np.ndarray]],
+              rounds: Rounds | None = None) -> None:
     """Copy the shared vector for the curve as the ``done``-th completion's, unless an update
     was counted during the copy (it may hold part of it): then the next poll tries again.
-    Like any read it can hold part of a write in flight."""
+    Like any read it can hold part of a write in flight. With ``rounds`` (``done`` rounds
+    written) the copy is kept only if worker 0 had not arrived at the next round before it
+    ended, so no round's write ran during it."""
+    if rounds is not None:
+        flags = rounds.flags
+        if int(flags[0]) != done:  # worker 0 is writing the next round, or will
+            return
+        w = _host(buffers.w)
+        if int(flags[0]) == done:
+            snapshots.append((done, time.monotonic_ns(), w))
+        return
     w = _host(buffers.w)
     if int(buffers.progress.sum()) == done:
         snapshots.append((done, time.monotonic_ns(), w))
@@ -507,7 +547,7 @@ def _snapshot(buffers: Buffers, done: int,
 def _trace(buffers: Buffers, workers: int, scenario: Scenario, problem: Problem,
            w_star: np.ndarray, snapshots: list[tuple[int, int, np.ndarray]], toml: str,
            dtype: str, measure_every: int | None,
-           rounds: bool = False) -> tuple[Trace, dict[str, Any] | None]:
+           rounds: Rounds | None = None) -> tuple[Trace, dict[str, Any] | None]:
     records = []
     for rank in range(workers):
         n = int(buffers.progress[rank])
@@ -516,12 +556,15 @@ def _trace(buffers: Buffers, workers: int, scenario: Scenario, problem: Problem,
         store_end = buffers.store_end[rank, :n].numpy().copy()
         if copy_end.shape[1] == 1:  # the numpy worker leaves one block's stamps to these
             np.copyto(copy_end[:, 0], times[:, 1], where=copy_end[:, 0] < 0)
-            if not rounds:  # (in a round only its writer stores, and stamps it)
+            if rounds is None:  # (in a round only its writer stores, and stamps it)
                 np.copyto(store_end[:, 0], times[:, 3], where=store_end[:, 0] < 0)
         records.append(WorkerRecord(times, copy_end, store_end,
-                                    buffers.samples[rank, :n].numpy().copy()))
+                                    buffers.samples[rank, :n].numpy().copy(),
+                                    None if buffers.scales is None
+                                    else buffers.scales[rank, :n].numpy().copy()))
     w_final = _host(buffers.w)
-    done = sum(len(r.samples) for r in records)
+    done = (sum(len(r.samples) for r in records) if rounds is None
+            else int(rounds.flags[-1]))  # completions
     points = [*snapshots, (done, time.monotonic_ns(), w_final)]
     curve = [(t, stamp, problem.full_loss(w), float((w - w_star) @ (w - w_star)))
              for t, stamp, w in points]
@@ -530,7 +573,7 @@ def _trace(buffers: Buffers, workers: int, scenario: Scenario, problem: Problem,
         measure_every, scenario.metrics.curve_points,
         [buffers.steps[r].numpy() for r in range(workers)],
         None if buffers.reads is None else [buffers.reads[r].numpy() for r in range(workers)])
-    return merge(records, problem.initial(), w_final, curve, toml, measure, rounds)
+    return merge(records, problem.initial(), w_final, curve, toml, measure, rounds is not None)
 
 
 def summary_extra(run: RealRun) -> dict[str, Any]:

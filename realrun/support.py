@@ -25,13 +25,16 @@ from simulator.scenario import (
     with_overrides,
 )
 
-__all__ = ["BACKENDS", "PROTOCOL_OF", "SUPPORT", "recorded", "refuse_unsupported",
+__all__ = ["BACKENDS", "PROTOCOL_OF", "RULE_MODES", "SUPPORT", "recorded", "refuse_unsupported",
            "support_markdown"]
 
 BACKENDS = ("shm", "cuda", "ps")
 #: The simulator protocol each real mode runs (``ps`` runs ``paramserver``).
 PROTOCOL_OF = {"lockfree": "lockfree", "blocklock": "lockfree", "locked": "locked",
-               "serial": "serial", "minibatch": "minibatch", "paramserver": "paramserver"}
+               "serial": "serial", "minibatch": "minibatch", "staleness_lr": "staleness_lr",
+               "dcasgd": "dcasgd", "paramserver": "paramserver"}
+#: Lock-free modes whose workers apply an update rule when their write begins.
+RULE_MODES = ("staleness_lr", "dcasgd")
 #: Modes whose workers take their updates in synchronous rounds.
 ROUND_MODES = ("minibatch",)
 #: Real-run modes whose writes are atomic per block (a lock per block write).
@@ -44,8 +47,9 @@ _NO_INJECTION = "real runs inject no delays, errors or faults yet (simulate it)"
 #: Field (or section) → (shm and cuda, ps): what a real run does with it.
 SUPPORT: tuple[tuple[str, str, str], ...] = (
     ("`name`, `problem.*`", "honoured", "honoured"),
-    ("`run.protocol`", "recorded: the mode's (`lockfree`, `locked`, `serial`, `minibatch`: "
-     "CPU worker processes, without `--measure`); another non-default one refused",
+    ("`run.protocol`", "recorded: the mode's (`lockfree`, `locked`, `serial`; on CPU worker "
+     "processes also `minibatch`, without `--measure`, and `staleness_lr`, `dcasgd`); another "
+     "non-default one refused",
      "recorded: `paramserver`; another non-default one refused"),
     ("`run.threads`", "recorded: `--workers`", "recorded: `--workers` (trainers)"),
     ("`run.updates`", "honoured: gradients computed (one per update), T split evenly",
@@ -56,7 +60,9 @@ SUPPORT: tuple[tuple[str, str, str], ...] = (
     ("`run.write_mode`", "recorded: `atomic_add` for `blocklock`, else `load_store`; "
      "`atomic_add` refused with `lockfree` (under `locked` and `serial` one update writes at "
      "a time, so both modes store the same values)", "inert (pushes are applied whole)"),
-    ("`run.lr_schedule`", "refused unless `constant`", "refused unless `constant`"),
+    ("`run.lr_schedule`", "honoured on CPU worker processes: the factor at m = the updates "
+     "a worker sees completed when its write begins, + 1 (a round's: exact); refused on CUDA "
+     "and threads", "refused unless `constant`"),
     ("`run.split`", "recorded: `even`", "refused unless `shared`"),
     ("`[hardware.sweeping_reads]`", "recorded: set (dense), unset (sparse, `minibatch`); a "
      "`lead` or `tail` other than 0 refused", "recorded: unset; as for shm"),
@@ -73,7 +79,8 @@ SUPPORT: tuple[tuple[str, str, str], ...] = (
     ("`[inject]`", "refused when it injects anything (a field that injects nothing, "
      "such as `error_bound` without an `error`, is accepted)", "as for shm"),
     ("`[paramserver]`", "inert", "honoured"),
-    ("`[dcasgd]`, `[admm]`", "inert", "inert"),
+    ("`[dcasgd]`", "honoured with `dcasgd`, else inert", "inert"),
+    ("`[admm]`", "inert", "inert"),
 )
 
 
@@ -102,13 +109,12 @@ def _unsupported(scenario: Scenario, backend: str, mode: str) -> tuple[str, Any,
     protocol = PROTOCOL_OF[mode]
     if run.protocol not in (default.protocol, protocol):
         return "run.protocol", run.protocol, f"this backend runs {protocol} (--mode {mode})"
-    if run.write_mode == "atomic_add" and mode == "lockfree" and backend != "ps":
+    if run.write_mode == "atomic_add" and mode in ("lockfree", *RULE_MODES) and backend != "ps":
         return ("run.write_mode", run.write_mode, f"--mode {mode} writes in place "
                 "(load_store); --mode blocklock locks each block write")
-    if run.lr_schedule != "constant":
-        return ("run.lr_schedule", run.lr_schedule, "real workers apply a constant learning "
-                "rate (a schedule needs the global update count, which lock-free workers do "
-                "not share)")
+    if run.lr_schedule != "constant" and backend == "ps":
+        return ("run.lr_schedule", run.lr_schedule, "the server applies a constant learning "
+                "rate")
     for name in ("store_grain", "placement"):
         if getattr(run, name) != getattr(default, name):
             return f"run.{name}", getattr(run, name), _SIMULATED_MACHINE

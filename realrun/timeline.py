@@ -42,6 +42,7 @@ class WorkerRecord:
     copy_end: np.ndarray
     store_end: np.ndarray
     samples: np.ndarray
+    scales: np.ndarray | None = None  # the factor on lr each update applied (None: 1)
 
 
 def _stacked(records: list[WorkerRecord]) -> dict[str, np.ndarray]:
@@ -52,6 +53,8 @@ def _stacked(records: list[WorkerRecord]) -> dict[str, np.ndarray]:
         "samples": np.concatenate([r.samples for r in records]),
         "thread": np.concatenate([np.full(len(r.samples), k) for k, r in enumerate(records)]),
         "thread_seq": np.concatenate([np.arange(len(r.samples)) for r in records]),
+        "scales": np.concatenate([np.ones(len(r.samples)) if r.scales is None else r.scales
+                                  for r in records]),
     }
 
 
@@ -120,7 +123,7 @@ def merge(records: list[WorkerRecord], w0: np.ndarray, w_final: np.ndarray,
         "completed": completed,
         "overwrote": np.zeros(len(rel)), "delay": np.zeros(len(rel)),
         "error_norm": np.zeros(len(rel)), "dropped": np.zeros(len(rel), dtype=bool),
-        "lr_scale": np.ones(len(rel)), "measured": np.zeros(len(rel), dtype=bool),
+        "lr_scale": data["scales"], "measured": np.zeros(len(rel), dtype=bool),
         "s_norm": nan, "g_norm": nan, "delta_norm": nan, "delta_dot": nan,
     }
     arrays: dict[str, np.ndarray] = {
@@ -133,7 +136,7 @@ def merge(records: list[WorkerRecord], w0: np.ndarray, w_final: np.ndarray,
                         measure.every, store_end[order], measure.steps,
                         arrays["thread"], arrays["thread_seq"], data["samples"][order],
                         arrays["write_end"], measure.reads, rel[order],
-                        curve_points=measure.curve_points)
+                        curve_points=measure.curve_points, scales=arrays["lr_scale"])
         if built.measurements:  # a run stopped before its first update has none
             for name, values in zip(("measured", "s_norm", "g_norm", "delta_norm",
                                      "delta_dot"), zip(*built.measurements, strict=True),
@@ -155,14 +158,17 @@ def merge(records: list[WorkerRecord], w0: np.ndarray, w_final: np.ndarray,
                 "view": "real memory" if measure.reads is not None else "lossless rebuild",
                 "quiet_reads": built.quiet_reads}
     t, time, f, dist2 = (np.asarray(c) for c in zip(*curve, strict=True))
+    # Gradients computed by completion t: t, or in rounds those of the first t rounds.
+    n = t if not rounds else np.searchsorted(np.sort(arrays["step"]), t, side="right")
     builder = TraceBuilder()
-    builder.extend(arrays, *_ops(rel[order], copy_end[order], store_end[order]))
+    builder.extend(arrays, *_ops(rel[order], copy_end[order], store_end[order],
+                                 write_start[order]))
     return builder.build(scenario_toml, w0, w_final,
                          {"curve_t": t.astype(np.int64),
                           "curve_time": np.maximum(time - origin, 0).astype(np.int64),
                           "curve_loss": f.astype(np.float64),
                           "curve_dist2": dist2.astype(np.float64),
-                          "curve_n": t.astype(np.int64)},
+                          "curve_n": np.asarray(n, dtype=np.int64)},
                          extras=extras, source="real"), loss
 
 
@@ -177,6 +183,11 @@ def _rounds(rel: np.ndarray, write_start: np.ndarray, seq: np.ndarray,
     ends[seq[writes]] = rel[writes, 3]
     members = ~writes & (ends[seq] >= 0)
     rel[members, 3] = write_start[members] = ends[seq[members]]
+    # The writer's write begins when the last member's gradient ended (its own wait at the
+    # barrier is not writing: the simulator's writer is the last to arrive and never waits).
+    last = np.full(ends.size, -1, dtype=np.int64)
+    np.maximum.at(last, seq, rel[:, 2])
+    write_start[writes] = last[seq[writes]]
     return writes, seq + 1
 
 
@@ -192,13 +203,14 @@ def _durations(start: np.ndarray, ends: np.ndarray) -> np.ndarray:
 
 
 def _ops(rel: np.ndarray, copy_end: np.ndarray, store_end: np.ndarray,
-         ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+         write_start: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """Each update's count of block operations and the operations (touched blocks, in block
-    order): the block, its read and write durations, when its copy and store ended (a block
-    a round's member copied and did not store: no write, 0)."""
+    order): the block, its read and write durations (from the read's and the write's start),
+    when its copy and store ended (a block a round's member copied and did not store: no
+    write, 0)."""
     touched = copy_end >= 0
     rows, blocks = np.nonzero(touched)
-    written = np.where(store_end >= 0, _durations(rel[:, 2], store_end), 0)
+    written = np.where(store_end >= 0, _durations(write_start, store_end), 0)
     return touched.sum(axis=1), {
         "block": blocks, "read_ns": _durations(rel[:, 0], copy_end)[rows, blocks],
         "write_ns": written[rows, blocks],

@@ -79,6 +79,7 @@ class Buffers:
     message: Any
     steps: Any = None  # measure mode: (workers, quota, d) float64, lr·g as subtracted
     reads: Any = None  # measure mode, dense problems: (workers, quota, d) the read copies
+    scales: Any = None  # update rules: (workers, quota) float64, the factor on lr applied
     ready: Any = None  # ready[r] = 1 once worker r is set up and waits for the start
     control: Any = None  # the parent's signals: control[START], control[RELEASE]
 
@@ -116,13 +117,21 @@ class Rounds:
 _SPINS, _NAP_S = 50, 20e-6
 
 
-def _await(flags: np.ndarray, upto: int, count: int, nap: bool) -> None:
-    """Wait until ``flags[:upto]`` are all at least ``count``."""
+def _await(flags: np.ndarray, upto: int, count: int, nap: bool,
+           gone: Callable[[], bool]) -> None:
+    """Wait until ``flags[:upto]`` are all at least ``count``; every 1,000 looks, and at each
+    nap, ask whether the parent is gone (where the kernel does not kill the worker with it).
+
+    Raises:
+        SystemExit: the parent is gone."""
     spins = 0
     while flags[:upto].min() < count:
         spins += 1
-        if nap and spins > _SPINS:
-            time.sleep(_NAP_S)
+        if (nap and spins > _SPINS) or spins % 1000 == 0:
+            if gone():
+                raise SystemExit("the parent is gone")
+            if nap and spins > _SPINS:
+                time.sleep(_NAP_S)
 
 
 def worker_main(spec: WorkerSpec, buffers: Buffers, lock: Any,
@@ -321,28 +330,73 @@ def record_failure(buffers: Buffers, rank: int, err: BaseException) -> None:
 
 def _round_write(rounds: Rounds, flags: np.ndarray, slots: np.ndarray, rank: int, i: int,
                  step: np.ndarray, w: np.ndarray, ops: list[Any],
-                 stored: Callable[[int], None]) -> None:
-    """The write phase of synchronous round ``i`` (:class:`Rounds`)."""
+                 stored: Callable[[int], None],
+                 schedule: Callable[[int], float] | None, gone: Callable[[], bool]) -> float:
+    """The write phase of synchronous round ``i`` (:class:`Rounds`); the factor on lr the
+    round's step took (``schedule``: the learning-rate schedule's, at completion i + 1, on
+    the writer's row, as the simulator records it)."""
     from simulator.rules import mean_step
 
     slots[rank] = step
     flags[rank] = i + 1
+    scale = 1.0
     if rank == 0:  # the writer, once every member has arrived
         members = len(slots) if i < rounds.full else rounds.last
-        _await(flags, members, i + 1, rounds.nap)
+        _await(flags, members, i + 1, rounds.nap, gone)
         mean = mean_step(list(slots[:members]))
+        if schedule is not None:
+            scale = schedule(i + 1)
+            mean = mean * scale
         for block, index, _, _ in ops:
             w[index] -= mean[index]
             stored(block)
         flags[-1] = i + 1
     else:
-        _await(flags[-1:], 1, i + 1, rounds.nap)
+        _await(flags[-1:], 1, i + 1, rounds.nap, gone)
+    return scale
+
+
+def _write_rule(scenario: Any, w: np.ndarray, progress: np.ndarray,
+                ) -> Callable[[np.ndarray, Any, np.ndarray, int], tuple[np.ndarray, float]] | None:
+    """The update rule a lock-free worker applies when its write begins, as the simulator's
+    protocol and schedule do (``simulator.rules``), or None (plain lr·g): ``staleness_lr``
+    divides lr by τ, the updates completed since its read began (counted in ``progress``,
+    where each update is counted once its write ended); ``dcasgd`` corrects the step towards
+    the vector as it is now (read again, over the gradient's support); a learning-rate
+    schedule then scales it by its factor at m = the completions counted + 1. The rule maps
+    (step, support, read copy, completions counted at the read's start) to (the step to
+    write, its factor on lr)."""
+    from simulator.rules import LR_FACTORS, dc_step, staleness_scale
+
+    protocol, lr, lam = scenario.run.protocol, scenario.run.lr, scenario.dcasgd.lam
+    schedule = LR_FACTORS.get(scenario.run.lr_schedule)
+    if protocol not in ("staleness_lr", "dcasgd") and schedule is None:
+        return None
+
+    def rule(step: np.ndarray, support: Any, local: np.ndarray,
+             seen: int) -> tuple[np.ndarray, float]:
+        completed, scale = int(progress.sum()), 1.0
+        if protocol == "staleness_lr":
+            scale = staleness_scale(completed - seen)
+            if scale != 1.0:
+                step *= scale
+        elif protocol == "dcasgd":
+            where = slice(None) if support is None else support
+            step = dc_step(step, lr, w[where], local[where], lam).astype(w.dtype, copy=False)
+        if schedule is not None:
+            factor = schedule(completed + 1)
+            step = step * factor
+            scale *= factor
+        return step, scale
+
+    return rule
 
 
 def _loop(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any,
           gone: Callable[[], bool], rounds: Rounds | None = None) -> None:
     from simulator.memory import block_bounds, block_ops
     from simulator.problems import make_problem
+    from simulator.rules import LR_FACTORS
     from simulator.scenario import scenario_from_dict
     from simulator.timing import sample_stream
 
@@ -377,6 +431,11 @@ def _loop(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any,
     dense = block_ops(bounds, None) if whole else None
     slots, flags = (None, None) if rounds is None else (rounds.slots.numpy(),
                                                         rounds.flags.numpy())
+    progress = buffers.progress.numpy()
+    rule = None if rounds is not None else _write_rule(scenario, w, progress)
+    schedule = LR_FACTORS.get(scenario.run.lr_schedule)
+    scales = None if buffers.scales is None else buffers.scales[spec.rank].numpy()
+    seen, scale = 0, 1.0
     problem.grad(local, 0)  # warm up (first-call costs stay out of the timed loop)
     touch_records(buffers, spec.rank)
     pin(spec)
@@ -387,6 +446,8 @@ def _loop(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any,
         if lock is not None:
             lock.acquire()
         start()
+        if rule is not None:
+            seen = int(progress.sum())
         for block, index, _, _ in ops:
             local[index] = w[index]
             if stamp:
@@ -399,9 +460,11 @@ def _loop(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any,
         else:
             step = np.multiply(step, lr, out=rounded[: step.size], casting="same_kind")
         grad_end()
+        if rule is not None:
+            step, scale = rule(step, support, local, seen)
         if rounds is not None:
-            _round_write(rounds, flags, slots, spec.rank, i, step, w,  # type: ignore[arg-type]
-                         ops, stored)
+            scale = _round_write(rounds, flags, slots, spec.rank, i,  # type: ignore[arg-type]
+                                 step, w, ops, stored, schedule, gone)
         else:
             for block, index, values, _ in ops:
                 if block_locks is None:
@@ -414,7 +477,9 @@ def _loop(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any,
         written()
         if lock is not None:
             lock.release()
-        if steps is not None:  # outside the timed phases
+        if scales is not None:  # outside the timed phases
+            scales[i] = scale
+        if steps is not None:
             steps[i, slice(None) if support is None else support] = step
             if reads is not None:
                 reads[i] = local

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-__all__ = ["LR_FACTORS", "dc_compensate", "dc_correction", "mean_step", "retirements",
+__all__ = ["LR_FACTORS", "dc_compensate", "dc_correction", "dc_step", "mean_step", "retirements",
            "round_quota", "round_significand", "staleness_scale", "too_stale", "warmed_up"]
 
 #: Learning-rate schedules (``run.lr_schedule``) as the factor on lr of the m-th update
@@ -40,6 +40,13 @@ def dc_compensate(g: np.ndarray, w_now: np.ndarray, w_read: np.ndarray,
                   lam: float) -> np.ndarray:
     """Delay-compensated gradient: g + λ·g⊙g⊙(w_now − w_read)."""
     return g + dc_correction(g, w_now, w_read, lam)
+
+
+def dc_step(step: np.ndarray, lr: float, w_now: np.ndarray, w_read: np.ndarray,
+            lam: float) -> np.ndarray:
+    """The step of DC-ASGD from the plain step lr·g: lr·(g + λ·g⊙g⊙(w_now − w_read)), which
+    is ``step`` itself wherever w_now equals w_read."""
+    return step + lr * dc_correction(step / lr, w_now, w_read, lam)
 
 
 def mean_step(steps: Sequence[np.ndarray]) -> np.ndarray:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from simulator.protocols.base import Protocol
-from simulator.rules import dc_correction
+from simulator.rules import dc_step
 
 if TYPE_CHECKING:
     from simulator.engine import Engine
@@ -37,5 +37,4 @@ class DCASGD(Protocol):
              for op in u.ops])
         w_now = engine.mem.w if coords is None else engine.mem.w[coords]
         w_read = local if coords is None else local[coords]
-        # lr·(g + λ·g⊙g⊙Δ) with lr·g = step: nothing changes where w_now equals w_read.
-        return step + lr * dc_correction(step / lr, w_now, w_read, lam)
+        return dc_step(step, lr, w_now, w_read, lam)
