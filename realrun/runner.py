@@ -43,6 +43,7 @@ from realrun.worker import (
     STATUS_FAILED,
     Buffers,
     Rounds,
+    Turns,
     WorkerSpec,
     one_thread_env,
     pinned_cpus,
@@ -57,7 +58,8 @@ from simulator.trace import Trace
 
 __all__ = ["MODES", "RealRun", "run_real"]
 
-MODES = ("lockfree", "blocklock", "locked", "serial", "minibatch", "staleness_lr", "dcasgd")
+MODES = ("lockfree", "blocklock", "locked", "serial", "minibatch", "roundrobin", "staleness_lr",
+         "dcasgd")
 DTYPES = ("float32", "float64")
 LAUNCHES = ("processes", "threads")
 # Measured with bench/gpu.py (bench/README.md): the faster way to run CUDA workers.
@@ -297,11 +299,12 @@ def run_real(scenario: Scenario, workers: int, mode: str, dtype: str = "float32"
                             f"--device {device}")
     _check_device(device)
     named = ("run.protocol", mode) if scenario.run.protocol == mode else ("--mode", mode)
-    if mode == "minibatch" and (device != "cpu" or launch == "threads"):
-        raise ScenarioError(*named, "synchronous rounds run on CPU worker processes (not "
+    if mode in ("minibatch", "roundrobin") and (device != "cpu" or launch == "threads"):
+        raise ScenarioError(*named, "rounds and turns run on CPU worker processes (not "
                             "--launch threads or CUDA, yet)")
-    if mode == "minibatch" and platform.machine().lower() not in ("x86_64", "amd64"):
-        raise ScenarioError(*named, "the rounds' barrier relies on x86-64's store order; "
+    if mode in ("minibatch", "roundrobin") and platform.machine().lower() not in ("x86_64",
+                                                                                  "amd64"):
+        raise ScenarioError(*named, "the barrier and the turns rely on x86-64's store order; "
                             f"not on {platform.machine()}")
     if torch_path_of(device, launch) and mode in RULE_MODES:
         raise ScenarioError(*named, "update rules run on CPU worker processes (not --launch "
@@ -339,9 +342,12 @@ def run_real(scenario: Scenario, workers: int, mode: str, dtype: str = "float32"
     buffers.w.copy_(torch.as_tensor(problem.initial()))
     toml = scenario_to_toml(scenario)
     rounds = _rounds(workers, quotas, buffers.w) if mode == "minibatch" else None
+    turns = (Turns(torch.zeros(1, dtype=torch.int64).share_memory_(),
+                   min(workers, scenario.run.updates), workers > _cpus())
+             if mode == "roundrobin" else None)
     processes = _workers(buffers, workers, quotas, toml, mode, scenario.run.blocks,
                          device if torch_path else None, launch, cpus, problem.fingerprint(),
-                         rounds)
+                         rounds, turns)
     called = started = time.monotonic()
     snapshots: list[tuple[int, int, np.ndarray]] = []
     probes: tuple[dict[str, Any] | None, ...] = (None, None, None)
@@ -425,27 +431,34 @@ def _post_start(buffers: Buffers, snapshots: list[tuple[int, int, np.ndarray]]) 
     return start / 1e9
 
 
-def _rounds(workers: int, quotas: list[int], w: Any) -> Rounds:
-    """The flags and step slots of synchronous rounds (``realrun.worker.Rounds``)."""
+def _cpus() -> int:
+    """The CPUs this process may run on."""
     import os
 
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def _rounds(workers: int, quotas: list[int], w: Any) -> Rounds:
+    """The flags and step slots of synchronous rounds (``realrun.worker.Rounds``)."""
     import torch
 
     full = min(quotas)
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return Rounds(torch.zeros(workers + 1, dtype=torch.int64).share_memory_(),
                   torch.zeros(workers, w.numel(), dtype=w.dtype).share_memory_(), full,
-                  sum(q > full for q in quotas), workers > (cpus or 1))
+                  sum(q > full for q in quotas), workers > _cpus())
 
 
 def _workers(buffers: Buffers, workers: int, quotas: list[int], toml: str, mode: str,
              blocks: int, device: str | None, launch: str,
              cpus: list[int] | None, fingerprint: str = "",
-             rounds: Rounds | None = None) -> list[Any]:
+             rounds: Rounds | None = None, turns: Turns | None = None) -> list[Any]:
     """The worker processes or threads, not started; each carries the locks as ``.shared``.
     ``device`` None: the numpy worker; else the torch worker on that device. ``cpus``: worker
     r pins itself to ``cpus[r]``. They start and exit on the flags in ``buffers.control``.
-    ``rounds``: the synchronous rounds of ``--mode minibatch`` (numpy worker processes)."""
+    ``rounds``, ``turns``: the synchronous rounds of ``--mode minibatch``, the turn order of
+    ``--mode roundrobin`` (numpy worker processes)."""
     import threading
 
     import torch.multiprocessing as mp
@@ -471,14 +484,14 @@ def _workers(buffers: Buffers, workers: int, quotas: list[int], toml: str, mode:
                        else None)
         made = []
         for spec in specs:
-            target, args = ((worker_main, (spec, buffers, lock, block_locks, rounds))
+            target, args = ((worker_main, (spec, buffers, lock, block_locks, rounds, turns))
                             if device is None else
                             (torch_worker_main, (spec, buffers, lock, block_locks, device)))
             made.append(context.Process(target=target, args=args, daemon=True))
     for worker in made:
         # Process.start() drops its arguments; the parent must keep the locks alive until the
         # workers end (a collected semaphore is unlinked before a spawned child can open it).
-        worker.shared = (lock, block_locks, rounds)
+        worker.shared = (lock, block_locks, rounds, turns)
     return made
 
 

@@ -31,7 +31,8 @@ __all__ = ["BACKENDS", "PROTOCOL_OF", "RULE_MODES", "SUPPORT", "recorded", "refu
 BACKENDS = ("shm", "cuda", "ps")
 #: The simulator protocol each real mode runs (``ps`` runs ``paramserver``).
 PROTOCOL_OF = {"lockfree": "lockfree", "blocklock": "lockfree", "locked": "locked",
-               "serial": "serial", "minibatch": "minibatch", "staleness_lr": "staleness_lr",
+               "serial": "serial", "minibatch": "minibatch", "roundrobin": "roundrobin",
+               "staleness_lr": "staleness_lr",
                "dcasgd": "dcasgd", "paramserver": "paramserver"}
 #: Lock-free modes whose workers apply an update rule when their write begins.
 RULE_MODES = ("staleness_lr", "dcasgd")
@@ -48,8 +49,8 @@ _NO_INJECTION = "real runs inject no delays, errors or faults yet (simulate it)"
 SUPPORT: tuple[tuple[str, str, str], ...] = (
     ("`name`, `problem.*`", "honoured", "honoured"),
     ("`run.protocol`", "recorded: the mode's (`lockfree`, `locked`, `serial`; on CPU worker "
-     "processes also `minibatch`, without `--measure`, and `staleness_lr`, `dcasgd`); another "
-     "non-default one refused",
+     "processes also `minibatch`, without `--measure`, `roundrobin`, `staleness_lr` and "
+     "`dcasgd`); another non-default one refused",
      "recorded: `paramserver`; another non-default one refused"),
     ("`run.threads`", "recorded: `--workers`", "recorded: `--workers` (trainers)"),
     ("`run.updates`", "honoured: gradients computed (one per update), T split evenly",
@@ -64,7 +65,8 @@ SUPPORT: tuple[tuple[str, str, str], ...] = (
      "a worker sees completed when its write begins, + 1 (a round's: exact); refused on CUDA "
      "and threads", "refused unless `constant`"),
     ("`run.split`", "recorded: `even`", "refused unless `shared`"),
-    ("`[hardware.sweeping_reads]`", "recorded: set (dense), unset (sparse, `minibatch`); a "
+    ("`[hardware.sweeping_reads]`", "recorded: set (dense), unset (sparse, `minibatch`, "
+     "`roundrobin`); a "
      "`lead` or `tail` other than 0 refused", "recorded: unset; as for shm"),
     ("`run.store_grain`, `run.placement`", "refused unless default", "refused unless default"),
     ("`[timing]`, `[[devices]]` (but a device's `name`), the other `[hardware.*]` tables",
@@ -185,8 +187,10 @@ def recorded(scenario: Scenario, mode: str, workers: int, sparse: bool,
     if mode != "paramserver":
         overrides += ["run.split=even", "run.write_mode="
                       f"{'atomic_add' if mode in ATOMIC_MODES else 'load_store'}"]
-    # No read overlaps a write in rounds (the barrier), nor a pull a push on the server.
-    sweeps = (SweepingReadsSpec() if mode not in ("paramserver", *ROUND_MODES) and not sparse
+    # No read overlaps a write in rounds (the barrier) or turns, nor a pull a push on the
+    # server.
+    sweeps = (SweepingReadsSpec()
+              if mode not in ("paramserver", "roundrobin", *ROUND_MODES) and not sparse
               else None)
     scenario = with_overrides(scenario, overrides)
     return dataclasses.replace(scenario, hardware=dataclasses.replace(

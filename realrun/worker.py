@@ -29,7 +29,7 @@ import numpy as np
 from realrun.records import recorder
 
 __all__ = ["ONE_THREAD_ENV", "RELEASE", "START", "STATUS_DONE", "STATUS_FAILED",
-           "STATUS_RUNNING", "Buffers", "Rounds", "WorkerSpec", "another_problem",
+           "STATUS_RUNNING", "Buffers", "Rounds", "Turns", "WorkerSpec", "another_problem",
            "die_with_parent", "one_thread_each", "one_thread_env", "pin", "pinned_cpus",
            "record_failure", "touch_records", "wait_for_release", "wait_for_start",
            "worker_main"]
@@ -110,6 +110,21 @@ class Rounds:
     nap: bool  # more workers than CPUs: a waiting worker sleeps between looks
 
 
+@dataclass(frozen=True)
+class Turns:
+    """Delayed SGD in a fixed turn order on real workers (``--mode roundrobin``, Langford et
+    al. 2009, as the simulator's ``roundrobin`` with ``split = even``). One turn counter in
+    shared memory, raised only by the worker holding the turn: turns 0..a−1 are the a active
+    workers' first reads (a = min(k, T)), then worker r's i-th write is turn a + i·a + r and
+    holds on through the read of its next update (a worker with no next update leaves the
+    rotation), so every read is the vector right after the reader's own write and, from the
+    a-th update on, every gradient is applied a − 1 updates late."""
+
+    turn: Any  # (1,) int64 shared: the turns passed
+    active: int  # a: the workers that make updates
+    nap: bool  # more workers than CPUs: a waiting worker sleeps between looks
+
+
 # With more workers than CPUs a waiting worker looks this many times (about 1 µs each),
 # then sleeps between looks, so that the others can compute; with a CPU each, it only looks
 # (a sleep's wake-up took 60-80 µs: a round of the 105,004-parameter MLP's two workers took
@@ -135,7 +150,8 @@ def _await(flags: np.ndarray, upto: int, count: int, nap: bool,
 
 
 def worker_main(spec: WorkerSpec, buffers: Buffers, lock: Any,
-                block_locks: Any = None, rounds: Rounds | None = None) -> None:
+                block_locks: Any = None, rounds: Rounds | None = None,
+                turns: Turns | None = None) -> None:
     """Set up, wait for the common start (:func:`wait_for_start`), run ``spec.quota``
     updates, then wait (asleep) for the release (:func:`wait_for_release`), which the parent
     gives once every worker is done; on any exception record it and exit with status 1.
@@ -151,7 +167,7 @@ def worker_main(spec: WorkerSpec, buffers: Buffers, lock: Any,
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     gone = die_with_parent()
     try:
-        _loop(spec, buffers, lock, block_locks, gone, rounds)
+        _loop(spec, buffers, lock, block_locks, gone, rounds, turns)
         buffers.status[spec.rank] = STATUS_DONE
         wait_for_release(buffers, gone)
     except BaseException as err:  # every failure, SystemExit included, must reach the parent
@@ -393,7 +409,8 @@ def _write_rule(scenario: Any, w: np.ndarray, progress: np.ndarray,
 
 
 def _loop(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any,
-          gone: Callable[[], bool], rounds: Rounds | None = None) -> None:
+          gone: Callable[[], bool], rounds: Rounds | None = None,
+          turns: Turns | None = None) -> None:
     from simulator.memory import block_bounds, block_ops
     from simulator.problems import make_problem
     from simulator.rules import LR_FACTORS
@@ -436,6 +453,7 @@ def _loop(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any,
     schedule = LR_FACTORS.get(scenario.run.lr_schedule)
     scales = None if buffers.scales is None else buffers.scales[spec.rank].numpy()
     seen, scale = 0, 1.0
+    turn = None if turns is None else turns.turn.numpy()
     problem.grad(local, 0)  # warm up (first-call costs stay out of the timed loop)
     touch_records(buffers, spec.rank)
     pin(spec)
@@ -445,6 +463,8 @@ def _loop(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any,
         ops = dense if dense is not None else block_ops(bounds, problem.support(sample))
         if lock is not None:
             lock.acquire()
+        if turn is not None and i == 0:  # later reads hold the turn of the write before
+            _await(turn, 1, spec.rank, turns.nap, gone)  # type: ignore[union-attr]
         start()
         if rule is not None:
             seen = int(progress.sum())
@@ -453,6 +473,8 @@ def _loop(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any,
             if stamp:
                 copied(block)
         read_end()
+        if turn is not None:
+            turn[0] += 1  # passed on by its only holder
         step, support = ((problem.dense_grad(local, sample), None) if rounds is not None
                          else problem.grad(local, sample))
         if rounded is None:
@@ -460,6 +482,9 @@ def _loop(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any,
         else:
             step = np.multiply(step, lr, out=rounded[: step.size], casting="same_kind")
         grad_end()
+        if turn is not None:
+            a = turns.active  # type: ignore[union-attr]
+            _await(turn, 1, a + i * a + spec.rank, turns.nap, gone)  # type: ignore[union-attr]
         if rule is not None:
             step, scale = rule(step, support, local, seen)
         if rounds is not None:
@@ -475,6 +500,8 @@ def _loop(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any,
                 if stamp:
                     stored(block)
         written()
+        if turn is not None and i == spec.quota - 1:
+            turn[0] += 1  # no next read: it leaves the rotation
         if lock is not None:
             lock.release()
         if scales is not None:  # outside the timed phases

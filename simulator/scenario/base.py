@@ -18,8 +18,8 @@ LR_SCHEDULES = ("constant", "inv_sqrt", "inverse")
 SPLITS = ("shared", "even")
 PLACEMENTS = ("round_robin", "shuffled")
 # Protocols without rounds or turns: their threads may stop at a fixed quota each.
-EVEN_SPLIT_PROTOCOLS = ("serial", "locked", "lockfree", "minibatch", "staleness_lr",
-                        "dcasgd")
+EVEN_SPLIT_PROTOCOLS = ("serial", "locked", "lockfree", "minibatch", "roundrobin",
+                        "staleness_lr", "dcasgd")
 SLICINGS = ("global", "per_core")
 PHASES = ("read", "grad", "write", "idle")  # in the order of simulator.timing.READ ... IDLE
 # Real data that a package ships, and the problem each serves.

@@ -240,7 +240,8 @@ class RunSpec:
     ``split`` says who makes the T updates: ``shared`` — any thread starts the next one until
     T have started (fast threads make more); ``even`` — thread i makes T // k updates, one
     more for i < T mod k, as the real backend's workers do (a slow thread then finishes last;
-    under ``minibatch`` the last round takes the threads with one more, as real rounds do).
+    under ``minibatch`` the last round takes the threads with one more, as real rounds do;
+    under ``roundrobin`` a thread with no updates left leaves the rotation).
 
     ``store_grain`` (``load_store`` writes): 0 — a block's write is one read-modify-write,
     loaded at its start and stored at its end, so a store landing in between loses the whole

@@ -36,7 +36,7 @@ REFUSED = [
     ((), "inject.deaths=[{thread=0, at=5}]", "inject.deaths = [{'thread': 0", "shm"),
     ((), "inject.error=noise", "inject.error = 'noise'", "shm"),
     ((), "inject.write_bits=8", "inject.write_bits = 8", "shm"),
-    ((), "run.protocol=roundrobin", "run.protocol = 'roundrobin'", "shm"),
+    (("--mode", "lockfree"), "run.protocol=roundrobin", "run.protocol = 'roundrobin'", "shm"),
     (("--mode", "lockfree"), "run.protocol=minibatch", "run.protocol = 'minibatch'", "shm"),
     (("--mode", "lockfree"), "run.protocol=staleness_lr", "run.protocol = 'staleness_lr'",
      "shm"),

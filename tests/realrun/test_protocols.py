@@ -1,5 +1,6 @@
-"""Synchronous minibatch SGD on real worker processes (``--mode minibatch``): a barrier per
-round, the last worker to arrive subtracting the round's mean step."""
+"""Protocols with rounds or turns on real worker processes: synchronous minibatch SGD
+(``--mode minibatch``: a barrier per round, worker 0 subtracting the round's mean step) and
+delayed SGD in a fixed turn order (``--mode roundrobin``)."""
 
 import json
 
@@ -83,3 +84,22 @@ def test_the_command_line_runs_the_scenarios_protocol(tmp_path, capsys):
                  *sets]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "run.protocol = 'minibatch'" in err[0], err
+
+
+@pytest.mark.parametrize("workers, updates, blocks", [(2, 400, 1), (3, 401, 3), (4, 3, 1)])
+def test_real_turns_are_the_simulators_turns(workers, updates, blocks):
+    """float64: reads and writes in one fixed order leave nothing to chance, so the real run
+    is the simulator's roundrobin with ``split = even`` to the bit: the final vector, every
+    update's staleness (k − 1 from the k-th update on; fewer updates than workers: the
+    active ones) and, measured, its gradient error."""
+    s = scenario("problem.dim=40", "problem.n_samples=200", "run.protocol=roundrobin",
+                 f"run.updates={updates}", f"run.blocks={blocks}")
+    real = run_real(s, workers, "roundrobin", dtype="float64", timeout=120, measure_every=1)
+    assert real.failure is None and len(real.trace) == updates
+    simulated = simulate(real.scenario)
+    assert np.array_equal(real.trace["w_final"], simulated["w_final"])
+    for name in ("thread", "sample", "staleness", "step"):
+        assert np.array_equal(real.trace[name], simulated[name]), name
+    np.testing.assert_allclose(real.trace["delta_norm"], simulated["delta_norm"], rtol=1e-12)
+    active = min(workers, updates)
+    assert (real.trace["staleness"][active - 1:] == active - 1).all()
