@@ -381,7 +381,8 @@ def measure_cost(quick: bool, seeds: int) -> None:
               f"{tenth:.2f} s | {megabytes:,.0f} MB |", flush=True)
 
 
-PROTOCOL_CONFIGS = [("serial", 1), ("lockfree", 2), ("minibatch", 1), ("minibatch", 2)]
+PROTOCOL_CONFIGS = [("serial", 1), ("lockfree", 2), ("minibatch", 1), ("minibatch", 2),
+                    ("roundrobin", 2), ("staleness_lr", 2), ("dcasgd", 2)]
 
 
 def round_us(trace: Trace) -> tuple[float, float]:

@@ -29,6 +29,7 @@ import numpy as np
 
 from simulator.metrics import overlaps, write_pairs
 from simulator.problems import Problem
+from simulator.rules import round_significand
 from simulator.view import Measurement, SerializedView
 
 __all__ = ["Rebuild", "convoy_losses", "quiet_reads", "read_sweeps", "rebuild"]
@@ -174,7 +175,7 @@ def rebuild(problem: Problem, lr: float, bounds: list[int], dtype: str, every: i
             store_end: np.ndarray, steps: list[np.ndarray], thread: np.ndarray,
             seq: np.ndarray, samples: np.ndarray, write_end: np.ndarray,
             reads: list[np.ndarray] | None = None, times: np.ndarray | None = None, *,
-            curve_points: int, scales: np.ndarray | None = None) -> Rebuild:
+            curve_points: int, scales: np.ndarray | None = None, bits: int = 0) -> Rebuild:
     """Replay the block stores of every row (rows in completion order).
 
     ``store_end[i, b]`` is when row i's store to block b finished (−1: untouched), ``steps[r]``
@@ -184,7 +185,8 @@ def rebuild(problem: Problem, lr: float, bounds: list[int], dtype: str, every: i
     end), the view follows the real memory's losses (module docstring). The loss curve is
     taken at the simulator's checkpoints for ``curve_points`` (``metrics.curve_points``).
     ``scales[i]``: the factor on lr row i's step took (an update rule's; the view divides it
-    out, as the simulator's does).
+    out, as the simulator's does). ``bits``: each block store's values rounded to that many
+    significand bits (``inject.write_bits``), as the workers stored them.
     """
     n = len(store_end)
     w = problem.initial().astype(dtype)
@@ -207,6 +209,7 @@ def rebuild(problem: Problem, lr: float, bounds: list[int], dtype: str, every: i
             loss = reads[int(thread[quiet])][int(seq[quiet])] - w.astype(np.float64)
         lo, hi = bounds[block], bounds[block + 1]
         w[lo:hi] -= steps[int(thread[row])][int(seq[row]), lo:hi]
+        round_significand(w[lo:hi], bits)
         remaining[row] -= 1
         if remaining[row] == 0:
             completed += 1

@@ -112,7 +112,8 @@ def _quotas(updates: int, workers: int) -> list[int]:
 
 
 def _allocate(dim: int, blocks: int, workers: int, quota: int, dtype: str, measure: bool,
-              w_device: str, torch_path: bool, dense: bool, scaled: bool = False) -> Buffers:
+              w_device: str, torch_path: bool, dense: bool, scaled: bool = False,
+              injected: bool = False) -> Buffers:
     """Shared buffers; ``w`` on ``w_device``. Workers' steps are in the run's dtype (the
     very values they subtracted: the numpy worker rounds its float64 step to w's dtype before
     the write, the torch worker computes in it). In measure mode the numpy worker on a dense
@@ -137,6 +138,7 @@ def _allocate(dim: int, blocks: int, workers: int, quota: int, dtype: str, measu
         reads=(shared(workers, quota, dim, kind=torch.float64)
                if measure and dense and not torch_path else None),
         scales=shared(workers, quota, kind=torch.float64) if scaled else None,
+        injected=shared(workers, quota, 2, kind=torch.float64) if injected else None,
         ready=shared(workers), control=shared(2))
 
 
@@ -309,6 +311,9 @@ def run_real(scenario: Scenario, workers: int, mode: str, dtype: str = "float32"
     if torch_path_of(device, launch) and mode in RULE_MODES:
         raise ScenarioError(*named, "update rules run on CPU worker processes (not --launch "
                             "threads or CUDA, yet)")
+    if torch_path_of(device, launch) and scenario.inject.active:
+        raise ScenarioError("inject", "on", "injections run on CPU worker processes (not "
+                            "--launch threads or CUDA, yet)")
     if torch_path_of(device, launch) and scenario.run.lr_schedule != "constant":
         raise ScenarioError("run.lr_schedule", scenario.run.lr_schedule, "schedules run on "
                             "CPU worker processes (not --launch threads or CUDA, yet)")
@@ -338,7 +343,8 @@ def run_real(scenario: Scenario, workers: int, mode: str, dtype: str = "float32"
     cpus = pinned_cpus(workers) if pin else None
     buffers = _allocate(problem.dim, scenario.run.blocks, workers, max(quotas), dtype,
                         measure_every is not None, device if pattern == "shared" else "cpu",
-                        torch_path, problem.support(0) is None, scaled(scenario))
+                        torch_path, problem.support(0) is None, scaled(scenario),
+                        scenario.inject.active)
     buffers.w.copy_(torch.as_tensor(problem.initial()))
     toml = scenario_to_toml(scenario)
     rounds = _rounds(workers, quotas, buffers.w) if mode == "minibatch" else None
@@ -574,7 +580,9 @@ def _trace(buffers: Buffers, workers: int, scenario: Scenario, problem: Problem,
         records.append(WorkerRecord(times, copy_end, store_end,
                                     buffers.samples[rank, :n].numpy().copy(),
                                     None if buffers.scales is None
-                                    else buffers.scales[rank, :n].numpy().copy()))
+                                    else buffers.scales[rank, :n].numpy().copy(),
+                                    None if buffers.injected is None
+                                    else buffers.injected[rank, :n].numpy().copy()))
     w_final = _host(buffers.w)
     done = (sum(len(r.samples) for r in records) if rounds is None
             else int(rounds.flags[-1]))  # completions
@@ -583,7 +591,7 @@ def _trace(buffers: Buffers, workers: int, scenario: Scenario, problem: Problem,
              for t, stamp, w in points]
     measure = None if measure_every is None else Measure(
         problem, scenario.run.lr, block_bounds(problem.dim, scenario.run.blocks), dtype,
-        measure_every, scenario.metrics.curve_points,
+        measure_every, scenario.metrics.curve_points, scenario.inject.write_bits,
         [buffers.steps[r].numpy() for r in range(workers)],
         None if buffers.reads is None else [buffers.reads[r].numpy() for r in range(workers)])
     return merge(records, problem.initial(), w_final, curve, toml, measure, rounds is not None)

@@ -78,8 +78,11 @@ SUPPORT: tuple[tuple[str, str, str], ...] = (
      "without: copies of the live vector, at most one per 10 ms poll, each once T / "
      "`curve_points` more updates were counted and only if none was counted during the copy",
      "honoured"),
-    ("`[inject]`", "refused when it injects anything (a field that injects nothing, "
-     "such as `error_bound` without an `error`, is accepted)", "as for shm"),
+    ("`[inject]`", "`error` (with `error_bound`, `error_relative`), `drop` and `write_bits` "
+     "honoured on CPU worker processes (not `minibatch`): the simulator's injector draws "
+     "them, so each update's error and drop are the simulator's thread's; delays, "
+     "stragglers, pauses and deaths refused (a field that injects nothing, such as "
+     "`error_bound` without an `error`, is accepted)", "refused when it injects anything"),
     ("`[paramserver]`", "inert", "honoured"),
     ("`[dcasgd]`", "honoured with `dcasgd`, else inert", "inert"),
     ("`[admm]`", "inert", "inert"),
@@ -134,7 +137,7 @@ def _unsupported(scenario: Scenario, backend: str, mode: str) -> tuple[str, Any,
             or _changed("timing", scenario.timing, TimingSpec())
             or _changed("hardware", hardware, HardwareSpec())
             or _devices(scenario)
-            or _injected(scenario.inject))
+            or _injected(scenario.inject, backend == "shm" and mode not in ROUND_MODES))
 
 
 def _changed(section: str, spec: Any, default: Any,
@@ -160,13 +163,21 @@ def _devices(scenario: Scenario) -> tuple[str, Any, str] | None:
                     default[0])
 
 
-def _injected(inject: InjectSpec) -> tuple[str, Any, str] | None:
-    """The first ``[inject]`` field that injects something (the parameters of an injection
-    that is off, such as ``error_bound`` without an ``error``, inject nothing)."""
+#: The injections CPU worker processes run (``realrun.worker._injector``): the simulator's
+#: injector draws them, update by update.
+VALUE_INJECTIONS = ("error", "drop", "write_bits")
+
+
+def _injected(inject: InjectSpec, values: bool) -> tuple[str, Any, str] | None:
+    """The first ``[inject]`` field that injects something the backend does not run (the
+    parameters of an injection that is off, such as ``error_bound`` without an ``error``,
+    inject nothing); ``values``: it runs :data:`VALUE_INJECTIONS`."""
     on = {"delay": inject.max_delay, "delay_dist": inject.max_delay,
           "delay_max": inject.max_delay, "error": inject.error != "none",
           "drop": inject.drop, "write_bits": inject.write_bits,
           "stragglers": inject.stragglers, "pauses": inject.pauses, "deaths": inject.deaths}
+    if values:
+        on = {name: used for name, used in on.items() if name not in VALUE_INJECTIONS}
     injects = dataclasses.replace(InjectSpec(), **{name: getattr(inject, name)
                                                    for name, used in on.items() if used})
     return _changed("inject", injects, InjectSpec(), _NO_INJECTION)

@@ -43,6 +43,7 @@ class WorkerRecord:
     store_end: np.ndarray
     samples: np.ndarray
     scales: np.ndarray | None = None  # the factor on lr each update applied (None: 1)
+    injected: np.ndarray | None = None  # (n, 2): ‖e‖ injected, 1.0 if the write was dropped
 
 
 def _stacked(records: list[WorkerRecord]) -> dict[str, np.ndarray]:
@@ -55,6 +56,8 @@ def _stacked(records: list[WorkerRecord]) -> dict[str, np.ndarray]:
         "thread_seq": np.concatenate([np.arange(len(r.samples)) for r in records]),
         "scales": np.concatenate([np.ones(len(r.samples)) if r.scales is None else r.scales
                                   for r in records]),
+        "injected": np.concatenate([np.zeros((len(r.samples), 2)) if r.injected is None
+                                    else r.injected for r in records]),
     }
 
 
@@ -68,6 +71,7 @@ class Measure:
     dtype: str
     every: int
     curve_points: int
+    bits: int  # inject.write_bits: stores rounded to these significand bits (0: none)
     steps: list[np.ndarray]
     reads: list[np.ndarray] | None = None  # the read copies, where the workers keep them
 
@@ -122,7 +126,7 @@ def merge(records: list[WorkerRecord], w0: np.ndarray, w_final: np.ndarray,
         "seen": completed - 1 if rounds else np.full(len(rel), -1),
         "completed": completed,
         "overwrote": np.zeros(len(rel)), "delay": np.zeros(len(rel)),
-        "error_norm": np.zeros(len(rel)), "dropped": np.zeros(len(rel), dtype=bool),
+        "error_norm": data["injected"][:, 0], "dropped": data["injected"][:, 1] > 0,
         "lr_scale": data["scales"], "measured": np.zeros(len(rel), dtype=bool),
         "s_norm": nan, "g_norm": nan, "delta_norm": nan, "delta_dot": nan,
     }
@@ -136,7 +140,8 @@ def merge(records: list[WorkerRecord], w0: np.ndarray, w_final: np.ndarray,
                         measure.every, store_end[order], measure.steps,
                         arrays["thread"], arrays["thread_seq"], data["samples"][order],
                         arrays["write_end"], measure.reads, rel[order],
-                        curve_points=measure.curve_points, scales=arrays["lr_scale"])
+                        curve_points=measure.curve_points, scales=arrays["lr_scale"],
+                        bits=measure.bits)
         if built.measurements:  # a run stopped before its first update has none
             for name, values in zip(("measured", "s_norm", "g_norm", "delta_norm",
                                      "delta_dot"), zip(*built.measurements, strict=True),

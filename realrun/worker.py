@@ -80,6 +80,7 @@ class Buffers:
     steps: Any = None  # measure mode: (workers, quota, d) float64, lr·g as subtracted
     reads: Any = None  # measure mode, dense problems: (workers, quota, d) the read copies
     scales: Any = None  # update rules: (workers, quota) float64, the factor on lr applied
+    injected: Any = None  # [inject]: (workers, quota, 2) float64, ‖e‖ and 1.0 if dropped
     ready: Any = None  # ready[r] = 1 once worker r is set up and waits for the start
     control: Any = None  # the parent's signals: control[START], control[RELEASE]
 
@@ -328,7 +329,7 @@ def touch_records(buffers: Buffers, rank: int) -> None:
     the time between updates 5× longer (78 µs against 16 µs) and moved both workers' phases
     together."""
     for tensor in (buffers.times, buffers.copy_end, buffers.store_end, buffers.samples,
-                   buffers.steps, buffers.reads):
+                   buffers.steps, buffers.reads, buffers.scales, buffers.injected):
         if tensor is not None:
             rows = tensor[rank].numpy()
             rows += 0  # rewrites each value as it is (−1 markers stay −1)
@@ -408,6 +409,42 @@ def _write_rule(scenario: Any, w: np.ndarray, progress: np.ndarray,
     return rule
 
 
+def _injector(scenario: Any, problem: Any, workers: int) -> Any:
+    """The simulator's injector of gradient errors, dropped writes and rounded stores
+    (``simulator.inject.Injector``: the same draws per worker and update as the simulator's
+    thread), or None when none is injected (delays, stragglers, pauses and deaths are refused
+    before a real run starts). w* only for adversarial errors (the others never use it)."""
+    from simulator.inject import Injector
+
+    spec = scenario.inject
+    if spec.error == "none" and not spec.drop and not spec.write_bits:
+        return None
+    w_star = (problem.optimum()[0] if spec.error == "adversarial"
+              else np.zeros(problem.dim))
+    return Injector(spec, scenario.run.seed, workers, w_star)
+
+
+def _write_injected(w: np.ndarray, ops: list[Any], step: np.ndarray, block_locks: Any,
+                    stored: Callable[[int], None] | None,
+                    quantize: Callable[[np.ndarray], None] | None, dropped: bool) -> None:
+    """A write under ``[inject]``: a dropped one stores nothing (its blocks are stamped as
+    the simulator times them: the write's time passes); a rounded one rounds each block's
+    values after its store (``inject.write_bits``, as the simulator's memory does)."""
+    for block, index, values, _ in ops:
+        if not dropped:
+            with block_locks[block] if block_locks is not None else contextlib.nullcontext():
+                w[index] -= step[values]
+                if quantize is not None:
+                    if isinstance(index, slice):
+                        quantize(w[index])
+                    else:
+                        rounded = w[index]
+                        quantize(rounded)
+                        w[index] = rounded
+        if stored is not None:
+            stored(block)
+
+
 def _loop(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any,
           gone: Callable[[], bool], rounds: Rounds | None = None,
           turns: Turns | None = None) -> None:
@@ -454,6 +491,10 @@ def _loop(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any,
     scales = None if buffers.scales is None else buffers.scales[spec.rank].numpy()
     seen, scale = 0, 1.0
     turn = None if turns is None else turns.turn.numpy()
+    injector = _injector(scenario, problem, spec.workers)
+    injected = None if buffers.injected is None else buffers.injected[spec.rank].numpy()
+    quantize = None if injector is None or not injector.bits else injector.quantize
+    error_norm, dropped = 0.0, False
     problem.grad(local, 0)  # warm up (first-call costs stay out of the timed loop)
     touch_records(buffers, spec.rank)
     pin(spec)
@@ -477,6 +518,10 @@ def _loop(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any,
             turn[0] += 1  # passed on by its only holder
         step, support = ((problem.dense_grad(local, sample), None) if rounds is not None
                          else problem.grad(local, sample))
+        if injector is not None:  # the simulator's draws, in its order (error, then drop)
+            if injector.errors:
+                step, error_norm = injector.error(spec.rank, step, local, support)
+            dropped = injector.dropped(spec.rank)
         if rounded is None:
             step *= lr
         else:
@@ -490,6 +535,9 @@ def _loop(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any,
         if rounds is not None:
             scale = _round_write(rounds, flags, slots, spec.rank, i,  # type: ignore[arg-type]
                                  step, w, ops, stored, schedule, gone)
+        elif dropped or quantize is not None:
+            _write_injected(w, ops, step, block_locks, stored if stamp else None,
+                            None if dropped else quantize, dropped)
         else:
             for block, index, values, _ in ops:
                 if block_locks is None:
@@ -506,8 +554,11 @@ def _loop(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any,
             lock.release()
         if scales is not None:  # outside the timed phases
             scales[i] = scale
-        if steps is not None:
-            steps[i, slice(None) if support is None else support] = step
+        if injected is not None:
+            injected[i] = (error_norm, float(dropped))
+        if steps is not None:  # (a dropped write subtracted nothing: its row stays 0)
+            if not dropped:
+                steps[i, slice(None) if support is None else support] = step
             if reads is not None:
                 reads[i] = local
         done(sample)

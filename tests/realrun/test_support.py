@@ -34,8 +34,11 @@ REFUSED = [
     ((), "inject.stragglers=[{thread=1, factor=3.0}]", "inject.stragglers = [{'thread': 1",
      "shm"),
     ((), "inject.deaths=[{thread=0, at=5}]", "inject.deaths = [{'thread': 0", "shm"),
-    ((), "inject.error=noise", "inject.error = 'noise'", "shm"),
-    ((), "inject.write_bits=8", "inject.write_bits = 8", "shm"),
+    (("--backend", "ps"), "inject.error=noise", "inject.error = 'noise'", "ps"),
+    (("--mode", "minibatch"), ("run.protocol=minibatch", "inject.write_bits=8"),
+     "inject.write_bits = 8", "shm"),
+    ((), "inject.pauses=[{thread=0, start=100, end=500}]", "inject.pauses = [{'thread'",
+     "shm"),
     (("--mode", "lockfree"), "run.protocol=roundrobin", "run.protocol = 'roundrobin'", "shm"),
     (("--mode", "lockfree"), "run.protocol=minibatch", "run.protocol = 'minibatch'", "shm"),
     (("--mode", "lockfree"), "run.protocol=staleness_lr", "run.protocol = 'staleness_lr'",
@@ -174,7 +177,14 @@ def test_what_a_backend_runs_is_accepted_and_recorded():
     # With something injected, the field that injects is named, not an inert one before it.
     with pytest.raises(ScenarioError, match=r"^inject\.drop = 0\.1: "):
         support.refuse_unsupported(scenario("inject.error_bound=0.5", "inject.drop=0.1"),
-                                   "shm", "lockfree")
+                                   "ps", "paramserver")
+    # CPU workers run errors, drops and rounded stores, and refuse the rest.
+    support.refuse_unsupported(scenario("inject.error=noise", "inject.error_bound=0.5",
+                                        "inject.drop=0.1", "inject.write_bits=8"),
+                               "shm", "lockfree")
+    with pytest.raises(ScenarioError, match=r"^inject\.delay = 3: "):
+        support.refuse_unsupported(scenario("inject.drop=0.1", "inject.delay=3"), "shm",
+                                   "lockfree")
     with pytest.raises(ScenarioError, match=r"^devices\.0\.speed = 2\.0: "):
         support.refuse_unsupported(scenario("devices.0.name=gpu0", "devices.0.speed=2"),
                                    "shm", "lockfree")
