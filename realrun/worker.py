@@ -389,6 +389,7 @@ def _write_rule(scenario: Any, w: np.ndarray, progress: np.ndarray,
     schedule = LR_FACTORS.get(scenario.run.lr_schedule)
     if protocol not in ("staleness_lr", "dcasgd") and schedule is None:
         return None
+    work = (np.zeros(w.size), np.zeros(w.size)) if protocol == "dcasgd" else None
 
     def rule(step: np.ndarray, support: Any, local: np.ndarray,
              seen: int) -> tuple[np.ndarray, float]:
@@ -399,7 +400,8 @@ def _write_rule(scenario: Any, w: np.ndarray, progress: np.ndarray,
                 step *= scale
         elif protocol == "dcasgd":
             where = slice(None) if support is None else support
-            step = dc_step(step, lr, w[where], local[where], lam).astype(w.dtype, copy=False)
+            step = dc_step(step, lr, w[where], local[where], lam, work).astype(w.dtype,
+                                                                             copy=False)
         if schedule is not None:
             factor = schedule(completed + 1)
             step = step * factor

@@ -62,3 +62,18 @@ def test_your_model_notebook(tmp_path):
     conclusion = notebook.cells[-1].outputs[0]["data"]["text/markdown"]
     assert "carried a gradient error" in conclusion and "condition (4) fails" in conclusion
     assert "targets met:" in conclusion
+
+
+@pytest.mark.alone  # real runs
+def test_protocols_notebook(tmp_path):
+    """Notebook 05 runs every protocol for real and simulated, side by side."""
+    notebook = _execute("05_protocols.py", {"UPDATES": 1200}, tmp_path)
+    outputs = [o for c in notebook.cells if c.cell_type == "code" for o in c.outputs]
+    assert len([o for o in outputs if "image/png" in o.get("data", {})]) == 1
+    table = next(o["data"]["text/markdown"] for o in outputs
+                 if "text/markdown" in o.get("data", {}) and "| protocol |" in
+                 o["data"]["text/markdown"])
+    assert all(f"| {p} |" in table for p in ("serial", "lockfree", "minibatch", "roundrobin",
+                                             "staleness_lr", "dcasgd"))
+    conclusion = notebook.cells[-1].outputs[0]["data"]["text/markdown"]
+    assert "synchronous minibatch's" in conclusion and "within 2×" in conclusion
