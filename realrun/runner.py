@@ -39,6 +39,7 @@ from realrun.worker import (
     MESSAGE_BYTES,
     RELEASE,
     START,
+    STATUS_DEAD,
     STATUS_DONE,
     STATUS_FAILED,
     Buffers,
@@ -213,9 +214,13 @@ def _check_device(device: str) -> None:
                             f"this machine has {torch.cuda.device_count()} CUDA device(s)")
 
 
-def _failure(buffers: Buffers, processes: list[Any]) -> dict[str, Any] | None:
-    """The first worker that failed, with its reason, or None."""
+def _failure(buffers: Buffers, processes: list[Any],
+             dead: set[int] | frozenset[int] = frozenset()) -> dict[str, Any] | None:
+    """The first worker that failed, with its reason, or None (``dead``: workers killed by
+    an injected death, which the run goes on without)."""
     for rank, process in enumerate(processes):
+        if rank in dead:
+            continue
         if int(buffers.status[rank]) == STATUS_FAILED:
             text = bytes(buffers.message[rank].tolist()).rstrip(b"\0").decode(errors="replace")
             return {"worker": rank, "reason": text or "exception"}
@@ -358,6 +363,7 @@ def run_real(scenario: Scenario, workers: int, mode: str, dtype: str = "float32"
     snapshots: list[tuple[int, int, np.ndarray]] = []
     probes: tuple[dict[str, Any] | None, ...] = (None, None, None)
     failure = None
+    dead: set[int] = set()  # workers an injected death stopped (their status says so)
     try:
         with one_thread_env():
             for process in processes:
@@ -379,7 +385,8 @@ def run_real(scenario: Scenario, workers: int, mode: str, dtype: str = "float32"
             completions = scenario.run.updates if rounds is None else max(quotas)
             failure = _watch(buffers, processes, scenario.run.updates, timeout, started,
                              progress, snapshots,
-                             curve_every(completions, scenario.metrics.curve_points), rounds)
+                             curve_every(completions, scenario.metrics.curve_points), rounds,
+                             dead)
     except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM where the caller made it one
         failure = {"worker": None,
                    "reason": f"interrupted ({err.args[0] if err.args else 'Ctrl-C'})"}
@@ -397,7 +404,7 @@ def run_real(scenario: Scenario, workers: int, mode: str, dtype: str = "float32"
     if failure is not None and notice:
         notice(f"merging the {int(buffers.progress.sum()):,} updates done")
     trace, lost = _trace(buffers, workers, scenario, problem, w_star, snapshots, toml, dtype,
-                         measure_every, rounds)
+                         measure_every, rounds, sorted(dead))
     return RealRun(scenario, problem, trace, workers, mode, dtype, stopped - started, failure,
                    lost, measure_every, device, launch, pattern, cpus,
                    "c" if compiled() and not torch_path else "python", latency, shared_write,
@@ -517,11 +524,13 @@ def _start_together(buffers: Buffers, processes: list[Any], timeout: float | Non
 def _watch(buffers: Buffers, processes: list[Any], total: int, timeout: float | None,
            started: float, progress: Callable[[int], object] | None,
            snapshots: list[tuple[int, int, np.ndarray]], every: int = 1,
-           rounds: Rounds | None = None) -> dict[str, Any] | None:
+           rounds: Rounds | None = None,
+           dead: set[int] | None = None) -> dict[str, Any] | None:
     """Poll until every worker is done (then release them, so they exit) and has exited;
     the failure that stopped the run, if any; at most one snapshot for the curve per poll,
     once ``every`` more completions were counted (updates, or with ``rounds`` rounds
-    written; ``_snapshot``)."""
+    written; ``_snapshot``). ``dead`` gets the workers an injected death stopped."""
+    dead = set() if dead is None else dead
     reported = 0
     while True:
         done = int(buffers.progress.sum())
@@ -531,10 +540,11 @@ def _watch(buffers: Buffers, processes: list[Any], total: int, timeout: float | 
         count = done if rounds is None else int(rounds.flags[-1])
         if count >= snapshots[-1][0] + every and done < total:
             _snapshot(buffers, count, snapshots, rounds)
-        failure = _failure(buffers, processes)
+        dead.update(r for r, s in enumerate(buffers.status) if int(s) == STATUS_DEAD)
+        failure = _failure(buffers, processes, dead)
         if failure is not None:
             return failure
-        if all(int(s) == STATUS_DONE for s in buffers.status):
+        if all(int(s) in (STATUS_DONE, STATUS_DEAD) for s in buffers.status):
             buffers.control[RELEASE] = 1
             if all(p.exitcode is not None for p in processes):
                 return None
@@ -566,7 +576,8 @@ def _snapshot(buffers: Buffers, done: int, snapshots: list[tuple[int, int, np.nd
 def _trace(buffers: Buffers, workers: int, scenario: Scenario, problem: Problem,
            w_star: np.ndarray, snapshots: list[tuple[int, int, np.ndarray]], toml: str,
            dtype: str, measure_every: int | None,
-           rounds: Rounds | None = None) -> tuple[Trace, dict[str, Any] | None]:
+           rounds: Rounds | None = None,
+           dead: list[int] | None = None) -> tuple[Trace, dict[str, Any] | None]:
     records = []
     for rank in range(workers):
         n = int(buffers.progress[rank])
@@ -594,7 +605,8 @@ def _trace(buffers: Buffers, workers: int, scenario: Scenario, problem: Problem,
         measure_every, scenario.metrics.curve_points, scenario.inject.write_bits,
         [buffers.steps[r].numpy() for r in range(workers)],
         None if buffers.reads is None else [buffers.reads[r].numpy() for r in range(workers)])
-    return merge(records, problem.initial(), w_final, curve, toml, measure, rounds is not None)
+    return merge(records, problem.initial(), w_final, curve, toml, measure, rounds is not None,
+                 dead)
 
 
 def summary_extra(run: RealRun) -> dict[str, Any]:

@@ -78,11 +78,14 @@ SUPPORT: tuple[tuple[str, str, str], ...] = (
      "without: copies of the live vector, at most one per 10 ms poll, each once T / "
      "`curve_points` more updates were counted and only if none was counted during the copy",
      "honoured"),
-    ("`[inject]`", "`error` (with `error_bound`, `error_relative`), `drop` and `write_bits` "
-     "honoured on CPU worker processes (not `minibatch`): the simulator's injector draws "
-     "them, so each update's error and drop are the simulator's thread's; delays, "
-     "stragglers, pauses and deaths refused (a field that injects nothing, such as "
-     "`error_bound` without an `error`, is accepted)", "refused when it injects anything"),
+    ("`[inject]`", "on CPU worker processes (not `minibatch`): `error` (with `error_bound`, "
+     "`error_relative`), `drop` and `write_bits` honoured, drawn by the simulator's injector "
+     "(each update's error and drop are the simulator's thread's); `pauses` honoured per "
+     "phase; `stragglers` honoured: each phase takes `factor` times as long (a read's copy "
+     "and a write's stores at its end); `deaths` honoured: the worker stops before its first "
+     "phase after its time (not with `roundrobin`); delays refused (a "
+     "field that injects nothing, such as `error_bound` without an `error`, is accepted)",
+     "refused when it injects anything"),
     ("`[paramserver]`", "inert", "honoured"),
     ("`[dcasgd]`", "honoured with `dcasgd`, else inert", "inert"),
     ("`[admm]`", "inert", "inert"),
@@ -137,7 +140,8 @@ def _unsupported(scenario: Scenario, backend: str, mode: str) -> tuple[str, Any,
             or _changed("timing", scenario.timing, TimingSpec())
             or _changed("hardware", hardware, HardwareSpec())
             or _devices(scenario)
-            or _injected(scenario.inject, backend == "shm" and mode not in ROUND_MODES))
+            or _injected(scenario.inject, backend == "shm" and mode not in ROUND_MODES)
+            or _stalls(scenario.inject, mode))
 
 
 def _changed(section: str, spec: Any, default: Any,
@@ -163,9 +167,19 @@ def _devices(scenario: Scenario) -> tuple[str, Any, str] | None:
                     default[0])
 
 
-#: The injections CPU worker processes run (``realrun.worker._injector``): the simulator's
-#: injector draws them, update by update.
-VALUE_INJECTIONS = ("error", "drop", "write_bits")
+#: The injections CPU worker processes run: errors, drops and rounded stores, which the
+#: simulator's injector draws update by update (``realrun.worker._injector``); stragglers and
+#: pauses (``realrun.worker._Slowed``) and deaths (``realrun.runner._deaths``).
+VALUE_INJECTIONS = ("error", "drop", "write_bits", "stragglers", "pauses", "deaths")
+
+
+def _stalls(inject: InjectSpec, mode: str) -> tuple[str, Any, str] | None:
+    """A death under turns: the simulator's roundrobin stalls for good waiting for the dead
+    worker's turn and ends the run; real turns would wait until the timeout."""
+    if inject.deaths and mode == "roundrobin":
+        return ("inject.deaths", [dataclasses.asdict(d) for d in inject.deaths],
+                "a fixed turn order waits for a dead worker for good")
+    return None
 
 
 def _injected(inject: InjectSpec, values: bool) -> tuple[str, Any, str] | None:

@@ -79,7 +79,7 @@ class Measure:
 def merge(records: list[WorkerRecord], w0: np.ndarray, w_final: np.ndarray,
           curve: list[tuple[int, int, float, float]], scenario_toml: str,
           measure: Measure | None = None, rounds: bool = False,
-          ) -> tuple[Trace, dict[str, Any] | None]:
+          dead: list[int] | None = None) -> tuple[Trace, dict[str, Any] | None]:
     """A trace (source ``real``) from the workers' records, and in measure mode what the
     hardware lost. ``curve`` (completions, time, f(w), ‖w − w*‖²) is the parent's sampled
     curve; measure mode replaces it with the exact rebuilt one.
@@ -88,7 +88,8 @@ def merge(records: list[WorkerRecord], w0: np.ndarray, w_final: np.ndarray,
     block store (its write end). ``rounds``: synchronous rounds (``realrun.worker.Rounds``),
     each worker's i-th update in round i, whose one writer stored the blocks; the round is
     completion i + 1 for every member, and the others' empty writes sit at its end (as the
-    simulator's minibatch records them), before the writer's row."""
+    simulator's minibatch records them), before the writer's row. ``dead``: the workers an
+    injected death killed (``extra_dead_threads``, as the simulator records it)."""
     data = _stacked(records)
     times = data["times"]
     origin = int(times[:, 0].min()) if len(times) else 0
@@ -133,7 +134,8 @@ def merge(records: list[WorkerRecord], w0: np.ndarray, w_final: np.ndarray,
     arrays: dict[str, np.ndarray] = {
         name: np.asarray(columns[name], dtype=COLUMNS.get(name, np.int64))[order]
         for name in RECORD}
-    extras: dict[str, np.ndarray] = {}
+    extras: dict[str, np.ndarray] = ({} if dead is None else
+                                     {"dead_threads": np.asarray(dead, dtype=np.int64)})
     loss = None
     if measure is not None:
         built = rebuild(measure.problem, measure.lr, measure.bounds, measure.dtype,

@@ -15,6 +15,7 @@ buffers: no locks, no I/O, no allocation of records inside the loop.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import time
 import tomllib
@@ -28,13 +29,14 @@ import numpy as np
 
 from realrun.records import recorder
 
-__all__ = ["ONE_THREAD_ENV", "RELEASE", "START", "STATUS_DONE", "STATUS_FAILED",
+__all__ = ["ONE_THREAD_ENV", "RELEASE", "START", "STATUS_DEAD", "STATUS_DONE", "STATUS_FAILED",
            "STATUS_RUNNING", "Buffers", "Rounds", "Turns", "WorkerSpec", "another_problem",
            "die_with_parent", "one_thread_each", "one_thread_env", "pin", "pinned_cpus",
            "record_failure", "touch_records", "wait_for_release", "wait_for_start",
            "worker_main"]
 
-STATUS_RUNNING, STATUS_DONE, STATUS_FAILED = 0, 1, 2
+# STATUS_DEAD: killed by an injected death (``[[inject.deaths]]``); the run goes on.
+STATUS_RUNNING, STATUS_DONE, STATUS_FAILED, STATUS_DEAD = 0, 1, 2, 3
 MESSAGE_BYTES = 512
 # The parent's signals to the workers, words of ``Buffers.control``: START holds the common
 # start time (monotonic ns; 0 until set), RELEASE 1 once finished workers may exit.
@@ -171,6 +173,8 @@ def worker_main(spec: WorkerSpec, buffers: Buffers, lock: Any,
         _loop(spec, buffers, lock, block_locks, gone, rounds, turns)
         buffers.status[spec.rank] = STATUS_DONE
         wait_for_release(buffers, gone)
+    except _Died:  # an injected death: it stops here, and the others go on
+        buffers.status[spec.rank] = STATUS_DEAD
     except BaseException as err:  # every failure, SystemExit included, must reach the parent
         record_failure(buffers, spec.rank, err)
         raise SystemExit(1) from None
@@ -426,6 +430,80 @@ def _injector(scenario: Any, problem: Any, workers: int) -> Any:
     return Injector(spec, scenario.run.seed, workers, w_star)
 
 
+class _Died(Exception):
+    """The worker's injected death came (``[[inject.deaths]]``)."""
+
+
+class _Slowed:
+    """A worker's injected pauses, straggling and death (``[[inject.pauses]]``,
+    ``[[inject.stragglers]]``, ``[[inject.deaths]]`` of its rank or of the run's one
+    device), on the run's clock (ns since the common start).
+
+    A death stops the worker before its next phase once the clock has passed its time: the
+    update in flight is abandoned (a write that began is finished; the simulator's dead
+    thread may leave part of a write of several blocks).
+
+    A pause holds the worker before its next phase (read, gradient, write) while the clock is
+    in one of its windows, until the window ends, as the simulator's thread starts no action
+    in it (here: no phase). A straggler's phases take ``factor`` times as long, as the
+    simulator's: the gradient by waiting out the rest after computing it, a read and a write
+    by waiting (factor − 1) times the worker's previous copy or store before copying or
+    storing, so a block is copied as its read ends and stored as its write ends, as in the
+    simulator."""
+
+    def __init__(self, inject: Any, rank: int, origin: int) -> None:
+        self.windows = [(origin + p.start, origin + p.end) for p in inject.pauses
+                        if p.thread == rank]
+        factors = [s.factor for s in inject.stragglers if s.thread == rank]
+        self.factor = math.prod(factors) if factors else 1.0
+        self.last = [0, 0]  # the previous copy's and store's ns (read, write)
+        deaths = [origin + d.at for d in inject.deaths if d.thread == rank or d.device >= 0]
+        self.death = min(deaths) if deaths else None
+
+    @property
+    def active(self) -> bool:
+        return bool(self.windows) or self.factor != 1 or self.death is not None
+
+    def before(self, phase: int) -> int:
+        """Before a read's copies (0) or a write's stores (1): wait out the stretch; the time
+        the copies or stores begin."""
+        if self.factor > 1 and self.last[phase]:
+            _until(time.monotonic_ns() + int(self.last[phase] * (self.factor - 1)))
+        return time.monotonic_ns()
+
+    def after(self, phase: int, began: int) -> None:
+        """The copies or stores that began at ``began`` are done."""
+        self.last[phase] = time.monotonic_ns() - began
+
+    def hold(self) -> None:
+        """Before a phase: wait while the clock is in a pause window; die once it has passed
+        the worker's death.
+
+        Raises:
+            _Died: the death's time has come."""
+        now = time.monotonic_ns()
+        for start, end in self.windows:
+            if start <= now < end:
+                _until(end)
+                now = time.monotonic_ns()
+        if self.death is not None and now >= self.death:
+            raise _Died
+
+    def stretch(self, began: int) -> None:
+        """Make the phase that began at ``began`` (ns) last ``factor`` times as long."""
+        if self.factor > 1:
+            _until(began + int((time.monotonic_ns() - began) * self.factor))
+
+
+def _until(deadline: int) -> None:
+    """Sleep, then spin, until ``time.monotonic_ns()`` reaches ``deadline``."""
+    left = deadline - time.monotonic_ns()
+    if left > 200_000:  # a sleep overshoots by up to ~0.1 ms
+        time.sleep((left - 150_000) / 1e9)
+    while time.monotonic_ns() < deadline:
+        pass
+
+
 def _write_injected(w: np.ndarray, ops: list[Any], step: np.ndarray, block_locks: Any,
                     stored: Callable[[int], None] | None,
                     quantize: Callable[[np.ndarray], None] | None, dropped: bool) -> None:
@@ -501,6 +579,8 @@ def _loop(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any,
     touch_records(buffers, spec.rank)
     pin(spec)
     wait_for_start(buffers, spec.rank, gone)  # process start-up takes tens of ms each
+    slowed = _Slowed(scenario.inject, spec.rank, int(buffers.control.numpy()[START]))
+    slow = slowed if slowed.active else None
     for i in range(spec.quota):
         sample = int(stream.take())
         ops = dense if dense is not None else block_ops(bounds, problem.support(sample))
@@ -508,16 +588,25 @@ def _loop(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any,
             lock.acquire()
         if turn is not None and i == 0:  # later reads hold the turn of the write before
             _await(turn, 1, spec.rank, turns.nap, gone)  # type: ignore[union-attr]
+        if slow is not None:
+            slow.hold()
         start()
         if rule is not None:
             seen = int(progress.sum())
+        if slow is not None:
+            began = slow.before(0)
         for block, index, _, _ in ops:
             local[index] = w[index]
             if stamp:
                 copied(block)
+        if slow is not None:
+            slow.after(0, began)
         read_end()
         if turn is not None:
             turn[0] += 1  # passed on by its only holder
+        if slow is not None:
+            slow.hold()
+            began = time.monotonic_ns()
         step, support = ((problem.dense_grad(local, sample), None) if rounds is not None
                          else problem.grad(local, sample))
         if injector is not None:  # the simulator's draws, in its order (error, then drop)
@@ -528,7 +617,12 @@ def _loop(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any,
             step *= lr
         else:
             step = np.multiply(step, lr, out=rounded[: step.size], casting="same_kind")
+        if slow is not None:
+            slow.stretch(began)
         grad_end()
+        if slow is not None:
+            slow.hold()
+            began = slow.before(1)
         if turn is not None:
             a = turns.active  # type: ignore[union-attr]
             _await(turn, 1, a + i * a + spec.rank, turns.nap, gone)  # type: ignore[union-attr]
@@ -549,6 +643,8 @@ def _loop(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any,
                         w[index] -= step[values]
                 if stamp:
                     stored(block)
+        if slow is not None:
+            slow.after(1, began)
         written()
         if turn is not None and i == spec.quota - 1:
             turn[0] += 1  # no next read: it leaves the rotation

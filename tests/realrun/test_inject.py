@@ -55,11 +55,52 @@ def test_lock_free_workers_draw_each_threads_injections():
     assert 0.2 < real.trace["dropped"].mean() < 0.4
 
 
-@pytest.mark.parametrize("overrides, kwargs, named", [
-    (("inject.delay=2",), {}, "inject.delay"),
-    (("inject.deaths=[{thread=0, at=5}]",), {}, "inject.deaths"),
-    (("inject.drop=0.1",), {"launch": "threads"}, "inject"),
+@pytest.mark.parametrize("overrides, mode, kwargs, named", [
+    (("inject.delay=2",), "lockfree", {}, "inject.delay"),
+    (("run.protocol=roundrobin", "inject.deaths=[{thread=0, at=5}]"), "roundrobin", {},
+     "inject.deaths"),
+    (("inject.drop=0.1",), "lockfree", {"launch": "threads"}, "inject"),
 ])
-def test_injections_real_workers_do_not_run_are_refused(overrides, kwargs, named):
+def test_injections_real_workers_do_not_run_are_refused(overrides, mode, kwargs, named):
     with pytest.raises(ScenarioError, match=named):
-        run_real(scenario(*TINY, *overrides), 2, "lockfree", **kwargs)
+        run_real(scenario(*TINY, *overrides), 2, mode, **kwargs)
+
+
+def test_a_dead_worker_is_killed_and_the_run_goes_on_without_it():
+    """``[[inject.deaths]]``: worker 1 stops 5 ms after the start; the run is not a
+    failure, worker 0 makes all of its updates, worker 1 fewer, and the trace names it dead
+    (``extra_dead_threads``, as the simulator records it)."""
+    s = scenario("problem.dim=100", "run.updates=40000",
+                 "inject.deaths=[{thread=1, at=5000000}]")
+    real = run_real(s, 2, "lockfree", dtype="float64", timeout=120)
+    assert real.failure is None
+    trace = real.trace
+    assert trace["extra_dead_threads"].tolist() == [1]
+    made = np.bincount(trace["thread"], minlength=2)
+    assert made[0] == 20000 and 0 < made[1] < 20000
+    # Nothing of worker 1 ends after its death but the update in flight.
+    assert trace["write_end"][trace["thread"] == 1].max() < 5_200_000
+
+
+def test_a_paused_worker_starts_no_phase_in_its_window_and_a_straggler_is_slower():
+    """``[[inject.pauses]]``: worker 0 starts no read, gradient or write in its window (2-12
+    ms after the start; the trace's clock starts at the first read, a few µs to a fraction
+    of a millisecond later), while worker 1 goes on; ``[[inject.stragglers]]``: worker 1's
+    gradients take about 3 times worker 0's."""
+    s = scenario("problem.dim=100", "run.updates=8000",
+                 "inject.pauses=[{thread=0, start=2000000, end=12000000}]",
+                 "inject.stragglers=[{thread=1, factor=3.0}]")
+    real = run_real(s, 2, "lockfree", dtype="float64", timeout=120)
+    assert real.failure is None and len(real.trace) == 8000
+    trace = real.trace
+    mine = trace["thread"] == 0
+    began = np.sort(np.concatenate([trace[p][mine] for p in ("read_start", "grad_start",
+                                                             "write_start")]))
+    gap = int(np.argmax(np.diff(began)))
+    assert np.diff(began)[gap] >= 9_800_000  # the window, less one phase at most
+    assert 1_000_000 < began[gap] <= 2_000_000 and began[gap + 1] >= 11_000_000
+    others = trace["read_start"][~mine]
+    assert np.any((others > began[gap]) & (others < began[gap + 1]))
+    grad = trace["grad_end"] - trace["grad_start"]
+    ratio = np.median(grad[~mine]) / np.median(grad[mine])
+    assert 2.0 < ratio < 4.5, ratio
