@@ -50,9 +50,8 @@ f_star = problem.optimum()[1]
 # ## The runs
 #
 # Each protocol runs for real (float64; measure mode rebuilds the serialized view for exact
-# gradient errors, except for minibatch, whose rounds average gradients at one vector), then
-# the simulator runs the scenario the real run recorded (`RealRun.scenario`: the protocol,
-# its worker count, its split of the updates).
+# gradient errors at every 10th completion), then the simulator runs the scenario the real run
+# recorded (`RealRun.scenario`: the protocol, its worker count, its split of the updates).
 
 # %%
 runs = {}
@@ -60,7 +59,7 @@ for protocol in PROTOCOLS:
     workers = 1 if protocol == "serial" else WORKERS
     scenario = load_scenario(None, [*SETTINGS, f"run.protocol={protocol}"])
     real = run_real(scenario, workers, protocol, dtype="float64", problem=problem,
-                    measure_every=None if protocol == "minibatch" else 10)
+                    measure_every=10)
     assert real.failure is None, real.failure
     runs[protocol] = (real, simulate(real.scenario, problem=problem))
     print(f"{protocol:>12}: {len(real.trace):,} gradients in {real.seconds:.2f} s")

@@ -30,7 +30,7 @@ import numpy as np
 from simulator.metrics import overlaps, write_pairs
 from simulator.problems import Problem
 from simulator.rules import round_significand
-from simulator.view import Measurement, SerializedView
+from simulator.view import UNMEASURED, Measurement, SerializedView
 
 __all__ = ["Rebuild", "convoy_losses", "quiet_reads", "read_sweeps", "rebuild"]
 
@@ -175,7 +175,8 @@ def rebuild(problem: Problem, lr: float, bounds: list[int], dtype: str, every: i
             store_end: np.ndarray, steps: list[np.ndarray], thread: np.ndarray,
             seq: np.ndarray, samples: np.ndarray, write_end: np.ndarray,
             reads: list[np.ndarray] | None = None, times: np.ndarray | None = None, *,
-            curve_points: int, scales: np.ndarray | None = None, bits: int = 0) -> Rebuild:
+            curve_points: int, scales: np.ndarray | None = None, bits: int = 0,
+            groups: list[list[int]] | None = None) -> Rebuild:
     """Replay the block stores of every row (rows in completion order).
 
     ``store_end[i, b]`` is when row i's store to block b finished (−1: untouched), ``steps[r]``
@@ -186,7 +187,10 @@ def rebuild(problem: Problem, lr: float, bounds: list[int], dtype: str, every: i
     taken at the simulator's checkpoints for ``curve_points`` (``metrics.curve_points``).
     ``scales[i]``: the factor on lr row i's step took (an update rule's; the view divides it
     out, as the simulator's does). ``bits``: each block store's values rounded to that many
-    significand bits (``inject.write_bits``), as the workers stored them.
+    significand bits (``inject.write_bits``), as the workers stored them. ``groups[i]``: the
+    samples whose mean step row i's stores subtracted (a synchronous round: its writer's row
+    holds the round's mean step; the other members' rows store nothing and are not
+    measured, as in the simulator).
     """
     n = len(store_end)
     w = problem.initial().astype(dtype)
@@ -215,8 +219,12 @@ def rebuild(problem: Problem, lr: float, bounds: list[int], dtype: str, every: i
             completed += 1
             now = w.astype(np.float64)
             measurements[row] = view.complete(completed, now if loss is None else now + loss,
-                                              [int(samples[row])], int(write_end[row]),
+                                              [int(samples[row])] if groups is None
+                                              else groups[row], int(write_end[row]),
                                               1.0 if scales is None else float(scales[row]))
+    if groups is not None:  # a round's members stored nothing: the writer's row measures it
+        measurements = [UNMEASURED if m is None and not (store_end[i] >= 0).any() else m
+                        for i, m in enumerate(measurements)]
     assert all(m is not None for m in measurements)
     return Rebuild([m for m in measurements if m is not None], view.curve,
                    w.astype(np.float64), seen)

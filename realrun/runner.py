@@ -322,11 +322,6 @@ def run_real(scenario: Scenario, workers: int, mode: str, dtype: str = "float32"
     if torch_path_of(device, launch) and scenario.run.lr_schedule != "constant":
         raise ScenarioError("run.lr_schedule", scenario.run.lr_schedule, "schedules run on "
                             "CPU worker processes (not --launch threads or CUDA, yet)")
-    if mode == "minibatch" and measure_every is not None:
-        raise ScenarioError("--measure", "on", "measure mode rebuilds one gradient per "
-                            "completion; a minibatch round's mean is not rebuilt yet (its "
-                            "gradient error is zero by construction: every member read the "
-                            "same vector)")
     refuse_unsupported(scenario, "shm" if device == "cpu" else "cuda", mode)
     # The trace the parent merges, as a simulation of the run as recorded would hold it.
     preflight(recorded(scenario, mode, workers, True, measure_every))

@@ -49,7 +49,7 @@ _NO_INJECTION = "real runs inject no delays, errors or faults yet (simulate it)"
 SUPPORT: tuple[tuple[str, str, str], ...] = (
     ("`name`, `problem.*`", "honoured", "honoured"),
     ("`run.protocol`", "recorded: the mode's (`lockfree`, `locked`, `serial`; on CPU worker "
-     "processes also `minibatch`, without `--measure`, `roundrobin`, `staleness_lr` and "
+     "processes also `minibatch`, `roundrobin`, `staleness_lr` and "
      "`dcasgd`); another non-default one refused",
      "recorded: `paramserver`; another non-default one refused"),
     ("`run.threads`", "recorded: `--workers`", "recorded: `--workers` (trainers)"),

@@ -143,13 +143,15 @@ def merge(records: list[WorkerRecord], w0: np.ndarray, w_final: np.ndarray,
                         arrays["thread"], arrays["thread_seq"], data["samples"][order],
                         arrays["write_end"], measure.reads, rel[order],
                         curve_points=measure.curve_points, scales=arrays["lr_scale"],
-                        bits=measure.bits)
+                        bits=measure.bits,
+                        groups=_groups(arrays["step"], data["samples"][order]) if rounds
+                        else None)
         if built.measurements:  # a run stopped before its first update has none
             for name, values in zip(("measured", "s_norm", "g_norm", "delta_norm",
                                      "delta_dot"), zip(*built.measurements, strict=True),
                                     strict=True):
                 arrays[name] = np.asarray(values, dtype=COLUMNS[name])
-        if measure.reads is not None and len(measure.bounds) == 2:  # one block
+        if measure.reads is not None and len(measure.bounds) == 2 and not rounds:  # one block
             extras["convoy_pairs"] = convoy_losses(
                 rel[order], arrays["thread"], arrays["thread_seq"], arrays["uid"],
                 measure.steps, measure.reads, measure.dtype)
@@ -177,6 +179,14 @@ def merge(records: list[WorkerRecord], w0: np.ndarray, w_final: np.ndarray,
                           "curve_dist2": dist2.astype(np.float64),
                           "curve_n": np.asarray(n, dtype=np.int64)},
                          extras=extras, source="real"), loss
+
+
+def _groups(step: np.ndarray, samples: np.ndarray) -> list[list[int]]:
+    """Per row (in trace order), the samples of its round's gradients (rows of one step)."""
+    rounds: dict[int, list[int]] = {}
+    for t, sample in zip(step.tolist(), samples.tolist(), strict=True):
+        rounds.setdefault(t, []).append(sample)
+    return [rounds[t] for t in step.tolist()]
 
 
 def _rounds(rel: np.ndarray, write_start: np.ndarray, seq: np.ndarray,

@@ -352,15 +352,17 @@ def record_failure(buffers: Buffers, rank: int, err: BaseException) -> None:
 def _round_write(rounds: Rounds, flags: np.ndarray, slots: np.ndarray, rank: int, i: int,
                  step: np.ndarray, w: np.ndarray, ops: list[Any],
                  stored: Callable[[int], None],
-                 schedule: Callable[[int], float] | None, gone: Callable[[], bool]) -> float:
+                 schedule: Callable[[int], float] | None, gone: Callable[[], bool],
+                 ) -> tuple[float, np.ndarray]:
     """The write phase of synchronous round ``i`` (:class:`Rounds`); the factor on lr the
     round's step took (``schedule``: the learning-rate schedule's, at completion i + 1, on
-    the writer's row, as the simulator records it)."""
+    the writer's row, as the simulator records it) and the step this worker subtracted (the
+    writer: the round's mean; the others: their own, which nobody subtracts alone)."""
     from simulator.rules import mean_step
 
     slots[rank] = step
     flags[rank] = i + 1
-    scale = 1.0
+    scale, mean = 1.0, step
     if rank == 0:  # the writer, once every member has arrived
         members = len(slots) if i < rounds.full else rounds.last
         _await(flags, members, i + 1, rounds.nap, gone)
@@ -374,7 +376,7 @@ def _round_write(rounds: Rounds, flags: np.ndarray, slots: np.ndarray, rank: int
         flags[-1] = i + 1
     else:
         _await(flags[-1:], 1, i + 1, rounds.nap, gone)
-    return scale
+    return scale, mean
 
 
 def _write_rule(scenario: Any, w: np.ndarray, progress: np.ndarray,
@@ -629,8 +631,8 @@ def _loop(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any,
         if rule is not None:
             step, scale = rule(step, support, local, seen)
         if rounds is not None:
-            scale = _round_write(rounds, flags, slots, spec.rank, i,  # type: ignore[arg-type]
-                                 step, w, ops, stored, schedule, gone)
+            scale, step = _round_write(rounds, flags, slots,  # type: ignore[arg-type]
+                                       spec.rank, i, step, w, ops, stored, schedule, gone)
         elif dropped or quantize is not None:
             _write_injected(w, ops, step, block_locks, stored if stamp else None,
                             None if dropped else quantize, dropped)

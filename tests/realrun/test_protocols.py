@@ -65,10 +65,25 @@ def test_real_rounds_are_the_simulators_rounds(workers, updates, blocks):
 
 def test_minibatch_refuses_what_it_does_not_run():
     s = scenario(*TINY, "run.updates=40")
-    with pytest.raises(ScenarioError, match="--measure"):
-        run_real(s, 2, "minibatch", measure_every=1)
     with pytest.raises(ScenarioError, match="CPU worker processes"):
         run_real(s, 2, "minibatch", launch="threads")
+
+
+@pytest.mark.parametrize("workers, options", [(2, ()), (3, ("run.blocks=3",
+                                                             "run.lr_schedule=inv_sqrt"))])
+def test_measure_mode_rebuilds_rounds(workers, options):
+    """--measure: the writer's row holds the round's mean step, and the view measures each
+    round at its writer's row against the mean gradient of its samples, as the simulator
+    does: zero gradient error (rounding) on the same rows, the same step norms."""
+    s = scenario(*TINY, "run.updates=401", *options)
+    real = run_real(s, workers, "minibatch", dtype="float64", timeout=120, measure_every=1)
+    simulated = simulate(real.scenario)
+    trace = real.trace
+    assert real.failure is None and real.hardware_loss["rebuilt_vs_real_max"] == 0
+    assert np.array_equal(trace["measured"], simulated["measured"])
+    assert trace["measured"].sum() == -(-401 // workers)  # one measured row a round
+    assert np.nanmax(trace["delta_norm"] / trace["g_norm"]) < 1e-12
+    np.testing.assert_allclose(trace["s_norm"], simulated["s_norm"], rtol=1e-12)
 
 
 def test_the_command_line_runs_the_scenarios_protocol(tmp_path, capsys):
