@@ -382,7 +382,7 @@ def measure_cost(quick: bool, seeds: int) -> None:
 
 
 PROTOCOL_CONFIGS = [("serial", 1), ("lockfree", 2), ("minibatch", 1), ("minibatch", 2),
-                    ("roundrobin", 2), ("staleness_lr", 2), ("dcasgd", 2)]
+                    ("allreduce", 2), ("roundrobin", 2), ("staleness_lr", 2), ("dcasgd", 2)]
 
 
 def round_us(trace: Trace) -> tuple[float, float]:
@@ -416,7 +416,8 @@ def protocols(quick: bool, seeds: int, dtype: str) -> None:
             for mode, workers in PROTOCOL_CONFIGS:
                 rate, suboptimality, trace, _ = _run(scenario, problem, workers, mode, dtype)
                 runs[(mode, workers)].append(
-                    (rate, suboptimality, round_us(trace) if mode == "minibatch" else None))
+                    (rate, suboptimality,
+                     round_us(trace) if mode in ("minibatch", "allreduce") else None))
         base = statistics.median(r for r, _, _ in runs[("serial", 1)])
         for (mode, workers), done in runs.items():
             rate = statistics.median(r for r, _, _ in done)

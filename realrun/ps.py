@@ -75,7 +75,7 @@ from simulator.scenario import Scenario, scenario_from_dict, scenario_to_toml
 from simulator.trace import Trace, TraceBuilder
 from simulator.view import UNMEASURED, Measurement, SerializedView
 
-__all__ = ["PSRun", "run_ps", "serve", "train"]
+__all__ = ["PSRun", "free_port", "run_ps", "serve", "train"]
 
 PULL, PUSH, DONE, REFUSED = 1, 2, 3, 4  # REFUSED: the trainer built another problem
 _POLL_S = 0.25  # how often a local server looks at its trainer processes
@@ -558,7 +558,8 @@ def _group_timeout(timeout: float) -> datetime.timedelta:
     return datetime.timedelta(seconds=max(timeout, 60.0))
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A free TCP port on the loopback address (a local gloo group's rendezvous)."""
     with socket.socket() as s:
         s.bind((DEFAULT_ADDR, 0))
         return int(s.getsockname()[1])
@@ -624,7 +625,7 @@ def run_ps(scenario: Scenario, trainers: int, dtype: str = "float32",
     problem = problem if problem is not None else make_problem(scenario.problem)
     problem.optimum()
     address = os.environ.get("MASTER_ADDR", DEFAULT_ADDR)
-    port = int(os.environ.get("MASTER_PORT", 0)) or _free_port()
+    port = int(os.environ.get("MASTER_PORT", 0)) or free_port()
     toml = scenario_to_toml(scenario)
     context = mp.get_context("spawn")
     processes = [context.Process(target=_trainer_main, daemon=True, args=(

@@ -33,7 +33,7 @@ from realrun.host.probe import (
     write_meetings,
 )
 from realrun.records import compiled
-from realrun.support import RULE_MODES, recorded, refuse_unsupported
+from realrun.support import ROUND_MODES, RULE_MODES, recorded, refuse_unsupported
 from realrun.timeline import Measure, WorkerRecord, merge
 from realrun.worker import (
     MESSAGE_BYTES,
@@ -59,8 +59,8 @@ from simulator.trace import Trace
 
 __all__ = ["MODES", "RealRun", "run_real"]
 
-MODES = ("lockfree", "blocklock", "locked", "serial", "minibatch", "roundrobin", "staleness_lr",
-         "dcasgd")
+MODES = ("lockfree", "blocklock", "locked", "serial", "minibatch", "allreduce", "roundrobin",
+         "staleness_lr", "dcasgd")
 DTYPES = ("float32", "float64")
 LAUNCHES = ("processes", "threads")
 # Measured with bench/gpu.py (bench/README.md): the faster way to run CUDA workers.
@@ -306,7 +306,7 @@ def run_real(scenario: Scenario, workers: int, mode: str, dtype: str = "float32"
                             f"--device {device}")
     _check_device(device)
     named = ("run.protocol", mode) if scenario.run.protocol == mode else ("--mode", mode)
-    if mode in ("minibatch", "roundrobin") and (device != "cpu" or launch == "threads"):
+    if mode in (*ROUND_MODES, "roundrobin") and (device != "cpu" or launch == "threads"):
         raise ScenarioError(*named, "rounds and turns run on CPU worker processes (not "
                             "--launch threads or CUDA, yet)")
     if mode in ("minibatch", "roundrobin") and platform.machine().lower() not in ("x86_64",
@@ -347,7 +347,8 @@ def run_real(scenario: Scenario, workers: int, mode: str, dtype: str = "float32"
                         scenario.inject.active)
     buffers.w.copy_(torch.as_tensor(problem.initial()))
     toml = scenario_to_toml(scenario)
-    rounds = _rounds(workers, quotas, buffers.w) if mode == "minibatch" else None
+    rounds = (_rounds(workers, quotas, buffers.w, mode == "allreduce") if mode in ROUND_MODES
+              else None)
     turns = (Turns(torch.zeros(1, dtype=torch.int64).share_memory_(),
                    min(workers, scenario.run.updates), workers > _cpus())
              if mode == "roundrobin" else None)
@@ -448,14 +449,19 @@ def _cpus() -> int:
     return os.cpu_count() or 1
 
 
-def _rounds(workers: int, quotas: list[int], w: Any) -> Rounds:
-    """The flags and step slots of synchronous rounds (``realrun.worker.Rounds``)."""
+def _rounds(workers: int, quotas: list[int], w: Any, allreduce: bool = False) -> Rounds:
+    """The flags and step slots of synchronous rounds (``realrun.worker.Rounds``); with
+    ``allreduce``, the address of the workers' gloo group instead of the slots."""
     import torch
 
+    from realrun.ps import DEFAULT_ADDR, free_port
+
     full = min(quotas)
-    return Rounds(torch.zeros(workers + 1, dtype=torch.int64).share_memory_(),
-                  torch.zeros(workers, w.numel(), dtype=w.dtype).share_memory_(), full,
-                  sum(q > full for q in quotas), workers > _cpus())
+    slots = torch.zeros(0 if allreduce else workers, 0 if allreduce else w.numel(),
+                        dtype=w.dtype).share_memory_()
+    return Rounds(torch.zeros(workers + 1, dtype=torch.int64).share_memory_(), slots, full,
+                  sum(q > full for q in quotas), workers > _cpus(),
+                  f"tcp://{DEFAULT_ADDR}:{free_port()}" if allreduce else None)
 
 
 def _workers(buffers: Buffers, workers: int, quotas: list[int], toml: str, mode: str,

@@ -31,13 +31,14 @@ __all__ = ["BACKENDS", "PROTOCOL_OF", "RULE_MODES", "SUPPORT", "recorded", "refu
 BACKENDS = ("shm", "cuda", "ps")
 #: The simulator protocol each real mode runs (``ps`` runs ``paramserver``).
 PROTOCOL_OF = {"lockfree": "lockfree", "blocklock": "lockfree", "locked": "locked",
-               "serial": "serial", "minibatch": "minibatch", "roundrobin": "roundrobin",
+               "serial": "serial", "minibatch": "minibatch", "allreduce": "minibatch",
+               "roundrobin": "roundrobin",
                "staleness_lr": "staleness_lr",
                "dcasgd": "dcasgd", "paramserver": "paramserver"}
 #: Lock-free modes whose workers apply an update rule when their write begins.
 RULE_MODES = ("staleness_lr", "dcasgd")
 #: Modes whose workers take their updates in synchronous rounds.
-ROUND_MODES = ("minibatch",)
+ROUND_MODES = ("minibatch", "allreduce")
 #: Real-run modes whose writes are atomic per block (a lock per block write).
 ATOMIC_MODES = ("blocklock",)
 
@@ -49,7 +50,8 @@ _NO_INJECTION = "real runs inject no delays, errors or faults yet (simulate it)"
 SUPPORT: tuple[tuple[str, str, str], ...] = (
     ("`name`, `problem.*`", "honoured", "honoured"),
     ("`run.protocol`", "recorded: the mode's (`lockfree`, `locked`, `serial`; on CPU worker "
-     "processes also `minibatch`, `roundrobin`, `staleness_lr` and "
+     "processes also `minibatch` (`--mode minibatch`: a barrier in shared memory; "
+     "`--mode allreduce`: a torch.distributed all-reduce), `roundrobin`, `staleness_lr` and "
      "`dcasgd`); another non-default one refused",
      "recorded: `paramserver`; another non-default one refused"),
     ("`run.threads`", "recorded: `--workers`", "recorded: `--workers` (trainers)"),

@@ -111,6 +111,12 @@ class Rounds:
     full: int  # q: the rounds every worker takes part in
     last: int  # members of round q (m), the rest of the quota
     nap: bool  # more workers than CPUs: a waiting worker sleeps between looks
+    # ``--mode allreduce``: the workers' gloo group (its init method), as data-parallel
+    # training with torch.distributed runs: each worker keeps its own replica of w, the round's
+    # steps are summed by an all-reduce and every replica subtracts their mean; worker 0's
+    # replica is copied to the shared vector (the run's w, which the parent samples) and its
+    # row is the round's writer. None: the shared-memory barrier above.
+    group: str | None = None
 
 
 @dataclass(frozen=True)
@@ -379,6 +385,49 @@ def _round_write(rounds: Rounds, flags: np.ndarray, slots: np.ndarray, rank: int
     return scale, mean
 
 
+class _AllReduce:
+    """The write phase of a round as an all-reduce (:attr:`Rounds.group`); the groups are
+    made once, by every worker (a second group, of the first m, for the last round)."""
+
+    def __init__(self, rounds: Rounds, rank: int, workers: int) -> None:
+        import datetime
+
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo", init_method=rounds.group, rank=rank, world_size=workers,
+                                timeout=datetime.timedelta(seconds=120))
+        self.rounds, self.rank, self.dist = rounds, rank, dist
+        self.last = dist.new_group(list(range(rounds.last))) if rounds.last else None
+
+    def write(self, i: int, step: np.ndarray, w: np.ndarray, shared: np.ndarray,
+              ops: list[Any], stored: Callable[[int], None],
+              schedule: Callable[[int], float] | None) -> tuple[float, np.ndarray]:
+        """Round ``i``: the all-reduced mean step subtracted from this worker's replica (and
+        copied to the shared vector by worker 0); the factor on lr and the step subtracted."""
+        import torch
+
+        rounds, flags = self.rounds, self.rounds.flags.numpy()
+        members = len(flags) - 1 if i < rounds.full else rounds.last
+        total = torch.from_numpy(np.array(step, dtype=np.float64))
+        self.dist.all_reduce(total, group=None if i < rounds.full else self.last)
+        mean = total.numpy()
+        mean /= members
+        scale = 1.0
+        if schedule is not None:
+            scale = schedule(i + 1)
+            mean = mean * scale
+        if self.rank == 0:
+            flags[0] = i + 1  # the shared vector is being written (curve samples wait)
+        for block, index, _, _ in ops:
+            w[index] -= mean[index]
+            if self.rank == 0:
+                shared[index] = w[index]
+                stored(block)
+        if self.rank == 0:
+            flags[-1] = i + 1
+        return scale, mean
+
+
 def _write_rule(scenario: Any, w: np.ndarray, progress: np.ndarray,
                 ) -> Callable[[np.ndarray, Any, np.ndarray, int], tuple[np.ndarray, float]] | None:
     """The update rule a lock-free worker applies when its write begins, as the simulator's
@@ -567,6 +616,9 @@ def _loop(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any,
     dense = block_ops(bounds, None) if whole else None
     slots, flags = (None, None) if rounds is None else (rounds.slots.numpy(),
                                                         rounds.flags.numpy())
+    reducer, shared = None, w
+    if rounds is not None and rounds.group is not None:  # each worker trains its own replica
+        reducer, w = _AllReduce(rounds, spec.rank, spec.workers), w.copy()
     progress = buffers.progress.numpy()
     rule = None if rounds is not None else _write_rule(scenario, w, progress)
     schedule = LR_FACTORS.get(scenario.run.lr_schedule)
@@ -630,7 +682,9 @@ def _loop(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any,
             _await(turn, 1, a + i * a + spec.rank, turns.nap, gone)  # type: ignore[union-attr]
         if rule is not None:
             step, scale = rule(step, support, local, seen)
-        if rounds is not None:
+        if reducer is not None:
+            scale, step = reducer.write(i, step, w, shared, ops, stored, schedule)
+        elif rounds is not None:
             scale, step = _round_write(rounds, flags, slots,  # type: ignore[arg-type]
                                        spec.rank, i, step, w, ops, stored, schedule, gone)
         elif dropped or quantize is not None:

@@ -118,3 +118,24 @@ def test_real_turns_are_the_simulators_turns(workers, updates, blocks):
     np.testing.assert_allclose(real.trace["delta_norm"], simulated["delta_norm"], rtol=1e-12)
     active = min(workers, updates)
     assert (real.trace["staleness"][active - 1:] == active - 1).all()
+
+
+@pytest.mark.parametrize("workers, updates", [(2, 400), (3, 401)])
+def test_allreduce_rounds_are_the_simulators_minibatch(workers, updates):
+    """``--mode allreduce``: each worker trains its own replica and a torch.distributed
+    all-reduce sums the round's steps (data-parallel training as DistributedDataParallel runs
+    it); the run records minibatch, and ends on the simulator's vector to the bit with two
+    workers (to rounding with three: gloo's order of the sum); measure mode finds zero
+    gradient error at each round's writer row, as the simulator."""
+    s = scenario(*TINY, f"run.updates={updates}", "run.blocks=2")
+    real = run_real(s, workers, "allreduce", dtype="float64", timeout=120, measure_every=1)
+    assert real.failure is None and len(real.trace) == updates
+    assert real.scenario.run.protocol == "minibatch"
+    simulated = simulate(real.scenario)
+    if workers == 2:
+        assert np.array_equal(real.trace["w_final"], simulated["w_final"])
+    else:
+        np.testing.assert_allclose(real.trace["w_final"], simulated["w_final"], atol=1e-12)
+    assert np.array_equal(real.trace["measured"], simulated["measured"])
+    assert np.nanmax(real.trace["delta_norm"] / real.trace["g_norm"]) < 1e-12
+    assert (real.trace["thread"][real.trace["measured"]] == 0).all()  # worker 0 writes

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from realrun.ps import _free_port, run_ps, summary_extra
+from realrun.ps import free_port, run_ps, summary_extra
 from simulator.cli import main
 from simulator.engine import simulate
 from simulator.metrics import summarize
@@ -210,7 +210,7 @@ def test_torchrun_nodes_write_the_run_directory(tmp_path):
 
 
 def test_a_dead_server_makes_trainers_exit(tmp_path):
-    port = _free_port()
+    port = free_port()
     world = 3
     nodes = [_node(rank, world, port, tmp_path / "ps", ["--set", "run.updates=10000000"])
              for rank in range(world)]
@@ -323,7 +323,7 @@ def test_rebalance_retires_a_slow_trainer(tmp_path):
     once every trainer made rebalance_after gradients: the server retires it (its next pull
     gets no gradients, it exits), the others make the rest of the budget, and the trace and
     summary name it as the simulator's report does."""
-    port, world, out = _free_port(), 4, tmp_path / "ps"
+    port, world, out = free_port(), 4, tmp_path / "ps"
     # The budget outlasts the slow trainer's first rebalance_after gradients by far (the
     # rule needs every working trainer to have made them; fast trainers that finished
     # the budget first would leave it alone).
