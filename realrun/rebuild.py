@@ -171,12 +171,26 @@ def _read_within(starts: np.ndarray, re: np.ndarray, by_start: np.ndarray, low: 
     return None
 
 
+def _round_touched(w: np.ndarray, lo: int, hi: int, support: np.ndarray | None,
+                   bits: int) -> None:
+    """Round a block's stored coordinates ``[lo, hi)`` of ``support`` (None: all of them)
+    to ``bits`` significand bits, as a worker's store rounded them."""
+    if support is None:
+        round_significand(w[lo:hi], bits)
+        return
+    inside = support[(support >= lo) & (support < hi)]
+    values = w[inside]
+    round_significand(values, bits)
+    w[inside] = values
+
+
 def rebuild(problem: Problem, lr: float, bounds: list[int], dtype: str, every: int,
             store_end: np.ndarray, steps: list[np.ndarray], thread: np.ndarray,
             seq: np.ndarray, samples: np.ndarray, write_end: np.ndarray,
             reads: list[np.ndarray] | None = None, times: np.ndarray | None = None, *,
             curve_points: int, scales: np.ndarray | None = None, bits: int = 0,
-            groups: list[list[int]] | None = None) -> Rebuild:
+            groups: list[list[int]] | None = None,
+            dropped: np.ndarray | None = None) -> Rebuild:
     """Replay the block stores of every row (rows in completion order).
 
     ``store_end[i, b]`` is when row i's store to block b finished (−1: untouched), ``steps[r]``
@@ -187,7 +201,8 @@ def rebuild(problem: Problem, lr: float, bounds: list[int], dtype: str, every: i
     taken at the simulator's checkpoints for ``curve_points`` (``metrics.curve_points``).
     ``scales[i]``: the factor on lr row i's step took (an update rule's; the view divides it
     out, as the simulator's does). ``bits``: each block store's values rounded to that many
-    significand bits (``inject.write_bits``), as the workers stored them. ``groups[i]``: the
+    significand bits (``inject.write_bits``) over the coordinates row i's gradient touches
+    (nothing for a ``dropped`` write), as the workers stored them. ``groups[i]``: the
     samples whose mean step row i's stores subtracted (a synchronous round: its writer's row
     holds the round's mean step; the other members' rows store nothing and are not
     measured, as in the simulator).
@@ -199,7 +214,7 @@ def rebuild(problem: Problem, lr: float, bounds: list[int], dtype: str, every: i
     order = np.lexsort((ev_block, thread[ev_row], store_end[ev_row, ev_block]))
     remaining = (store_end >= 0).sum(axis=1)
     measurements: list[Measurement | None] = [None] * n
-    completed = 0
+    completed = computed = 0  # completions, and the gradients they applied
     anchors: list[int] = []
     if reads is not None and times is not None:
         anchors = quiet_reads(*times.T).tolist()[::-1]  # popped from the end, earliest first
@@ -213,15 +228,18 @@ def rebuild(problem: Problem, lr: float, bounds: list[int], dtype: str, every: i
             loss = reads[int(thread[quiet])][int(seq[quiet])] - w.astype(np.float64)
         lo, hi = bounds[block], bounds[block + 1]
         w[lo:hi] -= steps[int(thread[row])][int(seq[row]), lo:hi]
-        round_significand(w[lo:hi], bits)
+        if bits and not (dropped is not None and dropped[row]):
+            _round_touched(w, lo, hi, problem.support(int(samples[row])), bits)
         remaining[row] -= 1
         if remaining[row] == 0:
             completed += 1
+            computed += 1 if groups is None else len(groups[row])
             now = w.astype(np.float64)
             measurements[row] = view.complete(completed, now if loss is None else now + loss,
                                               [int(samples[row])] if groups is None
                                               else groups[row], int(write_end[row]),
-                                              1.0 if scales is None else float(scales[row]))
+                                              1.0 if scales is None else float(scales[row]),
+                                              n=computed)
     if groups is not None:  # a round's members stored nothing: the writer's row measures it
         measurements = [UNMEASURED if m is None and not (store_end[i] >= 0).any() else m
                         for i, m in enumerate(measurements)]

@@ -82,10 +82,10 @@ SUPPORT: tuple[tuple[str, str, str], ...] = (
      "honoured"),
     ("`[inject]`", "on CPU worker processes (not `minibatch`): `error` (with `error_bound`, "
      "`error_relative`), `drop` and `write_bits` honoured, drawn by the simulator's injector "
-     "(each update's error and drop are the simulator's thread's); `pauses` honoured per "
-     "phase; `stragglers` honoured: each phase takes `factor` times as long (a read's copy "
-     "and a write's stores at its end); `deaths` honoured: the worker stops before its first "
-     "phase after its time (not with `roundrobin`); delays refused (a "
+     "(each update's error and drop are the simulator's thread's); `pauses` honoured before an "
+     "update's read; `stragglers` honoured: each phase takes `factor` (>= 1) times as long (a "
+     "read's copy and a write's stores at its end); `deaths` honoured: the worker stops "
+     "before its first update after its time (not with `roundrobin`); delays refused (a "
      "field that injects nothing, such as `error_bound` without an `error`, is accepted)",
      "refused when it injects anything"),
     ("`[paramserver]`", "inert", "honoured"),
@@ -171,16 +171,21 @@ def _devices(scenario: Scenario) -> tuple[str, Any, str] | None:
 
 #: The injections CPU worker processes run: errors, drops and rounded stores, which the
 #: simulator's injector draws update by update (``realrun.worker._injector``); stragglers and
-#: pauses (``realrun.worker._Slowed``) and deaths (``realrun.runner._deaths``).
+#: pauses and deaths (``realrun.worker._Slowed``).
 VALUE_INJECTIONS = ("error", "drop", "write_bits", "stragglers", "pauses", "deaths")
 
 
 def _stalls(inject: InjectSpec, mode: str) -> tuple[str, Any, str] | None:
-    """A death under turns: the simulator's roundrobin stalls for good waiting for the dead
-    worker's turn and ends the run; real turns would wait until the timeout."""
+    """A fault real workers cannot run: a death under turns (the simulator's roundrobin
+    stalls for good waiting for the dead worker's turn and ends the run; real turns would
+    wait until the timeout), or a straggler faster than its core."""
     if inject.deaths and mode == "roundrobin":
         return ("inject.deaths", [dataclasses.asdict(d) for d in inject.deaths],
                 "a fixed turn order waits for a dead worker for good")
+    for i, straggler in enumerate(inject.stragglers):
+        if straggler.factor < 1:
+            return (f"inject.stragglers.{i}.factor", straggler.factor,
+                    "a real worker cannot run faster than its core (factor >= 1)")
     return None
 
 

@@ -145,7 +145,7 @@ def merge(records: list[WorkerRecord], w0: np.ndarray, w_final: np.ndarray,
                         curve_points=measure.curve_points, scales=arrays["lr_scale"],
                         bits=measure.bits,
                         groups=_groups(arrays["step"], data["samples"][order]) if rounds
-                        else None)
+                        else None, dropped=arrays["dropped"])
         if built.measurements:  # a run stopped before its first update has none
             for name, values in zip(("measured", "s_norm", "g_norm", "delta_norm",
                                      "delta_dot"), zip(*built.measurements, strict=True),

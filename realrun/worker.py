@@ -181,6 +181,7 @@ def worker_main(spec: WorkerSpec, buffers: Buffers, lock: Any,
         wait_for_release(buffers, gone)
     except _Died:  # an injected death: it stops here, and the others go on
         buffers.status[spec.rank] = STATUS_DEAD
+        wait_for_release(buffers, gone)  # (its exit would take the others' cores)
     except BaseException as err:  # every failure, SystemExit included, must reach the parent
         record_failure(buffers, spec.rank, err)
         raise SystemExit(1) from None
@@ -416,6 +417,7 @@ class _AllReduce:
         if schedule is not None:
             scale = schedule(i + 1)
             mean = mean * scale
+        mean = mean.astype(w.dtype, copy=False)  # the values subtracted (and recorded)
         if self.rank == 0:
             flags[0] = i + 1  # the shared vector is being written (curve samples wait)
         for block, index, _, _ in ops:
@@ -425,7 +427,7 @@ class _AllReduce:
                 stored(block)
         if self.rank == 0:
             flags[-1] = i + 1
-        return scale, mean
+        return (scale if self.rank == 0 else 1.0), mean  # the writer's row takes the factor
 
 
 def _write_rule(scenario: Any, w: np.ndarray, progress: np.ndarray,
@@ -445,6 +447,7 @@ def _write_rule(scenario: Any, w: np.ndarray, progress: np.ndarray,
     if protocol not in ("staleness_lr", "dcasgd") and schedule is None:
         return None
     work = (np.zeros(w.size), np.zeros(w.size)) if protocol == "dcasgd" else None
+    cast = np.zeros(w.size, dtype=w.dtype) if w.dtype != np.float64 else None
 
     def rule(step: np.ndarray, support: Any, local: np.ndarray,
              seen: int) -> tuple[np.ndarray, float]:
@@ -455,8 +458,10 @@ def _write_rule(scenario: Any, w: np.ndarray, progress: np.ndarray,
                 step *= scale
         elif protocol == "dcasgd":
             where = slice(None) if support is None else support
-            step = dc_step(step, lr, w[where], local[where], lam, work).astype(w.dtype,
-                                                                             copy=False)
+            step = dc_step(step, lr, w[where], local[where], lam, work)
+            if cast is not None:  # back to w's dtype, in a buffer of its own
+                np.copyto(cast[:step.size], step, casting="same_kind")
+                step = cast[:step.size]
         if schedule is not None:
             factor = schedule(completed + 1)
             step = step * factor
@@ -490,17 +495,18 @@ class _Slowed:
     ``[[inject.stragglers]]``, ``[[inject.deaths]]`` of its rank or of the run's one
     device), on the run's clock (ns since the common start).
 
-    A death stops the worker before its next phase once the clock has passed its time: the
-    update in flight is abandoned (a write that began is finished; the simulator's dead
-    thread may leave part of a write of several blocks).
+    A death stops the worker before its next update once the clock has passed its time (the
+    simulator's dead thread stops at once, abandoning the update in flight, with part of a
+    write of several blocks).
 
-    A pause holds the worker before its next phase (read, gradient, write) while the clock is
-    in one of its windows, until the window ends, as the simulator's thread starts no action
-    in it (here: no phase). A straggler's phases take ``factor`` times as long, as the
-    simulator's: the gradient by waiting out the rest after computing it, a read and a write
-    by waiting (factor − 1) times the worker's previous copy or store before copying or
-    storing, so a block is copied as its read ends and stored as its write ends, as in the
-    simulator."""
+    A pause holds the worker before its next update's read while the clock is in one of its
+    windows, until the window ends (the simulator's thread starts no action in it, so it also
+    holds a gradient or a write that would begin there; here an update that began before the
+    window finishes, and every recorded phase lasts as long as it ran). A straggler's phases
+    take ``factor`` (> 1) times as long, as the simulator's: the gradient by waiting out the
+    rest after computing it, a read and a write by waiting (factor − 1) times the worker's
+    previous copy or store before copying or storing, so a block is copied as its read ends
+    and stored as its write ends, as in the simulator."""
 
     def __init__(self, inject: Any, rank: int, origin: int) -> None:
         self.windows = [(origin + p.start, origin + p.end) for p in inject.pauses
@@ -527,8 +533,8 @@ class _Slowed:
         self.last[phase] = time.monotonic_ns() - began
 
     def hold(self) -> None:
-        """Before a phase: wait while the clock is in a pause window; die once it has passed
-        the worker's death.
+        """Before an update: wait while the clock is in a pause window; die once it has
+        passed the worker's death.
 
         Raises:
             _Died: the death's time has come."""
@@ -638,12 +644,12 @@ def _loop(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any,
     for i in range(spec.quota):
         sample = int(stream.take())
         ops = dense if dense is not None else block_ops(bounds, problem.support(sample))
+        if slow is not None:  # (before any lock or turn: a death must hold neither)
+            slow.hold()
         if lock is not None:
             lock.acquire()
         if turn is not None and i == 0:  # later reads hold the turn of the write before
             _await(turn, 1, spec.rank, turns.nap, gone)  # type: ignore[union-attr]
-        if slow is not None:
-            slow.hold()
         start()
         if rule is not None:
             seen = int(progress.sum())
@@ -659,7 +665,6 @@ def _loop(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any,
         if turn is not None:
             turn[0] += 1  # passed on by its only holder
         if slow is not None:
-            slow.hold()
             began = time.monotonic_ns()
         step, support = ((problem.dense_grad(local, sample), None) if rounds is not None
                          else problem.grad(local, sample))
@@ -674,14 +679,13 @@ def _loop(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any,
         if slow is not None:
             slow.stretch(began)
         grad_end()
-        if slow is not None:
-            slow.hold()
-            began = slow.before(1)
         if turn is not None:
             a = turns.active  # type: ignore[union-attr]
             _await(turn, 1, a + i * a + spec.rank, turns.nap, gone)  # type: ignore[union-attr]
         if rule is not None:
             step, scale = rule(step, support, local, seen)
+        if slow is not None:
+            began = slow.before(1)
         if reducer is not None:
             scale, step = reducer.write(i, step, w, shared, ops, stored, schedule)
         elif rounds is not None:
@@ -702,6 +706,9 @@ def _loop(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any,
         if slow is not None:
             slow.after(1, began)
         written()
+        # Counted before the next writer may start (τ and a schedule's m count it), and before
+        # the records the parent reads once the run is over.
+        done(sample)
         if turn is not None and i == spec.quota - 1:
             turn[0] += 1  # no next read: it leaves the rotation
         if lock is not None:
@@ -715,4 +722,3 @@ def _loop(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any,
                 steps[i, slice(None) if support is None else support] = step
             if reads is not None:
                 reads[i] = local
-        done(sample)

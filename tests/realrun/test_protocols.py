@@ -139,3 +139,16 @@ def test_allreduce_rounds_are_the_simulators_minibatch(workers, updates):
     assert np.array_equal(real.trace["measured"], simulated["measured"])
     assert np.nanmax(real.trace["delta_norm"] / real.trace["g_norm"]) < 1e-12
     assert (real.trace["thread"][real.trace["measured"]] == 0).all()  # worker 0 writes
+
+
+def test_allreduce_in_float32_with_a_schedule_records_what_it_subtracted():
+    """float32 replicas: measure mode's rebuild subtracts the very float32 means the replicas
+    did (no loss is reported where none happened); the schedule's factor is on the writer's
+    row only, as the simulator records a round; the exact curve reaches every gradient."""
+    s = scenario(*TINY, "run.updates=300", "run.lr_schedule=inv_sqrt")
+    real = run_real(s, 2, "allreduce", dtype="float32", timeout=120, measure_every=1)
+    assert real.failure is None and real.hardware_loss["rebuilt_vs_real_max"] == 0
+    trace = real.trace
+    assert (trace["lr_scale"][~trace["measured"]] == 1).all()
+    assert (trace["lr_scale"][trace["measured"]] < 1).any()
+    assert trace["curve_n"][-1] == 300 and trace["curve_t"][-1] == 150
