@@ -58,6 +58,29 @@ def test_torch_workers_run_the_same_loss_by_autograd():
     np.testing.assert_allclose(run.trace["w_final"], w, rtol=1e-12, atol=1e-14)
 
 
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("launch, pattern", [("threads", "shared"), ("processes", "shared"),
+                                             ("threads", "host")])
+def test_cuda_workers_run_a_torch_network(launch, pattern):
+    """The user's module on a GPU: one worker ends where plain SGD with the problem's own
+    gradients ends (float64, to 1e-10: cuBLAS sums in another order), and two lock-free
+    workers train it with measure mode's exact errors."""
+    s = scenario(*NET, "run.updates=150")
+    one = run_real(s, 1, "serial", "float64", timeout=300, device="cuda", launch=launch,
+                   pattern=pattern)
+    problem = make_problem(s.problem)
+    w = problem.initial()
+    for sample in one.trace["sample"]:
+        w = w - s.run.lr * problem.grad(w, int(sample))[0]
+    assert one.failure is None and len(one.trace) == 150
+    np.testing.assert_allclose(one.trace["w_final"], w, rtol=1e-10, atol=1e-12)
+    two = run_real(scenario(*NET), 2, "lockfree", "float64", timeout=300, device="cuda",
+                   launch=launch, pattern=pattern, measure_every=2)
+    assert two.failure is None and len(two.trace) == 600
+    assert two.trace["curve_loss"][-1] < 0.8 * two.trace["curve_loss"][0]
+    assert np.isfinite(two.trace["delta_norm"][two.trace["measured"]]).all()
+
+
 def test_the_parameter_server_trains_a_torch_network():
     """Two trainers pushing gradients of the network to the server over loopback."""
     run = run_ps(scenario(*NET, "run.updates=300"), 2, "float64", timeout=60)
