@@ -183,9 +183,11 @@ def test_lr_schedules_are_plain_sgd_with_a_decaying_rate(schedule, factor, tmp_p
     assert (tmp_path / "a.npz").read_bytes() == (tmp_path / "b.npz").read_bytes()
 
 
-def test_real_runs_refuse_a_schedule():
+def test_real_runs_refuse_a_schedule_where_the_workers_have_none():
+    """CPU worker processes run a schedule (tests/realrun/test_rules.py); torch worker threads
+    do not yet, and refuse it; an unknown schedule is one line."""
     with pytest.raises(ScenarioError, match=r"run\.lr_schedule"):
-        run_real(scenario(*SERIAL, "run.lr_schedule=inverse"), 1, "serial")
+        run_real(scenario(*SERIAL, "run.lr_schedule=inverse"), 1, "serial", launch="threads")
     with pytest.raises(ScenarioError, match="lr_schedule"):
         scenario("run.lr_schedule=cosine")
 
