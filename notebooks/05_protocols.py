@@ -86,6 +86,14 @@ fig.tight_layout()
 plt.show()
 
 # %% [markdown]
+# Reading the curves: at a constant learning rate SGD settles at a noise floor that grows
+# with the learning rate times the variance of the gradients it applies. A minibatch round
+# applies the mean of k gradients, with 1/k of that variance, at the same learning rate per
+# step, so it settles lower, while making k times fewer steps for the same gradients; the
+# asynchronous protocols apply one gradient a step, as serial SGD does, plus what
+# concurrency did to it.
+
+# %% [markdown]
 # ## Per protocol
 
 
