@@ -45,15 +45,21 @@ def test_lock_free_workers_train_a_torch_network_and_measure_its_errors():
     assert set(np.unique(trace["sample"])) <= set(range(make_problem(s.problem).n_samples))
 
 
+def _plain_sgd(s, samples):
+    """Plain SGD with the problem's own gradients over ``samples``, from w_0."""
+    problem = make_problem(s.problem)
+    w = problem.initial()
+    for sample in samples:
+        w = w - s.run.lr * problem.grad(w, int(sample))[0]
+    return w
+
+
 def test_torch_workers_run_the_same_loss_by_autograd():
     """Worker threads computing autograd of the problem's torch loss (float64) end where
     plain SGD with the problem's own gradients ends, to 1e-12."""
     s = scenario(*NET, "run.updates=150")
     run = run_real(s, 1, "serial", "float64", timeout=120, launch="threads")
-    problem = make_problem(s.problem)
-    w = problem.initial()
-    for sample in run.trace["sample"]:
-        w = w - s.run.lr * problem.grad(w, int(sample))[0]
+    w = _plain_sgd(s, run.trace["sample"])
     assert run.failure is None and len(run.trace) == 150
     np.testing.assert_allclose(run.trace["w_final"], w, rtol=1e-12, atol=1e-14)
 
@@ -68,10 +74,7 @@ def test_cuda_workers_run_a_torch_network(launch, pattern):
     s = scenario(*NET, "run.updates=150")
     one = run_real(s, 1, "serial", "float64", timeout=300, device="cuda", launch=launch,
                    pattern=pattern)
-    problem = make_problem(s.problem)
-    w = problem.initial()
-    for sample in one.trace["sample"]:
-        w = w - s.run.lr * problem.grad(w, int(sample))[0]
+    w = _plain_sgd(s, one.trace["sample"])
     assert one.failure is None and len(one.trace) == 150
     np.testing.assert_allclose(one.trace["w_final"], w, rtol=1e-10, atol=1e-12)
     two = run_real(scenario(*NET), 2, "lockfree", "float64", timeout=300, device="cuda",
