@@ -15,7 +15,8 @@
 #
 # The asynchronous-SGD literature compares lock-free training with synchronous minibatch SGD
 # (the baseline), delayed SGD in a fixed order (Langford et al. 2009), staleness-aware
-# learning rates (Zhang et al. 2016) and delay compensation (Zheng et al. 2017). This notebook
+# learning rates (Zhang et al. 2016), delay compensation (Zheng et al. 2017) and asynchronous
+# consensus ADMM (Boyd et al. 2011; Zhang & Kwok 2014). This notebook
 # trains one problem with each of them on real worker processes sharing one vector, and
 # simulates each with the scenario the real run recorded:
 #
@@ -31,7 +32,8 @@
 UPDATES = 8_000      # gradients per run
 WORKERS = 2          # real worker processes (and simulated threads)
 DIM = 100            # dense logistic regression
-PROTOCOLS = ("serial", "lockfree", "minibatch", "roundrobin", "staleness_lr", "dcasgd")
+PROTOCOLS = ("serial", "lockfree", "minibatch", "roundrobin", "staleness_lr", "dcasgd", "admm")
+LOCAL_STEPS = 10     # gradients per ADMM push (its local solve)
 
 # %%
 import matplotlib.pyplot as plt
@@ -42,7 +44,8 @@ from realrun.runner import run_real
 from simulator import load_scenario, make_problem
 from simulator.engine import simulate
 
-SETTINGS = [f"problem.dim={DIM}", f"run.updates={UPDATES}", "dcasgd.lam=0.5"]
+SETTINGS = [f"problem.dim={DIM}", f"run.updates={UPDATES}", "dcasgd.lam=0.5",
+            f"admm.local_steps={LOCAL_STEPS}"]
 problem = make_problem(load_scenario(None, SETTINGS).problem)
 f_star = problem.optimum()[1]
 
@@ -52,17 +55,23 @@ f_star = problem.optimum()[1]
 # Each protocol runs for real (float64; measure mode rebuilds the serialized view for exact
 # gradient errors at every 10th completion), then the simulator runs the scenario the real run
 # recorded (`RealRun.scenario`: the protocol, its worker count, its split of the updates).
+# ADMM makes `UPDATES / LOCAL_STEPS` pushes, the same gradients (`work` counts them); a push is
+# not a gradient step, so measure mode gives its exact loss curve and no gradient error.
 
 # %%
-runs = {}
+runs, work = {}, {}
 for protocol in PROTOCOLS:
     workers = 1 if protocol == "serial" else WORKERS
-    scenario = load_scenario(None, [*SETTINGS, f"run.protocol={protocol}"])
+    admm = protocol == "admm"
+    work[protocol] = LOCAL_STEPS if admm else 1  # gradients per trace row
+    scenario = load_scenario(None, [*SETTINGS, f"run.protocol={protocol}",
+                                    f"run.updates={UPDATES // work[protocol]}"])
     real = run_real(scenario, workers, protocol, dtype="float64", problem=problem,
                     measure_every=10)
     assert real.failure is None, real.failure
     runs[protocol] = (real, simulate(real.scenario, problem=problem))
-    print(f"{protocol:>12}: {len(real.trace):,} gradients in {real.seconds:.2f} s")
+    print(f"{protocol:>12}: {len(real.trace) * work[protocol]:,} gradients in "
+          f"{real.seconds:.2f} s")
 
 # %% [markdown]
 # ## Suboptimality against wall time and against gradients computed
@@ -73,8 +82,9 @@ for (protocol, (real, sim)), color in zip(runs.items(), plt.cm.tab10.colors, str
     trace = real.trace
     gap = np.maximum(trace["curve_loss"] - f_star, 1e-12)
     by_time.plot(trace["curve_time"] / 1e6, gap, color=color, label=protocol)
-    by_work.plot(trace["curve_n"], gap, color=color, label=f"{protocol} (real)")
-    by_work.plot(sim["curve_n"], np.maximum(sim["curve_loss"] - f_star, 1e-12), color=color,
+    by_work.plot(trace["curve_n"] * work[protocol], gap, color=color, label=f"{protocol} (real)")
+    by_work.plot(sim["curve_n"] * work[protocol], np.maximum(sim["curve_loss"] - f_star, 1e-12),
+                 color=color,
                  linestyle="--", label=f"{protocol} (simulated)")
 by_time.set(xlabel="wall time (ms)", ylabel="f(w) − f*", yscale="log",
             title=f"real workers (k = {WORKERS})")
@@ -91,17 +101,18 @@ plt.show()
 # applies the mean of k gradients, with 1/k of that variance, at the same learning rate per
 # step, so it settles lower, while making k times fewer steps for the same gradients; the
 # asynchronous protocols apply one gradient a step, as serial SGD does, plus what
-# concurrency did to it.
+# concurrency did to it. ADMM pushes the change of a local solve on one worker's half of the
+# data, pulled towards the consensus by ρ: it moves z by 1/k of that change a push.
 
 # %% [markdown]
 # ## Per protocol
 
 
 # %%
-def rate(trace) -> float:
+def rate(trace, protocol) -> float:
     """Gradients per second over the real run's span."""
     span = (trace["write_end"].max() - trace["read_start"].min()) / 1e9
-    return len(trace) / span
+    return len(trace) * work[protocol] / span
 
 
 rows = []
@@ -109,8 +120,8 @@ for protocol, (real, sim) in runs.items():
     t, s = real.trace, sim
     measured = t["measured"]
     errors = (float(np.mean(t["delta_norm"][measured] > 1e-9 * t["g_norm"][measured]))
-              if measured.any() else 0.0)
-    rows.append({"protocol": protocol, "gradients/s": rate(t),
+              if measured.any() else float("nan"))  # (ADMM: none measured)
+    rows.append({"protocol": protocol, "gradients/s": rate(t, protocol),
                  "staleness (real)": float(t["staleness"].mean()),
                  "staleness (simulated)": float(s["staleness"].mean()),
                  "error rate (real)": errors,

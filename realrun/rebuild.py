@@ -190,7 +190,7 @@ def rebuild(problem: Problem, lr: float, bounds: list[int], dtype: str, every: i
             reads: list[np.ndarray] | None = None, times: np.ndarray | None = None, *,
             curve_points: int, scales: np.ndarray | None = None, bits: int = 0,
             groups: list[list[int]] | None = None,
-            dropped: np.ndarray | None = None) -> Rebuild:
+            dropped: np.ndarray | None = None, exact: bool = True) -> Rebuild:
     """Replay the block stores of every row (rows in completion order).
 
     ``store_end[i, b]`` is when row i's store to block b finished (−1: untouched), ``steps[r]``
@@ -205,11 +205,12 @@ def rebuild(problem: Problem, lr: float, bounds: list[int], dtype: str, every: i
     (nothing for a ``dropped`` write), as the workers stored them. ``groups[i]``: the
     samples whose mean step row i's stores subtracted (a synchronous round: its writer's row
     holds the round's mean step; the other members' rows store nothing and are not
-    measured, as in the simulator).
+    measured, as in the simulator). ``exact`` false: the loss curve alone, no row measured
+    (updates that are not SGD steps: ADMM's pushes).
     """
     n = len(store_end)
     w = problem.initial().astype(dtype)
-    view = SerializedView(problem, lr, problem.initial(), n, True, every, curve_points)
+    view = SerializedView(problem, lr, problem.initial(), n, exact, every, curve_points)
     ev_row, ev_block = np.nonzero(store_end >= 0)
     order = np.lexsort((ev_block, thread[ev_row], store_end[ev_row, ev_block]))
     remaining = (store_end >= 0).sum(axis=1)

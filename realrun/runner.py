@@ -43,6 +43,7 @@ from realrun.worker import (
     STATUS_DONE,
     STATUS_FAILED,
     Buffers,
+    Consensus,
     Rounds,
     Turns,
     WorkerSpec,
@@ -60,7 +61,7 @@ from simulator.trace import Trace
 __all__ = ["MODES", "RealRun", "run_real"]
 
 MODES = ("lockfree", "blocklock", "locked", "serial", "minibatch", "allreduce", "roundrobin",
-         "staleness_lr", "dcasgd")
+         "staleness_lr", "dcasgd", "admm")
 DTYPES = ("float32", "float64")
 LAUNCHES = ("processes", "threads")
 # Measured with bench/gpu.py (bench/README.md): the faster way to run CUDA workers.
@@ -114,7 +115,7 @@ def _quotas(updates: int, workers: int) -> list[int]:
 
 def _allocate(dim: int, blocks: int, workers: int, quota: int, dtype: str, measure: bool,
               w_device: str, torch_path: bool, dense: bool, scaled: bool = False,
-              injected: bool = False) -> Buffers:
+              injected: bool = False, residuals: bool = False) -> Buffers:
     """Shared buffers; ``w`` on ``w_device``. Workers' steps are in the run's dtype (the
     very values they subtracted: the numpy worker rounds its float64 step to w's dtype before
     the write, the torch worker computes in it). In measure mode the numpy worker on a dense
@@ -140,6 +141,7 @@ def _allocate(dim: int, blocks: int, workers: int, quota: int, dtype: str, measu
                if measure and dense and not torch_path else None),
         scales=shared(workers, quota, kind=torch.float64) if scaled else None,
         injected=shared(workers, quota, 2, kind=torch.float64) if injected else None,
+        residuals=shared(workers, quota, 2, kind=torch.float64) if residuals else None,
         ready=shared(workers), control=shared(2))
 
 
@@ -166,9 +168,10 @@ def _check_buffers(scenario: Scenario, problem: Problem, rows: int, dtype: str,
     records = 8.0 * rows * (5 + 2 * scenario.run.blocks)
     copies = (np.dtype(dtype).itemsize + (8 if numpy_worker and problem.support(0) is None
                                           else 0)) * float(rows) * problem.dim
-    # A round's step slots (k·d) and the factors of an update rule (one float per update).
-    slots = (np.dtype(dtype).itemsize * float(scenario.run.threads) * problem.dim
-             if scenario.run.protocol == "minibatch" else 0.0)
+    # A round's step slots (k·d), ADMM's local copies (k·d float64).
+    slots = float(scenario.run.threads) * problem.dim * (
+        np.dtype(dtype).itemsize if scenario.run.protocol == "minibatch"
+        else 8 if scenario.run.protocol == "admm" else 0)
     check_memory({"run.updates": records + 8.0 * rows,
                   "problem.dim": (copies if measure else 0.0) + slots},
                  {"run.updates": scenario.run.updates, "problem.dim": problem.dim})
@@ -313,6 +316,9 @@ def run_real(scenario: Scenario, workers: int, mode: str, dtype: str = "float32"
                                                                                   "amd64"):
         raise ScenarioError(*named, "the barrier and the turns rely on x86-64's store order; "
                             f"not on {platform.machine()}")
+    if mode == "admm" and (device != "cpu" or launch == "threads"):
+        raise ScenarioError(*named, "consensus ADMM runs on CPU worker processes (not "
+                            "--launch threads or CUDA, yet)")
     if torch_path_of(device, launch) and mode in RULE_MODES:
         raise ScenarioError(*named, "update rules run on CPU worker processes (not --launch "
                             "threads or CUDA, yet)")
@@ -344,7 +350,7 @@ def run_real(scenario: Scenario, workers: int, mode: str, dtype: str = "float32"
     buffers = _allocate(problem.dim, scenario.run.blocks, workers, max(quotas), dtype,
                         measure_every is not None, device if pattern == "shared" else "cpu",
                         torch_path, problem.support(0) is None, scaled(scenario),
-                        scenario.inject.active)
+                        scenario.inject.active, mode == "admm")
     buffers.w.copy_(torch.as_tensor(problem.initial()))
     toml = scenario_to_toml(scenario)
     rounds = (_rounds(workers, quotas, buffers.w, mode == "allreduce") if mode in ROUND_MODES
@@ -352,9 +358,11 @@ def run_real(scenario: Scenario, workers: int, mode: str, dtype: str = "float32"
     turns = (Turns(torch.zeros(1, dtype=torch.int64).share_memory_(),
                    min(workers, scenario.run.updates), workers > _cpus())
              if mode == "roundrobin" else None)
+    consensus = (Consensus(torch.as_tensor(np.tile(problem.initial(), (workers, 1)))
+                           .share_memory_()) if mode == "admm" else None)
     processes = _workers(buffers, workers, quotas, toml, mode, scenario.run.blocks,
                          device if torch_path else None, launch, cpus, problem.fingerprint(),
-                         rounds, turns)
+                         rounds, turns, consensus)
     called = started = time.monotonic()
     snapshots: list[tuple[int, int, np.ndarray]] = []
     probes: tuple[dict[str, Any] | None, ...] = (None, None, None)
@@ -467,12 +475,14 @@ def _rounds(workers: int, quotas: list[int], w: Any, allreduce: bool = False) ->
 def _workers(buffers: Buffers, workers: int, quotas: list[int], toml: str, mode: str,
              blocks: int, device: str | None, launch: str,
              cpus: list[int] | None, fingerprint: str = "",
-             rounds: Rounds | None = None, turns: Turns | None = None) -> list[Any]:
+             rounds: Rounds | None = None, turns: Turns | None = None,
+             consensus: Consensus | None = None) -> list[Any]:
     """The worker processes or threads, not started; each carries the locks as ``.shared``.
     ``device`` None: the numpy worker; else the torch worker on that device. ``cpus``: worker
     r pins itself to ``cpus[r]``. They start and exit on the flags in ``buffers.control``.
-    ``rounds``, ``turns``: the synchronous rounds of ``--mode minibatch``, the turn order of
-    ``--mode roundrobin`` (numpy worker processes)."""
+    ``rounds``, ``turns``, ``consensus``: the synchronous rounds of ``--mode minibatch``, the
+    turn order of ``--mode roundrobin``, the local copies of ``--mode admm`` (numpy worker
+    processes), whose pushes take a lock per block, as ``blocklock``'s writes."""
     import threading
 
     import torch.multiprocessing as mp
@@ -494,18 +504,19 @@ def _workers(buffers: Buffers, workers: int, quotas: list[int], toml: str, mode:
     else:
         context = mp.get_context("spawn")
         lock = context.Lock() if mode == "locked" else None
-        block_locks = ([context.Lock() for _ in range(blocks)] if mode == "blocklock"
-                       else None)
+        block_locks = ([context.Lock() for _ in range(blocks)]
+                       if mode in ("blocklock", "admm") else None)
         made = []
         for spec in specs:
-            target, args = ((worker_main, (spec, buffers, lock, block_locks, rounds, turns))
+            target, args = ((worker_main, (spec, buffers, lock, block_locks, rounds, turns,
+                                           consensus))
                             if device is None else
                             (torch_worker_main, (spec, buffers, lock, block_locks, device)))
             made.append(context.Process(target=target, args=args, daemon=True))
     for worker in made:
         # Process.start() drops its arguments; the parent must keep the locks alive until the
         # workers end (a collected semaphore is unlinked before a spawned child can open it).
-        worker.shared = (lock, block_locks, rounds, turns)
+        worker.shared = (lock, block_locks, rounds, turns, consensus)
     return made
 
 
@@ -594,18 +605,24 @@ def _trace(buffers: Buffers, workers: int, scenario: Scenario, problem: Problem,
                                     None if buffers.scales is None
                                     else buffers.scales[rank, :n].numpy().copy(),
                                     None if buffers.injected is None
-                                    else buffers.injected[rank, :n].numpy().copy()))
+                                    else buffers.injected[rank, :n].numpy().copy(),
+                                    None if buffers.residuals is None
+                                    else buffers.residuals[rank, :n].numpy().copy()))
     w_final = _host(buffers.w)
     done = (sum(len(r.samples) for r in records) if rounds is None
             else int(rounds.flags[-1]))  # completions
-    points = [*snapshots, (done, time.monotonic_ns(), w_final)]
+    # The final vector is as the last write left it: stamped then (not when the parent looks).
+    ends = [int(r.times[:, 3].max()) for r in records if len(r.times)]
+    last = max(ends, default=time.monotonic_ns())
+    points = [*snapshots, (done, max(last, snapshots[-1][1]), w_final)]
     curve = [(t, stamp, problem.full_loss(w), float((w - w_star) @ (w - w_star)))
              for t, stamp, w in points]
     measure = None if measure_every is None else Measure(
         problem, scenario.run.lr, block_bounds(problem.dim, scenario.run.blocks), dtype,
         measure_every, scenario.metrics.curve_points, scenario.inject.write_bits,
         [buffers.steps[r].numpy() for r in range(workers)],
-        None if buffers.reads is None else [buffers.reads[r].numpy() for r in range(workers)])
+        None if buffers.reads is None else [buffers.reads[r].numpy() for r in range(workers)],
+        scenario.run.protocol != "admm")
     return merge(records, problem.initial(), w_final, curve, toml, measure, rounds is not None,
                  dead)
 

@@ -34,13 +34,13 @@ PROTOCOL_OF = {"lockfree": "lockfree", "blocklock": "lockfree", "locked": "locke
                "serial": "serial", "minibatch": "minibatch", "allreduce": "minibatch",
                "roundrobin": "roundrobin",
                "staleness_lr": "staleness_lr",
-               "dcasgd": "dcasgd", "paramserver": "paramserver"}
+               "dcasgd": "dcasgd", "admm": "admm", "paramserver": "paramserver"}
 #: Lock-free modes whose workers apply an update rule when their write begins.
 RULE_MODES = ("staleness_lr", "dcasgd")
 #: Modes whose workers take their updates in synchronous rounds.
 ROUND_MODES = ("minibatch", "allreduce")
-#: Real-run modes whose writes are atomic per block (a lock per block write).
-ATOMIC_MODES = ("blocklock",)
+#: Real-run modes whose writes are atomic per block (a lock per block write; ADMM's pushes).
+ATOMIC_MODES = ("blocklock", "admm")
 
 _SIMULATED_MACHINE = ("describes the simulated machine; a real run has the hardware itself "
                       "(asyngrad calibrate fits it from a real run)")
@@ -51,8 +51,8 @@ SUPPORT: tuple[tuple[str, str, str], ...] = (
     ("`name`, `problem.*`", "honoured", "honoured"),
     ("`run.protocol`", "recorded: the mode's (`lockfree`, `locked`, `serial`; on CPU worker "
      "processes also `minibatch` (`--mode minibatch`: a barrier in shared memory; "
-     "`--mode allreduce`: a torch.distributed all-reduce), `roundrobin`, `staleness_lr` and "
-     "`dcasgd`); another non-default one refused",
+     "`--mode allreduce`: a torch.distributed all-reduce), `roundrobin`, `staleness_lr`, "
+     "`dcasgd` and `admm`); another non-default one refused",
      "recorded: `paramserver`; another non-default one refused"),
     ("`run.threads`", "recorded: `--workers`", "recorded: `--workers` (trainers)"),
     ("`run.updates`", "honoured: gradients computed (one per update), T split evenly",
@@ -60,7 +60,8 @@ SUPPORT: tuple[tuple[str, str, str], ...] = (
      "n at a time)"),
     ("`run.lr`, `run.seed`", "honoured", "honoured"),
     ("`run.blocks`", "honoured", "refused unless 1 (the server holds one shard)"),
-    ("`run.write_mode`", "recorded: `atomic_add` for `blocklock`, else `load_store`; "
+    ("`run.write_mode`", "recorded: `atomic_add` for `blocklock` and `admm`, else "
+     "`load_store`; "
      "`atomic_add` refused with `lockfree` (under `locked` and `serial` one update writes at "
      "a time, so both modes store the same values)", "inert (pushes are applied whole)"),
     ("`run.lr_schedule`", "honoured on CPU worker processes: the factor at m = the updates "
@@ -85,12 +86,13 @@ SUPPORT: tuple[tuple[str, str, str], ...] = (
      "(each update's error and drop are the simulator's thread's); `pauses` honoured before an "
      "update's read; `stragglers` honoured: each phase takes `factor` (>= 1) times as long (a "
      "read's copy and a write's stores at its end); `deaths` honoured: the worker stops "
-     "before its first update after its time (not with `roundrobin`); delays refused (a "
+     "before its first update after its time (not with `roundrobin`); under `admm` only "
+     "stragglers, pauses and deaths; delays refused (a "
      "field that injects nothing, such as `error_bound` without an `error`, is accepted)",
      "refused when it injects anything"),
     ("`[paramserver]`", "inert", "honoured"),
     ("`[dcasgd]`", "honoured with `dcasgd`, else inert", "inert"),
-    ("`[admm]`", "inert", "inert"),
+    ("`[admm]`", "honoured with `admm` (CPU worker processes), else inert", "inert"),
 )
 
 
@@ -142,7 +144,8 @@ def _unsupported(scenario: Scenario, backend: str, mode: str) -> tuple[str, Any,
             or _changed("timing", scenario.timing, TimingSpec())
             or _changed("hardware", hardware, HardwareSpec())
             or _devices(scenario)
-            or _injected(scenario.inject, backend == "shm" and mode not in ROUND_MODES)
+            or _injected(scenario.inject, () if backend != "shm" or mode in ROUND_MODES
+                         else STALLS if mode == "admm" else VALUE_INJECTIONS)
             or _stalls(scenario.inject, mode))
 
 
@@ -171,8 +174,10 @@ def _devices(scenario: Scenario) -> tuple[str, Any, str] | None:
 
 #: The injections CPU worker processes run: errors, drops and rounded stores, which the
 #: simulator's injector draws update by update (``realrun.worker._injector``); stragglers and
-#: pauses and deaths (``realrun.worker._Slowed``).
-VALUE_INJECTIONS = ("error", "drop", "write_bits", "stragglers", "pauses", "deaths")
+#: pauses and deaths (``realrun.worker._Slowed``), the only ones under ADMM (its push is not
+#: a gradient step).
+STALLS = ("stragglers", "pauses", "deaths")
+VALUE_INJECTIONS = ("error", "drop", "write_bits", *STALLS)
 
 
 def _stalls(inject: InjectSpec, mode: str) -> tuple[str, Any, str] | None:
@@ -189,16 +194,15 @@ def _stalls(inject: InjectSpec, mode: str) -> tuple[str, Any, str] | None:
     return None
 
 
-def _injected(inject: InjectSpec, values: bool) -> tuple[str, Any, str] | None:
+def _injected(inject: InjectSpec, runs: tuple[str, ...]) -> tuple[str, Any, str] | None:
     """The first ``[inject]`` field that injects something the backend does not run (the
     parameters of an injection that is off, such as ``error_bound`` without an ``error``,
-    inject nothing); ``values``: it runs :data:`VALUE_INJECTIONS`."""
+    inject nothing); ``runs``: the injections it runs."""
     on = {"delay": inject.max_delay, "delay_dist": inject.max_delay,
           "delay_max": inject.max_delay, "error": inject.error != "none",
           "drop": inject.drop, "write_bits": inject.write_bits,
           "stragglers": inject.stragglers, "pauses": inject.pauses, "deaths": inject.deaths}
-    if values:
-        on = {name: used for name, used in on.items() if name not in VALUE_INJECTIONS}
+    on = {name: used for name, used in on.items() if name not in runs}
     injects = dataclasses.replace(InjectSpec(), **{name: getattr(inject, name)
                                                    for name, used in on.items() if used})
     return _changed("inject", injects, InjectSpec(), _NO_INJECTION)

@@ -44,6 +44,7 @@ class WorkerRecord:
     samples: np.ndarray
     scales: np.ndarray | None = None  # the factor on lr each update applied (None: 1)
     injected: np.ndarray | None = None  # (n, 2): ‖e‖ injected, 1.0 if the write was dropped
+    residuals: np.ndarray | None = None  # admm (n, 2): primal and dual after each push
 
 
 def _stacked(records: list[WorkerRecord]) -> dict[str, np.ndarray]:
@@ -58,6 +59,9 @@ def _stacked(records: list[WorkerRecord]) -> dict[str, np.ndarray]:
                                   for r in records]),
         "injected": np.concatenate([np.zeros((len(r.samples), 2)) if r.injected is None
                                     else r.injected for r in records]),
+        "residuals": np.concatenate([np.full((len(r.samples), 2), np.nan)
+                                     if r.residuals is None else r.residuals
+                                     for r in records]),
     }
 
 
@@ -74,6 +78,7 @@ class Measure:
     bits: int  # inject.write_bits: stores rounded to these significand bits (0: none)
     steps: list[np.ndarray]
     reads: list[np.ndarray] | None = None  # the read copies, where the workers keep them
+    exact: bool = True  # False: the loss curve alone (ADMM's pushes are not SGD steps)
 
 
 def merge(records: list[WorkerRecord], w0: np.ndarray, w_final: np.ndarray,
@@ -89,7 +94,9 @@ def merge(records: list[WorkerRecord], w0: np.ndarray, w_final: np.ndarray,
     each worker's i-th update in round i, whose one writer stored the blocks; the round is
     completion i + 1 for every member, and the others' empty writes sit at its end (as the
     simulator's minibatch records them), before the writer's row. ``dead``: the workers an
-    injected death killed (``extra_dead_threads``, as the simulator records it)."""
+    injected death killed (``extra_dead_threads``, as the simulator records it). ADMM's
+    residuals after each push are recorded in completion order (``extra_primal_residual``,
+    ``extra_dual_residual``, as the simulator's ``admm``)."""
     data = _stacked(records)
     times = data["times"]
     origin = int(times[:, 0].min()) if len(times) else 0
@@ -136,6 +143,9 @@ def merge(records: list[WorkerRecord], w0: np.ndarray, w_final: np.ndarray,
         for name in RECORD}
     extras: dict[str, np.ndarray] = ({} if dead is None else
                                      {"dead_threads": np.asarray(dead, dtype=np.int64)})
+    if any(r.residuals is not None for r in records):
+        extras["primal_residual"] = data["residuals"][order, 0]
+        extras["dual_residual"] = data["residuals"][order, 1]
     loss = None
     if measure is not None:
         built = rebuild(measure.problem, measure.lr, measure.bounds, measure.dtype,
@@ -145,13 +155,14 @@ def merge(records: list[WorkerRecord], w0: np.ndarray, w_final: np.ndarray,
                         curve_points=measure.curve_points, scales=arrays["lr_scale"],
                         bits=measure.bits,
                         groups=_groups(arrays["step"], data["samples"][order]) if rounds
-                        else None, dropped=arrays["dropped"])
+                        else None, dropped=arrays["dropped"], exact=measure.exact)
         if built.measurements:  # a run stopped before its first update has none
             for name, values in zip(("measured", "s_norm", "g_norm", "delta_norm",
                                      "delta_dot"), zip(*built.measurements, strict=True),
                                     strict=True):
                 arrays[name] = np.asarray(values, dtype=COLUMNS[name])
-        if measure.reads is not None and len(measure.bounds) == 2 and not rounds:  # one block
+        if (measure.reads is not None and len(measure.bounds) == 2 and not rounds
+                and measure.exact):  # lock-free writes of one block
             extras["convoy_pairs"] = convoy_losses(
                 rel[order], arrays["thread"], arrays["thread_seq"], arrays["uid"],
                 measure.steps, measure.reads, measure.dtype)

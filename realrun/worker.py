@@ -7,7 +7,8 @@ Hogwild! update); ``blocklock`` holds one lock per block across that block's rea
 (no store is lost, reads stay unlocked and can tear); ``locked`` holds one lock across the whole
 update; ``minibatch`` runs synchronous rounds (:class:`Rounds`: each worker leaves its step
 in a slot, worker 0 subtracts the round's mean step once all have, nobody reads until it
-has). Every timestamp comes from
+has); ``admm`` runs asynchronous consensus ADMM (:class:`Consensus`). Every timestamp comes
+from
 ``time.monotonic_ns()`` (one clock for all processes) and goes into preallocated shared
 buffers: no locks, no I/O, no allocation of records inside the loop.
 """
@@ -30,9 +31,9 @@ import numpy as np
 from realrun.records import recorder
 
 __all__ = ["ONE_THREAD_ENV", "RELEASE", "START", "STATUS_DEAD", "STATUS_DONE", "STATUS_FAILED",
-           "STATUS_RUNNING", "Buffers", "Rounds", "Turns", "WorkerSpec", "another_problem",
-           "die_with_parent", "one_thread_each", "one_thread_env", "pin", "pinned_cpus",
-           "record_failure", "touch_records", "wait_for_release", "wait_for_start",
+           "STATUS_RUNNING", "Buffers", "Consensus", "Rounds", "Turns", "WorkerSpec",
+           "another_problem", "die_with_parent", "one_thread_each", "one_thread_env", "pin",
+           "pinned_cpus", "record_failure", "touch_records", "wait_for_release", "wait_for_start",
            "worker_main"]
 
 # STATUS_DEAD: killed by an injected death (``[[inject.deaths]]``); the run goes on.
@@ -83,6 +84,7 @@ class Buffers:
     reads: Any = None  # measure mode, dense problems: (workers, quota, d) the read copies
     scales: Any = None  # update rules: (workers, quota) float64, the factor on lr applied
     injected: Any = None  # [inject]: (workers, quota, 2) float64, ‖e‖ and 1.0 if dropped
+    residuals: Any = None  # admm: (workers, quota, 2) float64, primal and dual after the push
     ready: Any = None  # ready[r] = 1 once worker r is set up and waits for the start
     control: Any = None  # the parent's signals: control[START], control[RELEASE]
 
@@ -134,6 +136,56 @@ class Turns:
     nap: bool  # more workers than CPUs: a waiting worker sleeps between looks
 
 
+@dataclass(frozen=True)
+class Consensus:
+    """Asynchronous consensus ADMM on real workers (``--mode admm``, as the simulator's
+    ``admm``): the shared vector is the consensus z; worker r pulls it (the read), solves its
+    shard's subproblem from its own x_r and scaled dual u_r (``simulator.rules.admm_push``,
+    the gradient phase) and adds its push to z under a lock per block (the write: an atomic
+    add, as the simulator's). Its x_r, published in ``xs[r]`` once the solve ends, lets the
+    writer of each push compute the residuals after it (``simulator.rules.admm_residuals``,
+    outside the timed phases), with Δz = the push itself."""
+
+    xs: Any  # (workers, d) float64 shared: each worker's local copy x_r
+
+
+class _Solver:
+    """One worker's side of :class:`Consensus`: its shard, draws, x_r and u_r."""
+
+    def __init__(self, consensus: Consensus, scenario: Any, problem: Any, rank: int,
+                 workers: int) -> None:
+        from simulator.rules import admm_samples, admm_shard
+
+        self.xs = consensus.xs.numpy()
+        self.row = self.xs[rank]
+        self.x, self.u = self.row.copy(), np.zeros(problem.dim)
+        self.shard = admm_shard(problem.n_samples, workers, rank)
+        self.weight = len(self.shard) / problem.n_samples
+        self.draw = admm_samples(scenario.run.seed, rank)
+        self.options, self.lr, self.workers = scenario.admm, scenario.run.lr, workers
+        self.grad = problem.dense_grad
+
+    def push(self, z: np.ndarray, sample: int) -> tuple[np.ndarray, int]:
+        """The push to subtract from z, computed at the pulled ``z``, and the sample the row
+        records (the first local one; ``sample`` where the shard is empty)."""
+        from simulator.rules import admm_push
+
+        if self.shard.size == 0:  # more workers than samples: nothing to learn
+            return np.zeros_like(z), sample
+        samples = self.draw(self.shard, self.options.local_steps)
+        step = admm_push(self.grad, self.x, self.u, z, samples, self.weight,
+                         self.options.rho, self.lr, self.workers)
+        self.row[:] = self.x
+        return step, int(samples[0])
+
+    def residuals(self, z: np.ndarray, step: np.ndarray) -> tuple[float, float]:
+        """The primal and dual residuals just after this worker's push of ``step``."""
+        from simulator.rules import admm_residuals
+
+        return admm_residuals(self.xs, z, np.asarray(step, dtype=np.float64),
+                              self.options.rho)
+
+
 # With more workers than CPUs a waiting worker looks this many times (about 1 µs each),
 # then sleeps between looks, so that the others can compute; with a CPU each, it only looks
 # (a sleep's wake-up took 60-80 µs: a round of the 105,004-parameter MLP's two workers took
@@ -160,7 +212,7 @@ def _await(flags: np.ndarray, upto: int, count: int, nap: bool,
 
 def worker_main(spec: WorkerSpec, buffers: Buffers, lock: Any,
                 block_locks: Any = None, rounds: Rounds | None = None,
-                turns: Turns | None = None) -> None:
+                turns: Turns | None = None, consensus: Consensus | None = None) -> None:
     """Set up, wait for the common start (:func:`wait_for_start`), run ``spec.quota``
     updates, then wait (asleep) for the release (:func:`wait_for_release`), which the parent
     gives once every worker is done; on any exception record it and exit with status 1.
@@ -176,7 +228,7 @@ def worker_main(spec: WorkerSpec, buffers: Buffers, lock: Any,
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     gone = die_with_parent()
     try:
-        _loop(spec, buffers, lock, block_locks, gone, rounds, turns)
+        _loop(spec, buffers, lock, block_locks, gone, rounds, turns, consensus)
         buffers.status[spec.rank] = STATUS_DONE
         wait_for_release(buffers, gone)
     except _Died:  # an injected death: it stops here, and the others go on
@@ -340,7 +392,8 @@ def touch_records(buffers: Buffers, rank: int) -> None:
     the time between updates 5× longer (78 µs against 16 µs) and moved both workers' phases
     together."""
     for tensor in (buffers.times, buffers.copy_end, buffers.store_end, buffers.samples,
-                   buffers.steps, buffers.reads, buffers.scales, buffers.injected):
+                   buffers.steps, buffers.reads, buffers.scales, buffers.injected,
+                   buffers.residuals):
         if tensor is not None:
             rows = tensor[rank].numpy()
             rows += 0  # rewrites each value as it is (−1 markers stay −1)
@@ -584,7 +637,7 @@ def _write_injected(w: np.ndarray, ops: list[Any], step: np.ndarray, block_locks
 
 def _loop(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any,
           gone: Callable[[], bool], rounds: Rounds | None = None,
-          turns: Turns | None = None) -> None:
+          turns: Turns | None = None, consensus: Consensus | None = None) -> None:
     from simulator.memory import block_bounds, block_ops
     from simulator.problems import make_problem
     from simulator.rules import LR_FACTORS
@@ -618,7 +671,7 @@ def _loop(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any,
     reads = None if buffers.reads is None else buffers.reads[spec.rank].numpy()
     # A round averages gradients of different samples: every update reads and writes every
     # block, with the dense gradient (as the simulator's minibatch).
-    whole = rounds is not None or problem.support(0) is None
+    whole = rounds is not None or consensus is not None or problem.support(0) is None
     dense = block_ops(bounds, None) if whole else None
     slots, flags = (None, None) if rounds is None else (rounds.slots.numpy(),
                                                         rounds.flags.numpy())
@@ -635,6 +688,9 @@ def _loop(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any,
     injected = None if buffers.injected is None else buffers.injected[spec.rank].numpy()
     quantize = None if injector is None or not injector.bits else injector.quantize
     error_norm, dropped = 0.0, False
+    solver = (None if consensus is None
+              else _Solver(consensus, scenario, problem, spec.rank, spec.workers))
+    residuals = None if buffers.residuals is None else buffers.residuals[spec.rank].numpy()
     problem.grad(local, 0)  # warm up (first-call costs stay out of the timed loop)
     touch_records(buffers, spec.rank)
     pin(spec)
@@ -666,16 +722,22 @@ def _loop(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any,
             turn[0] += 1  # passed on by its only holder
         if slow is not None:
             began = time.monotonic_ns()
-        step, support = ((problem.dense_grad(local, sample), None) if rounds is not None
-                         else problem.grad(local, sample))
-        if injector is not None:  # the simulator's draws, in its order (error, then drop)
-            if injector.errors:
-                step, error_norm = injector.error(spec.rank, step, local, support)
-            dropped = injector.dropped(spec.rank)
-        if rounded is None:
-            step *= lr
+        if solver is not None:  # the local solve: its push, lr included
+            (step, sample), support = solver.push(local, sample), None
+            if rounded is not None:
+                np.copyto(rounded, step, casting="same_kind")
+                step = rounded
         else:
-            step = np.multiply(step, lr, out=rounded[: step.size], casting="same_kind")
+            step, support = ((problem.dense_grad(local, sample), None) if rounds is not None
+                             else problem.grad(local, sample))
+            if injector is not None:  # the simulator's draws, in its order (error, then drop)
+                if injector.errors:
+                    step, error_norm = injector.error(spec.rank, step, local, support)
+                dropped = injector.dropped(spec.rank)
+            if rounded is None:
+                step *= lr
+            else:
+                step = np.multiply(step, lr, out=rounded[: step.size], casting="same_kind")
         if slow is not None:
             slow.stretch(began)
         grad_end()
@@ -717,6 +779,8 @@ def _loop(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any,
             scales[i] = scale
         if injected is not None:
             injected[i] = (error_norm, float(dropped))
+        if residuals is not None:
+            residuals[i] = solver.residuals(w, step)  # type: ignore[union-attr]
         if steps is not None:  # (a dropped write subtracted nothing: its row stays 0)
             if not dropped:
                 steps[i, slice(None) if support is None else support] = step

@@ -12,7 +12,8 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-__all__ = ["LR_FACTORS", "dc_compensate", "dc_correction", "dc_step", "mean_step", "retirements",
+__all__ = ["LR_FACTORS", "admm_push", "admm_residuals", "admm_samples", "admm_shard",
+           "dc_compensate", "dc_correction", "dc_step", "mean_step", "retirements",
            "round_quota", "round_significand", "staleness_scale", "too_stale", "warmed_up"]
 
 #: Learning-rate schedules (``run.lr_schedule``) as the factor on lr of the m-th update
@@ -72,6 +73,58 @@ def mean_step(steps: Sequence[np.ndarray]) -> np.ndarray:
         total += step
     total /= len(steps)
     return total
+
+
+#: Tags the streams of ADMM's shard samples, apart from every other stream of the run's seed.
+ADMM_TAG = 0xAD77
+
+
+def admm_shard(samples: int, workers: int, rank: int) -> np.ndarray:
+    """The data shard of ADMM worker ``rank``: samples rank, rank + k, rank + 2k, …"""
+    return np.arange(rank, samples, workers)
+
+
+def admm_samples(seed: int, rank: int) -> Callable[[np.ndarray, int], np.ndarray]:
+    """Worker ``rank``'s draws of ADMM samples: a function of (its shard, how many) giving
+    the shard's samples drawn uniformly with replacement, from the stream seeded by (seed,
+    :data:`ADMM_TAG`, rank), so a real worker draws what the simulated thread draws."""
+    rng = np.random.default_rng([seed, ADMM_TAG, rank])
+
+    def draw(shard: np.ndarray, count: int) -> np.ndarray:
+        return shard[rng.integers(0, shard.size, count)]
+
+    return draw
+
+
+def admm_push(grad: Callable[[np.ndarray, int], np.ndarray], x: np.ndarray, u: np.ndarray,
+              z: np.ndarray, samples: Sequence[int] | np.ndarray, weight: float, rho: float,
+              lr: float, workers: int) -> np.ndarray:
+    """One update of a worker in asynchronous consensus ADMM (Boyd et al. 2011 §7.1, scaled
+    form; Zhang & Kwok 2014), in place on its local copy ``x`` and scaled dual ``u``, given
+    the consensus ``z`` it pulled: the dual step u ← u + x − z, then the subproblem
+    min_x f_i(x) + ρ/2‖x − z + u‖² solved inexactly by one SGD step with rate ``lr`` per
+    sample, with gradient weight·∇f_s(x) + ρ(x − z + u) (``weight`` = |shard|/n: the shard's
+    share of the mean loss). Returns the push subtracted from z, ((x + u)_before −
+    (x + u)_after)/k, so that z stays the mean of the workers' x + u whatever the order of
+    the pushes."""
+    before = x + u
+    u += x - z
+    for sample in samples:
+        g = grad(x, int(sample))
+        g *= weight
+        g += rho * (x - z + u)
+        x -= lr * g
+    return (before - (x + u)) / workers
+
+
+def admm_residuals(xs: np.ndarray, z: np.ndarray, moved: np.ndarray,
+                   rho: float) -> tuple[float, float]:
+    """Consensus ADMM's residuals (Boyd et al. 2011 §7.1) after a push: the primal
+    ‖(x_1 − z, …, x_k − z)‖ over the workers' copies ``xs`` (k, d), and the dual ρ·√k·‖Δz‖
+    with Δz = ``moved``, the change of z the push made."""
+    gap = xs - z
+    primal = math.sqrt(float(np.sum(gap * gap)))
+    return primal, rho * math.sqrt(len(xs)) * math.sqrt(float(moved @ moved))
 
 
 def round_quota(fraction: float, workers: int, live: int) -> int:

@@ -74,6 +74,6 @@ def test_protocols_notebook(tmp_path):
                  if "text/markdown" in o.get("data", {}) and "| protocol |" in
                  o["data"]["text/markdown"])
     assert all(f"| {p} |" in table for p in ("serial", "lockfree", "minibatch", "roundrobin",
-                                             "staleness_lr", "dcasgd"))
+                                             "staleness_lr", "dcasgd", "admm"))
     conclusion = notebook.cells[-1].outputs[0]["data"]["text/markdown"]
     assert "synchronous minibatch's" in conclusion and "within 2×" in conclusion

@@ -20,12 +20,12 @@ the loss curve of z is.
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from simulator.protocols.base import Protocol
+from simulator.rules import admm_push, admm_residuals, admm_samples, admm_shard
 
 if TYPE_CHECKING:
     from simulator.engine import Engine
@@ -34,11 +34,10 @@ if TYPE_CHECKING:
 
 __all__ = ["ADMM"]
 
-_TAG = 0xAD77  # the shard-sample streams, apart from every other stream
-
 
 class ADMM(Protocol):
-    """Consensus ADMM: local solves on shards, asynchronous averaging into z."""
+    """Consensus ADMM: local solves on shards, asynchronous averaging into z
+    (``simulator.rules.admm_push``, which real workers call too)."""
 
     name = "admm"
     gated = True
@@ -59,42 +58,30 @@ class ADMM(Protocol):
         self.x = np.tile(w0, (k, 1))
         self.u = np.zeros((k, problem.dim))
         n = problem.n_samples
-        self.shards = [np.arange(i, n, k) for i in range(k)]
+        self.shards = [admm_shard(n, k, i) for i in range(k)]
         # f = Σ_i f_i: shard i's sample losses carry weight 1/n each, i.e. |S_i|/n of a mean.
         self.weights = [len(shard) / n for shard in self.shards]
-        seed = self.scenario.run.seed
-        self.rngs = [np.random.default_rng([seed, _TAG, i]) for i in range(k)]
+        self.draws = [admm_samples(self.scenario.run.seed, i) for i in range(k)]
         self.previous = w0.copy()
         self.primal: list[float] = []
         self.dual: list[float] = []
 
     def compute(self, engine: Engine, u: Update, z: np.ndarray) -> np.ndarray:
         """The local solve and dual update; returns the step subtracted from z."""
-        i, problem = u.thread, engine.problem
-        rho, lr = self.options.rho, engine.lr
+        i = u.thread
         shard = self.shards[i]
         if shard.size == 0:  # more workers than samples: nothing to learn
             return np.zeros_like(z)
-        before = self.x[i] + self.u[i]
-        self.u[i] += self.x[i] - z  # the dual step of the previous round, with the new z
-        x = self.x[i].copy()
-        picks = self.rngs[i].integers(0, shard.size, self.options.local_steps)
-        u.sample = int(shard[picks[0]])  # the row records the first local sample
-        for index in picks.tolist():
-            g = problem.dense_grad(x, int(shard[index]))
-            g *= self.weights[i]
-            g += rho * (x - z + self.u[i])
-            x -= lr * g
-        self.x[i] = x
-        return (before - (x + self.u[i])) / engine.threads
+        samples = self.draws[i](shard, self.options.local_steps)
+        u.sample = int(samples[0])  # the row records the first local sample
+        return admm_push(engine.problem.dense_grad, self.x[i], self.u[i], z, samples,
+                         self.weights[i], self.options.rho, engine.lr, engine.threads)
 
     def after_write(self, engine: Engine, u: Update) -> None:
         z = engine.mem.w
-        gap = self.x - z
-        self.primal.append(math.sqrt(float(np.sum(gap * gap))))
-        moved = z - self.previous
-        self.dual.append(self.options.rho * math.sqrt(engine.threads)
-                         * math.sqrt(float(moved @ moved)))
+        primal, dual = admm_residuals(self.x, z, z - self.previous, self.options.rho)
+        self.primal.append(primal)
+        self.dual.append(dual)
         np.copyto(self.previous, z)
 
     def report(self) -> dict[str, np.ndarray]:

@@ -17,9 +17,9 @@ WRITE_MODES = ("load_store", "atomic_add")
 LR_SCHEDULES = ("constant", "inv_sqrt", "inverse")
 SPLITS = ("shared", "even")
 PLACEMENTS = ("round_robin", "shuffled")
-# Protocols without rounds or turns: their threads may stop at a fixed quota each.
+# Protocols whose threads may stop at a fixed quota each (as real workers do).
 EVEN_SPLIT_PROTOCOLS = ("serial", "locked", "lockfree", "minibatch", "roundrobin",
-                        "staleness_lr", "dcasgd")
+                        "staleness_lr", "dcasgd", "admm")
 SLICINGS = ("global", "per_core")
 PHASES = ("read", "grad", "write", "idle")  # in the order of simulator.timing.READ ... IDLE
 # Real data that a package ships, and the problem each serves.
