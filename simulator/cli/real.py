@@ -118,9 +118,10 @@ def add_commands(commands: Any) -> None:
     real.add_argument("--workers", type=int, default=None,
                       help="worker processes (default 2; 1 with --mode serial)")
     real.add_argument("--mode", default=None,
-                      help="lockfree, blocklock (a lock per block write), locked, serial or "
-                      "minibatch (synchronous rounds); default: run.protocol where it is one "
-                      "of these, else lockfree")
+                      help="lockfree, blocklock (a lock per block write), locked, serial, "
+                      "minibatch (synchronous rounds), allreduce, roundrobin, staleness_lr, "
+                      "dcasgd or admm; default: run.protocol where it is one of these, else "
+                      "lockfree")
     real.add_argument("--dtype", default="float32", help="float32 (default) or float64")
     real.add_argument("--timeout", type=float, default=None,
                       help="stop the run after this many seconds (partial results kept)")
