@@ -52,7 +52,7 @@ from realrun.worker import START
 from simulator.fidelity.runs import alone_writes, running_together
 from simulator.problems import MLPProblem, Problem, TorchProblem, make_problem
 from simulator.rundir import FAR_NS, latency_pair, placement
-from simulator.scenario import Scenario, load_scenario
+from simulator.scenario import Scenario, load_scenario, with_overrides
 from simulator.timing import sample_stream
 from simulator.trace import Trace
 
@@ -382,7 +382,8 @@ def measure_cost(quick: bool, seeds: int) -> None:
 
 
 PROTOCOL_CONFIGS = [("serial", 1), ("lockfree", 2), ("minibatch", 1), ("minibatch", 2),
-                    ("allreduce", 2), ("roundrobin", 2), ("staleness_lr", 2), ("dcasgd", 2)]
+                    ("allreduce", 2), ("roundrobin", 2), ("staleness_lr", 2), ("dcasgd", 2),
+                    ("admm", 1), ("admm", 2)]
 
 
 def round_us(trace: Trace) -> tuple[float, float]:
@@ -400,7 +401,8 @@ def round_us(trace: Trace) -> tuple[float, float]:
 def protocols(quick: bool, seeds: int, dtype: str) -> None:
     """Gradients per second (overlap window) of each real protocol against serial, side by
     side per seed, with final suboptimality; for synchronous minibatch also the round's
-    length and the barrier's share of it (:func:`round_us`)."""
+    length and the barrier's share of it (:func:`round_us`). ADMM makes T / admm.local_steps
+    pushes of admm.local_steps gradients each: the same gradients."""
     print("| problem | mode | workers | gradients/s (median) | vs serial | final suboptimality "
           "(mean ± sd) | round µs | barrier and write µs |")
     print("|---|---|---:|---:|---:|---:|---:|---:|")
@@ -414,9 +416,12 @@ def protocols(quick: bool, seeds: int, dtype: str) -> None:
             scenario = load_scenario(None, [*overrides, f"run.updates={updates}",
                                             f"run.seed={seed}"])
             for mode, workers in PROTOCOL_CONFIGS:
-                rate, suboptimality, trace, _ = _run(scenario, problem, workers, mode, dtype)
+                work = scenario.admm.local_steps if mode == "admm" else 1  # gradients a row
+                rate, suboptimality, trace, _ = _run(
+                    with_overrides(scenario, [f"run.updates={updates // work}"]), problem,
+                    workers, mode, dtype)
                 runs[(mode, workers)].append(
-                    (rate, suboptimality,
+                    (rate * work, suboptimality,
                      round_us(trace) if mode in ("minibatch", "allreduce") else None))
         base = statistics.median(r for r, _, _ in runs[("serial", 1)])
         for (mode, workers), done in runs.items():

@@ -44,6 +44,7 @@ from realrun.worker import (
     STATUS_FAILED,
     Buffers,
     Consensus,
+    History,
     Rounds,
     Turns,
     WorkerSpec,
@@ -140,7 +141,7 @@ def _allocate(dim: int, blocks: int, workers: int, quota: int, dtype: str, measu
         reads=(shared(workers, quota, dim, kind=torch.float64)
                if measure and dense and not torch_path else None),
         scales=shared(workers, quota, kind=torch.float64) if scaled else None,
-        injected=shared(workers, quota, 2, kind=torch.float64) if injected else None,
+        injected=shared(workers, quota, 3, kind=torch.float64) if injected else None,
         residuals=shared(workers, quota, 2, kind=torch.float64) if residuals else None,
         ready=shared(workers), control=shared(2))
 
@@ -168,10 +169,13 @@ def _check_buffers(scenario: Scenario, problem: Problem, rows: int, dtype: str,
     records = 8.0 * rows * (5 + 2 * scenario.run.blocks)
     copies = (np.dtype(dtype).itemsize + (8 if numpy_worker and problem.support(0) is None
                                           else 0)) * float(rows) * problem.dim
-    # A round's step slots (k·d), ADMM's local copies (k·d float64).
+    # A round's step slots (k·d), ADMM's local copies (k·d float64), the history of
+    # injected delays ((τ_max + 1)·d float64).
     slots = float(scenario.run.threads) * problem.dim * (
         np.dtype(dtype).itemsize if scenario.run.protocol == "minibatch"
         else 8 if scenario.run.protocol == "admm" else 0)
+    slots += 8.0 * (scenario.inject.max_delay + 1) * problem.dim if scenario.inject.max_delay \
+        else 0.0
     check_memory({"run.updates": records + 8.0 * rows,
                   "problem.dim": (copies if measure else 0.0) + slots},
                  {"run.updates": scenario.run.updates, "problem.dim": problem.dim})
@@ -360,9 +364,11 @@ def run_real(scenario: Scenario, workers: int, mode: str, dtype: str = "float32"
              if mode == "roundrobin" else None)
     consensus = (Consensus(torch.as_tensor(np.tile(problem.initial(), (workers, 1)))
                            .share_memory_()) if mode == "admm" else None)
+    history = (_history(problem.initial(), scenario.inject.max_delay)
+               if scenario.inject.max_delay else None)
     processes = _workers(buffers, workers, quotas, toml, mode, scenario.run.blocks,
                          device if torch_path else None, launch, cpus, problem.fingerprint(),
-                         rounds, turns, consensus)
+                         rounds, turns, consensus, history)
     called = started = time.monotonic()
     snapshots: list[tuple[int, int, np.ndarray]] = []
     probes: tuple[dict[str, Any] | None, ...] = (None, None, None)
@@ -472,17 +478,31 @@ def _rounds(workers: int, quotas: list[int], w: Any, allreduce: bool = False) ->
                   f"tcp://{DEFAULT_ADDR}:{free_port()}" if allreduce else None)
 
 
+def _history(w0: np.ndarray, max_delay: int) -> History:
+    """The vectors of the last completions for injected delays (``realrun.worker.History``),
+    w_0 first."""
+    import torch
+    import torch.multiprocessing as mp
+
+    ring = torch.zeros(max_delay + 1, w0.size, dtype=torch.float64)
+    ring[0] = torch.as_tensor(w0)
+    return History(ring.share_memory_(), torch.zeros(1, dtype=torch.int64).share_memory_(),
+                   mp.get_context("spawn").Lock())
+
+
 def _workers(buffers: Buffers, workers: int, quotas: list[int], toml: str, mode: str,
              blocks: int, device: str | None, launch: str,
              cpus: list[int] | None, fingerprint: str = "",
              rounds: Rounds | None = None, turns: Turns | None = None,
-             consensus: Consensus | None = None) -> list[Any]:
+             consensus: Consensus | None = None,
+             history: History | None = None) -> list[Any]:
     """The worker processes or threads, not started; each carries the locks as ``.shared``.
     ``device`` None: the numpy worker; else the torch worker on that device. ``cpus``: worker
     r pins itself to ``cpus[r]``. They start and exit on the flags in ``buffers.control``.
     ``rounds``, ``turns``, ``consensus``: the synchronous rounds of ``--mode minibatch``, the
     turn order of ``--mode roundrobin``, the local copies of ``--mode admm`` (numpy worker
-    processes), whose pushes take a lock per block, as ``blocklock``'s writes."""
+    processes), whose pushes take a lock per block, as ``blocklock``'s writes; ``history``:
+    the vectors injected delays read."""
     import threading
 
     import torch.multiprocessing as mp
@@ -509,14 +529,14 @@ def _workers(buffers: Buffers, workers: int, quotas: list[int], toml: str, mode:
         made = []
         for spec in specs:
             target, args = ((worker_main, (spec, buffers, lock, block_locks, rounds, turns,
-                                           consensus))
+                                           consensus, history))
                             if device is None else
                             (torch_worker_main, (spec, buffers, lock, block_locks, device)))
             made.append(context.Process(target=target, args=args, daemon=True))
     for worker in made:
         # Process.start() drops its arguments; the parent must keep the locks alive until the
         # workers end (a collected semaphore is unlinked before a spawned child can open it).
-        worker.shared = (lock, block_locks, rounds, turns, consensus)
+        worker.shared = (lock, block_locks, rounds, turns, consensus, history)
     return made
 
 

@@ -44,7 +44,13 @@ ATOMIC_MODES = ("blocklock", "admm")
 
 _SIMULATED_MACHINE = ("describes the simulated machine; a real run has the hardware itself "
                       "(asyngrad calibrate fits it from a real run)")
-_NO_INJECTION = "real runs inject no delays, errors or faults yet (simulate it)"
+_NO_INJECTION = {"ps": "the parameter server injects no delays, errors or faults yet "
+                 "(simulate it)",
+                 "cuda": "injections run on CPU worker processes (simulate it)",
+                 "rounds": "synchronous rounds inject no delays, errors or faults yet "
+                 "(simulate it)",
+                 "admm": "an ADMM push is not a gradient step: only stragglers, pauses and "
+                 "deaths run under it (simulate the others)"}
 
 #: Field (or section) → (shm and cuda, ps): what a real run does with it.
 SUPPORT: tuple[tuple[str, str, str], ...] = (
@@ -81,13 +87,15 @@ SUPPORT: tuple[tuple[str, str, str], ...] = (
      "without: copies of the live vector, at most one per 10 ms poll, each once T / "
      "`curve_points` more updates were counted and only if none was counted during the copy",
      "honoured"),
-    ("`[inject]`", "on CPU worker processes (not `minibatch`): `error` (with `error_bound`, "
-     "`error_relative`), `drop` and `write_bits` honoured, drawn by the simulator's injector "
-     "(each update's error and drop are the simulator's thread's); `pauses` honoured before an "
+    ("`[inject]`", "on CPU worker processes (not `minibatch`): `delay` (with `delay_dist`, "
+     "`delay_max`), `error` (with `error_bound`, `error_relative`), `drop` and `write_bits` "
+     "honoured, drawn by the simulator's injector (each update's delay, error and drop are the "
+     "simulator's thread's; a delayed read copies the vector τ completions back from a "
+     "history of the last completions' vectors); `pauses` honoured before an "
      "update's read; `stragglers` honoured: each phase takes `factor` (>= 1) times as long (a "
      "read's copy and a write's stores at its end); `deaths` honoured: the worker stops "
      "before its first update after its time (not with `roundrobin`); under `admm` only "
-     "stragglers, pauses and deaths; delays refused (a "
+     "stragglers, pauses and deaths (a "
      "field that injects nothing, such as `error_bound` without an `error`, is accepted)",
      "refused when it injects anything"),
     ("`[paramserver]`", "inert", "honoured"),
@@ -144,8 +152,7 @@ def _unsupported(scenario: Scenario, backend: str, mode: str) -> tuple[str, Any,
             or _changed("timing", scenario.timing, TimingSpec())
             or _changed("hardware", hardware, HardwareSpec())
             or _devices(scenario)
-            or _injected(scenario.inject, () if backend != "shm" or mode in ROUND_MODES
-                         else STALLS if mode == "admm" else VALUE_INJECTIONS)
+            or _injected(scenario.inject, *_injections(backend, mode))
             or _stalls(scenario.inject, mode))
 
 
@@ -172,12 +179,13 @@ def _devices(scenario: Scenario) -> tuple[str, Any, str] | None:
                     default[0])
 
 
-#: The injections CPU worker processes run: errors, drops and rounded stores, which the
-#: simulator's injector draws update by update (``realrun.worker._injector``); stragglers and
-#: pauses and deaths (``realrun.worker._Slowed``), the only ones under ADMM (its push is not
-#: a gradient step).
+#: The injections CPU worker processes run: delays, errors, drops and rounded stores, which
+#: the simulator's injector draws update by update (``realrun.worker._injector``; delays read
+#: ``realrun.worker.History``); stragglers, pauses and deaths (``realrun.worker._Slowed``),
+#: the only ones under ADMM (its push is not a gradient step).
 STALLS = ("stragglers", "pauses", "deaths")
-VALUE_INJECTIONS = ("error", "drop", "write_bits", *STALLS)
+VALUE_INJECTIONS = ("delay", "delay_dist", "delay_max", "error", "drop", "write_bits",
+                    *STALLS)
 
 
 def _stalls(inject: InjectSpec, mode: str) -> tuple[str, Any, str] | None:
@@ -194,10 +202,22 @@ def _stalls(inject: InjectSpec, mode: str) -> tuple[str, Any, str] | None:
     return None
 
 
-def _injected(inject: InjectSpec, runs: tuple[str, ...]) -> tuple[str, Any, str] | None:
+def _injections(backend: str, mode: str) -> tuple[tuple[str, ...], str]:
+    """The injections ``backend`` runs in ``mode``, and why it runs no others."""
+    if backend != "shm":
+        return (), _NO_INJECTION[backend]
+    if mode in ROUND_MODES:
+        return (), _NO_INJECTION["rounds"]
+    if mode == "admm":
+        return STALLS, _NO_INJECTION["admm"]
+    return VALUE_INJECTIONS, ""
+
+
+def _injected(inject: InjectSpec, runs: tuple[str, ...],
+              reason: str) -> tuple[str, Any, str] | None:
     """The first ``[inject]`` field that injects something the backend does not run (the
     parameters of an injection that is off, such as ``error_bound`` without an ``error``,
-    inject nothing); ``runs``: the injections it runs."""
+    inject nothing), with ``reason``; ``runs``: the injections it runs."""
     on = {"delay": inject.max_delay, "delay_dist": inject.max_delay,
           "delay_max": inject.max_delay, "error": inject.error != "none",
           "drop": inject.drop, "write_bits": inject.write_bits,
@@ -205,7 +225,7 @@ def _injected(inject: InjectSpec, runs: tuple[str, ...]) -> tuple[str, Any, str]
     on = {name: used for name, used in on.items() if name not in runs}
     injects = dataclasses.replace(InjectSpec(), **{name: getattr(inject, name)
                                                    for name, used in on.items() if used})
-    return _changed("inject", injects, InjectSpec(), _NO_INJECTION)
+    return _changed("inject", injects, InjectSpec(), reason)
 
 
 def recorded(scenario: Scenario, mode: str, workers: int, sparse: bool,

@@ -43,7 +43,7 @@ class WorkerRecord:
     store_end: np.ndarray
     samples: np.ndarray
     scales: np.ndarray | None = None  # the factor on lr each update applied (None: 1)
-    injected: np.ndarray | None = None  # (n, 2): ‖e‖ injected, 1.0 if the write was dropped
+    injected: np.ndarray | None = None  # (n, 3): ‖e‖ injected, 1.0 if dropped, delay τ
     residuals: np.ndarray | None = None  # admm (n, 2): primal and dual after each push
 
 
@@ -57,7 +57,7 @@ def _stacked(records: list[WorkerRecord]) -> dict[str, np.ndarray]:
         "thread_seq": np.concatenate([np.arange(len(r.samples)) for r in records]),
         "scales": np.concatenate([np.ones(len(r.samples)) if r.scales is None else r.scales
                                   for r in records]),
-        "injected": np.concatenate([np.zeros((len(r.samples), 2)) if r.injected is None
+        "injected": np.concatenate([np.zeros((len(r.samples), 3)) if r.injected is None
                                     else r.injected for r in records]),
         "residuals": np.concatenate([np.full((len(r.samples), 2), np.nan)
                                      if r.residuals is None else r.residuals
@@ -133,7 +133,7 @@ def merge(records: list[WorkerRecord], w0: np.ndarray, w_final: np.ndarray,
         "idle_ns": np.full(len(rel), -1),
         "seen": completed - 1 if rounds else np.full(len(rel), -1),
         "completed": completed,
-        "overwrote": np.zeros(len(rel)), "delay": np.zeros(len(rel)),
+        "overwrote": np.zeros(len(rel)), "delay": data["injected"][:, 2],
         "error_norm": data["injected"][:, 0], "dropped": data["injected"][:, 1] > 0,
         "lr_scale": data["scales"], "measured": np.zeros(len(rel), dtype=bool),
         "s_norm": nan, "g_norm": nan, "delta_norm": nan, "delta_dot": nan,
@@ -155,14 +155,15 @@ def merge(records: list[WorkerRecord], w0: np.ndarray, w_final: np.ndarray,
                         curve_points=measure.curve_points, scales=arrays["lr_scale"],
                         bits=measure.bits,
                         groups=_groups(arrays["step"], data["samples"][order]) if rounds
-                        else None, dropped=arrays["dropped"], exact=measure.exact)
+                        else None, dropped=arrays["dropped"], exact=measure.exact,
+                        delayed=arrays["delay"] > 0)
         if built.measurements:  # a run stopped before its first update has none
             for name, values in zip(("measured", "s_norm", "g_norm", "delta_norm",
                                      "delta_dot"), zip(*built.measurements, strict=True),
                                     strict=True):
                 arrays[name] = np.asarray(values, dtype=COLUMNS[name])
         if (measure.reads is not None and len(measure.bounds) == 2 and not rounds
-                and measure.exact):  # lock-free writes of one block
+                and measure.exact and not arrays["delay"].any()):  # lock-free, one block
             extras["convoy_pairs"] = convoy_losses(
                 rel[order], arrays["thread"], arrays["thread_seq"], arrays["uid"],
                 measure.steps, measure.reads, measure.dtype)

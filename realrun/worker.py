@@ -31,7 +31,8 @@ import numpy as np
 from realrun.records import recorder
 
 __all__ = ["ONE_THREAD_ENV", "RELEASE", "START", "STATUS_DEAD", "STATUS_DONE", "STATUS_FAILED",
-           "STATUS_RUNNING", "Buffers", "Consensus", "Rounds", "Turns", "WorkerSpec",
+           "STATUS_RUNNING", "Buffers", "Consensus", "History", "Rounds", "Turns",
+           "WorkerSpec",
            "another_problem", "die_with_parent", "one_thread_each", "one_thread_env", "pin",
            "pinned_cpus", "record_failure", "touch_records", "wait_for_release", "wait_for_start",
            "worker_main"]
@@ -83,7 +84,7 @@ class Buffers:
     steps: Any = None  # measure mode: (workers, quota, d) float64, lr·g as subtracted
     reads: Any = None  # measure mode, dense problems: (workers, quota, d) the read copies
     scales: Any = None  # update rules: (workers, quota) float64, the factor on lr applied
-    injected: Any = None  # [inject]: (workers, quota, 2) float64, ‖e‖ and 1.0 if dropped
+    injected: Any = None  # [inject]: (workers, quota, 3) float64, ‖e‖, 1.0 if dropped, τ
     residuals: Any = None  # admm: (workers, quota, 2) float64, primal and dual after the push
     ready: Any = None  # ready[r] = 1 once worker r is set up and waits for the start
     control: Any = None  # the parent's signals: control[START], control[RELEASE]
@@ -149,6 +150,49 @@ class Consensus:
     xs: Any  # (workers, d) float64 shared: each worker's local copy x_r
 
 
+@dataclass(frozen=True)
+class History:
+    """Injected delays on real workers (``inject.delay``, as the simulator's): the vectors
+    the last completions left, for reads that see w as it was τ completions back. After each
+    update its worker copies the shared vector into ``ring[t mod H]`` (t: the completions the
+    history holds, H = the largest delay + 1); at a read's start the reader takes the
+    completions counted, s, draws τ (clipped at s, as the simulator's) and copies ring[(s − τ)
+    mod H] as its local copy, both under ``lock``, so no slot is rewritten while it is read.
+    The read then copies the shared vector as usual (into a scratch vector: its time is the
+    read's), and the gradient is computed at the old vector. Exact in a fixed order (one
+    worker, ``roundrobin``); lock-free, a snapshot is the vector as the memory held it just
+    after its writer's write, with any write in flight."""
+
+    ring: Any  # (H, d) float64 shared; ring[0] = w_0
+    count: Any  # (1,) int64 shared: the completions the ring holds
+    lock: Any
+
+
+class _Past:
+    """A worker's side of :class:`History`."""
+
+    def __init__(self, history: History, dim: int) -> None:
+        self.ring, self.count, self.lock = (history.ring.numpy(), history.count.numpy(),
+                                            history.lock)
+        self.scratch = np.zeros(dim)  # the read's own copies go here
+
+    def load(self, local: np.ndarray, drawn: int) -> int:
+        """Copy w as it was ``drawn`` completions before now (fewer if fewer were made) into
+        ``local``; the delay τ that ran."""
+        with self.lock:
+            s = int(self.count[0])
+            tau = min(drawn, s)
+            np.copyto(local, self.ring[(s - tau) % len(self.ring)])
+        return tau
+
+    def add(self, w: np.ndarray) -> None:
+        """The vector this worker's completion left."""
+        with self.lock:
+            t = int(self.count[0]) + 1
+            np.copyto(self.ring[t % len(self.ring)], w, casting="same_kind")
+            self.count[0] = t
+
+
 class _Solver:
     """One worker's side of :class:`Consensus`: its shard, draws, x_r and u_r."""
 
@@ -212,7 +256,8 @@ def _await(flags: np.ndarray, upto: int, count: int, nap: bool,
 
 def worker_main(spec: WorkerSpec, buffers: Buffers, lock: Any,
                 block_locks: Any = None, rounds: Rounds | None = None,
-                turns: Turns | None = None, consensus: Consensus | None = None) -> None:
+                turns: Turns | None = None, consensus: Consensus | None = None,
+                history: History | None = None) -> None:
     """Set up, wait for the common start (:func:`wait_for_start`), run ``spec.quota``
     updates, then wait (asleep) for the release (:func:`wait_for_release`), which the parent
     gives once every worker is done; on any exception record it and exit with status 1.
@@ -228,7 +273,7 @@ def worker_main(spec: WorkerSpec, buffers: Buffers, lock: Any,
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     gone = die_with_parent()
     try:
-        _loop(spec, buffers, lock, block_locks, gone, rounds, turns, consensus)
+        _loop(spec, buffers, lock, block_locks, gone, rounds, turns, consensus, history)
         buffers.status[spec.rank] = STATUS_DONE
         wait_for_release(buffers, gone)
     except _Died:  # an injected death: it stops here, and the others go on
@@ -527,12 +572,12 @@ def _write_rule(scenario: Any, w: np.ndarray, progress: np.ndarray,
 def _injector(scenario: Any, problem: Any, workers: int) -> Any:
     """The simulator's injector of gradient errors, dropped writes and rounded stores
     (``simulator.inject.Injector``: the same draws per worker and update as the simulator's
-    thread), or None when none is injected (delays, stragglers, pauses and deaths are refused
-    before a real run starts). w* only for adversarial errors (the others never use it)."""
+    thread), or None when none is injected (or only stragglers, pauses and deaths, which
+    :class:`_Slowed` runs). w* only for adversarial errors (the others never use it)."""
     from simulator.inject import Injector
 
     spec = scenario.inject
-    if spec.error == "none" and not spec.drop and not spec.write_bits:
+    if spec.error == "none" and not spec.drop and not spec.write_bits and not spec.max_delay:
         return None
     w_star = (problem.optimum()[0] if spec.error == "adversarial"
               else np.zeros(problem.dim))
@@ -637,7 +682,8 @@ def _write_injected(w: np.ndarray, ops: list[Any], step: np.ndarray, block_locks
 
 def _loop(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any,
           gone: Callable[[], bool], rounds: Rounds | None = None,
-          turns: Turns | None = None, consensus: Consensus | None = None) -> None:
+          turns: Turns | None = None, consensus: Consensus | None = None,
+          history: History | None = None) -> None:
     from simulator.memory import block_bounds, block_ops
     from simulator.problems import make_problem
     from simulator.rules import LR_FACTORS
@@ -687,7 +733,9 @@ def _loop(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any,
     injector = _injector(scenario, problem, spec.workers)
     injected = None if buffers.injected is None else buffers.injected[spec.rank].numpy()
     quantize = None if injector is None or not injector.bits else injector.quantize
-    error_norm, dropped = 0.0, False
+    error_norm, dropped, delay = 0.0, False, 0
+    past = None if history is None else _Past(history, problem.dim)
+    copies = local if past is None else past.scratch  # where a read's copies go
     solver = (None if consensus is None
               else _Solver(consensus, scenario, problem, spec.rank, spec.workers))
     residuals = None if buffers.residuals is None else buffers.residuals[spec.rank].numpy()
@@ -709,10 +757,12 @@ def _loop(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any,
         start()
         if rule is not None:
             seen = int(progress.sum())
+        if past is not None:  # the gradient sees w as it was τ completions before
+            delay = past.load(local, injector.delay(spec.rank))  # type: ignore[union-attr]
         if slow is not None:
             began = slow.before(0)
         for block, index, _, _ in ops:
-            local[index] = w[index]
+            copies[index] = w[index]
             if stamp:
                 copied(block)
         if slow is not None:
@@ -745,7 +795,7 @@ def _loop(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any,
             a = turns.active  # type: ignore[union-attr]
             _await(turn, 1, a + i * a + spec.rank, turns.nap, gone)  # type: ignore[union-attr]
         if rule is not None:
-            step, scale = rule(step, support, local, seen)
+            step, scale = rule(step, support, local, seen - delay)  # (τ counts a delay)
         if slow is not None:
             began = slow.before(1)
         if reducer is not None:
@@ -771,6 +821,8 @@ def _loop(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any,
         # Counted before the next writer may start (τ and a schedule's m count it), and before
         # the records the parent reads once the run is over.
         done(sample)
+        if past is not None:  # (before the turn or the lock passes: the next read sees it)
+            past.add(w)
         if turn is not None and i == spec.quota - 1:
             turn[0] += 1  # no next read: it leaves the rotation
         if lock is not None:
@@ -778,7 +830,7 @@ def _loop(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any,
         if scales is not None:  # outside the timed phases
             scales[i] = scale
         if injected is not None:
-            injected[i] = (error_norm, float(dropped))
+            injected[i] = (error_norm, float(dropped), delay)
         if residuals is not None:
             residuals[i] = solver.residuals(w, step)  # type: ignore[union-attr]
         if steps is not None:  # (a dropped write subtracted nothing: its row stays 0)

@@ -1,6 +1,6 @@
-"""``[inject]`` on real CPU worker processes: gradient errors, dropped writes and rounded
-stores, drawn by the simulator's own injector (``simulator.inject.Injector``), update by
-update, from the same per-thread streams."""
+"""``[inject]`` on real CPU worker processes: delays, gradient errors, dropped writes and
+rounded stores, drawn by the simulator's own injector (``simulator.inject.Injector``), update
+by update, from the same per-thread streams."""
 
 import numpy as np
 import pytest
@@ -24,17 +24,25 @@ ALL = ("inject.error=noise", "inject.error_bound=0.1", "inject.drop=0.2",
     ("serial", 1, ("inject.error=adversarial", "inject.error_bound=0.3",
                    "inject.error_relative=true")),
     ("roundrobin", 3, ALL),
+    ("serial", 1, ("inject.delay=3",)),
+    ("serial", 1, ("inject.delay=1", "inject.delay_dist=uniform", "inject.delay_max=5",
+                   "problem.name=sparse_logistic", "run.blocks=2", "inject.drop=0.2")),
+    ("staleness_lr", 1, ("inject.delay=2", "inject.delay_dist=uniform", "inject.delay_max=4")),
+    ("roundrobin", 2, ("inject.delay=2",)),
+    ("roundrobin", 3, (*ALL, "inject.delay=1", "inject.delay_dist=uniform",
+                       "inject.delay_max=4")),
 ])
 def test_injections_without_chance_are_the_simulators_to_the_bit(mode, workers, options):
-    """float64, in an order nothing leaves to chance (one worker, or turns): every error,
-    drop and rounding is the simulator's, so the final vector, the recorded ‖e‖ and drops,
-    and the measured gradient errors are the simulator's."""
+    """float64, in an order nothing leaves to chance (one worker, or turns): every delay,
+    error, drop and rounding is the simulator's, so the final vector, the recorded τ, ‖e‖
+    and drops, the staleness (τ included) and the measured gradient errors are the
+    simulator's."""
     s = scenario(*TINY, f"run.protocol={mode}", *options)
     real = run_real(s, workers, mode, dtype="float64", timeout=120, measure_every=1)
     assert real.failure is None and len(real.trace) == 600
     simulated = simulate(real.scenario)
     assert np.array_equal(real.trace["w_final"], simulated["w_final"])
-    for name in ("error_norm", "dropped"):
+    for name in ("error_norm", "dropped", "delay", "staleness"):
         assert np.array_equal(real.trace[name], simulated[name]), name
     np.testing.assert_allclose(real.trace["delta_norm"], simulated["delta_norm"], rtol=1e-12)
     assert real.hardware_loss["rebuilt_vs_real_max"] == 0  # the rebuild rounds as they did
@@ -58,7 +66,8 @@ def test_lock_free_workers_draw_each_threads_injections():
 
 
 @pytest.mark.parametrize("overrides, mode, kwargs, named", [
-    (("inject.delay=2",), "lockfree", {}, "inject.delay"),
+    (("run.protocol=minibatch", "inject.delay=2"), "minibatch", {}, "inject.delay"),
+    (("run.protocol=admm", "inject.delay=2"), "admm", {}, "inject.delay"),
     (("inject.stragglers=[{thread=1, factor=0.5}]",), "lockfree", {},
      r"inject\.stragglers\.0\.factor"),
     (("run.protocol=roundrobin", "inject.deaths=[{thread=0, at=5}]"), "roundrobin", {},
@@ -68,6 +77,24 @@ def test_lock_free_workers_draw_each_threads_injections():
 def test_injections_real_workers_do_not_run_are_refused(overrides, mode, kwargs, named):
     with pytest.raises(ScenarioError, match=named):
         run_real(scenario(*TINY, *overrides), 2, mode, **kwargs)
+
+
+def test_lock_free_workers_read_the_vector_of_their_delay():
+    """Two lock-free workers with a fixed delay τ = 4: every read that comes after τ
+    completions (a worker's fifth on) is τ completions old, so every update's staleness is
+    at least τ and near the simulation's (the simulator's rule: staleness counts τ); measure
+    mode measures every update, the delay's error included."""
+    s = scenario(*TINY, "inject.delay=4")
+    real = run_real(s, 2, "lockfree", dtype="float64", timeout=120, measure_every=1)
+    assert real.failure is None
+    trace = real.trace
+    late = trace["thread_seq"] >= 4  # its worker's own 4 completions came before its read
+    assert (trace["delay"][late] == 4).all() and (trace["delay"] <= 4).all()
+    assert (trace["staleness"] >= trace["delay"]).all()
+    simulated = simulate(real.scenario)
+    assert abs(trace["staleness"].mean() - simulated["staleness"].mean()) < 1.5
+    assert trace["measured"].all() and np.isfinite(trace["delta_norm"]).all()
+    assert np.median(trace["delta_norm"][late]) > 0  # τ = 4 old gradients are wrong
 
 
 def test_a_dead_worker_is_killed_and_the_run_goes_on_without_it():

@@ -29,7 +29,8 @@ TINY_SETS = [a for o in TINY for a in ("--set", o)]
 
 # (flags, override, the field and value the one line names, the backend it names)
 REFUSED = [
-    ((), "inject.delay=3", "inject.delay = 3", "shm"),
+    (("--mode", "minibatch"), ("run.protocol=minibatch", "inject.delay=3"), "inject.delay = 3",
+     "shm"),
     (("--backend", "ps"), "inject.delay=3", "inject.delay = 3", "ps"),
     (("--mode", "minibatch"), ("run.protocol=minibatch",
                                "inject.stragglers=[{thread=1, factor=3.0}]"),
@@ -85,16 +86,16 @@ def test_a_field_the_backend_does_not_honour_is_refused(tmp_path, capsys, flags,
 
 @pytest.mark.alone  # a real process (the command line)
 def test_the_command_line_refuses_an_injected_delay(tmp_path):
-    """`python -m simulator.cli real --set inject.delay=3`: exit 2, one line, nothing
-    written."""
+    """`python -m simulator.cli real --set run.protocol=minibatch --set inject.delay=3`:
+    exit 2, one line, nothing written."""
     out = tmp_path / "run"
     done = subprocess.run([sys.executable, "-m", "simulator.cli", "real", "--out", str(out),
-                           "--set", "inject.delay=3"], capture_output=True, text=True,
-                          timeout=120, cwd=ROOT)
+                           "--set", "run.protocol=minibatch", "--set", "inject.delay=3"],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
-        "asyngrad: error: inject.delay = 3: real runs inject no delays, errors or faults yet "
-        "(simulate it); refused by the shm backend"]
+        "asyngrad: error: inject.delay = 3: synchronous rounds inject no delays, errors or "
+        "faults yet (simulate it); refused by the shm backend"]
     assert not out.exists()
 
 
@@ -181,13 +182,16 @@ def test_what_a_backend_runs_is_accepted_and_recorded():
     with pytest.raises(ScenarioError, match=r"^inject\.drop = 0\.1: "):
         support.refuse_unsupported(scenario("inject.error_bound=0.5", "inject.drop=0.1"),
                                    "ps", "paramserver")
-    # CPU workers run errors, drops and rounded stores, and refuse the rest.
+    # CPU workers run delays, errors, drops and rounded stores; ADMM stalls only, rounds
+    # nothing.
     support.refuse_unsupported(scenario("inject.error=noise", "inject.error_bound=0.5",
-                                        "inject.drop=0.1", "inject.write_bits=8"),
-                               "shm", "lockfree")
+                                        "inject.drop=0.1", "inject.write_bits=8",
+                                        "inject.delay=3"), "shm", "lockfree")
     with pytest.raises(ScenarioError, match=r"^inject\.delay = 3: "):
-        support.refuse_unsupported(scenario("inject.drop=0.1", "inject.delay=3"), "shm",
-                                   "lockfree")
+        support.refuse_unsupported(scenario("inject.pauses=[{thread=0, start=1, end=9}]",
+                                            "inject.delay=3"), "shm", "admm")
+    with pytest.raises(ScenarioError, match=r"^inject\.drop = 0\.1: synchronous rounds"):
+        support.refuse_unsupported(scenario("inject.drop=0.1"), "shm", "minibatch")
     with pytest.raises(ScenarioError, match=r"^devices\.0\.speed = 2\.0: "):
         support.refuse_unsupported(scenario("devices.0.name=gpu0", "devices.0.speed=2"),
                                    "shm", "lockfree")
