@@ -190,8 +190,7 @@ def rebuild(problem: Problem, lr: float, bounds: list[int], dtype: str, every: i
             reads: list[np.ndarray] | None = None, times: np.ndarray | None = None, *,
             curve_points: int, scales: np.ndarray | None = None, bits: int = 0,
             groups: list[list[int]] | None = None,
-            dropped: np.ndarray | None = None, exact: bool = True,
-            delayed: np.ndarray | None = None) -> Rebuild:
+            dropped: np.ndarray | None = None, exact: bool = True) -> Rebuild:
     """Replay the block stores of every row (rows in completion order).
 
     ``store_end[i, b]`` is when row i's store to block b finished (−1: untouched), ``steps[r]``
@@ -207,8 +206,7 @@ def rebuild(problem: Problem, lr: float, bounds: list[int], dtype: str, every: i
     samples whose mean step row i's stores subtracted (a synchronous round: its writer's row
     holds the round's mean step; the other members' rows store nothing and are not
     measured, as in the simulator). ``exact`` false: the loss curve alone, no row measured
-    (updates that are not SGD steps: ADMM's pushes). ``delayed[i]``: row i read an older
-    vector (an injected delay), so its read copy never shows the memory of its read.
+    (updates that are not SGD steps: ADMM's pushes).
     """
     n = len(store_end)
     w = problem.initial().astype(dtype)
@@ -220,8 +218,7 @@ def rebuild(problem: Problem, lr: float, bounds: list[int], dtype: str, every: i
     completed = computed = 0  # completions, and the gradients they applied
     anchors: list[int] = []
     if reads is not None and times is not None:
-        anchors = [a for a in quiet_reads(*times.T).tolist()[::-1]  # popped from the end
-                   if delayed is None or not delayed[a]]
+        anchors = quiet_reads(*times.T).tolist()[::-1]  # popped from the end, earliest first
     seen = len(anchors)
     loss: np.ndarray | None = None  # real − rebuilt, as of the latest quiet read
     for event in order.tolist():

@@ -631,9 +631,11 @@ def _trace(buffers: Buffers, workers: int, scenario: Scenario, problem: Problem,
     w_final = _host(buffers.w)
     done = (sum(len(r.samples) for r in records) if rounds is None
             else int(rounds.flags[-1]))  # completions
-    # The final vector is as the last write left it: stamped then (not when the parent looks).
+    # The final vector of a finished run is as the last write left it: stamped then (not when
+    # the parent looks); a stopped run's may hold stores of an update in flight: stamped now.
     ends = [int(r.times[:, 3].max()) for r in records if len(r.times)]
-    last = max(ends, default=time.monotonic_ns())
+    finished = sum(len(r.samples) for r in records) == scenario.run.updates
+    last = max(ends) if finished and ends else time.monotonic_ns()
     points = [*snapshots, (done, max(last, snapshots[-1][1]), w_final)]
     curve = [(t, stamp, problem.full_loss(w), float((w - w_star) @ (w - w_star)))
              for t, stamp, w in points]

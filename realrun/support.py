@@ -49,8 +49,8 @@ _NO_INJECTION = {"ps": "the parameter server injects no delays, errors or faults
                  "cuda": "injections run on CPU worker processes (simulate it)",
                  "rounds": "synchronous rounds inject no delays, errors or faults yet "
                  "(simulate it)",
-                 "admm": "an ADMM push is not a gradient step: only stragglers, pauses and "
-                 "deaths run under it (simulate the others)"}
+                 "admm": "real ADMM workers inject delays, stragglers, pauses and deaths, "
+                 "not into their pushes (simulate it)"}
 
 #: Field (or section) → (shm and cuda, ps): what a real run does with it.
 SUPPORT: tuple[tuple[str, str, str], ...] = (
@@ -95,7 +95,7 @@ SUPPORT: tuple[tuple[str, str, str], ...] = (
      "update's read; `stragglers` honoured: each phase takes `factor` (>= 1) times as long (a "
      "read's copy and a write's stores at its end); `deaths` honoured: the worker stops "
      "before its first update after its time (not with `roundrobin`); under `admm` only "
-     "stragglers, pauses and deaths (a "
+     "delays, stragglers, pauses and deaths (a "
      "field that injects nothing, such as `error_bound` without an `error`, is accepted)",
      "refused when it injects anything"),
     ("`[paramserver]`", "inert", "honoured"),
@@ -181,11 +181,11 @@ def _devices(scenario: Scenario) -> tuple[str, Any, str] | None:
 
 #: The injections CPU worker processes run: delays, errors, drops and rounded stores, which
 #: the simulator's injector draws update by update (``realrun.worker._injector``; delays read
-#: ``realrun.worker.History``); stragglers, pauses and deaths (``realrun.worker._Slowed``),
-#: the only ones under ADMM (its push is not a gradient step).
+#: ``realrun.worker.History``); stragglers, pauses and deaths (``realrun.worker._Slowed``);
+#: under ADMM delays and those three.
 STALLS = ("stragglers", "pauses", "deaths")
-VALUE_INJECTIONS = ("delay", "delay_dist", "delay_max", "error", "drop", "write_bits",
-                    *STALLS)
+DELAYS = ("delay", "delay_dist", "delay_max")
+VALUE_INJECTIONS = (*DELAYS, "error", "drop", "write_bits", *STALLS)
 
 
 def _stalls(inject: InjectSpec, mode: str) -> tuple[str, Any, str] | None:
@@ -209,7 +209,7 @@ def _injections(backend: str, mode: str) -> tuple[tuple[str, ...], str]:
     if mode in ROUND_MODES:
         return (), _NO_INJECTION["rounds"]
     if mode == "admm":
-        return STALLS, _NO_INJECTION["admm"]
+        return (*DELAYS, *STALLS), _NO_INJECTION["admm"]
     return VALUE_INJECTIONS, ""
 
 
@@ -246,8 +246,8 @@ def recorded(scenario: Scenario, mode: str, workers: int, sparse: bool,
     # No read overlaps a write in rounds (the barrier) or turns, nor a pull a push on the
     # server.
     sweeps = (SweepingReadsSpec()
-              if mode not in ("paramserver", "roundrobin", *ROUND_MODES) and not sparse
-              else None)
+              if mode not in ("paramserver", "roundrobin", *ROUND_MODES)
+              and (not sparse or mode == "admm") else None)  # (ADMM moves every coordinate)
     scenario = with_overrides(scenario, overrides)
     return dataclasses.replace(scenario, hardware=dataclasses.replace(
         scenario.hardware, sweeping_reads=sweeps))

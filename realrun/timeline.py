@@ -155,15 +155,14 @@ def merge(records: list[WorkerRecord], w0: np.ndarray, w_final: np.ndarray,
                         curve_points=measure.curve_points, scales=arrays["lr_scale"],
                         bits=measure.bits,
                         groups=_groups(arrays["step"], data["samples"][order]) if rounds
-                        else None, dropped=arrays["dropped"], exact=measure.exact,
-                        delayed=arrays["delay"] > 0)
+                        else None, dropped=arrays["dropped"], exact=measure.exact)
         if built.measurements:  # a run stopped before its first update has none
             for name, values in zip(("measured", "s_norm", "g_norm", "delta_norm",
                                      "delta_dot"), zip(*built.measurements, strict=True),
                                     strict=True):
                 arrays[name] = np.asarray(values, dtype=COLUMNS[name])
         if (measure.reads is not None and len(measure.bounds) == 2 and not rounds
-                and measure.exact and not arrays["delay"].any()):  # lock-free, one block
+                and measure.exact):  # lock-free writes of one block
             extras["convoy_pairs"] = convoy_losses(
                 rel[order], arrays["thread"], arrays["thread_seq"], arrays["uid"],
                 measure.steps, measure.reads, measure.dtype)

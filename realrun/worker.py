@@ -157,9 +157,11 @@ class History:
     update its worker copies the shared vector into ``ring[t mod H]`` (t: the completions the
     history holds, H = the largest delay + 1); at a read's start the reader takes the
     completions counted, s, draws τ (clipped at s, as the simulator's) and copies ring[(s − τ)
-    mod H] as its local copy, both under ``lock``, so no slot is rewritten while it is read.
-    The read then copies the shared vector as usual (into a scratch vector: its time is the
-    read's), and the gradient is computed at the old vector. Exact in a fixed order (one
+    mod H] as its local copy, both under ``lock``, so no slot is rewritten while it is read
+    (before the read's start stamp, after any lock or turn: the copies are not the read's
+    time). The read then copies the shared vector as usual (into a scratch vector, which
+    measure mode records: the memory the read saw), and the gradient is computed at the old
+    vector. Exact in a fixed order (one
     worker, ``roundrobin``); lock-free, a snapshot is the vector as the memory held it just
     after its writer's write, with any write in flight."""
 
@@ -176,14 +178,15 @@ class _Past:
                                             history.lock)
         self.scratch = np.zeros(dim)  # the read's own copies go here
 
-    def load(self, local: np.ndarray, drawn: int) -> int:
+    def load(self, local: np.ndarray, drawn: int) -> tuple[int, int]:
         """Copy w as it was ``drawn`` completions before now (fewer if fewer were made) into
-        ``local``; the delay τ that ran."""
+        ``local``; the delay τ that ran and the completions the history held (the read's
+        count, from which τ is counted)."""
         with self.lock:
             s = int(self.count[0])
             tau = min(drawn, s)
             np.copyto(local, self.ring[(s - tau) % len(self.ring)])
-        return tau
+        return tau, s
 
     def add(self, w: np.ndarray) -> None:
         """The vector this worker's completion left."""
@@ -217,10 +220,13 @@ class _Solver:
         if self.shard.size == 0:  # more workers than samples: nothing to learn
             return np.zeros_like(z), sample
         samples = self.draw(self.shard, self.options.local_steps)
-        step = admm_push(self.grad, self.x, self.u, z, samples, self.weight,
-                         self.options.rho, self.lr, self.workers)
-        self.row[:] = self.x
-        return step, int(samples[0])
+        return admm_push(self.grad, self.x, self.u, z, samples, self.weight,
+                         self.options.rho, self.lr, self.workers), int(samples[0])
+
+    def publish(self) -> None:
+        """Show x_r to the writers' residuals: at the end of the gradient phase (after any
+        straggler's stretch), when the simulator's thread sets it."""
+        np.copyto(self.row, self.x)
 
     def residuals(self, z: np.ndarray, step: np.ndarray) -> tuple[float, float]:
         """The primal and dual residuals just after this worker's push of ``step``."""
@@ -754,11 +760,12 @@ def _loop(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any,
             lock.acquire()
         if turn is not None and i == 0:  # later reads hold the turn of the write before
             _await(turn, 1, spec.rank, turns.nap, gone)  # type: ignore[union-attr]
-        start()
-        if rule is not None:
-            seen = int(progress.sum())
         if past is not None:  # the gradient sees w as it was τ completions before
-            delay = past.load(local, injector.delay(spec.rank))  # type: ignore[union-attr]
+            drawn = injector.delay(spec.rank)  # type: ignore[union-attr]
+            delay, counted = past.load(local, drawn)
+        start()
+        if rule is not None:  # (with delays: the count τ was counted from)
+            seen = int(progress.sum()) if past is None else counted
         if slow is not None:
             began = slow.before(0)
         for block, index, _, _ in ops:
@@ -790,6 +797,8 @@ def _loop(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any,
                 step = np.multiply(step, lr, out=rounded[: step.size], casting="same_kind")
         if slow is not None:
             slow.stretch(began)
+        if solver is not None:
+            solver.publish()
         grad_end()
         if turn is not None:
             a = turns.active  # type: ignore[union-attr]
@@ -836,5 +845,5 @@ def _loop(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any,
         if steps is not None:  # (a dropped write subtracted nothing: its row stays 0)
             if not dropped:
                 steps[i, slice(None) if support is None else support] = step
-            if reads is not None:
-                reads[i] = local
+            if reads is not None:  # (with delays: the memory the read saw, not the old w)
+                reads[i] = copies

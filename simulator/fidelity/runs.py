@@ -180,7 +180,13 @@ def operation_samples(trace: Trace, scenario: Scenario, rows: np.ndarray | None 
                       ) -> dict[int, dict[str, np.ndarray]]:
     """Per worker: whole-vector read and write durations (block durations over the fraction
     of coordinates moved) and gradient durations, from ``rows`` (default: all); the write
-    durations times ``write_share`` (one per row of ``rows``) where given."""
+    durations times ``write_share`` (one per row of ``rows``) where given. A row whose
+    gradient phase computes several gradients (ADMM's local solve: the protocol's
+    ``grad_work``) gives its phase over their count, one gradient's duration, as
+    ``timing.grad`` describes."""
+    from simulator.protocols import make_protocol
+
+    work = make_protocol(scenario.run.protocol, scenario).grad_work
     problem = make_problem(scenario.problem)
     dim = problem.dim
     bounds = block_bounds(dim, scenario.run.blocks)
@@ -213,7 +219,7 @@ def operation_samples(trace: Trace, scenario: Scenario, rows: np.ndarray | None 
         mine = (owner == worker) & moved
         rows_of = (trace["thread"] == worker) & chosen
         out[int(worker)] = {"read": read[mine], "write": write[mine],
-                            "grad": trace["grad_ns"][rows_of].astype(float),
+                            "grad": trace["grad_ns"][rows_of] / float(work),
                             "idle": trace["idle_ns"][rows_of].astype(float)}
     return out
 

@@ -19,12 +19,15 @@ TINY = ("problem.dim=30", "problem.n_samples=200", "run.protocol=admm")
 
 
 @pytest.mark.parametrize("options", [(), ("run.blocks=3", "run.lr_schedule=inv_sqrt",
-                                          "admm.local_steps=3", "admm.rho=0.5")])
+                                          "admm.local_steps=3", "admm.rho=0.5"),
+                                     ("inject.delay=1", "inject.delay_dist=uniform",
+                                      "inject.delay_max=4")])
 def test_one_real_worker_is_the_simulators_admm(options):
     """float64, one worker: nothing interleaves, so the real run is the simulator's admm
     with ``split = even`` to the bit: the same first local samples, the same final z, the
-    same primal residual after every push; the dual to rounding (the simulator takes Δz as
-    z_t − z_{t−1}, the real writer as its push)."""
+    same primal residual after every push (with injected delays: z pulled from τ pushes
+    back, the same τ); the dual to rounding (the simulator takes Δz as z_t − z_{t−1}, the
+    real writer as its push)."""
     s = scenario(*TINY, "run.updates=150", *options)
     real = run_real(s, 1, "admm", dtype="float64", timeout=120)
     assert real.failure is None and len(real.trace) == 150
@@ -32,7 +35,8 @@ def test_one_real_worker_is_the_simulators_admm(options):
     simulated = simulate(real.scenario)
     assert np.array_equal(real.trace["sample"], simulated["sample"])
     assert np.array_equal(real.trace["w_final"], simulated["w_final"])
-    assert np.array_equal(real.trace["lr_scale"], simulated["lr_scale"])
+    for name in ("lr_scale", "delay", "staleness"):
+        assert np.array_equal(real.trace[name], simulated[name]), name
     assert np.array_equal(real.trace["extra_primal_residual"],
                           simulated["extra_primal_residual"])
     np.testing.assert_allclose(real.trace["extra_dual_residual"],
@@ -63,12 +67,13 @@ def test_two_real_workers_converge_as_the_simulation_does():
 
 def test_measure_mode_replays_the_pushes():
     """--measure: the exact loss curve at the simulator's checkpoints from the replayed
-    pushes, no row measured, and nothing lost: the rebuilt final z is the real one (the
-    pushes hold a lock per block)."""
+    pushes, no row measured, and nothing lost: the rebuilt final z is the real one to
+    rounding (the pushes hold a lock per block; a store's stamp, taken after the lock's
+    release, can order two pushes of a block otherwise than the lock did)."""
     s = scenario(*TINY, "run.updates=400", "run.blocks=2")
     real = run_real(s, 2, "admm", dtype="float64", timeout=120, measure_every=1)
     assert real.failure is None and not real.trace["measured"].any()
-    assert real.hardware_loss["rebuilt_vs_real_max"] == 0.0
+    assert real.hardware_loss["rebuilt_vs_real_max"] < 1e-12
     simulated = simulate(real.scenario)
     assert np.array_equal(real.trace["curve_t"], simulated["curve_t"])
     z = real.trace["w_final"]
@@ -87,6 +92,30 @@ def test_the_command_line_runs_admm(tmp_path):
         primal, dual = trace["extra_primal_residual"], trace["extra_dual_residual"]
     assert primal.shape == dual.shape == (200,)
     assert np.isfinite(primal).all() and (dual > 0).any()
+
+
+def test_the_merge_puts_each_push_s_residuals_on_its_row():
+    """The residuals a worker recorded after each push land on that push's row of the
+    trace, in completion order (rows interleaved across two workers)."""
+    from realrun.timeline import WorkerRecord, merge
+
+    def record(ends, residuals):
+        ends = np.asarray(ends)
+        times = np.stack([ends - 30, ends - 20, ends - 10, ends], axis=1)
+        return WorkerRecord(times, times[:, 1:2].copy(), times[:, 3:4].copy(),
+                            np.arange(len(ends)), residuals=np.asarray(residuals, dtype=float))
+
+    records = [record([100, 300, 500], [[1, 10], [3, 30], [5, 50]]),
+               record([200, 400], [[2, 20], [4, 40]])]
+    s = scenario(*TINY, "run.updates=5", "run.threads=2", "run.split=even")
+    from simulator.scenario import scenario_to_toml
+
+    w0 = np.zeros(30)
+    trace, _ = merge(records, w0, w0, [(0, 70, 1.0, 0.0), (5, 500, 1.0, 0.0)],
+                     scenario_to_toml(s))
+    assert trace["thread"].tolist() == [0, 1, 0, 1, 0]
+    assert trace["extra_primal_residual"].tolist() == [1, 2, 3, 4, 5]
+    assert trace["extra_dual_residual"].tolist() == [10, 20, 30, 40, 50]
 
 
 @pytest.mark.parametrize(("kwargs", "override", "match"), [

@@ -67,7 +67,6 @@ def test_lock_free_workers_draw_each_threads_injections():
 
 @pytest.mark.parametrize("overrides, mode, kwargs, named", [
     (("run.protocol=minibatch", "inject.delay=2"), "minibatch", {}, "inject.delay"),
-    (("run.protocol=admm", "inject.delay=2"), "admm", {}, "inject.delay"),
     (("inject.stragglers=[{thread=1, factor=0.5}]",), "lockfree", {},
      r"inject\.stragglers\.0\.factor"),
     (("run.protocol=roundrobin", "inject.deaths=[{thread=0, at=5}]"), "roundrobin", {},
@@ -90,7 +89,6 @@ def test_lock_free_workers_read_the_vector_of_their_delay():
     trace = real.trace
     late = trace["thread_seq"] >= 4  # its worker's own 4 completions came before its read
     assert (trace["delay"][late] == 4).all() and (trace["delay"] <= 4).all()
-    assert (trace["staleness"] >= trace["delay"]).all()
     simulated = simulate(real.scenario)
     assert abs(trace["staleness"].mean() - simulated["staleness"].mean()) < 1.5
     assert trace["measured"].all() and np.isfinite(trace["delta_norm"]).all()

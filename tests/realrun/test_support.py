@@ -182,14 +182,16 @@ def test_what_a_backend_runs_is_accepted_and_recorded():
     with pytest.raises(ScenarioError, match=r"^inject\.drop = 0\.1: "):
         support.refuse_unsupported(scenario("inject.error_bound=0.5", "inject.drop=0.1"),
                                    "ps", "paramserver")
-    # CPU workers run delays, errors, drops and rounded stores; ADMM stalls only, rounds
-    # nothing.
+    # CPU workers run delays, errors, drops and rounded stores; ADMM delays and stalls only,
+    # rounds nothing.
     support.refuse_unsupported(scenario("inject.error=noise", "inject.error_bound=0.5",
                                         "inject.drop=0.1", "inject.write_bits=8",
                                         "inject.delay=3"), "shm", "lockfree")
-    with pytest.raises(ScenarioError, match=r"^inject\.delay = 3: "):
-        support.refuse_unsupported(scenario("inject.pauses=[{thread=0, start=1, end=9}]",
-                                            "inject.delay=3"), "shm", "admm")
+    support.refuse_unsupported(scenario("inject.pauses=[{thread=0, start=1, end=9}]",
+                                        "inject.delay=3"), "shm", "admm")
+    with pytest.raises(ScenarioError, match=r"^inject\.drop = 0\.1: real ADMM"):
+        support.refuse_unsupported(scenario("inject.delay=3", "inject.drop=0.1"), "shm",
+                                   "admm")
     with pytest.raises(ScenarioError, match=r"^inject\.drop = 0\.1: synchronous rounds"):
         support.refuse_unsupported(scenario("inject.drop=0.1"), "shm", "minibatch")
     with pytest.raises(ScenarioError, match=r"^devices\.0\.speed = 2\.0: "):

@@ -50,6 +50,15 @@ def test_sparse_blocks_are_scaled_by_the_support_they_move(tmp_path):
     assert fitted(scenario).read.mean == pytest.approx(4000, rel=0.1)
 
 
+def test_a_gradient_phase_of_several_gradients_gives_one_gradients_duration(tmp_path):
+    """ADMM's gradient phase is ``admm.local_steps`` gradients: calibration fits one
+    gradient's duration, so the calibrated scenario's phase is as long as the run's."""
+    run = _source(tmp_path, "run.protocol=admm", "admm.local_steps=8", "run.updates=600",
+                  "timing.grad={dist='lognormal', mean=5000, cv=0.3}")
+    scenario, _ = calibrate(run)
+    assert fitted(scenario).grad.mean == pytest.approx(5000, rel=0.1)
+
+
 def test_neither_family_fits_a_bimodal_sample():
     rng = np.random.default_rng(0)
     values = np.concatenate([rng.normal(1000, 30, 800), rng.normal(5000, 100, 800)])
