@@ -24,7 +24,12 @@ row per gradient, as the simulator's. The options are the simulator's ``paramser
 * ``rebalance`` r > 1: once every working trainer made ``rebalance_after`` applied gradients,
   one whose mean time per gradient (read start to application) exceeds r times the
   median is retired: its next pull is answered with no gradients, and the others make the
-  rest of the budget (``retired_threads`` in the trace and summary).
+  rest of the budget (``retired_threads`` in the trace and summary);
+* ``rule``: the server applies an update rule to each push it keeps, as it receives it,
+  with its exact staleness τ (pushes applied since its pull): ``staleness_lr`` scales it by
+  1/τ (the factor recorded as ``lr_scale``), ``dcasgd`` compensates it towards the server's
+  vector from the one it sent that trainer at its pull (``simulator.rules.dc_step``, λ =
+  ``dcasgd.lam``).
 
 Every timestamp is the server's ``time.monotonic_ns()`` (a pull's arrival and answer, a
 push's arrival and application; the trainer reports only its compute time), so traces from
@@ -70,7 +75,15 @@ from realrun.worker import another_problem, one_thread_each, one_thread_env, sam
 from simulator.budget import preflight
 from simulator.errors import AsyngradError, ScenarioError
 from simulator.problems import Problem, make_problem
-from simulator.rules import mean_step, retirements, round_quota, too_stale, warmed_up
+from simulator.rules import (
+    dc_step,
+    mean_step,
+    retirements,
+    round_quota,
+    staleness_scale,
+    too_stale,
+    warmed_up,
+)
 from simulator.scenario import Scenario, scenario_from_dict, scenario_to_toml
 from simulator.trace import Trace, TraceBuilder
 from simulator.view import UNMEASURED, Measurement, SerializedView
@@ -108,6 +121,7 @@ class _Push:
     rounds: bool = False  # pushed for backup-worker rounds (``paramserver.fraction`` > 0)
     member: bool = False  # applied by a round another push closed
     closed: int = 0  # when the round this push closed closed (its arrival, or a trainer's end)
+    scale: float = 1.0  # the factor on lr the server's rule gave it (``paramserver.rule``)
 
 
 @dataclass
@@ -134,6 +148,7 @@ class _Server:
     busy: list[int] = field(default_factory=list)  # per thread: summed time per gradient (ns)
     count: list[int] = field(default_factory=list)  # per thread: applied gradients
     retired: list[int] = field(default_factory=list)  # threads retired by rebalancing
+    sent: dict[int, np.ndarray] = field(default_factory=dict)  # dcasgd: rank: vector pulled
 
 
 def _header_size(accumulate: int) -> int:
@@ -330,6 +345,8 @@ def _answer(state: _Server, source: int, arrived: int) -> None:
     tensors = [torch.tensor([state.version, grant], dtype=torch.int64)]
     if grant:
         tensors.append(torch.from_numpy(state.w))
+        if state.scenario.paramserver.rule == "dcasgd":  # the w_read of its next push
+            state.sent[source] = state.w.astype(np.float64)
     try:
         for tensor in tensors:
             work: Any = dist.isend(tensor, source)
@@ -358,8 +375,24 @@ def _push(state: _Server, push: _Push) -> None:
     if too_stale(state.version - push.version, options.staleness_limit):
         push.write_end = push.arrival
         return
+    _rule(state, push)
     state.w -= push.step
     _complete(state, [push])
+
+
+def _rule(state: _Server, push: _Push) -> None:
+    """The server's update rule (``paramserver.rule``) on a push it keeps, with the push's
+    exact staleness, as the simulator's server applies it on arrival (``simulator.rules``)."""
+    rule = state.scenario.paramserver.rule
+    if rule == "staleness_lr":
+        push.scale = staleness_scale(state.version - push.version)
+        if push.scale != 1.0:
+            push.step *= push.scale
+    elif rule == "dcasgd":
+        compensated = dc_step(push.step.astype(np.float64), state.scenario.run.lr,
+                              state.w.astype(np.float64), state.sent[push.thread + 1],
+                              state.scenario.dcasgd.lam)
+        push.step = compensated.astype(state.dtype)
 
 
 def _close_round(state: _Server, now: int) -> None:
@@ -387,7 +420,7 @@ def _complete(state: _Server, group: list[_Push]) -> None:
     now = time.monotonic_ns()
     w = state.w.astype(np.float64)
     samples = [s for p in group for s in p.samples]
-    m = state.view.complete(state.version, w, samples, now, n=state.gradients)
+    m = state.view.complete(state.version, w, samples, now, group[-1].scale, n=state.gradients)
     for p in group:
         p.applied = p.completed = state.version
         p.write_end = now
@@ -449,17 +482,18 @@ def _trace(state: _Server, origin: int) -> Trace:
             rows.append((times["write_end"][j], p.thread, p.seq + j, sample, p.applied,
                          p.version, p.completed, p.grad_ns[j],
                          *(times[name][j] for name in _TIMES), j == 0, j == last and p.applied,
+                         p.scale if j == last else 1.0,
                          p.measurement if j == last else UNMEASURED))
     rows.sort(key=lambda r: r[:3])
     start = min([r[8] for r in rows], default=origin)
     uid = np.argsort(np.argsort([r[8] for r in rows], kind="stable"))
     records = TraceBuilder()
     for i, (_, thread, seq, sample, step, seen, completed, grad_ns, *stamps, copies, stores,
-            m) in enumerate(rows):
+            scale, m) in enumerate(rows):
         rs, re, gs, ge, ws, we = (t - start for t in stamps)
         # idle −1: from the thread's previous write end, by the builder
         records.add((int(uid[i]), thread, seq, sample, step, rs, re, gs, ge, ws, we, grad_ns,
-                     -1, seen, completed, 0, 0, 0.0, False, 1.0, *m),
+                     -1, seen, completed, 0, 0, 0.0, False, scale, *m),
                     [0], [re - rs], [we - ws], [re if copies else -1], [we if stores else -1])
     state.view.finish(state.version, state.w.astype(np.float64),
                       max([0, *(r[10] for r in records.rows)]), state.gradients)

@@ -98,8 +98,10 @@ SUPPORT: tuple[tuple[str, str, str], ...] = (
      "delays, stragglers, pauses and deaths (a "
      "field that injects nothing, such as `error_bound` without an `error`, is accepted)",
      "refused when it injects anything"),
-    ("`[paramserver]`", "inert", "honoured"),
-    ("`[dcasgd]`", "honoured with `dcasgd`, else inert", "inert"),
+    ("`[paramserver]`", "inert", "honoured (`rule`: on each push the server keeps, as it "
+     "receives it, with its exact staleness)"),
+    ("`[dcasgd]`", "honoured with `dcasgd`, else inert",
+     "honoured with `paramserver.rule = dcasgd`, else inert"),
     ("`[admm]`", "honoured with `admm` (CPU worker processes), else inert", "inert"),
 )
 

@@ -393,6 +393,10 @@ class Engine:
             np.copyto(local, past)
         self._pulled[thread] = (u.start_completed, u.delay)
 
+    def read_copy(self, thread: int) -> np.ndarray:
+        """The vector ``thread``'s update in flight read (its local copy)."""
+        return self._local[thread]
+
     def _gradient(self, thread: int, u: Update) -> Generator[Any, Any, None]:
         """GRADIENT: the real gradient at the local copy, holding the device."""
         if self._pooled[thread]:

@@ -87,6 +87,9 @@ def constant_step(scenario: Scenario) -> None:
     if protocol == "staleness_lr":
         raise ScenarioError("run.protocol", protocol,
                             "scales γ by each update's staleness; the bounds assume one γ")
+    if protocol == "paramserver" and scenario.paramserver.rule == "staleness_lr":
+        raise ScenarioError("paramserver.rule", "staleness_lr", "the server scales γ by each "
+                            "push's staleness; the bounds assume one γ")
 
 
 def pilot_runs(scenario: Scenario, problem: Problem, count: int,

@@ -18,7 +18,14 @@ per shard (``DeviceSpec``). Options (``[paramserver]``):
   Adam waited for 75%);
 * ``rebalance`` r: once every worker made ``rebalance_after`` updates, a worker whose mean
   update time exceeds r times the median is retired and its share of the data goes to the
-  others (samples are drawn uniformly, so the others simply do its remaining updates).
+  others (samples are drawn uniformly, so the others simply do its remaining updates);
+* ``rule``: an update rule the server applies to each push it keeps, where its staleness τ
+  is known exactly: when the push reaches it (with the staleness limit's decision):
+  ``staleness_lr`` scales it by 1/τ, ``dcasgd`` compensates it towards the server's vector
+  now from the vector the worker pulled; the protocols' own rules
+  (:class:`~simulator.protocols.staleness_lr.StalenessLR`,
+  :class:`~simulator.protocols.dcasgd.DCASGD`), applied to the push (with ``accumulate``,
+  to the mean it pushes).
 
 With one worker and no latency it is serial SGD, bit for bit.
 """
@@ -32,7 +39,9 @@ import simpy
 
 from simulator.memory import Coords, WriteMode
 from simulator.protocols.base import GROUPED, MEMBER, Protocol
+from simulator.protocols.dcasgd import DCASGD
 from simulator.protocols.rounds import Rounds
+from simulator.protocols.staleness_lr import StalenessLR
 from simulator.rules import retirements, too_stale, warmed_up
 
 if TYPE_CHECKING:
@@ -70,8 +79,11 @@ class ParamServer(Protocol):
         self.count = np.zeros(k, dtype=np.int64)
         self.retired: list[int] = []
         self.finished: set[int] = set()
-        if self.options.staleness_limit and not self.rounds:
-            engine.stores = _Arrivals(engine, engine.stores, self.options.staleness_limit)
+        rule = self.options.rule
+        if (self.options.staleness_limit or rule != "none") and not self.rounds:
+            engine.stores = _Arrivals(engine, engine.stores, self.options.staleness_limit,
+                                      None if rule == "none"
+                                      else _RULES[rule](self.scenario))
 
     def active(self, engine: Engine, thread: int) -> bool:
         return thread not in self.retired
@@ -151,16 +163,22 @@ class ParamServer(Protocol):
         return {"retired_threads": np.asarray(self.retired, dtype=np.int64)}
 
 
+_RULES: dict[str, type[Protocol]] = {"staleness_lr": StalenessLR, "dcasgd": DCASGD}
+
+
 class _Arrivals(WriteMode):
-    """The server under a staleness limit: it sees a push when the push's first shard
-    arrives (the end of its first block's write) and throws the whole push away if its
-    staleness exceeds the limit then (``u.discard``: the engine's row for it has step 0);
-    otherwise its shards land as ``stores`` (the run's write mode) says."""
+    """The server under a staleness limit or an update rule: it sees a push when the push's
+    first shard arrives (the end of its first block's write) and throws the whole push away
+    if its staleness exceeds the limit then (``u.discard``: the engine's row for it has step
+    0); otherwise it applies ``rule`` to the whole push then (in place, before any shard is
+    stored; the factor on lr it took joins ``u.lr_scale``), and its shards land as
+    ``stores`` (the run's write mode) says."""
 
     runs = False  # every shard's end is an action of its own: the first one decides
 
-    def __init__(self, engine: Engine, stores: WriteMode, limit: int) -> None:
-        self.engine, self.stores, self.limit = engine, stores, limit
+    def __init__(self, engine: Engine, stores: WriteMode, limit: int,
+                 rule: Protocol | None = None) -> None:
+        self.engine, self.stores, self.limit, self.rule = engine, stores, limit, rule
 
     def begin(self, u: Update, block: int, index: slice, now: int, duration: int) -> Any:
         return self.stores.begin(u, block, index, now, duration)
@@ -170,8 +188,21 @@ class _Arrivals(WriteMode):
         if block == u.ops[0][0]:
             u.discard = too_stale(self.engine.completed - u.start_completed + u.delay,
                                   self.limit)
+            if self.rule is not None and not u.discard:
+                step = self._applied(u)
         if not u.discard:
             self.stores.end(u, block, index, coords, begun, step)
+
+    def _applied(self, u: Update) -> np.ndarray:
+        """Apply the rule to ``u``'s whole push in place; its first block's part."""
+        engine, scale = self.engine, u.lr_scale
+        u.lr_scale = 1.0
+        ruled = self.rule.step(engine, u, u.step,  # type: ignore[union-attr]
+                               engine.read_copy(u.thread))
+        u.lr_scale *= scale
+        if ruled is not u.step:
+            np.copyto(u.step, ruled)
+        return u.step[u.ops[0][2]]
 
     def lost_of(self, block: int) -> dict[int, np.ndarray] | None:
         return self.stores.lost_of(block)

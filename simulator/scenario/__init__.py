@@ -18,6 +18,7 @@ from simulator.scenario.base import (
                                      PROTOCOLS,
                                      REAL_DATA,
                                      REAL_SHAPES,
+                                     SERVER_RULES,
                                      SLICINGS,
                                      SPLITS,
                                      WRITE_MODES,
@@ -63,7 +64,8 @@ from simulator.scenario.specs import (
 )
 
 __all__ = ["DATA_SOURCES", "EVEN_SPLIT_PROTOCOLS", "LR_SCHEDULES", "MAX_THREADS", "PHASES",
-           "PLACEMENTS", "PROTOCOLS", "REAL_DATA", "REAL_SHAPES", "SLICINGS", "SPLITS",
+           "PLACEMENTS", "PROTOCOLS", "REAL_DATA", "REAL_SHAPES", "SERVER_RULES", "SLICINGS",
+           "SPLITS",
            "WRITE_MODES", "ADMMSpec", "CommonSpec", "ConvoySpec", "DCASGDSpec", "DeathSpec",
            "DeviceSpec", "EpisodeSpec", "HardwareSpec", "InjectSpec", "InterferenceSpec",
            "MetricsSpec", "ParamServerSpec", "PassingSpec", "PauseSpec", "ProblemSpec",

@@ -9,13 +9,16 @@ from simulator.errors import ScenarioError
 
 __all__ = ["DATA_SOURCES", "EVEN_SPLIT_PROTOCOLS", "FILE_PROBLEMS", "FILE_SUFFIXES",
            "LR_SCHEDULES", "MAX_THREADS", "PHASES", "PLACEMENTS", "PROTOCOLS", "REAL_DATA",
-           "REAL_SHAPES", "SLICINGS", "SPLITS", "WRITE_MODES", "check", "check_ints", "is_file"]
+           "REAL_SHAPES", "SERVER_RULES", "SLICINGS", "SPLITS", "WRITE_MODES", "check",
+           "check_ints", "is_file"]
 
 PROTOCOLS = ("serial", "locked", "lockfree", "roundrobin", "minibatch", "paramserver",
              "staleness_lr", "dcasgd", "admm")
 WRITE_MODES = ("load_store", "atomic_add")
 LR_SCHEDULES = ("constant", "inv_sqrt", "inverse")
 SPLITS = ("shared", "even")
+# Update rules a parameter server applies to each push on arrival (``paramserver.rule``).
+SERVER_RULES = ("none", "staleness_lr", "dcasgd")
 PLACEMENTS = ("round_robin", "shuffled")
 # Protocols whose threads may stop at a fixed quota each (as real workers do).
 EVEN_SPLIT_PROTOCOLS = ("serial", "locked", "lockfree", "minibatch", "roundrobin",

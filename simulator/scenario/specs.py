@@ -29,6 +29,7 @@ from simulator.scenario.base import (
     PROTOCOLS,
     REAL_DATA,
     REAL_SHAPES,
+    SERVER_RULES,
     SPLITS,
     WRITE_MODES,
     check,
@@ -332,7 +333,11 @@ class ParamServerSpec:
     synchronous rounds that end when ceil(p·k) pushes computed on the round's vector arrived
     (backup workers: later pushes of that round are discarded); ``rebalance`` r > 0 retires a
     worker whose mean update time exceeds r times the median once every worker made
-    ``rebalance_after`` updates (its share of the data goes to the others)."""
+    ``rebalance_after`` updates (its share of the data goes to the others); ``rule`` applies
+    an update rule to each push as it reaches the server, where its staleness is known
+    exactly: ``staleness_lr`` scales it by 1/τ (Zhang et al. 2016), ``dcasgd`` compensates
+    it towards the server's vector from the one the worker pulled (Zheng et al. 2017,
+    ``[dcasgd]``'s λ)."""
 
     staleness_limit: int = key(0, "a push staler than this when it reaches the server "
                                "is discarded (0: keep every push)", bounds=">= 0")
@@ -346,6 +351,8 @@ class ParamServerSpec:
                            "else > 1)")
     rebalance_after: int = key(20, "updates every worker makes before rebalancing",
                                bounds=">= 1")
+    rule: str = key("none", "update rule the server applies to each push on arrival: none, "
+                    "staleness_lr or dcasgd", choices=SERVER_RULES)
 
     def __post_init__(self) -> None:
         check_ints(self)
@@ -363,6 +370,10 @@ class ParamServerSpec:
                "must be 1 with synchronous rounds (fraction > 0)")
         check(self.fraction == 0 or self.staleness_limit == 0, "staleness_limit",
                self.staleness_limit, "must be 0 with synchronous rounds (fraction > 0)")
+        check(self.rule in SERVER_RULES, "rule", self.rule,
+              f"must be one of {', '.join(SERVER_RULES)}")
+        check(self.fraction == 0 or self.rule == "none", "rule", self.rule,
+              "must be none with synchronous rounds (fraction > 0: no push is stale)")
 
 
 @dataclass(frozen=True)

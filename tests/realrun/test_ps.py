@@ -126,6 +126,48 @@ def test_staleness_limit_drops_exactly_the_stale_pushes():
     assert summarize(trace, run.problem, run.scenario)["discarded"] == int(dropped.sum())
 
 
+@pytest.mark.parametrize("rule", ["staleness_lr", "dcasgd"])
+def test_the_server_applies_its_rule_with_each_push_s_exact_staleness(rule):
+    """``paramserver.rule``: one trainer (float64) is the simulator's paramserver to the
+    bit (τ = 0 leaves every push as it is); with three, every push the server kept took
+    1/τ of lr for its exact staleness τ (``staleness_lr``: ``lr_scale``), measure mode
+    divides it out, and both rules converge."""
+    s = scenario(*TINY, "run.protocol=paramserver", f"paramserver.rule={rule}",
+                 "dcasgd.lam=0.5")
+    one = run_ps(s, 1, "float64", timeout=60)
+    assert np.array_equal(one.trace["w_final"], simulate(one.scenario)["w_final"])
+    run = run_ps(scenario(*TINY, "run.updates=1500", "run.protocol=paramserver",
+                          f"paramserver.rule={rule}", "dcasgd.lam=0.5"), 3, "float64",
+                 timeout=60, measure=True)
+    trace = run.trace
+    assert run.failure is None and trace["measured"].any()
+    assert (trace["staleness"] > 0).any()
+    expected = 1 / np.maximum(1, trace["staleness"]) if rule == "staleness_lr" else 1.0
+    assert np.array_equal(trace["lr_scale"], np.broadcast_to(expected, len(trace)))
+    f_star = run.problem.optimum()[1]
+    assert trace["curve_loss"][-1] - f_star < (trace["curve_loss"][0] - f_star) / 4
+
+
+def test_the_servers_rule_is_the_simulators_arithmetic():
+    """``_rule`` on a push that waited two versions: the step the simulator's rules give
+    (``simulator.rules``), with the vector the server sent that trainer at its pull."""
+    from realrun.ps import _Push, _rule, _Server
+
+    rng = np.random.default_rng(0)
+    w_read, w_now, step = rng.standard_normal((3, 6))
+    for rule, expected in (("staleness_lr", step / 2),
+                           ("dcasgd", step + 0.05 * 0.5 * (step / 0.05) ** 2
+                            * (w_now - w_read))):
+        s = scenario(*TINY, "run.protocol=paramserver", f"paramserver.rule={rule}",
+                     "dcasgd.lam=0.5")
+        state = _Server(None, s, 1, np.dtype("float64"), w_now.copy(), None, None,
+                        version=7, sent={1: w_read.copy()})
+        push = _Push(0, 0, [0], 0, 0, 0, [0], 5, step.copy())
+        _rule(state, push)
+        np.testing.assert_allclose(push.step, expected, rtol=1e-12)
+        assert push.scale == (0.5 if rule == "staleness_lr" else 1.0)
+
+
 def test_backup_worker_rounds_apply_pushes_computed_on_one_vector():
     """fraction = 1: every round waits for both trainers and applies their mean; nothing is
     stale. fraction = 0.5: the first push ends each round, later ones for it are dropped."""

@@ -13,9 +13,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from simulator.engine import Engine, simulate
+from simulator.errors import ScenarioError
 from simulator.metrics import error_mask
 from simulator.problems import make_problem
 from simulator.rules import dc_compensate, dc_correction, mean_step, staleness_scale
+from simulator.scenario import with_overrides
 from tests.conftest import CONSTANT, scenario
 
 SMALL = ("problem.name=quadratic", "problem.dim=4", "problem.n_samples=20", "run.lr=0.05",
@@ -147,6 +149,51 @@ def test_paramserver_staleness_limit_discards_pushes_stale_on_arrival():
         read = states[np.searchsorted(ends, trace["read_end"][row], side="right")]
         states.append(states[-1] - s.run.lr * problem.grad(read.copy(), trace["sample"][row])[0])
     assert np.allclose(trace["w_final"], states[-1], rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("rule", ["staleness_lr", "dcasgd"])
+def test_paramserver_rule_applies_to_each_push_as_it_arrives(rule):
+    """``paramserver.rule``: the server applies the rule to each push it keeps when it
+    arrives, with its exact staleness τ. Checked against an independent replay of the
+    applied pushes in order (one shard: a push arrives when it is applied): each is
+    lr·∇f at the vector its pull copied (w after the completions before its read's end),
+    then scaled by 1/τ (``staleness_lr``, the factor recorded as ``lr_scale``) or
+    compensated towards the vector it is applied to (``dcasgd``)."""
+    from simulator.rules import dc_step
+
+    s, problem = small("run.protocol=paramserver", "run.threads=5", "run.updates=150",
+                       "timing.grad={dist='exponential', mean=6000}", "devices.0.latency=700",
+                       "paramserver.staleness_limit=4", f"paramserver.rule={rule}",
+                       "dcasgd.lam=2.0")
+    trace = simulate(s, problem)
+    applied = trace["step"] > 0
+    assert (~applied).sum() > 0 and trace["staleness"][applied].max() > 1
+    rows = np.flatnonzero(applied)[np.argsort(trace["step"][applied])]
+    ends = trace["write_end"][rows]
+    states = [problem.initial()]
+    for row in rows:
+        read = states[np.searchsorted(ends, trace["read_end"][row], side="right")]
+        step = s.run.lr * problem.dense_grad(read.copy(), int(trace["sample"][row]))
+        if rule == "staleness_lr":
+            scale = staleness_scale(int(trace["staleness"][row]))
+            assert trace["lr_scale"][row] == scale
+            step = step * scale
+        else:
+            step = dc_step(step, s.run.lr, states[-1], read, s.dcasgd.lam)
+        states.append(states[-1] - step)
+    assert np.allclose(trace["w_final"], states[-1], rtol=0, atol=1e-12)
+    assert (trace["lr_scale"][~applied] == 1).all()
+    plain = simulate(with_overrides(s, ["paramserver.rule=none"]), problem)
+    assert not np.array_equal(plain["w_final"], trace["w_final"])
+    if rule == "dcasgd":  # λ = 0 compensates nothing
+        unchanged = simulate(with_overrides(s, ["dcasgd.lam=0"]), problem)
+        assert np.array_equal(unchanged["w_final"], plain["w_final"])
+
+
+def test_paramserver_rule_is_refused_with_rounds():
+    with pytest.raises(ScenarioError, match=r"paramserver\.rule"):
+        scenario("run.protocol=paramserver", "paramserver.fraction=0.5",
+                 "paramserver.rule=staleness_lr")
 
 
 def test_paramserver_staleness_limit_decides_at_the_first_shard():
