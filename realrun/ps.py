@@ -149,6 +149,7 @@ class _Server:
     count: list[int] = field(default_factory=list)  # per thread: applied gradients
     retired: list[int] = field(default_factory=list)  # threads retired by rebalancing
     sent: dict[int, np.ndarray] = field(default_factory=dict)  # dcasgd: rank: vector pulled
+    work: tuple[np.ndarray, np.ndarray] | None = None  # dcasgd: dc_step's work arrays
 
 
 def _header_size(accumulate: int) -> int:
@@ -389,10 +390,12 @@ def _rule(state: _Server, push: _Push) -> None:
         if push.scale != 1.0:
             push.step *= push.scale
     elif rule == "dcasgd":
+        if state.work is None:
+            state.work = (np.zeros(state.w.size), np.zeros(state.w.size))
         compensated = dc_step(push.step.astype(np.float64), state.scenario.run.lr,
                               state.w.astype(np.float64), state.sent[push.thread + 1],
-                              state.scenario.dcasgd.lam)
-        push.step = compensated.astype(state.dtype)
+                              state.scenario.dcasgd.lam, state.work)
+        np.copyto(push.step, compensated, casting="same_kind")
 
 
 def _close_round(state: _Server, now: int) -> None:

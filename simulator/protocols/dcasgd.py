@@ -31,7 +31,8 @@ class DCASGD(Protocol):
 
     def step(self, engine: Engine, u: Update, step: np.ndarray,
              local: np.ndarray) -> np.ndarray:
-        lr, lam = engine.lr, self.scenario.dcasgd.lam
+        # lr as the step took it (on a server the schedule's factor is in it already).
+        lr, lam = engine.lr * u.lr_scale, self.scenario.dcasgd.lam
         coords = None if u.ops is engine.dense_ops else np.concatenate(
             [np.arange(op[1].start, op[1].stop) if isinstance(op[1], slice) else op[1]
              for op in u.ops])

@@ -194,12 +194,11 @@ class _Arrivals(WriteMode):
             self.stores.end(u, block, index, coords, begun, step)
 
     def _applied(self, u: Update) -> np.ndarray:
-        """Apply the rule to ``u``'s whole push in place; its first block's part."""
-        engine, scale = self.engine, u.lr_scale
-        u.lr_scale = 1.0
+        """Apply the rule to ``u``'s whole push in place (after a learning-rate schedule's
+        factor, which ``u.lr_scale`` holds); its first block's part."""
+        engine = self.engine
         ruled = self.rule.step(engine, u, u.step,  # type: ignore[union-attr]
                                engine.read_copy(u.thread))
-        u.lr_scale *= scale
         if ruled is not u.step:
             np.copyto(u.step, ruled)
         return u.step[u.ops[0][2]]

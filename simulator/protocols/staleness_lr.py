@@ -30,7 +30,8 @@ class StalenessLR(Protocol):
 
     def step(self, engine: Engine, u: Update, step: np.ndarray,
              local: np.ndarray) -> np.ndarray:
-        u.lr_scale = staleness_scale(engine.completed - u.start_completed + u.delay)
-        if u.lr_scale != 1.0:
-            step *= u.lr_scale
+        scale = staleness_scale(engine.completed - u.start_completed + u.delay)
+        u.lr_scale *= scale  # (on a server, after the schedule's factor)
+        if scale != 1.0:
+            step *= scale
         return step

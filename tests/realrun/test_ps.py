@@ -131,7 +131,11 @@ def test_the_server_applies_its_rule_with_each_push_s_exact_staleness(rule):
     """``paramserver.rule``: one trainer (float64) is the simulator's paramserver to the
     bit (τ = 0 leaves every push as it is); with three, every push the server kept took
     1/τ of lr for its exact staleness τ (``staleness_lr``: ``lr_scale``), measure mode
-    divides it out, and both rules converge."""
+    divides it out, and the final vector is an independent replay of the applied pushes in
+    order: lr·∇f at the version each pulled, scaled by 1/τ or compensated
+    towards the vector it was applied to from that version (``simulator.rules``)."""
+    from simulator.rules import dc_step, staleness_scale
+
     s = scenario(*TINY, "run.protocol=paramserver", f"paramserver.rule={rule}",
                  "dcasgd.lam=0.5")
     one = run_ps(s, 1, "float64", timeout=60)
@@ -146,6 +150,16 @@ def test_the_server_applies_its_rule_with_each_push_s_exact_staleness(rule):
     assert np.array_equal(trace["lr_scale"], np.broadcast_to(expected, len(trace)))
     f_star = run.problem.optimum()[1]
     assert trace["curve_loss"][-1] - f_star < (trace["curve_loss"][0] - f_star) / 4
+    rows = np.flatnonzero(trace["step"] > 0)
+    rows = rows[np.argsort(trace["step"][rows])]
+    states, lr = [run.problem.initial()], run.scenario.run.lr
+    for row in rows:
+        read = states[int(trace["step"][row] - 1 - trace["staleness"][row])]  # its pull
+        step = lr * run.problem.dense_grad(read.copy(), int(trace["sample"][row]))
+        step = (step * staleness_scale(int(trace["staleness"][row])) if rule == "staleness_lr"
+                else dc_step(step, lr, states[-1], read, 0.5))
+        states.append(states[-1] - step)
+    np.testing.assert_allclose(trace["w_final"], states[-1], rtol=0, atol=1e-12)
 
 
 def test_the_servers_rule_is_the_simulators_arithmetic():
