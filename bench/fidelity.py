@@ -105,7 +105,8 @@ def _targets(report: dict) -> dict:
     return {"staleness_a": st["mean_a"], "staleness_b": st["mean_b"],
             "gap": st["relative_mean_gap"], "ks": st["ks_distance"],
             "error_a": ge["a"]["rate"], "error_b": ge["b"]["rate"],
-            "rate_gap": abs(ge["a"]["rate"] - ge["b"]["rate"]),
+            "rate_gap": (None if ge["a"]["rate"] is None or ge["b"]["rate"] is None
+                         else abs(ge["a"]["rate"] - ge["b"]["rate"])),  # (ADMM: none)
             "final_ratio": loss["final_ratio"],
             "loss_apart": None if apart is None else 10 ** apart,
             # where the error-rate gap comes from (asyngrad compare's gap_split, b − a)
@@ -187,11 +188,13 @@ def _split_table(rows: list[dict]) -> None:
             kept = [p[key] for p in sims if p.get(key) is not None]
             return "n/a" if not kept else format(_median(kept), spec)
 
-        gaps = [p["error_b"] - p["error_a"] for p in pairs]
+        gaps = [p["error_b"] - p["error_a"] for p in pairs
+                if p["error_a"] is not None and p["error_b"] is not None]  # (ADMM: none)
+        gap = format(_median(gaps), "+.3f") if gaps else "n/a"
         print(f"| {row['calibrated']} | {row['predicted']} | {median('fresh_a')} / "
               f"{median('fresh_b')} | {median('fresh_error_a')} / {median('fresh_error_b')} | "
               f"{median('stale_error_a')} / {median('stale_error_b')} | "
-              f"{_median(gaps):+.3f} | {median('from_fresh_share', '+.3f')} | "
+              f"{gap} | {median('from_fresh_share', '+.3f')} | "
               f"{median('from_fresh_errors', '+.3f')} | {median('from_stale_errors', '+.3f')} |",
               flush=True)
 
