@@ -31,6 +31,11 @@ row per gradient, as the simulator's. The options are the simulator's ``paramser
   vector from the one it sent that trainer at its pull (``simulator.rules.dc_step``, λ =
   ``dcasgd.lam``).
 
+Injected delays (``inject.delay``): the server answers a pull with its vector as it was τ
+versions back (a ring of its last versions; τ drawn per pull from the simulator's injector
+stream of that trainer's thread, clipped at the version), and counts τ into the push's
+staleness (the limit, the rules and the trace's ``delay``), as the simulator's paramserver.
+
 Every timestamp is the server's ``time.monotonic_ns()`` (a pull's arrival and answer, a
 push's arrival and application; the trainer reports only its compute time), so traces from
 several machines need no common clock. The run directory is the usual one.
@@ -122,6 +127,7 @@ class _Push:
     member: bool = False  # applied by a round another push closed
     closed: int = 0  # when the round this push closed closed (its arrival, or a trainer's end)
     scale: float = 1.0  # the factor on lr the server's rule gave it (``paramserver.rule``)
+    delay: int = 0  # the injected delay of its pull: it got the vector τ versions back
 
 
 @dataclass
@@ -138,7 +144,8 @@ class _Server:
     version: int = 0
     gradients: int = 0
     pushes: list[_Push] = field(default_factory=list)
-    pulled: dict[int, tuple[int, int, int]] = field(default_factory=dict)  # rank: start, end, v
+    # rank: its last pull's arrival, answer, version and injected delay
+    pulled: dict[int, tuple[int, int, int, int]] = field(default_factory=dict)
     seq: dict[int, int] = field(default_factory=dict)
     done: set[int] = field(default_factory=set)
     round_pushes: list[_Push] = field(default_factory=list)
@@ -150,6 +157,8 @@ class _Server:
     retired: list[int] = field(default_factory=list)  # threads retired by rebalancing
     sent: dict[int, np.ndarray] = field(default_factory=dict)  # dcasgd: rank: vector pulled
     work: tuple[np.ndarray, np.ndarray] | None = None  # dcasgd: dc_step's work arrays
+    injector: Any = None  # injected delays: the simulator's injector, a stream per trainer
+    ring: np.ndarray | None = None  # injected delays: ring[v mod H] = the vector of version v
 
 
 def _header_size(accumulate: int) -> int:
@@ -178,6 +187,12 @@ def serve(problem: Problem, scenario: Scenario, trainers: int, timeout: float,
                                    every, scenario.metrics.curve_points),
                     datetime.timedelta(seconds=timeout), busy=[0] * trainers,
                     count=[0] * trainers)
+    if scenario.inject.max_delay:
+        from simulator.inject import Injector
+
+        state.injector = Injector(scenario.inject, scenario.run.seed, trainers,
+                                  np.zeros(problem.dim))
+        state.ring = np.tile(state.w, (scenario.inject.max_delay + 1, 1))
     header = torch.zeros(_header_size(options.accumulate), dtype=torch.int64)
     step = torch.zeros(problem.dim, dtype=getattr(torch, dtype))
     origin = polled = time.monotonic_ns()
@@ -222,6 +237,7 @@ def serve(problem: Problem, scenario: Scenario, trainers: int, timeout: float,
                              *state.pulled[source][:2], arrived,
                              [int(t) for t in header[ns:ns + n]], int(header[2]),
                              step.numpy().astype(dtype))
+                push.delay = state.pulled[source][3]
                 state.seq[source] = push.seq + n
                 state.gradients += n
                 _push(state, push)
@@ -344,17 +360,22 @@ def _answer(state: _Server, source: int, arrived: int) -> None:
                                                       left)
     state.granted += grant
     tensors = [torch.tensor([state.version, grant], dtype=torch.int64)]
+    tau = 0
     if grant:
-        tensors.append(torch.from_numpy(state.w))
+        vector = state.w
+        if state.ring is not None:  # an injected delay: the vector τ versions back
+            tau = min(state.injector.delay(source - 1), state.version)
+            vector = state.ring[(state.version - tau) % len(state.ring)]
+        tensors.append(torch.from_numpy(vector))
         if state.scenario.paramserver.rule == "dcasgd":  # the w_read of its next push
-            state.sent[source] = state.w.astype(np.float64)
+            state.sent[source] = vector.astype(np.float64)
     try:
         for tensor in tensors:
             work: Any = dist.isend(tensor, source)
             work.wait(state.wait)
     except RuntimeError as err:
         raise _PeerFailed(source, err, "took no parameters") from None
-    state.pulled[source] = (arrived, time.monotonic_ns(), state.version)
+    state.pulled[source] = (arrived, time.monotonic_ns(), state.version, tau)
 
 
 def _push(state: _Server, push: _Push) -> None:
@@ -373,7 +394,7 @@ def _push(state: _Server, push: _Push) -> None:
         state.round_pushes.append(push)
         _close_round(state, push.arrival)
         return
-    if too_stale(state.version - push.version, options.staleness_limit):
+    if too_stale(state.version - push.version + push.delay, options.staleness_limit):
         push.write_end = push.arrival
         return
     _rule(state, push)
@@ -386,7 +407,7 @@ def _rule(state: _Server, push: _Push) -> None:
     exact staleness, as the simulator's server applies it on arrival (``simulator.rules``)."""
     rule = state.scenario.paramserver.rule
     if rule == "staleness_lr":
-        push.scale = staleness_scale(state.version - push.version)
+        push.scale = staleness_scale(state.version - push.version + push.delay)
         if push.scale != 1.0:
             push.step *= push.scale
     elif rule == "dcasgd":
@@ -420,6 +441,8 @@ def _close_round(state: _Server, now: int) -> None:
 def _complete(state: _Server, group: list[_Push]) -> None:
     """Count the completion, measure it, rebalance, and answer the pulls it releases."""
     state.version += 1
+    if state.ring is not None:
+        state.ring[state.version % len(state.ring)] = state.w
     now = time.monotonic_ns()
     w = state.w.astype(np.float64)
     samples = [s for p in group for s in p.samples]
@@ -485,18 +508,18 @@ def _trace(state: _Server, origin: int) -> Trace:
             rows.append((times["write_end"][j], p.thread, p.seq + j, sample, p.applied,
                          p.version, p.completed, p.grad_ns[j],
                          *(times[name][j] for name in _TIMES), j == 0, j == last and p.applied,
-                         p.scale if j == last else 1.0,
+                         p.delay, p.scale if j == last else 1.0,
                          p.measurement if j == last else UNMEASURED))
     rows.sort(key=lambda r: r[:3])
     start = min([r[8] for r in rows], default=origin)
     uid = np.argsort(np.argsort([r[8] for r in rows], kind="stable"))
     records = TraceBuilder()
     for i, (_, thread, seq, sample, step, seen, completed, grad_ns, *stamps, copies, stores,
-            scale, m) in enumerate(rows):
+            delay, scale, m) in enumerate(rows):
         rs, re, gs, ge, ws, we = (t - start for t in stamps)
         # idle −1: from the thread's previous write end, by the builder
         records.add((int(uid[i]), thread, seq, sample, step, rs, re, gs, ge, ws, we, grad_ns,
-                     -1, seen, completed, 0, 0, 0.0, False, scale, *m),
+                     -1, seen, completed, 0, delay, 0.0, False, scale, *m),
                     [0], [re - rs], [we - ws], [re if copies else -1], [we if stores else -1])
     state.view.finish(state.version, state.w.astype(np.float64),
                       max([0, *(r[10] for r in records.rows)]), state.gradients)

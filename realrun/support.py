@@ -44,7 +44,7 @@ ATOMIC_MODES = ("blocklock", "admm")
 
 _SIMULATED_MACHINE = ("describes the simulated machine; a real run has the hardware itself "
                       "(asyngrad calibrate fits it from a real run)")
-_NO_INJECTION = {"ps": "the parameter server injects no delays, errors or faults yet "
+_NO_INJECTION = {"ps": "the parameter server injects delays only, not errors or faults yet "
                  "(simulate it)",
                  "cuda": "injections run on CPU worker processes (simulate it)",
                  "rounds": "synchronous rounds inject no delays, errors or faults yet "
@@ -97,7 +97,9 @@ SUPPORT: tuple[tuple[str, str, str], ...] = (
      "before its first update after its time (not with `roundrobin`); under `admm` only "
      "delays, stragglers, pauses and deaths (a "
      "field that injects nothing, such as `error_bound` without an `error`, is accepted)",
-     "refused when it injects anything"),
+     "delays honoured: a pull is answered with the server's vector τ versions back (drawn "
+     "by the simulator's injector, the trainer's thread's stream; not with rounds); the "
+     "rest refused when it injects anything"),
     ("`[paramserver]`", "inert", "honoured (`rule`: on each push the server keeps, as it "
      "receives it, with its exact staleness)"),
     ("`[dcasgd]`", "honoured with `dcasgd`, else inert",
@@ -146,6 +148,9 @@ def _unsupported(scenario: Scenario, backend: str, mode: str) -> tuple[str, Any,
         if run.split != "shared":
             return ("run.split", run.split, "the server hands out the updates to whichever "
                     "trainer asks (shared)")
+        if scenario.inject.max_delay and scenario.paramserver.fraction > 0:
+            return ("inject.delay", scenario.inject.delay, "the server's rounds serve the "
+                    "round's vector (paramserver.fraction > 0)")
     # (A real run records [hardware.sweeping_reads] with its defaults: accepted as such.)
     sweeps = scenario.hardware.sweeping_reads
     hardware = dataclasses.replace(scenario.hardware, sweeping_reads=None)
@@ -206,6 +211,8 @@ def _stalls(inject: InjectSpec, mode: str) -> tuple[str, Any, str] | None:
 
 def _injections(backend: str, mode: str) -> tuple[tuple[str, ...], str]:
     """The injections ``backend`` runs in ``mode``, and why it runs no others."""
+    if backend == "ps":
+        return DELAYS, _NO_INJECTION[backend]
     if backend != "shm":
         return (), _NO_INJECTION[backend]
     if mode in ROUND_MODES:

@@ -162,6 +162,47 @@ def test_the_server_applies_its_rule_with_each_push_s_exact_staleness(rule):
     np.testing.assert_allclose(trace["w_final"], states[-1], rtol=0, atol=1e-12)
 
 
+@pytest.mark.parametrize("delays", [("inject.delay=3",),
+                                    ("inject.delay=1", "inject.delay_dist=uniform",
+                                     "inject.delay_max=5", "paramserver.accumulate=2")])
+def test_one_trainer_with_injected_delays_is_the_simulators_paramserver(delays):
+    """float64, one trainer: each pull is answered with the vector τ versions back, τ drawn
+    from the simulator's stream of its thread (clipped at the version), so the run is the
+    simulator's paramserver to the bit: the final vector, every row's τ and staleness."""
+    s = scenario(*TINY, "run.protocol=paramserver", *delays)
+    run = run_ps(s, 1, "float64", timeout=60)
+    assert run.failure is None
+    simulated = simulate(run.scenario)
+    assert np.array_equal(run.trace["w_final"], simulated["w_final"])
+    for name in ("delay", "staleness", "sample", "step"):
+        assert np.array_equal(run.trace[name], simulated[name]), name
+    assert run.trace["delay"].max() > 0
+
+
+def test_delayed_pulls_count_their_delay_in_the_limit_and_the_vector():
+    """Three trainers, τ uniform in [0, 3], a staleness limit of 3: a push is kept when its
+    staleness (versions applied since its pull, plus τ) is at most 3, and the final vector
+    is an independent replay of the kept pushes in order, each lr·∇f at the version its
+    staleness says it read (τ versions before its pull)."""
+    s = scenario(*TINY, "run.updates=900", "run.protocol=paramserver",
+                 "inject.delay=0", "inject.delay_dist=uniform", "inject.delay_max=3",
+                 "paramserver.staleness_limit=3")
+    run = run_ps(s, 3, "float64", timeout=60)
+    trace = run.trace
+    assert run.failure is None and trace["delay"].max() == 3
+    kept = trace["step"] > 0
+    assert (trace["staleness"][kept] <= 3).all() and (trace["staleness"][~kept] > 3).all()
+    assert (trace["staleness"] >= trace["delay"]).all() and (~kept).any()
+    rows = np.flatnonzero(kept)
+    rows = rows[np.argsort(trace["step"][rows])]
+    states, lr = [run.problem.initial()], run.scenario.run.lr
+    for row in rows:
+        read = states[int(trace["step"][row] - 1 - trace["staleness"][row])]
+        states.append(states[-1] - lr * run.problem.dense_grad(read.copy(),
+                                                                int(trace["sample"][row])))
+    np.testing.assert_allclose(trace["w_final"], states[-1], rtol=0, atol=1e-12)
+
+
 def test_the_servers_rule_is_the_simulators_arithmetic():
     """``_rule`` on a push that waited two versions: the step the simulator's rules give
     (``simulator.rules``), with the vector the server sent that trainer at its pull."""

@@ -31,7 +31,8 @@ TINY_SETS = [a for o in TINY for a in ("--set", o)]
 REFUSED = [
     (("--mode", "minibatch"), ("run.protocol=minibatch", "inject.delay=3"), "inject.delay = 3",
      "shm"),
-    (("--backend", "ps"), "inject.delay=3", "inject.delay = 3", "ps"),
+    (("--backend", "ps"), ("inject.delay=3", "paramserver.fraction=0.5"), "inject.delay = 3",
+     "ps"),
     (("--mode", "minibatch"), ("run.protocol=minibatch",
                                "inject.stragglers=[{thread=1, factor=3.0}]"),
      "inject.stragglers = [{'thread': 1", "shm"),
@@ -104,9 +105,9 @@ def test_torchrun_nodes_refuse_before_joining(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "3")
     out = tmp_path / "ps"
-    assert ps._node_main(["--out", str(out), "--set", "inject.delay=2"]) == 2
+    assert ps._node_main(["--out", str(out), "--set", "inject.drop=0.2"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "inject.delay = 2" in err[0] and "ps backend" in err[0]
+    assert len(err) == 1 and "inject.drop = 0.2" in err[0] and "ps backend" in err[0]
     assert not out.exists()
 
 
