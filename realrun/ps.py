@@ -11,7 +11,8 @@ so pushes are atomic and the serialized view is the server's own vector. The tra
 row per gradient, as the simulator's. The options are the simulator's ``paramserver`` ones
 (``[paramserver]`` of the scenario), decided by the same rules (``simulator.rules``):
 
-* ``staleness_limit`` S > 0: a push whose staleness (pushes applied since its pull) exceeds S
+* ``staleness_limit`` S > 0: a push whose staleness (pushes applied since its pull, plus an
+  injected delay's τ) exceeds S
   is dropped (its rows have ``step`` 0; the summary's ``discarded``);
 * ``accumulate`` n: n gradients per push (lr/n per gradient); a trainer's last push with
   fewer (the budget ran out) is dropped, as the simulator discards gradients left unpushed;
@@ -26,10 +27,10 @@ row per gradient, as the simulator's. The options are the simulator's ``paramser
   median is retired: its next pull is answered with no gradients, and the others make the
   rest of the budget (``retired_threads`` in the trace and summary);
 * ``rule``: the server applies an update rule to each push it keeps, as it receives it,
-  with its exact staleness τ (pushes applied since its pull): ``staleness_lr`` scales it by
-  1/τ (the factor recorded as ``lr_scale``), ``dcasgd`` compensates it towards the server's
-  vector from the one it sent that trainer at its pull (``simulator.rules.dc_step``, λ =
-  ``dcasgd.lam``).
+  with its exact staleness s (pushes applied since its pull, plus an injected delay's τ):
+  ``staleness_lr`` scales it by 1/s (the factor recorded as ``lr_scale``), ``dcasgd``
+  compensates it towards the server's vector from the one it sent that trainer at its pull
+  (``simulator.rules.dc_step``, λ = ``dcasgd.lam``).
 
 Injected delays (``inject.delay``): the server answers a pull with its vector as it was τ
 versions back (a ring of its last versions; τ drawn per pull from the simulator's injector
@@ -350,8 +351,9 @@ class _PeerFailed(Exception):
 def _answer(state: _Server, source: int, arrived: int) -> None:
     """Send a trainer that pulled the version, the gradients it may compute (at most
     ``accumulate`` of the budget left; none for a retired trainer, and then no vector) and
-    the vector; a send waits at most the receive timeout (gloo's sends wait for the
-    receiver, so a hung trainer blocks them)."""
+    the vector (with injected delays: as it was τ versions back, τ drawn now); a send waits
+    at most the receive timeout (gloo's sends wait for the receiver, so a hung trainer
+    blocks them)."""
     import torch
     import torch.distributed as dist
 

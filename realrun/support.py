@@ -148,9 +148,12 @@ def _unsupported(scenario: Scenario, backend: str, mode: str) -> tuple[str, Any,
         if run.split != "shared":
             return ("run.split", run.split, "the server hands out the updates to whichever "
                     "trainer asks (shared)")
-        if scenario.inject.max_delay and scenario.paramserver.fraction > 0:
-            return ("inject.delay", scenario.inject.delay, "the server's rounds serve the "
-                    "round's vector (paramserver.fraction > 0)")
+        inject = scenario.inject
+        if inject.max_delay and scenario.paramserver.fraction > 0:
+            named = ("inject.delay", inject.delay) if inject.delay_dist == "fixed" else (
+                "inject.delay_max", inject.delay_max)
+            return (*named, "a round's pushes are computed on the round's vector, and a "
+                    "delayed pull's is older (paramserver.fraction > 0)")
     # (A real run records [hardware.sweeping_reads] with its defaults: accepted as such.)
     sweeps = scenario.hardware.sweeping_reads
     hardware = dataclasses.replace(scenario.hardware, sweeping_reads=None)
