@@ -32,10 +32,16 @@ row per gradient, as the simulator's. The options are the simulator's ``paramser
   compensates it towards the server's vector from the one it sent that trainer at its pull
   (``simulator.rules.dc_step``, λ = ``dcasgd.lam``).
 
-Injected delays (``inject.delay``): the server answers a pull with its vector as it was τ
-versions back (a ring of its last versions; τ drawn per pull from the simulator's injector
-stream of that trainer's thread, clipped at the version), and counts τ into the push's
-staleness (the limit, the rules and the trace's ``delay``), as the simulator's paramserver.
+Injections (``[inject]``), drawn by the server from the simulator's injector stream of the
+trainer's thread, in the simulator's order (a pull's delay when it is answered, then each
+gradient's error and drop when its push arrives): a delay τ answers the pull with the vector
+as it was τ versions back (a ring of the last versions; τ clipped at the version) and counts
+into the push's staleness (the limit, the rules and the trace's ``delay``); an error (one
+gradient a push) is added to the pushed gradient (lr·g/lr: g to rounding) over its sample's
+support, as the trainer's would be; a push whose last gradient's write is dropped is lost in
+transit: counted as a version that changes nothing, before any limit or rule (the
+simulator's dropped write stores nothing); ``write_bits`` rounds the values a push stored
+(its samples' supports) to that many significand bits. Not with rounds.
 
 Every timestamp is the server's ``time.monotonic_ns()`` (a pull's arrival and answer, a
 push's arrival and application; the trainer reports only its compute time), so traces from
@@ -129,6 +135,8 @@ class _Push:
     closed: int = 0  # when the round this push closed closed (its arrival, or a trainer's end)
     scale: float = 1.0  # the factor on lr the server's rule gave it (``paramserver.rule``)
     delay: int = 0  # the injected delay of its pull: it got the vector τ versions back
+    errors: list[float] = field(default_factory=list)  # per gradient: ‖e‖ injected
+    lost: list[bool] = field(default_factory=list)  # per gradient: its write drawn dropped
 
 
 @dataclass
@@ -158,7 +166,7 @@ class _Server:
     retired: list[int] = field(default_factory=list)  # threads retired by rebalancing
     sent: dict[int, np.ndarray] = field(default_factory=dict)  # dcasgd: rank: vector pulled
     work: tuple[np.ndarray, np.ndarray] | None = None  # dcasgd: dc_step's work arrays
-    injector: Any = None  # injected delays: the simulator's injector, a stream per trainer
+    injector: Any = None  # [inject]: the simulator's injector, a stream per trainer
     ring: np.ndarray | None = None  # injected delays: ring[v mod H] = the vector of version v
 
 
@@ -188,12 +196,15 @@ def serve(problem: Problem, scenario: Scenario, trainers: int, timeout: float,
                                    every, scenario.metrics.curve_points),
                     datetime.timedelta(seconds=timeout), busy=[0] * trainers,
                     count=[0] * trainers)
-    if scenario.inject.max_delay:
+    inject = scenario.inject
+    if inject.max_delay or inject.error != "none" or inject.drop or inject.write_bits:
         from simulator.inject import Injector
 
-        state.injector = Injector(scenario.inject, scenario.run.seed, trainers,
-                                  np.zeros(problem.dim))
-        state.ring = np.tile(state.w, (scenario.inject.max_delay + 1, 1))
+        state.injector = Injector(inject, scenario.run.seed, trainers,
+                                  problem.optimum()[0] if inject.error == "adversarial"
+                                  else np.zeros(problem.dim))
+    if inject.max_delay:
+        state.ring = np.tile(state.w, (inject.max_delay + 1, 1))
     header = torch.zeros(_header_size(options.accumulate), dtype=torch.int64)
     step = torch.zeros(problem.dim, dtype=getattr(torch, dtype))
     origin = polled = time.monotonic_ns()
@@ -369,7 +380,8 @@ def _answer(state: _Server, source: int, arrived: int) -> None:
             tau = min(state.injector.delay(source - 1), state.version)
             vector = state.ring[(state.version - tau) % len(state.ring)]
         tensors.append(torch.from_numpy(vector))
-        if state.scenario.paramserver.rule == "dcasgd":  # the w_read of its next push
+        if state.scenario.paramserver.rule == "dcasgd" or state.injector is not None:
+            # the w_read of its next push (DC-ASGD's, an adversarial error's)
             state.sent[source] = vector.astype(np.float64)
     try:
         for tensor in tensors:
@@ -384,6 +396,8 @@ def _push(state: _Server, push: _Push) -> None:
     options = state.scenario.paramserver
     state.pushes.append(push)
     push.completed = state.version
+    if state.injector is not None:  # (drawn for every gradient, as the simulator's updates)
+        _inject(state, push)
     if len(push.samples) < options.accumulate:  # gradients the budget left unpushed
         push.write_end = push.arrival
         return
@@ -396,12 +410,52 @@ def _push(state: _Server, push: _Push) -> None:
         state.round_pushes.append(push)
         _close_round(state, push.arrival)
         return
+    if push.lost and push.lost[-1]:  # lost in transit: a version that changes nothing
+        _complete(state, [push])
+        return
     if too_stale(state.version - push.version + push.delay, options.staleness_limit):
         push.write_end = push.arrival
         return
     _rule(state, push)
     state.w -= push.step
+    if state.injector is not None and state.injector.bits:
+        _round_stored(state, push)
     _complete(state, [push])
+
+
+def _inject(state: _Server, push: _Push) -> None:
+    """Each gradient's injected error (added to the push: one gradient a push) and drop,
+    drawn from the trainer's thread's stream in the simulator's order."""
+    injector, thread = state.injector, push.thread
+    for sample in push.samples:
+        norm = 0.0
+        if injector.errors:
+            support = state.problem.support(sample)
+            lr = state.scenario.run.lr
+            g = push.step.astype(np.float64) / lr
+            w_read = state.sent[thread + 1]
+            if support is None:
+                g, norm = injector.error(thread, g, w_read, None)
+                np.copyto(push.step, lr * g, casting="same_kind")
+            else:
+                part, norm = injector.error(thread, g[support], w_read, support)
+                push.step[support] = lr * part
+        push.errors.append(norm)
+        push.lost.append(injector.dropped(thread))
+
+
+def _round_stored(state: _Server, push: _Push) -> None:
+    """``inject.write_bits``: round the values the push stored (its samples' supports)."""
+    supports = [state.problem.support(s) for s in push.samples]
+    if any(s is None for s in supports):  # dense: every value
+        rounded = state.w.astype(np.float64)
+        state.injector.quantize(rounded)
+        np.copyto(state.w, rounded, casting="same_kind")
+        return
+    touched = np.unique(np.concatenate([s for s in supports if s is not None]))
+    values = state.w[touched].astype(np.float64)
+    state.injector.quantize(values)
+    state.w[touched] = values
 
 
 def _rule(state: _Server, push: _Push) -> None:
@@ -510,18 +564,19 @@ def _trace(state: _Server, origin: int) -> Trace:
             rows.append((times["write_end"][j], p.thread, p.seq + j, sample, p.applied,
                          p.version, p.completed, p.grad_ns[j],
                          *(times[name][j] for name in _TIMES), j == 0, j == last and p.applied,
-                         p.delay, p.scale if j == last else 1.0,
+                         p.delay, p.errors[j] if p.errors else 0.0,
+                         bool(p.lost[j]) if p.lost else False, p.scale if j == last else 1.0,
                          p.measurement if j == last else UNMEASURED))
     rows.sort(key=lambda r: r[:3])
     start = min([r[8] for r in rows], default=origin)
     uid = np.argsort(np.argsort([r[8] for r in rows], kind="stable"))
     records = TraceBuilder()
     for i, (_, thread, seq, sample, step, seen, completed, grad_ns, *stamps, copies, stores,
-            delay, scale, m) in enumerate(rows):
+            delay, error, lost, scale, m) in enumerate(rows):
         rs, re, gs, ge, ws, we = (t - start for t in stamps)
         # idle −1: from the thread's previous write end, by the builder
         records.add((int(uid[i]), thread, seq, sample, step, rs, re, gs, ge, ws, we, grad_ns,
-                     -1, seen, completed, 0, delay, 0.0, False, scale, *m),
+                     -1, seen, completed, 0, delay, error, lost, scale, *m),
                     [0], [re - rs], [we - ws], [re if copies else -1], [we if stores else -1])
     state.view.finish(state.version, state.w.astype(np.float64),
                       max([0, *(r[10] for r in records.rows)]), state.gradients)

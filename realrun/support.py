@@ -44,8 +44,8 @@ ATOMIC_MODES = ("blocklock", "admm")
 
 _SIMULATED_MACHINE = ("describes the simulated machine; a real run has the hardware itself "
                       "(asyngrad calibrate fits it from a real run)")
-_NO_INJECTION = {"ps": "the parameter server injects delays only, not errors or faults yet "
-                 "(simulate it)",
+_NO_INJECTION = {"ps": "the parameter server injects delays, errors, drops and rounded "
+                 "stores, not stalls or deaths yet (simulate it)",
                  "cuda": "injections run on CPU worker processes (simulate it)",
                  "rounds": "synchronous rounds inject no delays, errors or faults yet "
                  "(simulate it)",
@@ -97,9 +97,11 @@ SUPPORT: tuple[tuple[str, str, str], ...] = (
      "before its first update after its time (not with `roundrobin`); under `admm` only "
      "delays, stragglers, pauses and deaths (a "
      "field that injects nothing, such as `error_bound` without an `error`, is accepted)",
-     "delays honoured: a pull is answered with the server's vector τ versions back (drawn "
-     "by the simulator's injector, the trainer's thread's stream; not with rounds); the "
-     "rest refused when it injects anything"),
+     "`delay`, `error` (one gradient a push), `drop` and `write_bits` honoured, drawn by the "
+     "server from the simulator's injector stream of the trainer's thread in its order: a "
+     "pull is answered with the vector τ versions back, a push's gradient gets its error, a "
+     "dropped push is a version that changes nothing, stored values are rounded; not with "
+     "rounds; stalls and deaths refused"),
     ("`[paramserver]`", "inert", "honoured (`rule`: on each push the server keeps, as it "
      "receives it, with its exact staleness)"),
     ("`[dcasgd]`", "honoured with `dcasgd`, else inert",
@@ -154,6 +156,14 @@ def _unsupported(scenario: Scenario, backend: str, mode: str) -> tuple[str, Any,
                 "inject.delay_max", inject.delay_max)
             return (*named, "a round's pushes are computed on the round's vector, and a "
                     "delayed pull's is older (paramserver.fraction > 0)")
+        for name, on in (("error", inject.error != "none"), ("drop", inject.drop),
+                         ("write_bits", inject.write_bits)):
+            if on and scenario.paramserver.fraction > 0:
+                return (f"inject.{name}", getattr(inject, name), "the server injects into "
+                        "asynchronous pushes, not rounds (paramserver.fraction > 0)")
+        if inject.error != "none" and scenario.paramserver.accumulate > 1:
+            return ("inject.error", inject.error, "the server adds a push's error to its one "
+                    "gradient (paramserver.accumulate = 1)")
     # (A real run records [hardware.sweeping_reads] with its defaults: accepted as such.)
     sweeps = scenario.hardware.sweeping_reads
     hardware = dataclasses.replace(scenario.hardware, sweeping_reads=None)
@@ -215,7 +225,7 @@ def _stalls(inject: InjectSpec, mode: str) -> tuple[str, Any, str] | None:
 def _injections(backend: str, mode: str) -> tuple[tuple[str, ...], str]:
     """The injections ``backend`` runs in ``mode``, and why it runs no others."""
     if backend == "ps":
-        return DELAYS, _NO_INJECTION[backend]
+        return (*DELAYS, "error", "drop", "write_bits"), _NO_INJECTION[backend]
     if backend != "shm":
         return (), _NO_INJECTION[backend]
     if mode in ROUND_MODES:

@@ -186,6 +186,35 @@ def test_one_trainer_with_injected_delays_is_the_simulators_paramserver(delays):
     assert run.trace["delay"].max() > 0
 
 
+@pytest.mark.parametrize("injected", [
+    ("inject.error=noise", "inject.error_bound=0.1", "inject.drop=0.2",
+     "inject.write_bits=10"),
+    ("problem.name=sparse_logistic", "inject.error=adversarial", "inject.error_bound=0.3",
+     "inject.error_relative=true", "inject.drop=0.1", "inject.write_bits=8"),
+    ("inject.delay=0", "inject.delay_dist=uniform", "inject.delay_max=3",
+     "inject.error=noise", "inject.error_bound=0.2", "inject.error_relative=true",
+     "inject.drop=0.3", "paramserver.staleness_limit=2"),
+    ("inject.drop=0.3", "paramserver.accumulate=3")])
+def test_one_trainer_with_injections_is_the_simulators_paramserver(injected):
+    """float64, one trainer: the server draws each pull's delay and each gradient's error
+    and drop from the simulator's stream of the trainer's thread, in the simulator's order,
+    adds the error to the pushed gradient, counts a dropped push as a version that changes
+    nothing and rounds what a push stored: the simulator's paramserver, the same drops,
+    delays and staleness exactly, errors and the final vector to rounding (the server adds
+    the error to lr·g / lr)."""
+    s = scenario(*TINY, "run.protocol=paramserver", *injected)
+    run = run_ps(s, 1, "float64", timeout=60, measure=True)
+    assert run.failure is None
+    simulated = simulate(run.scenario)
+    for name in ("dropped", "delay", "staleness", "step", "sample"):
+        assert np.array_equal(run.trace[name], simulated[name]), name
+    np.testing.assert_allclose(run.trace["error_norm"], simulated["error_norm"], rtol=1e-9)
+    np.testing.assert_allclose(run.trace["w_final"], simulated["w_final"], rtol=0, atol=1e-9)
+    np.testing.assert_allclose(run.trace["delta_norm"], simulated["delta_norm"], rtol=1e-6,
+                               atol=1e-9)
+    assert run.trace["dropped"].any()
+
+
 def test_delayed_pulls_count_their_delay_in_the_limit_and_the_vector():
     """Three trainers, τ uniform in [0, 3], a staleness limit of 2: a push is kept when its
     staleness (versions applied since its pull, plus τ) is at most 2, and the final vector

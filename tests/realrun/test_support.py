@@ -38,7 +38,10 @@ REFUSED = [
      "inject.stragglers = [{'thread': 1", "shm"),
     (("--mode", "roundrobin"), ("run.protocol=roundrobin", "inject.deaths=[{thread=0, at=5}]"),
      "inject.deaths = [{'thread': 0", "shm"),
-    (("--backend", "ps"), "inject.error=noise", "inject.error = 'noise'", "ps"),
+    (("--backend", "ps"), ("inject.error=noise", "paramserver.accumulate=2"),
+     "inject.error = 'noise'", "ps"),
+    (("--backend", "ps"), ("inject.drop=0.2", "paramserver.fraction=1"), "inject.drop = 0.2",
+     "ps"),
     (("--mode", "minibatch"), ("run.protocol=minibatch", "inject.write_bits=8"),
      "inject.write_bits = 8", "shm"),
     (("--backend", "ps"), "inject.pauses=[{thread=0, start=100, end=500}]",
@@ -105,9 +108,10 @@ def test_torchrun_nodes_refuse_before_joining(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "3")
     out = tmp_path / "ps"
-    assert ps._node_main(["--out", str(out), "--set", "inject.drop=0.2"]) == 2
+    assert ps._node_main(["--out", str(out), "--set",
+                          "inject.deaths=[{thread=0, at=5}]"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "inject.drop = 0.2" in err[0] and "ps backend" in err[0]
+    assert len(err) == 1 and "inject.deaths = " in err[0] and "ps backend" in err[0]
     assert not out.exists()
 
 
@@ -180,9 +184,12 @@ def test_what_a_backend_runs_is_accepted_and_recorded():
         assert support.recorded(scenario("run.write_mode=atomic_add"), mode, 2, False,
                                 None).run.write_mode == "load_store"
     # With something injected, the field that injects is named, not an inert one before it.
-    with pytest.raises(ScenarioError, match=r"^inject\.drop = 0\.1: "):
-        support.refuse_unsupported(scenario("inject.error_bound=0.5", "inject.drop=0.1"),
+    with pytest.raises(ScenarioError, match=r"^inject\.pauses = "):
+        support.refuse_unsupported(scenario("inject.error_bound=0.5",
+                                            "inject.pauses=[{thread=0, start=1, end=9}]"),
                                    "ps", "paramserver")
+    support.refuse_unsupported(scenario("inject.error_bound=0.5", "inject.drop=0.1",
+                                        "inject.delay=2"), "ps", "paramserver")
     # CPU workers run delays, errors, drops and rounded stores; ADMM delays and stalls only,
     # rounds nothing.
     support.refuse_unsupported(scenario("inject.error=noise", "inject.error_bound=0.5",
