@@ -13,7 +13,7 @@ row per gradient, as the simulator's. The options are the simulator's ``paramser
 
 * ``staleness_limit`` S > 0: a push whose staleness (pushes applied since its pull, plus an
   injected delay's τ) exceeds S
-  is dropped (its rows have ``step`` 0; the summary's ``discarded``);
+  is discarded (its rows have ``step`` 0; the summary's ``discarded``);
 * ``accumulate`` n: n gradients per push (lr/n per gradient); a trainer's last push with
   fewer (the budget ran out) is dropped, as the simulator discards gradients left unpushed;
 * ``warm_start`` W: trainer 0 alone is answered until W pushes were applied (or it
@@ -164,7 +164,8 @@ class _Server:
     busy: list[int] = field(default_factory=list)  # per thread: summed time per gradient (ns)
     count: list[int] = field(default_factory=list)  # per thread: applied gradients
     retired: list[int] = field(default_factory=list)  # threads retired by rebalancing
-    sent: dict[int, np.ndarray] = field(default_factory=dict)  # dcasgd: rank: vector pulled
+    # rank: the vector its last pull got (DC-ASGD's and an adversarial error's w_read)
+    sent: dict[int, np.ndarray] = field(default_factory=dict)
     work: tuple[np.ndarray, np.ndarray] | None = None  # dcasgd: dc_step's work arrays
     injector: Any = None  # [inject]: the simulator's injector, a stream per trainer
     ring: np.ndarray | None = None  # injected delays: ring[v mod H] = the vector of version v
@@ -380,7 +381,9 @@ def _answer(state: _Server, source: int, arrived: int) -> None:
             tau = min(state.injector.delay(source - 1), state.version)
             vector = state.ring[(state.version - tau) % len(state.ring)]
         tensors.append(torch.from_numpy(vector))
-        if state.scenario.paramserver.rule == "dcasgd" or state.injector is not None:
+        if state.scenario.paramserver.rule == "dcasgd" or (
+                state.injector is not None and state.injector.errors
+                and state.scenario.inject.error == "adversarial"):
             # the w_read of its next push (DC-ASGD's, an adversarial error's)
             state.sent[source] = vector.astype(np.float64)
     try:
@@ -433,7 +436,7 @@ def _inject(state: _Server, push: _Push) -> None:
             support = state.problem.support(sample)
             lr = state.scenario.run.lr
             g = push.step.astype(np.float64) / lr
-            w_read = state.sent[thread + 1]
+            w_read = state.sent.get(thread + 1, state.w)  # (only adversarial errors use it)
             if support is None:
                 g, norm = injector.error(thread, g, w_read, None)
                 np.copyto(push.step, lr * g, casting="same_kind")
@@ -563,7 +566,8 @@ def _trace(state: _Server, origin: int) -> Trace:
         for j, sample in enumerate(p.samples):
             rows.append((times["write_end"][j], p.thread, p.seq + j, sample, p.applied,
                          p.version, p.completed, p.grad_ns[j],
-                         *(times[name][j] for name in _TIMES), j == 0, j == last and p.applied,
+                         *(times[name][j] for name in _TIMES), j == 0,
+                         j == last and p.applied and not (p.lost and p.lost[-1]),
                          p.delay, p.errors[j] if p.errors else 0.0,
                          bool(p.lost[j]) if p.lost else False, p.scale if j == last else 1.0,
                          p.measurement if j == last else UNMEASURED))
@@ -574,6 +578,10 @@ def _trace(state: _Server, origin: int) -> Trace:
     for i, (_, thread, seq, sample, step, seen, completed, grad_ns, *stamps, copies, stores,
             delay, error, lost, scale, m) in enumerate(rows):
         rs, re, gs, ge, ws, we = (t - start for t in stamps)
+        # The compute as placed in its window (``_rows``): a trainer can start computing
+        # before the server stamps its answer (the server is descheduled after the send),
+        # and a duration longer than the window would replay every later event that late.
+        grad_ns = min(grad_ns, ge - gs)
         # idle −1: from the thread's previous write end, by the builder
         records.add((int(uid[i]), thread, seq, sample, step, rs, re, gs, ge, ws, we, grad_ns,
                      -1, seen, completed, 0, delay, error, lost, scale, *m),
@@ -799,13 +807,13 @@ def summary_extra(run: PSRun) -> dict[str, Any]:
     """What summary.json adds for a parameter-server run (``updates`` are gradients, as
     everywhere; ``pushes`` the messages that carried them)."""
     gradients = len(run.trace)
-    dropped = int((run.trace["step"] == 0).sum())
+    discarded = int((run.trace["step"] == 0).sum())  # (injected drops: the summary's own)
     seconds = max(run.seconds, 1e-9)
     return {"real": {"backend": "ps", "mode": "paramserver", "workers": run.workers,
                      "dtype": run.dtype, "wall_seconds": run.seconds, "pushes": run.pushes,
                      "pushes_per_wall_second": run.pushes / seconds,
                      "updates_per_wall_second": gradients / seconds,
-                     "dropped_fraction": dropped / gradients if gradients else None,
+                     "discarded_fraction": discarded / gradients if gradients else None,
                      "failure": run.failure,
                      "paramserver": dataclasses.asdict(run.scenario.paramserver)}}
 

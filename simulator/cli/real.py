@@ -104,8 +104,8 @@ def _real_ps(args: argparse.Namespace, scenario: Any) -> int:
         print_summary(summary, Path(args.out), run.seconds)
         real = summary["real"]
         print(f"  {real['pushes_per_wall_second']:.4g} pushes per wall second from "
-              f"{run.workers} trainer(s); dropped {summary['discarded']} gradients "
-              f"({real['dropped_fraction']:.1%})"
+              f"{run.workers} trainer(s); discarded {summary['discarded']} gradients "
+              f"({real['discarded_fraction']:.1%})"
               + (f"; retired trainers {summary['retired_threads']}"
                  if summary.get("retired_threads") else ""))
     return 0
