@@ -174,8 +174,8 @@ def _check_buffers(scenario: Scenario, problem: Problem, rows: int, dtype: str,
     slots = float(scenario.run.threads) * problem.dim * (
         np.dtype(dtype).itemsize if scenario.run.protocol == "minibatch"
         else 8 if scenario.run.protocol == "admm" else 0)
-    slots += 8.0 * (scenario.inject.max_delay + 1) * problem.dim if scenario.inject.max_delay \
-        else 0.0
+    if scenario.inject.max_delay:
+        slots += 8.0 * (scenario.inject.max_delay + 1) * problem.dim
     check_memory({"run.updates": records + 8.0 * rows,
                   "problem.dim": (copies if measure else 0.0) + slots},
                  {"run.updates": scenario.run.updates, "problem.dim": problem.dim})

@@ -32,10 +32,9 @@ from realrun.records import recorder
 
 __all__ = ["ONE_THREAD_ENV", "RELEASE", "START", "STATUS_DEAD", "STATUS_DONE", "STATUS_FAILED",
            "STATUS_RUNNING", "Buffers", "Consensus", "History", "Rounds", "Turns",
-           "WorkerSpec",
-           "another_problem", "die_with_parent", "one_thread_each", "one_thread_env", "pin",
-           "pinned_cpus", "record_failure", "touch_records", "wait_for_release", "wait_for_start",
-           "worker_main"]
+           "WorkerSpec", "another_problem", "die_with_parent", "one_thread_each",
+           "one_thread_env", "pin", "pinned_cpus", "record_failure", "touch_records",
+           "wait_for_release", "wait_for_start", "worker_main"]
 
 # STATUS_DEAD: killed by an injected death (``[[inject.deaths]]``); the run goes on.
 STATUS_RUNNING, STATUS_DONE, STATUS_FAILED, STATUS_DEAD = 0, 1, 2, 3
@@ -161,9 +160,8 @@ class History:
     (before the read's start stamp, after any lock or turn: the copies are not the read's
     time). The read then copies the shared vector as usual (into a scratch vector, which
     measure mode records: the memory the read saw), and the gradient is computed at the old
-    vector. Exact in a fixed order (one
-    worker, ``roundrobin``); lock-free, a snapshot is the vector as the memory held it just
-    after its writer's write, with any write in flight."""
+    vector. Exact in a fixed order (one worker, ``roundrobin``); lock-free, a snapshot is the
+    vector as the memory held it just after its writer's write, with any write in flight."""
 
     ring: Any  # (H, d) float64 shared; ring[0] = w_0
     count: Any  # (1,) int64 shared: the completions the ring holds
