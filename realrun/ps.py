@@ -41,7 +41,13 @@ gradient a push) is added to the pushed gradient (lr·g/lr: g to rounding) over 
 support, as the trainer's would be; a push whose last gradient's write is dropped is lost in
 transit: counted as a version that changes nothing, before any limit or rule (the
 simulator's dropped write stores nothing); ``write_bits`` rounds the values a push stored
-(its samples' supports) to that many significand bits. Not with rounds.
+(its samples' supports) to that many significand bits. Pauses and deaths run on the run's
+clock, from the first pull's arrival (the trace's time 0): a pull in one of its trainer's pause
+windows is answered with the time left in it (the trainer sleeps, then pulls again: its read
+starts after the window, as the simulator's thread starts no action in it), and a pull at or
+after its trainer's death with no gradients (the trainer says done; ``dead_threads`` in the
+trace; the push it had in flight at its death landed, as a CPU worker's update does). Not with
+rounds. A straggler trainer stretches each gradient's compute to ``factor`` times as long.
 
 Every timestamp is the server's ``time.monotonic_ns()`` (a pull's arrival and answer, a
 push's arrival and application; the trainer reports only its compute time), so traces from
@@ -83,7 +89,13 @@ import numpy as np
 
 from realrun.runner import DTYPES, _one_of
 from realrun.support import recorded, refuse_unsupported
-from realrun.worker import another_problem, one_thread_each, one_thread_env, same_problem
+from realrun.worker import (
+    Slowed,
+    another_problem,
+    one_thread_each,
+    one_thread_env,
+    same_problem,
+)
 from simulator.budget import preflight
 from simulator.errors import AsyngradError, ScenarioError
 from simulator.problems import Problem, make_problem
@@ -169,6 +181,12 @@ class _Server:
     work: tuple[np.ndarray, np.ndarray] | None = None  # dcasgd: dc_step's work arrays
     injector: Any = None  # [inject]: the simulator's injector, a stream per trainer
     ring: np.ndarray | None = None  # injected delays: ring[v mod H] = the vector of version v
+    # [inject] pauses and deaths: per thread, its windows and death on the run's clock (from
+    # the first pull's arrival: the trace's time 0), made at that pull
+    stalls: list[Slowed] | None = None
+    t0: int | None = None  # the first pull's arrival, with pauses or deaths
+    dead: list[int] = field(default_factory=list)  # threads an injected death stopped
+    resume: dict[int, int] = field(default_factory=dict)  # rank: its pause's end (ns)
 
 
 def _header_size(accumulate: int) -> int:
@@ -238,6 +256,9 @@ def serve(problem: Problem, scenario: Scenario, trainers: int, timeout: float,
             kind, source, arrived = int(header[0]), int(header[1]), time.monotonic_ns()
             heard[source] = arrived
             if kind == PULL:
+                if state.t0 is None and (inject.pauses or inject.deaths):
+                    state.t0 = arrived
+                    state.stalls = [Slowed(inject, t, arrived) for t in range(trainers)]
                 _pull(state, source, arrived)
             elif kind == PUSH:
                 try:
@@ -284,6 +305,7 @@ def _silent(state: _Server, heard: dict[int, int], now: int,
     round's answer is not counted)."""
     waiting = {source for source, _ in state.waiting}
     for rank, last in heard.items():
+        last = max(last, state.resume.get(rank, 0))  # (a paused trainer is silent on purpose)
         if rank not in state.done and rank not in waiting and now - last > timeout * 1e9:
             return {"worker": rank - 1, "reason": f"trainer {rank} sent nothing for "
                     f"{timeout:g} s while the others were served"}
@@ -326,13 +348,44 @@ def _first_line(err: BaseException) -> str:
 
 def _pull(state: _Server, source: int, arrived: int) -> None:
     """Answer a pull, or defer it: a trainer other than the first during the warm start,
-    or one that already pushed for the open round."""
+    or one that already pushed for the open round. First its injected stalls (``inject.pauses``,
+    ``inject.deaths``), which hold a simulated thread before its read's gate: a pull in one of
+    its pause windows is told to pull again at the window's end, and one at or after its
+    death is answered with no gradients."""
+    if state.stalls is not None and _stalled(state, source, arrived):
+        return
     options = state.scenario.paramserver
     if (source != 1 and _warming(state)) or (
             options.fraction > 0 and state.pushed_round.get(source) == state.version):
         state.waiting.append((source, arrived))
         return
     _answer(state, source, arrived)
+
+
+def _stalled(state: _Server, source: int, arrived: int) -> bool:
+    """Whether an injected pause or death answered the pull of ``source`` (arrived at
+    ``arrived``): a pause with the time left in its window and no gradients (the trainer
+    waits, then pulls again), a death with no gradients (the trainer says done)."""
+    import torch
+    import torch.distributed as dist
+
+    stalls = state.stalls[source - 1]  # type: ignore[index]
+    if stalls.dead(arrived):
+        if source - 1 not in state.dead:
+            state.dead.append(source - 1)
+        _answer(state, source, arrived)
+        return True
+    end = stalls.paused_until(arrived)
+    if end is None:
+        return False
+    state.resume[source] = end
+    try:
+        work: Any = dist.isend(torch.tensor([state.version, 0, end - arrived],
+                                            dtype=torch.int64), source)
+        work.wait(state.wait)
+    except RuntimeError as err:
+        raise _PeerFailed(source, err, "took no answer to its pull") from None
+    return True
 
 
 def _warming(state: _Server) -> bool:
@@ -370,10 +423,10 @@ def _answer(state: _Server, source: int, arrived: int) -> None:
     import torch.distributed as dist
 
     left = state.scenario.run.updates - state.granted
-    grant = 0 if source - 1 in state.retired else min(state.scenario.paramserver.accumulate,
-                                                      left)
+    stopped = source - 1 in state.retired or source - 1 in state.dead
+    grant = 0 if stopped else min(state.scenario.paramserver.accumulate, left)
     state.granted += grant
-    tensors = [torch.tensor([state.version, grant], dtype=torch.int64)]
+    tensors = [torch.tensor([state.version, grant, 0], dtype=torch.int64)]
     tau = 0
     if grant:
         vector = state.w
@@ -572,7 +625,8 @@ def _trace(state: _Server, origin: int) -> Trace:
                          bool(p.lost[j]) if p.lost else False, p.scale if j == last else 1.0,
                          p.measurement if j == last else UNMEASURED))
     rows.sort(key=lambda r: r[:3])
-    start = min([r[8] for r in rows], default=origin)
+    start = (state.t0 if state.t0 is not None  # (pauses and deaths count from it)
+             else min([r[8] for r in rows], default=origin))
     uid = np.argsort(np.argsort([r[8] for r in rows], kind="stable"))
     records = TraceBuilder()
     for i, (_, thread, seq, sample, step, seen, completed, grad_ns, *stamps, copies, stores,
@@ -593,7 +647,9 @@ def _trace(state: _Server, origin: int) -> Trace:
     retired = np.asarray(state.retired, dtype=np.int64)
     return records.build(scenario_to_toml(state.scenario), state.problem.initial(),
                          state.w.astype(np.float64), curve,
-                         extras={"retired_threads": retired}, source="real")
+                         extras={"retired_threads": retired,
+                                 "dead_threads": np.asarray(sorted(state.dead), np.int64)},
+                         source="real")
 
 
 _TIMES = ("read_start", "read_end", "grad_start", "grad_end", "write_start", "write_end")
@@ -612,7 +668,8 @@ def train(problem: Problem, scenario: Scenario, rank: int, trainers: int, timeou
     options, lr = scenario.paramserver, scenario.run.lr
     torch_dtype = getattr(torch, dtype)
     stream = sample_stream(scenario.run.seed, trainers, rank - 1, problem.n_samples)
-    reply = torch.zeros(2, dtype=torch.int64)
+    reply = torch.zeros(3, dtype=torch.int64)
+    straggles = Slowed(scenario.inject, rank - 1, 0)  # (its factor; the server runs the rest)
     w = torch.zeros(problem.dim, dtype=torch_dtype)
     header = torch.zeros(_header_size(options.accumulate), dtype=torch.int64)
     wait = datetime.timedelta(seconds=timeout)
@@ -626,7 +683,10 @@ def train(problem: Problem, scenario: Scenario, rank: int, trainers: int, timeou
         header[:2] = torch.tensor([PULL, rank])
         dist.send(header, 0)
         receive(reply)
-        granted = int(reply[1])
+        granted, hold = int(reply[1]), int(reply[2])
+        if hold:  # an injected pause: pull again once it has passed
+            time.sleep(hold / 1e9)
+            continue
         if not granted:
             break
         receive(w)
@@ -636,6 +696,7 @@ def train(problem: Problem, scenario: Scenario, rank: int, trainers: int, timeou
             began = time.monotonic_ns()
             drawn.append(int(stream.take()))
             steps.append(lr * problem.dense_grad(local, drawn[-1]))
+            straggles.stretch(began)  # a straggler's compute takes factor times as long
             spent.append(time.monotonic_ns() - began)
         step = torch.from_numpy(mean_step(steps)).to(torch_dtype)
         header.zero_()
@@ -663,14 +724,22 @@ class PSRun:
     pushes: int = 0
 
 
-def _ps_scenario(scenario: Scenario, trainers: int, measure: bool) -> Scenario:
+def _ps_scenario(scenario: Scenario, trainers: int, measure: bool,
+                 timeout: float) -> Scenario:
     """The embedded scenario: what the server ran (``realrun.support.recorded``), after
     refusing what it would not honour.
 
     Raises:
-        ScenarioError: a field the ps backend does not honour.
+        ScenarioError: a field the ps backend does not honour, or an injected pause as long
+            as the receive timeout (the server would take the silence for a hung trainer).
     """
     refuse_unsupported(scenario, "ps", "paramserver")
+    for i, pause in enumerate(scenario.inject.pauses):
+        if pause.end - pause.start >= timeout * 1e9:
+            raise ScenarioError(f"inject.pauses.{i}.end", pause.end, f"a pause of "
+                                f"{(pause.end - pause.start) / 1e9:g} s reads as a hung "
+                                f"trainer to a server whose timeout is {timeout:g} s "
+                                "(--timeout)")
     every = scenario.metrics.every
     scenario = recorded(scenario, "paramserver", trainers, False, every if measure else None)
     preflight(scenario)  # the trace the server builds, as a simulation of it would hold
@@ -746,7 +815,7 @@ def run_ps(scenario: Scenario, trainers: int, dtype: str = "float32",
         if value is not None and not value > 0:
             raise ScenarioError("--timeout", value, "must be > 0 seconds")
     timeout = 60.0 if timeout is None else timeout
-    scenario = _ps_scenario(scenario, trainers, measure)
+    scenario = _ps_scenario(scenario, trainers, measure, timeout)
     problem = problem if problem is not None else make_problem(scenario.problem)
     problem.optimum()
     address = os.environ.get("MASTER_ADDR", DEFAULT_ADDR)
@@ -846,7 +915,7 @@ def _node_main(argv: list[str] | None = None) -> int:
             raise ScenarioError("WORLD_SIZE", world, "must be >= 2 (a server and a trainer)")
         _one_of("--dtype", args.dtype, DTYPES)
         scenario = _ps_scenario(load_scenario(args.scenario, args.set), world - 1,
-                                args.measure)
+                                args.measure, args.timeout)
         problem = make_problem(scenario.problem)
         if rank == 0:
             check_out(args.out)

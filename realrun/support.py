@@ -44,8 +44,7 @@ ATOMIC_MODES = ("blocklock", "admm")
 
 _SIMULATED_MACHINE = ("describes the simulated machine; a real run has the hardware itself "
                       "(asyngrad calibrate fits it from a real run)")
-_NO_INJECTION = {"ps": "the parameter server injects delays, errors, drops and rounded "
-                 "stores, not stalls or deaths yet (simulate it)",
+_NO_INJECTION = {"ps": "the parameter server injects every fault but into rounds",
                  "cuda": "injections run on CPU worker processes (simulate it)",
                  "rounds": "synchronous rounds inject no delays, errors or faults yet "
                  "(simulate it)",
@@ -100,8 +99,13 @@ SUPPORT: tuple[tuple[str, str, str], ...] = (
      "`delay`, `error` (one gradient a push), `drop` and `write_bits` honoured, drawn by the "
      "server from the simulator's injector stream of the trainer's thread in its order: a "
      "pull is answered with the vector τ versions back, a push's gradient gets its error, a "
-     "dropped push is a version that changes nothing, stored values are rounded; not with "
-     "rounds; stalls and deaths refused"),
+     "dropped push is a version that changes nothing, stored values are rounded; `pauses` "
+     "and `deaths` run by the server on the run's clock (from the first pull): a pull in a "
+     "pause window is told to pull again at its end, one after the death is answered with "
+     "no gradients (the push in flight lands, as on CPU workers); these not with rounds; "
+     "`stragglers` honoured by the trainer: its gradients take `factor` (>= 1) times as long "
+     "(the simulator's straggler is slower in its compute and memory phases, not its link; "
+     "the pull's and push's copies are the server's)"),
     ("`[paramserver]`", "inert", "honoured (`rule`: on each push the server keeps, as it "
      "receives it, with its exact staleness)"),
     ("`[dcasgd]`", "honoured with `dcasgd`, else inert",
@@ -157,10 +161,14 @@ def _unsupported(scenario: Scenario, backend: str, mode: str) -> tuple[str, Any,
             return (*named, "a round's pushes are computed on the round's vector, and a "
                     "delayed pull's is older (paramserver.fraction > 0)")
         for name, on in (("error", inject.error != "none"), ("drop", inject.drop),
-                         ("write_bits", inject.write_bits)):
+                         ("write_bits", inject.write_bits), ("pauses", inject.pauses),
+                         ("deaths", inject.deaths)):
             if on and scenario.paramserver.fraction > 0:
-                return (f"inject.{name}", getattr(inject, name), "the server injects into "
-                        "asynchronous pushes, not rounds (paramserver.fraction > 0)")
+                value = getattr(inject, name)
+                return (f"inject.{name}",
+                        [dataclasses.asdict(v) for v in value] if isinstance(value, tuple)
+                        else value, "the server injects into asynchronous pushes, not "
+                        "rounds (paramserver.fraction > 0)")
         if inject.error != "none" and scenario.paramserver.accumulate > 1:
             return ("inject.error", inject.error, "the server adds a push's error to its one "
                     "gradient (paramserver.accumulate = 1)")
@@ -201,7 +209,7 @@ def _devices(scenario: Scenario) -> tuple[str, Any, str] | None:
 
 #: The injections CPU worker processes run: delays, errors, drops and rounded stores, which
 #: the simulator's injector draws update by update (``realrun.worker._injector``; delays read
-#: ``realrun.worker.History``); stragglers, pauses and deaths (``realrun.worker._Slowed``);
+#: ``realrun.worker.History``); stragglers, pauses and deaths (``realrun.worker.Slowed``);
 #: under ADMM delays and those three.
 STALLS = ("stragglers", "pauses", "deaths")
 DELAYS = ("delay", "delay_dist", "delay_max")
@@ -225,7 +233,7 @@ def _stalls(inject: InjectSpec, mode: str) -> tuple[str, Any, str] | None:
 def _injections(backend: str, mode: str) -> tuple[tuple[str, ...], str]:
     """The injections ``backend`` runs in ``mode``, and why it runs no others."""
     if backend == "ps":
-        return (*DELAYS, "error", "drop", "write_bits"), _NO_INJECTION[backend]
+        return VALUE_INJECTIONS, _NO_INJECTION[backend]
     if backend != "shm":
         return (), _NO_INJECTION[backend]
     if mode in ROUND_MODES:

@@ -31,7 +31,7 @@ import numpy as np
 from realrun.records import recorder
 
 __all__ = ["ONE_THREAD_ENV", "RELEASE", "START", "STATUS_DEAD", "STATUS_DONE", "STATUS_FAILED",
-           "STATUS_RUNNING", "Buffers", "Consensus", "History", "Rounds", "Turns",
+           "STATUS_RUNNING", "Buffers", "Consensus", "History", "Rounds", "Slowed", "Turns",
            "WorkerSpec", "another_problem", "die_with_parent", "one_thread_each",
            "one_thread_env", "pin", "pinned_cpus", "record_failure", "touch_records",
            "wait_for_release", "wait_for_start", "worker_main"]
@@ -577,7 +577,7 @@ def _injector(scenario: Any, problem: Any, workers: int) -> Any:
     """The simulator's injector of gradient errors, dropped writes and rounded stores
     (``simulator.inject.Injector``: the same draws per worker and update as the simulator's
     thread), or None when none is injected (or only stragglers, pauses and deaths, which
-    :class:`_Slowed` runs). w* only for adversarial errors (the others never use it)."""
+    :class:`Slowed` runs). w* only for adversarial errors (the others never use it)."""
     from simulator.inject import Injector
 
     spec = scenario.inject
@@ -592,7 +592,7 @@ class _Died(Exception):
     """The worker's injected death came (``[[inject.deaths]]``)."""
 
 
-class _Slowed:
+class Slowed:
     """A worker's injected pauses, straggling and death (``[[inject.pauses]]``,
     ``[[inject.stragglers]]``, ``[[inject.deaths]]`` of its rank or of the run's one
     device), on the run's clock (ns since the common start).
@@ -634,6 +634,17 @@ class _Slowed:
         """The copies or stores that began at ``began`` are done."""
         self.last[phase] = time.monotonic_ns() - began
 
+    def paused_until(self, now: int) -> int | None:
+        """The end of the pause window ``now`` (ns, this clock) falls in, or None."""
+        for start, end in self.windows:
+            if start <= now < end:
+                return end
+        return None
+
+    def dead(self, now: int) -> bool:
+        """Whether the worker's death has come by ``now``."""
+        return self.death is not None and now >= self.death
+
     def hold(self) -> None:
         """Before an update: wait while the clock is in a pause window; die once it has
         passed the worker's death.
@@ -641,11 +652,10 @@ class _Slowed:
         Raises:
             _Died: the death's time has come."""
         now = time.monotonic_ns()
-        for start, end in self.windows:
-            if start <= now < end:
-                _until(end)
-                now = time.monotonic_ns()
-        if self.death is not None and now >= self.death:
+        while (end := self.paused_until(now)) is not None:
+            _until(end)
+            now = time.monotonic_ns()
+        if self.dead(now):
             raise _Died
 
     def stretch(self, began: int) -> None:
@@ -747,7 +757,7 @@ def _loop(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any,
     touch_records(buffers, spec.rank)
     pin(spec)
     wait_for_start(buffers, spec.rank, gone)  # process start-up takes tens of ms each
-    slowed = _Slowed(scenario.inject, spec.rank, int(buffers.control.numpy()[START]))
+    slowed = Slowed(scenario.inject, spec.rank, int(buffers.control.numpy()[START]))
     slow = slowed if slowed.active else None
     for i in range(spec.quota):
         sample = int(stream.take())

@@ -17,6 +17,7 @@ import pytest
 from realrun.ps import free_port, run_ps, summary_extra
 from simulator.cli import main
 from simulator.engine import simulate
+from simulator.errors import ScenarioError
 from simulator.metrics import summarize
 from simulator.replay import load_trace, replay
 from tests.conftest import scenario
@@ -398,13 +399,17 @@ def test_a_trainer_silent_while_others_are_served_is_named():
 
     from realrun.ps import _silent
 
-    state = SimpleNamespace(done={3}, waiting=[(2, 0)])
+    state = SimpleNamespace(done={3}, waiting=[(2, 0)], resume={})
     heard = {1: 0, 2: 0, 3: 0}
     assert _silent(state, heard, 4_900_000_000, 5.0) is None
     assert _silent(state, heard, 5_100_000_000, 5.0) == {
         "worker": 0, "reason": "trainer 1 sent nothing for 5 s while the others were served"}
     heard[1] = 5_000_000_000
     assert _silent(state, heard, 5_100_000_000, 5.0) is None
+    # A trainer told to pull again after an injected pause is silent until its end.
+    heard[1], state.resume[1] = 0, 2_000_000_000
+    assert _silent(state, heard, 6_900_000_000, 5.0) is None
+    assert _silent(state, heard, 7_100_000_000, 5.0) is not None
 
 
 def test_warm_start_lets_trainer_0_alone_make_the_first_pushes():
@@ -494,3 +499,61 @@ def test_cli_ps_summary_says_backend_and_mode(tmp_path, capsys):
     assert summary["real"]["paramserver"]["accumulate"] == 2
     # --measure measured every metrics.every-th of the 100 completions, and says so.
     assert summary["exact_metrics"] == {"enabled": True, "every": 4, "measured_updates": 25}
+
+
+def test_a_dead_trainer_stops_at_its_death_and_the_run_goes_on():
+    """``[[inject.deaths]]`` on the server's clock (from the first pull): trainer 1's pulls
+    after 40 ms are answered with no gradients; the run is no failure, trainer 0 makes the
+    rest of the budget, and the trace names thread 1 dead, as the simulator records it."""
+    s = scenario("problem.dim=100", "run.updates=4000", "run.protocol=paramserver",
+                 "inject.deaths=[{thread=1, at=40000000}]")
+    run = run_ps(s, 2, "float64", timeout=60)
+    assert run.failure is None and len(run.trace) == 4000
+    trace = run.trace
+    assert trace["extra_dead_threads"].tolist() == [1]
+    mine = trace["thread"] == 1
+    assert 0 < mine.sum() < 4000
+    assert trace["read_start"][mine].max() < 40_000_000  # no pull of it answered after
+    assert trace["read_start"][~mine].max() > 40_000_000  # the run went on without it
+
+
+def test_a_paused_trainer_pulls_after_its_window_and_a_straggler_is_slower():
+    """``[[inject.pauses]]``: trainer 0's pulls that arrive in its window (10-40 ms on the
+    server's clock) are answered with the time left, and it pulls again after it, while
+    trainer 1 goes on; ``[[inject.stragglers]]``: trainer 1's gradients take about 3 times
+    trainer 0's."""
+    s = scenario("problem.dim=100", "run.updates=3000", "run.protocol=paramserver",
+                 "inject.pauses=[{thread=0, start=10000000, end=40000000}]",
+                 "inject.stragglers=[{thread=1, factor=3.0}]")
+    run = run_ps(s, 2, "float64", timeout=60)
+    assert run.failure is None and len(run.trace) == 3000
+    trace = run.trace
+    assert trace["extra_dead_threads"].tolist() == []
+    mine = trace["thread"] == 0
+    began = trace["read_start"][mine]
+    assert not np.any((began >= 10_000_000) & (began < 40_000_000))
+    assert began.min() < 10_000_000 and began.max() >= 40_000_000
+    others = trace["read_start"][~mine]
+    assert np.any((others >= 10_000_000) & (others < 40_000_000))
+    grad = trace["grad_ns"]
+    ratio = np.median(grad[~mine]) / np.median(grad[mine])
+    assert 2.0 < ratio < 4.5, ratio
+
+
+def test_one_paused_straggling_trainer_is_still_serial_sgd_and_a_long_pause_is_refused():
+    """A pause and a straggler change when a trainer works, never what it computes: one
+    float64 trainer is the simulator's run to the bit. A pause as long as the receive
+    timeout would read as a hung trainer: refused before anything starts."""
+    s = scenario(*TINY, "run.protocol=paramserver",
+                 "inject.pauses=[{thread=0, start=0, end=5000000}]",
+                 "inject.stragglers=[{thread=0, factor=2.0}]")
+    run = run_ps(s, 1, "float64", timeout=60)
+    assert run.failure is None
+    assert run.trace["read_start"].min() >= 5_000_000
+    simulated = simulate(run.scenario)
+    assert np.array_equal(run.trace["w_final"], simulated["w_final"])
+    assert np.array_equal(run.trace["sample"], simulated["sample"])
+    with pytest.raises(ScenarioError, match=r"^inject\.pauses\.0\.end = 3000000000: a pause "
+                       r"of 3 s reads as a hung trainer"):
+        run_ps(scenario(*TINY, "inject.pauses=[{thread=0, start=0, end=3000000000}]"), 1,
+               timeout=2)

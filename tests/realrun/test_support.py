@@ -44,8 +44,10 @@ REFUSED = [
      "ps"),
     (("--mode", "minibatch"), ("run.protocol=minibatch", "inject.write_bits=8"),
      "inject.write_bits = 8", "shm"),
-    (("--backend", "ps"), "inject.pauses=[{thread=0, start=100, end=500}]",
-     "inject.pauses = [{'thread'", "ps"),
+    (("--backend", "ps"), ("inject.pauses=[{thread=0, start=100, end=500}]",
+                           "paramserver.fraction=1"), "inject.pauses = [{'thread'", "ps"),
+    (("--backend", "ps"), "inject.stragglers=[{thread=0, factor=0.5}]",
+     "inject.stragglers.0.factor = 0.5", "ps"),
     (("--mode", "lockfree"), "run.protocol=roundrobin", "run.protocol = 'roundrobin'", "shm"),
     (("--mode", "lockfree"), "run.protocol=minibatch", "run.protocol = 'minibatch'", "shm"),
     (("--mode", "lockfree"), "run.protocol=staleness_lr", "run.protocol = 'staleness_lr'",
@@ -108,8 +110,8 @@ def test_torchrun_nodes_refuse_before_joining(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "3")
     out = tmp_path / "ps"
-    assert ps._node_main(["--out", str(out), "--set",
-                          "inject.deaths=[{thread=0, at=5}]"]) == 2
+    assert ps._node_main(["--out", str(out), "--set", "inject.deaths=[{thread=0, at=5}]",
+                          "--set", "paramserver.fraction=1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "inject.deaths = " in err[0] and "ps backend" in err[0]
     assert not out.exists()
@@ -185,9 +187,13 @@ def test_what_a_backend_runs_is_accepted_and_recorded():
                                 None).run.write_mode == "load_store"
     # With something injected, the field that injects is named, not an inert one before it.
     with pytest.raises(ScenarioError, match=r"^inject\.pauses = "):
-        support.refuse_unsupported(scenario("inject.error_bound=0.5",
+        support.refuse_unsupported(scenario("inject.error_bound=0.5", "paramserver.fraction=1",
                                             "inject.pauses=[{thread=0, start=1, end=9}]"),
                                    "ps", "paramserver")
+    support.refuse_unsupported(scenario("inject.pauses=[{thread=0, start=1, end=9}]",
+                                        "inject.deaths=[{thread=1, at=5}]",
+                                        "inject.stragglers=[{thread=1, factor=2.0}]"),
+                               "ps", "paramserver")
     support.refuse_unsupported(scenario("inject.error_bound=0.5", "inject.drop=0.1",
                                         "inject.delay=2"), "ps", "paramserver")
     # CPU workers run delays, errors, drops and rounded stores; ADMM delays and stalls only,
@@ -260,7 +266,7 @@ def test_the_warm_start_defers_the_other_trainers_pulls(monkeypatch):
     answered = []
     monkeypatch.setattr(ps, "_answer", lambda state, source, arrived: answered.append(source))
     state = SimpleNamespace(scenario=scenario("paramserver.warm_start=3"), done=set(),
-                            version=0, waiting=[], pushed_round={})
+                            version=0, waiting=[], pushed_round={}, stalls=None)
     for rank in (2, 1, 3):
         ps._pull(state, rank, 0)
     assert answered == [1] and [r for r, _ in state.waiting] == [2, 3]
