@@ -32,6 +32,10 @@ row per gradient, as the simulator's. The options are the simulator's ``paramser
   compensates it towards the server's vector from the one it sent that trainer at its pull
   (``simulator.rules.dc_step``, λ = ``dcasgd.lam``).
 
+``run.lr_schedule``: the server scales each push it keeps by the schedule's factor at m = the
+versions applied + 1 when the push arrives (a round's mean when the round closes), before
+its rule, as the simulator's server does; the factor is in ``lr_scale``.
+
 Injections (``[inject]``), drawn by the server from the simulator's injector stream of the
 trainer's thread, in the simulator's order (a pull's delay when it is answered, then each
 gradient's error and drop when its push arrives): a delay τ answers the pull with the vector
@@ -100,6 +104,7 @@ from simulator.budget import preflight
 from simulator.errors import AsyngradError, ScenarioError
 from simulator.problems import Problem, make_problem
 from simulator.rules import (
+    LR_FACTORS,
     dc_step,
     mean_step,
     retirements,
@@ -472,6 +477,7 @@ def _push(state: _Server, push: _Push) -> None:
     if too_stale(state.version - push.version + push.delay, options.staleness_limit):
         push.write_end = push.arrival
         return
+    _scheduled(state, push)
     _rule(state, push)
     state.w -= push.step
     if state.injector is not None and state.injector.bits:
@@ -514,18 +520,36 @@ def _round_stored(state: _Server, push: _Push) -> None:
     state.w[touched] = values
 
 
+def _factor(state: _Server) -> float:
+    """The learning-rate schedule's factor on the next version (``run.lr_schedule``: at m =
+    the versions applied + 1, as the simulator's server takes it when a push arrives)."""
+    schedule = LR_FACTORS.get(state.scenario.run.lr_schedule)
+    return 1.0 if schedule is None else schedule(state.version + 1)
+
+
+def _scheduled(state: _Server, push: _Push) -> None:
+    """Scale a push the server keeps by the schedule's factor (recorded in its scale)."""
+    factor = _factor(state)
+    if factor != 1.0:
+        push.step *= factor
+        push.scale *= factor
+
+
 def _rule(state: _Server, push: _Push) -> None:
     """The server's update rule (``paramserver.rule``) on a push it keeps, with the push's
-    exact staleness, as the simulator's server applies it on arrival (``simulator.rules``)."""
+    exact staleness, as the simulator's server applies it on arrival (``simulator.rules``),
+    after the schedule's factor (the rate the push took: lr times its scale)."""
     rule = state.scenario.paramserver.rule
     if rule == "staleness_lr":
-        push.scale = staleness_scale(state.version - push.version + push.delay)
-        if push.scale != 1.0:
-            push.step *= push.scale
+        scale = staleness_scale(state.version - push.version + push.delay)
+        if scale != 1.0:
+            push.scale *= scale
+            push.step *= scale
     elif rule == "dcasgd":
         if state.work is None:
             state.work = (np.zeros(state.w.size), np.zeros(state.w.size))
-        compensated = dc_step(push.step.astype(np.float64), state.scenario.run.lr,
+        compensated = dc_step(push.step.astype(np.float64),
+                              state.scenario.run.lr * push.scale,
                               state.w.astype(np.float64), state.sent[push.thread + 1],
                               state.scenario.dcasgd.lam, state.work)
         np.copyto(push.step, compensated, casting="same_kind")
@@ -545,7 +569,8 @@ def _close_round(state: _Server, now: int) -> None:
     for member in group[:-1]:
         member.member = True
     group[-1].closed = now
-    state.w -= mean_step([p.step for p in group])
+    group[-1].scale = _factor(state)  # (the schedule's, on the round's mean)
+    state.w -= group[-1].scale * mean_step([p.step for p in group])
     _complete(state, group)
     state.round_pushes = []
 

@@ -71,7 +71,8 @@ SUPPORT: tuple[tuple[str, str, str], ...] = (
      "a time, so both modes store the same values)", "inert (pushes are applied whole)"),
     ("`run.lr_schedule`", "honoured on CPU worker processes: the factor at m = the updates "
      "a worker sees completed when its write begins, + 1 (a round's: exact); refused on CUDA "
-     "and threads", "refused unless `constant`"),
+     "and threads", "honoured: the server's factor at m = the versions applied when a push "
+     "arrives + 1 (a round's: when it closes), as the simulator's server takes it"),
     ("`run.split`", "recorded: `even`", "refused unless `shared`"),
     ("`[hardware.sweeping_reads]`", "recorded: set (dense), unset (sparse, `minibatch`, "
      "`roundrobin`); a "
@@ -142,9 +143,6 @@ def _unsupported(scenario: Scenario, backend: str, mode: str) -> tuple[str, Any,
     if run.write_mode == "atomic_add" and mode in ("lockfree", *RULE_MODES) and backend != "ps":
         return ("run.write_mode", run.write_mode, f"--mode {mode} writes in place "
                 "(load_store); --mode blocklock locks each block write")
-    if run.lr_schedule != "constant" and backend == "ps":
-        return ("run.lr_schedule", run.lr_schedule, "the server applies a constant learning "
-                "rate")
     for name in ("store_grain", "placement"):
         if getattr(run, name) != getattr(default, name):
             return f"run.{name}", getattr(run, name), _SIMULATED_MACHINE

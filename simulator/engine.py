@@ -140,7 +140,9 @@ class Engine:
         self._dense_grains = grain_ops(self.dense_ops, self._grain) if self._grain else None
         self.sparse = self.problem.sparse and not self.protocol.dense
         self._dense_grad = self.problem.sparse and self.protocol.dense
-        self._schedule = LR_FACTORS.get(run.lr_schedule)
+        # The learning-rate schedule the engine applies at a write's start (a protocol that
+        # applies it elsewhere, as a server on arrival, sets it to None in its setup).
+        self.schedule = LR_FACTORS.get(run.lr_schedule)
 
     def _setup_injection(self) -> None:
         """Injected errors, drops, delays (snapshots w_t of the last completions) and
@@ -438,8 +440,8 @@ class Engine:
             u.step = self.protocol.step(self, u, u.step, self._local[thread])
         if u.role == GROUPED:
             u.step = mean_step([m.step for m in u.group])
-        if self._schedule is not None:
-            factor = self._schedule(self.completed + 1)
+        if self.schedule is not None:
+            factor = self.schedule(self.completed + 1)
             u.step = u.step * factor
             u.lr_scale *= factor
 

@@ -25,13 +25,17 @@ per shard (``DeviceSpec``). Options (``[paramserver]``):
   now from the vector the worker pulled; the protocols' own rules
   (:class:`~simulator.protocols.staleness_lr.StalenessLR`,
   :class:`~simulator.protocols.dcasgd.DCASGD`), applied to the push (with ``accumulate``,
-  to the mean it pushes).
+  to the mean it pushes);
+* ``run.lr_schedule``: applied by the server too, to each push it keeps as the push arrives
+  (m = the completions then + 1, as a real server counts them), before its rule; with rounds
+  by the engine as the round's writer begins.
 
 With one worker and no latency it is serial SGD, bit for bit.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -79,11 +83,12 @@ class ParamServer(Protocol):
         self.count = np.zeros(k, dtype=np.int64)
         self.retired: list[int] = []
         self.finished: set[int] = set()
-        rule = self.options.rule
-        if (self.options.staleness_limit or rule != "none") and not self.rounds:
+        rule, schedule = self.options.rule, engine.schedule
+        if (self.options.staleness_limit or rule != "none" or schedule) and not self.rounds:
+            engine.schedule = None  # the server applies it to each push as it arrives
             engine.stores = _Arrivals(engine, engine.stores, self.options.staleness_limit,
                                       None if rule == "none"
-                                      else _RULES[rule](self.scenario))
+                                      else _RULES[rule](self.scenario), schedule)
 
     def active(self, engine: Engine, thread: int) -> bool:
         return thread not in self.retired
@@ -167,18 +172,22 @@ _RULES: dict[str, type[Protocol]] = {"staleness_lr": StalenessLR, "dcasgd": DCAS
 
 
 class _Arrivals(WriteMode):
-    """The server under a staleness limit or an update rule: it sees a push when the push's
-    first shard arrives (the end of its first block's write) and throws the whole push away
-    if its staleness exceeds the limit then (``u.discard``: the engine's row for it has step
-    0); otherwise it applies ``rule`` to the whole push then (in place, before any shard is
-    stored; the factor on lr it took joins ``u.lr_scale``), and its shards land as
-    ``stores`` (the run's write mode) says."""
+    """The server under a staleness limit, an update rule or a learning-rate schedule: it
+    sees a push when the push's first shard arrives (the end of its first block's write) and
+    throws the whole push away if its staleness exceeds the limit then (``u.discard``: the
+    engine's row for it has step 0); otherwise it scales the whole push by the schedule's
+    factor at m = the completions then + 1 and applies ``rule`` to it (in place, before any
+    shard is stored; the factors on lr it took join ``u.lr_scale``), and its shards land as
+    ``stores`` (the run's write mode) says. (With rounds the engine applies the schedule as
+    the round's writer begins, which no completion can come between.)"""
 
     runs = False  # every shard's end is an action of its own: the first one decides
 
     def __init__(self, engine: Engine, stores: WriteMode, limit: int,
-                 rule: Protocol | None = None) -> None:
+                 rule: Protocol | None = None,
+                 schedule: Callable[[int], float] | None = None) -> None:
         self.engine, self.stores, self.limit, self.rule = engine, stores, limit, rule
+        self.schedule = schedule
 
     def begin(self, u: Update, block: int, index: slice, now: int, duration: int) -> Any:
         return self.stores.begin(u, block, index, now, duration)
@@ -188,19 +197,23 @@ class _Arrivals(WriteMode):
         if block == u.ops[0][0]:
             u.discard = too_stale(self.engine.completed - u.start_completed + u.delay,
                                   self.limit)
-            if self.rule is not None and not u.discard:
+            if (self.rule is not None or self.schedule is not None) and not u.discard:
                 step = self._applied(u)
         if not u.discard:
             self.stores.end(u, block, index, coords, begun, step)
 
     def _applied(self, u: Update) -> np.ndarray:
-        """Apply the rule to ``u``'s whole push in place (after a learning-rate schedule's
-        factor, which ``u.lr_scale`` holds); its first block's part."""
+        """Scale ``u``'s whole push in place by the schedule's factor, then apply the rule to
+        it (which finds that factor in ``u.lr_scale``); its first block's part."""
         engine = self.engine
-        ruled = self.rule.step(engine, u, u.step,  # type: ignore[union-attr]
-                               engine.read_copy(u.thread))
-        if ruled is not u.step:
-            np.copyto(u.step, ruled)
+        if self.schedule is not None:
+            factor = self.schedule(engine.completed + 1)
+            u.step *= factor
+            u.lr_scale *= factor
+        if self.rule is not None:
+            ruled = self.rule.step(engine, u, u.step, engine.read_copy(u.thread))
+            if ruled is not u.step:
+                np.copyto(u.step, ruled)
         return u.step[u.ops[0][2]]
 
     def lost_of(self, block: int) -> dict[int, np.ndarray] | None:

@@ -235,8 +235,9 @@ class RunSpec:
     """How to train: protocol, threads, total updates T, learning rate, blocks, write mode.
 
     ``lr_schedule`` scales the learning rate of the update whose write begins after m − 1
-    updates have completed: ``constant`` (lr), ``inv_sqrt`` (lr/√m, Langford et al. 2009,
-    Theorem 1) or ``inverse`` (lr/m; lr = 1/λ gives their Theorem 2's 1/(λm)).
+    updates have completed (on an asynchronous parameter server: of the push that arrives
+    then): ``constant`` (lr), ``inv_sqrt`` (lr/√m, Langford et al. 2009, Theorem 1) or
+    ``inverse`` (lr/m; lr = 1/λ gives their Theorem 2's 1/(λm)).
 
     ``split`` says who makes the T updates: ``shared`` — any thread starts the next one until
     T have started (fast threads make more); ``even`` — thread i makes T // k updates, one

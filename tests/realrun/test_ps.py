@@ -127,40 +127,72 @@ def test_staleness_limit_drops_exactly_the_stale_pushes():
     assert summarize(trace, run.problem, run.scenario)["discarded"] == int(dropped.sum())
 
 
-@pytest.mark.parametrize("rule", ["staleness_lr", "dcasgd"])
-def test_the_server_applies_its_rule_with_each_push_s_exact_staleness(rule):
-    """``paramserver.rule``: one trainer (float64) is the simulator's paramserver to the
-    bit (τ = 0 leaves every push as it is); with three, every push the server kept took
-    1/τ of lr for its exact staleness τ (``staleness_lr``: ``lr_scale``), measure mode
-    divides it out, and the final vector is an independent replay of the applied pushes in
-    order: lr·∇f at the version each pulled, scaled by 1/τ or compensated
-    towards the vector it was applied to from that version (``simulator.rules``)."""
-    from simulator.rules import dc_step, staleness_scale
+@pytest.mark.parametrize("rule, schedule", [("staleness_lr", "constant"),
+                                            ("dcasgd", "constant"), ("none", "inverse"),
+                                            ("staleness_lr", "inverse"),
+                                            ("dcasgd", "inv_sqrt")])
+def test_the_server_applies_its_rule_with_each_push_s_exact_staleness(rule, schedule):
+    """``paramserver.rule`` and ``run.lr_schedule``: one trainer (float64) is the simulator's
+    paramserver to the bit (τ = 0 leaves every push as it is); with three, every push the
+    server kept took the schedule's factor f at m = its version (the versions applied before
+    it + 1) and 1/τ for its exact staleness τ (``staleness_lr``), both in ``lr_scale``,
+    measure mode divides it out, and the final vector is an independent replay of the
+    applied pushes in order: f·lr·∇f at the version each pulled, scaled by 1/τ or
+    compensated at the rate f·lr towards the vector it was applied to from that version
+    (``simulator.rules``)."""
+    from simulator.rules import LR_FACTORS, dc_step, staleness_scale
 
-    s = scenario(*TINY, "run.protocol=paramserver", f"paramserver.rule={rule}",
-                 "dcasgd.lam=0.5")
+    options = ("run.protocol=paramserver", f"paramserver.rule={rule}", "dcasgd.lam=0.5",
+               f"run.lr_schedule={schedule}")
+    s = scenario(*TINY, *options)
     one = run_ps(s, 1, "float64", timeout=60)
-    assert np.array_equal(one.trace["w_final"], simulate(one.scenario)["w_final"])
-    run = run_ps(scenario(*TINY, "run.updates=1500", "run.protocol=paramserver",
-                          f"paramserver.rule={rule}", "dcasgd.lam=0.5"), 3, "float64",
-                 timeout=60, measure=True)
+    simulated = simulate(one.scenario)
+    assert np.array_equal(one.trace["w_final"], simulated["w_final"])
+    assert np.array_equal(one.trace["lr_scale"], simulated["lr_scale"])
+    run = run_ps(scenario(*TINY, "run.updates=1500", *options), 3, "float64", timeout=60,
+                 measure=True)
     trace = run.trace
     assert run.failure is None and trace["measured"].any()
     assert (trace["staleness"] > 0).any()
-    expected = 1 / np.maximum(1, trace["staleness"]) if rule == "staleness_lr" else 1.0
-    assert np.array_equal(trace["lr_scale"], np.broadcast_to(expected, len(trace)))
+    factor = LR_FACTORS.get(schedule, lambda m: 1.0)
+    f = np.array([factor(int(m)) for m in trace["step"]])
+    expected = f / np.maximum(1, trace["staleness"]) if rule == "staleness_lr" else f
+    np.testing.assert_allclose(trace["lr_scale"], expected, rtol=1e-15)
     f_star = run.problem.optimum()[1]
-    assert trace["curve_loss"][-1] - f_star < (trace["curve_loss"][0] - f_star) / 4
+    if schedule == "constant":
+        assert trace["curve_loss"][-1] - f_star < (trace["curve_loss"][0] - f_star) / 4
     rows = np.flatnonzero(trace["step"] > 0)
     rows = rows[np.argsort(trace["step"][rows])]
     states, lr = [run.problem.initial()], run.scenario.run.lr
     for row in rows:
         read = states[int(trace["step"][row] - 1 - trace["staleness"][row])]  # its pull
-        step = lr * run.problem.dense_grad(read.copy(), int(trace["sample"][row]))
-        step = (step * staleness_scale(int(trace["staleness"][row])) if rule == "staleness_lr"
-                else dc_step(step, lr, states[-1], read, 0.5))
+        rate = lr * factor(int(trace["step"][row]))
+        step = rate * run.problem.dense_grad(read.copy(), int(trace["sample"][row]))
+        if rule == "staleness_lr":
+            step = step * staleness_scale(int(trace["staleness"][row]))
+        elif rule == "dcasgd":
+            step = dc_step(step, rate, states[-1], read, 0.5)
         states.append(states[-1] - step)
     np.testing.assert_allclose(trace["w_final"], states[-1], rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("options", [("paramserver.fraction=1",),
+                                     ("paramserver.accumulate=2", "inject.drop=0.2"),
+                                     ("paramserver.staleness_limit=1", "inject.delay=0",
+                                      "inject.delay_dist=uniform", "inject.delay_max=3")])
+def test_one_trainer_with_a_schedule_is_the_simulators_paramserver(options):
+    """``run.lr_schedule`` on the server, float64, one trainer: with rounds (the factor on a
+    round's mean), accumulated pushes with drops (a lost push takes no factor) and a
+    staleness limit over delayed pulls (a discarded push takes none): the simulator's run to
+    the bit, every row's factor included."""
+    s = scenario(*TINY, "run.protocol=paramserver", "run.lr_schedule=inverse", *options)
+    run = run_ps(s, 1, "float64", timeout=60)
+    assert run.failure is None
+    simulated = simulate(run.scenario)
+    assert np.array_equal(run.trace["w_final"], simulated["w_final"])
+    for name in ("lr_scale", "step", "sample", "dropped"):
+        assert np.array_equal(run.trace[name], simulated[name]), name
+    assert (run.trace["lr_scale"] < 1).any()
 
 
 @pytest.mark.parametrize("delays", [("inject.delay=3",),

@@ -60,7 +60,6 @@ REFUSED = [
     (("--backend", "ps"), "run.protocol=minibatch", "run.protocol = 'minibatch'", "ps"),
     (("--mode", "lockfree"), "run.write_mode=atomic_add", "run.write_mode = 'atomic_add'",
      "shm"),
-    (("--backend", "ps"), "run.lr_schedule=inverse", "run.lr_schedule = 'inverse'", "ps"),
     ((), "run.store_grain=8", "run.store_grain = 8", "shm"),
     ((), "run.placement=shuffled", "run.placement = 'shuffled'", "shm"),
     ((), "timing.read_per_thread=0.5", "timing.read_per_thread = 0.5", "shm"),

@@ -190,37 +190,49 @@ def test_paramserver_rule_applies_to_each_push_as_it_arrives(rule):
         assert np.array_equal(unchanged["w_final"], plain["w_final"])
 
 
-@pytest.mark.parametrize("rule", ["staleness_lr", "dcasgd"])
-def test_a_servers_rule_takes_the_steps_schedule_once(rule):
-    """With a learning-rate schedule the push carries its factor f when it arrives: the
-    server's rule keeps it once (``staleness_lr``: lr_scale = f/τ; ``dcasgd``: the
-    compensation at the rate f·lr the push took, f·lr·(g + λ·g⊙g⊙Δ)). The same replay as
-    above, with f = 1/(c + 1) for the c completions before the push's write began
-    (``inverse``)."""
+@pytest.mark.parametrize("rule", ["none", "staleness_lr", "dcasgd"])
+def test_the_server_applies_the_schedule_on_arrival_and_its_rule_takes_it_once(rule):
+    """With a learning-rate schedule the server scales each push by the factor f at m = the
+    completions when the push arrives (the end of its first shard's write) + 1, as a real
+    server knows them; its rule then keeps f once (``staleness_lr``: lr_scale = f/τ;
+    ``dcasgd``: the compensation at the rate f·lr the push took, f·lr·(g + λ·g⊙g⊙Δ)). The
+    same replay as above, with f = 1/(c + 1) (``inverse``), over a link whose latency puts
+    the arrival (here, with one shard, the push's completion) well after its write's start."""
     from simulator.rules import dc_step
 
     s, problem = small("run.protocol=paramserver", "run.threads=4", "run.updates=100",
                        "timing.grad={dist='exponential', mean=6000}",
-                       f"paramserver.rule={rule}", "dcasgd.lam=2.0",
-                       "run.lr_schedule=inverse")
+                       "devices.0.latency=2000", f"paramserver.rule={rule}",
+                       "dcasgd.lam=2.0", "run.lr_schedule=inverse")
     trace = simulate(s, problem)
     rows = np.argsort(trace["step"])
     ends = trace["write_end"][rows]
+    offsets, write_ns = trace["op_offsets"], trace["op_write_ns"]
     states = [problem.initial()]
     for row in rows:
         read = states[np.searchsorted(ends, trace["read_end"][row], side="right")]
         g = problem.dense_grad(read.copy(), int(trace["sample"][row]))
-        f = 1.0 / (np.searchsorted(ends, trace["write_start"][row], side="right") + 1)
+        arrived = trace["write_start"][row] + write_ns[offsets[row]]
+        f = 1.0 / (np.searchsorted(ends, arrived, side="left") + 1)
         lr = s.run.lr
         if rule == "staleness_lr":
             tau = max(1, int(trace["staleness"][row]))
             assert trace["lr_scale"][row] == pytest.approx(f / tau, rel=1e-12)
             step = f * lr * g / tau
-        else:
+        elif rule == "dcasgd":
             assert trace["lr_scale"][row] == pytest.approx(f, rel=1e-12)
             step = dc_step(f * lr * g, f * lr, states[-1], read, s.dcasgd.lam)
+        else:
+            assert trace["lr_scale"][row] == pytest.approx(f, rel=1e-12)
+            step = f * lr * g
         states.append(states[-1] - step)
     assert np.allclose(trace["w_final"], states[-1], rtol=0, atol=1e-12)
+    # Some push saw a completion land during its transfer (the factor differs from the one
+    # at its write's start).
+    starts = np.searchsorted(ends, trace["write_start"][rows], side="right")
+    firsts = np.searchsorted(ends, trace["write_start"][rows] + write_ns[offsets[rows]],
+                             side="left")
+    assert (firsts > starts).any()
 
 
 def test_paramserver_rule_is_refused_with_rounds():
