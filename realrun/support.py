@@ -108,7 +108,7 @@ SUPPORT: tuple[tuple[str, str, str], ...] = (
      "(the simulator's straggler is slower in its compute and memory phases, not its link; "
      "the pull's and push's copies are the server's)"),
     ("`[paramserver]`", "inert", "honoured (`rule`: on each push the server keeps, as it "
-     "receives it, with its exact staleness)"),
+     "receives it, with its exact staleness); `lock_free` refused"),
     ("`[dcasgd]`", "honoured with `dcasgd`, else inert",
      "honoured with `paramserver.rule = dcasgd`, else inert"),
     ("`[admm]`", "honoured with `admm` (CPU worker processes), else inert", "inert"),
@@ -147,6 +147,9 @@ def _unsupported(scenario: Scenario, backend: str, mode: str) -> tuple[str, Any,
         if getattr(run, name) != getattr(default, name):
             return f"run.{name}", getattr(run, name), _SIMULATED_MACHINE
     if backend == "ps":
+        if scenario.paramserver.lock_free:
+            return ("paramserver.lock_free", True, "the real server applies each push whole, "
+                    "one at a time (simulate a lock-free server)")
         if run.blocks != 1:
             return "run.blocks", run.blocks, "the real server holds the vector as one shard"
         if run.split != "shared":

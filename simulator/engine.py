@@ -493,15 +493,22 @@ class Engine:
             block, index, vsel, touched = writes[i]
             if self._pooled[thread]:  # the load is made once the write runs
                 yield from self._seize(thread, True)
+            lead = 0
             if self._load is not None:
                 yield self._load(thread)
                 clock[thread] = int(self.env.now)
-            begun = mode.begin(u, block, index, clock[thread], write_ns[i])
+            elif mode.leads:  # (a server's shard: its transfer passes before it is loaded)
+                lead = min(mode.lead(u, i), write_ns[i])
+                wait = self._advance(thread, lead, True) if lead else None
+                if wait is not None:
+                    yield wait
+                    clock[thread] = int(self.env.now)
+            begun = mode.begin(u, block, index, clock[thread], write_ns[i] - lead)
             if sweeping is not None:
                 writing = sweeping.enter(block, Writing(
-                    u, clock[thread], clock[thread] + write_ns[i], step[vsel],
+                    u, clock[thread], clock[thread] + write_ns[i] - lead, step[vsel],
                     mode.lost_of(block)))
-            wait = self._advance(thread, write_ns[i], True)
+            wait = self._advance(thread, write_ns[i] - lead, True)
             if wait is not None:
                 yield wait
                 clock[thread] = int(self.env.now)

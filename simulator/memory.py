@@ -217,9 +217,11 @@ class SharedMemory:
 class WriteMode:
     """How one block (or grain) write lands: ``begin`` when it starts, ``end`` when its time
     has passed. ``runs``: whether consecutive writes that nothing can interleave with may
-    land as one (``SharedMemory.write_run``)."""
+    land as one (``SharedMemory.write_run``). ``leads``: whether a write begins only
+    ``lead`` ns into its time (a server's shard loaded once it has arrived)."""
 
     runs = True
+    leads = False
 
     def begin(self, u: Any, block: int, index: slice, now: int, duration: int) -> Any:
         """A write of ``block`` starts at ``now`` for ``duration`` ns: what ``end`` needs."""
@@ -234,6 +236,10 @@ class WriteMode:
         """The coordinates each write of ``block`` in flight has lost so far (uid → mask),
         for a read that sees part of them; None: writes lose no coordinates."""
         return None
+
+    def lead(self, u: Any, i: int) -> int:
+        """With ``leads``: the ns of ``u``'s ``i``-th write that pass before it begins."""
+        return 0
 
 
 class LoadStore(WriteMode):

@@ -20,10 +20,10 @@ from typing import Protocol
 import numpy as np
 
 from simulator.errors import TraceError
-from simulator.scenario import CommonSpec, Scenario, TimingSpec
+from simulator.scenario import CommonSpec, DeviceSpec, Scenario, TimingSpec
 
 __all__ = ["GRAD", "IDLE", "READ", "WRITE", "CommonFactor", "DurationSource", "ReplaySource",
-           "SampledSource", "SpeedEpisodes", "sample_stream", "thread_seed",
+           "SampledSource", "SpeedEpisodes", "link_ns", "link_of", "sample_stream", "thread_seed",
            "thread_seeds"]
 
 _CHUNK = 1024
@@ -258,8 +258,7 @@ class SampledSource:
             # as the device has cores.
             self._slowdown.append(timing.slowdown(min(threads, spec.cores or threads)))
             self._dense_scale.append(np.asarray(dense, dtype=np.float64) / speed)
-            per_coord = 8.0 / spec.bandwidth if network and spec.bandwidth else 0.0
-            self._link.append((spec.latency if network else 0, per_coord))
+            self._link.append(link_of(spec) if network else (0, 0.0))
             self._streams.append((
                 sample_stream(scenario.run.seed, threads, thread, n_samples),
                 _Stream(partial(timing.read.sample, gens[1])),
@@ -273,7 +272,7 @@ class SampledSource:
             self._chunks.append([])
             self._pos.append(0)
             self._pending.append([[], [], [], []])
-            self._dense_link.append(self._link_ns(thread, dense).tolist())
+            self._dense_link.append(link_ns(self._link[thread], dim, dense).tolist())
             common = hardware.common
             self._coupling.append(
                 self._coupled(timing, common, speed, gens)
@@ -338,7 +337,7 @@ class SampledSource:
         _, read, grad, write = self._streams[thread]
         speed = self._speed[thread]
         fr, fg, fw, _ = self._slowdown[thread]
-        link = self._link_ns(thread, fractions).tolist()
+        link = link_ns(self._link[thread], self.dim, fractions).tolist()
         return ([int(read.take() * f * fr / speed + 0.5) + c for f, c in zip(fractions, link,
                                                                              strict=True)],
                 int(grad.take() * self.grad_work * fg / speed + 0.5),
@@ -383,7 +382,7 @@ class SampledSource:
         if phase in (READ, WRITE):
             fractions = self._fractions[thread]
             link = (self._dense_link[thread] if fractions is self.dense
-                    else self._link_ns(thread, fractions).tolist())
+                    else link_ns(self._link[thread], self.dim, fractions).tolist())
             return [int(quantile(shared * z + own * e) * f * scale + 0.5) + c
                     for e, f, c in zip(self._pending[thread][phase], fractions, link,
                                        strict=True)]
@@ -403,15 +402,23 @@ class SampledSource:
                 for factor in self._factors.values():
                     factor.forget(min(live))
 
-    def _link_ns(self, thread: int, fractions: Sequence[float]) -> np.ndarray:
-        """What one message over the thread's link adds to each block it moves: the latency
-        on the first block, and every block's bytes over the bandwidth."""
-        latency, per_coord = self._link[thread]
-        cost = np.floor(np.asarray(fractions, dtype=np.float64) * self.dim * per_coord + 0.5)
-        cost = cost.astype(np.int64)
-        if cost.size:
-            cost[0] += latency
-        return cost
+
+def link_of(spec: DeviceSpec) -> tuple[int, float]:
+    """A device's network link to a server (``DeviceSpec``): the latency of one message
+    (ns) and the ns each 8-byte coordinate takes over its bandwidth (0: unlimited)."""
+    return spec.latency, (8.0 / spec.bandwidth if spec.bandwidth else 0.0)
+
+
+def link_ns(link: tuple[int, float], dim: int, fractions: Sequence[float]) -> np.ndarray:
+    """What one message over ``link`` (:func:`link_of`) adds to each block it moves, the
+    blocks moving ``fractions`` of ``dim`` coordinates: the latency on the first block, and
+    every block's bytes over the bandwidth."""
+    latency, per_coord = link
+    cost = np.floor(np.asarray(fractions, dtype=np.float64) * dim * per_coord + 0.5)
+    cost = cost.astype(np.int64)
+    if cost.size:
+        cost[0] += latency
+    return cost
 
 
 class ReplaySource:

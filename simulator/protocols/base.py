@@ -44,7 +44,8 @@ class Protocol:
     Flags: ``dense`` makes every update move every block with a dense gradient (needed to
     average gradients of different samples); ``network`` makes pulls and pushes pay the
     devices' link latency and bandwidth; ``atomic`` forces atomic block adds whatever
-    ``run.write_mode`` says (a server applies each push to a shard in one piece);
+    ``run.write_mode`` says (a server applies each push to a shard in one piece; an
+    instance may say otherwise: a lock-free server);
     ``exact_view`` false switches the serialized view's δ off (updates that are not SGD
     steps); ``grad_work`` multiplies each sampled gradient duration.
     """
@@ -53,7 +54,7 @@ class Protocol:
     gated: ClassVar[bool] = False
     rule: ClassVar[bool] = False
     network: ClassVar[bool] = False
-    atomic: ClassVar[bool] = False
+    atomic: bool = False
     computes: ClassVar[bool] = False
     exact_view: ClassVar[bool] = True
 

@@ -2,7 +2,8 @@
 
 The shared vector lives on a server, split into shards (the blocks). Each worker pulls the
 shards (reads), computes, and pushes its step (writes); the server applies each push to a
-shard atomically, so nothing is lost, but pulls can mix shard versions and pushes are stale.
+shard atomically (unless ``lock_free``), so nothing is lost, but pulls can mix shard versions
+and pushes are stale.
 Every pull and push pays the worker's link: ``latency`` ns per message plus bytes/``bandwidth``
 per shard (``DeviceSpec``). Options (``[paramserver]``):
 
@@ -26,6 +27,11 @@ per shard (``DeviceSpec``). Options (``[paramserver]``):
   (:class:`~simulator.protocols.staleness_lr.StalenessLR`,
   :class:`~simulator.protocols.dcasgd.DCASGD`), applied to the push (with ``accumulate``,
   to the mean it pushes);
+* ``lock_free``: the server applies pushes without locks (DistBelief, Project Adam: "the
+  parameters on the server are not locked during updating"): a shard is loaded once it has
+  arrived (its link time into its write) and stored as loaded − step when the write ends,
+  so pushes whose updates of a shard overlap lose one; with a free link it is exactly the
+  ``lockfree`` protocol;
 * ``run.lr_schedule``: applied by the server too, to each push it keeps as the push arrives
   (m = the completions then + 1, as a real server counts them), before its rule; with rounds
   by the engine as the round's writer begins.
@@ -41,12 +47,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import simpy
 
-from simulator.memory import Coords, WriteMode
+from simulator.memory import Coords, LoadStore, Op, SharedMemory, WriteMode
 from simulator.protocols.base import GROUPED, MEMBER, Protocol
 from simulator.protocols.dcasgd import DCASGD
 from simulator.protocols.rounds import Rounds
 from simulator.protocols.staleness_lr import StalenessLR
 from simulator.rules import retirements, too_stale, warmed_up
+from simulator.timing import link_ns, link_of
 
 if TYPE_CHECKING:
     from simulator.engine import Engine
@@ -68,6 +75,7 @@ class ParamServer(Protocol):
         super().__init__(scenario)
         self.options = scenario.paramserver
         self.dense = self.options.accumulate > 1 or self.options.fraction > 0
+        self.atomic = not self.options.lock_free
 
     def setup(self, engine: Engine) -> None:
         k = engine.threads
@@ -83,6 +91,9 @@ class ParamServer(Protocol):
         self.count = np.zeros(k, dtype=np.int64)
         self.retired: list[int] = []
         self.finished: set[int] = set()
+        if self.options.lock_free:  # each shard loaded once it has arrived
+            engine.stores = _Arrived(engine.mem, engine.lost, engine.scenario,
+                                     engine.problem.dim, engine.dense_ops)
         rule, schedule = self.options.rule, engine.schedule
         if (self.options.staleness_limit or rule != "none" or schedule) and not self.rounds:
             engine.schedule = None  # the server applies it to each push as it arrives
@@ -171,6 +182,35 @@ class ParamServer(Protocol):
 _RULES: dict[str, type[Protocol]] = {"staleness_lr": StalenessLR, "dcasgd": DCASGD}
 
 
+class _Arrived(LoadStore):
+    """A lock-free server's shard updates (``paramserver.lock_free``): a push's shard is
+    loaded once it has arrived, its link time after the start of its write (``lead``), and
+    stored as loaded − step when its write ends, so the window in which another push's store
+    of that shard is lost is the shard's memory time, not its transfer."""
+
+    leads = True
+
+    def __init__(self, memory: SharedMemory, lost: list[int], scenario: Scenario, dim: int,
+                 dense: list[Op]) -> None:
+        super().__init__(memory, lost)
+        self.dim, self.dense = dim, dense
+        self.links = [link_of(scenario.devices[scenario.device_of(t)])
+                      for t in range(scenario.run.threads)]
+        fractions = [_coords(op) / dim for op in dense]
+        self.dense_links = [link_ns(link, dim, fractions).tolist() for link in self.links]
+
+    def lead(self, u: Update, i: int) -> int:
+        if u.ops is self.dense:
+            return int(self.dense_links[u.thread][i])
+        return int(link_ns(self.links[u.thread], self.dim,
+                           [_coords(op) / self.dim for op in u.ops])[i])
+
+
+def _coords(op: Op) -> int:
+    """The coordinates a block op moves."""
+    return op[2].stop - op[2].start
+
+
 class _Arrivals(WriteMode):
     """The server under a staleness limit, an update rule or a learning-rate schedule: it
     sees a push when the push's first shard arrives (the end of its first block's write) and
@@ -191,6 +231,13 @@ class _Arrivals(WriteMode):
 
     def begin(self, u: Update, block: int, index: slice, now: int, duration: int) -> Any:
         return self.stores.begin(u, block, index, now, duration)
+
+    @property
+    def leads(self) -> bool:  # type: ignore[override]
+        return self.stores.leads
+
+    def lead(self, u: Update, i: int) -> int:
+        return self.stores.lead(u, i)
 
     def end(self, u: Update, block: int, index: slice, coords: Coords, begun: Any,
             step: np.ndarray) -> None:

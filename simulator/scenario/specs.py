@@ -338,7 +338,12 @@ class ParamServerSpec:
     an update rule to each push as it reaches the server, where its staleness is known
     exactly: ``staleness_lr`` scales it by 1/τ (Zhang et al. 2016), ``dcasgd`` compensates
     it towards the server's vector from the one the worker pulled (Zheng et al. 2017,
-    ``[dcasgd]``'s λ)."""
+    ``[dcasgd]``'s λ); ``lock_free`` applies pushes without locks, as DistBelief's and
+    Project Adam's servers do ("the parameters on the server are not locked during
+    updating"): a shard's update loads it once the shard has arrived (after the push's link
+    time) and stores loaded − step when its update ends (its memory time), so two pushes
+    whose updates of a shard overlap lose one (a lost update; with ``run.write_mode =
+    "load_store"`` and no ``run.store_grain``)."""
 
     staleness_limit: int = key(0, "a push staler than this when it reaches the server "
                                "is discarded (0: keep every push)", bounds=">= 0")
@@ -354,6 +359,10 @@ class ParamServerSpec:
                                bounds=">= 1")
     rule: str = key("none", "update rule the server applies to each push on arrival: none, "
                     "staleness_lr or dcasgd", choices=SERVER_RULES)
+    lock_free: bool = key(False, "the server applies pushes without locks: a shard is loaded "
+                          "once it has arrived and stored as loaded - step when its update "
+                          "ends, so pushes to a shard can overwrite each other (false: an "
+                          "atomic add per shard)")
 
     def __post_init__(self) -> None:
         check_ints(self)
@@ -532,6 +541,12 @@ class Scenario:
         for i, death in enumerate(self.inject.deaths):
             check(death.device < len(self.devices), f"inject.deaths.{i}.device",
                    death.device, f"must be below the number of devices ({len(self.devices)})")
+        if self.run.protocol == "paramserver" and self.paramserver.lock_free:
+            check(self.run.write_mode == "load_store", "paramserver.lock_free", True,
+                  f"a lock-free server loads and stores each shard; run.write_mode = "
+                  f"'{self.run.write_mode}' says otherwise")
+            check(self.run.store_grain == 0, "paramserver.lock_free", True,
+                  "a lock-free server updates a shard whole; run.store_grain must be 0")
 
     def slot_of(self, thread: int) -> int:
         """The thread's slot (``RunSpec`` docstring, ``placement``)."""

@@ -66,6 +66,7 @@ REFUSED = [
     ((), "timing.grad.mean=9000", "timing.grad = {'dist': 'lognormal', 'mean': 9000.0", "shm"),
     ((), "devices.0.speed=2", "devices.0.speed = 2.0", "shm"),
     (("--backend", "ps"), "run.blocks=2", "run.blocks = 2", "ps"),
+    (("--backend", "ps"), "paramserver.lock_free=true", "paramserver.lock_free = True", "ps"),
     (("--backend", "ps"), ("run.split=even",), "run.split = 'even'", "ps"),
     ((), "hardware.sweeping_reads.lead=500", "hardware.sweeping_reads.lead = 500.0", "shm"),
     (("--backend", "ps"), "hardware.sweeping_reads.tail=300",

@@ -235,6 +235,72 @@ def test_the_server_applies_the_schedule_on_arrival_and_its_rule_takes_it_once(r
     assert (firsts > starts).any()
 
 
+@pytest.mark.parametrize("blocks", [1, 3])
+def test_a_lock_free_server_with_a_free_link_is_the_lock_free_protocol(blocks):
+    """``paramserver.lock_free``: with no link time a shard is loaded as its write begins,
+    so the server's run is the ``lockfree`` protocol's, every trace array equal, lost
+    updates included; the default server adds each shard atomically and loses none."""
+    options = ("run.threads=4", "run.updates=600", f"run.blocks={blocks}")
+    server = simulate(scenario(*options, "run.protocol=paramserver",
+                               "paramserver.lock_free=true"))
+    lockfree = simulate(scenario(*options, "run.protocol=lockfree"))
+    for name in lockfree.arrays:
+        if name in server.arrays:
+            assert np.array_equal(server[name], lockfree[name]), name
+    assert server["overwrote"].sum() > 0
+    atomic = simulate(scenario(*options, "run.protocol=paramserver"))
+    assert atomic["overwrote"].sum() == 0 and atomic["lost_blocks"].sum() == 0
+
+
+def test_a_lock_free_server_loads_a_shard_once_it_has_arrived():
+    """Over a link (latency on a push's first shard, bytes over the bandwidth on each) a
+    shard's update loads it the shard's link time after its write began and stores at the
+    write's end: each update overwrote exactly the other updates' stores of its shards that
+    landed in between, recounted from the rows' times with the link costs worked out here."""
+    latency, bandwidth, dim, blocks = 3000, 0.02, 10, 2
+    s = scenario("run.protocol=paramserver", "paramserver.lock_free=true", "run.threads=5",
+                 "run.updates=800", f"run.blocks={blocks}", f"problem.dim={dim}",
+                 "timing.grad={dist='exponential', mean=4000}",
+                 "timing.write={dist='exponential', mean=1500}",
+                 f"devices.0.latency={latency}", f"devices.0.bandwidth={bandwidth}")
+    trace = simulate(s)
+    per_block = [round(dim / blocks * 8 / bandwidth)] * blocks
+    link = [per_block[0] + latency, *per_block[1:]]
+    offsets, write_ns = trace["op_offsets"], trace["op_write_ns"]
+    loads, stores = [], []  # per row: per block, when its update loaded and stored it
+    for row in range(len(trace)):
+        ns = write_ns[offsets[row]:offsets[row + 1]]
+        ends = trace["write_start"][row] + np.cumsum(ns)
+        loads.append(ends - ns + np.minimum(link, ns))
+        stores.append(ends)
+    loads, stores = np.array(loads), np.array(stores)
+    ties = 0
+    for row in range(len(trace)):
+        # (a store at the very ns of the load may land on either side of it)
+        inside = [(stores[:, b] > loads[row, b]) & (stores[:, b] < stores[row, b])
+                  for b in range(blocks)]
+        at = [stores[:, b] == loads[row, b] for b in range(blocks)]
+        landed = sum(int(m.sum()) for m in inside)
+        tied = sum(int(m.sum()) for m in at)
+        assert landed <= trace["overwrote"][row] <= landed + tied, row
+        ties += tied > 0
+    assert trace["overwrote"].sum() > 0 and ties < len(trace) / 50
+    # The load after the link: counting from the write's start would find more.
+    early = sum(int(((stores[:, b] > stores[row, b] - write_ns[offsets[row] + b])
+                     & (stores[:, b] < stores[row, b])).sum())
+                for row in range(len(trace)) for b in range(blocks))
+    assert early > trace["overwrote"].sum()
+
+
+def test_a_lock_free_server_is_refused_with_atomic_adds_or_grains():
+    with pytest.raises(ScenarioError, match=r"^paramserver\.lock_free = True: .*atomic_add"):
+        scenario("run.protocol=paramserver", "paramserver.lock_free=true",
+                 "run.write_mode=atomic_add")
+    with pytest.raises(ScenarioError, match=r"^paramserver\.lock_free = True: .*store_grain"):
+        scenario("run.protocol=paramserver", "paramserver.lock_free=true",
+                 "run.store_grain=2")
+
+
 def test_paramserver_rule_is_refused_with_rounds():
     with pytest.raises(ScenarioError, match=r"paramserver\.rule"):
         scenario("run.protocol=paramserver", "paramserver.fraction=0.5",

@@ -496,6 +496,21 @@ def test_every_protocol_runs_under_a_scheduler_and_replays_bit_for_bit(protocol)
         assert t["lost_blocks"].sum() == 0
 
 
+def test_a_lock_free_server_under_a_schedule_is_the_lock_free_protocol_under_it():
+    """Under a scheduler a lock-free server's load is an action of its own, as every
+    load_store write's (its link plays no part): the server follows the schedule a
+    lockfree run took and is that run, lost blocks included."""
+    base = ("run.threads=3", "problem.dim=6", "run.blocks=2", "run.updates=9",
+            "problem.n_samples=30")
+    lockfree = run_schedule(scenario(*base), Scheduler("random", 3, seed=5))
+    server = run_schedule(scenario(*base, "run.protocol=paramserver",
+                                   "paramserver.lock_free=true", "devices.0.latency=500"),
+                          Scheduler("fixed", 3, schedule=parse_schedule(lockfree.text)))
+    assert server.text == lockfree.text and lockfree.trace["lost_blocks"].sum() > 0
+    for name, values in lockfree.trace.arrays.items():
+        assert np.array_equal(values, server.trace[name], equal_nan=True), name
+
+
 @pytest.mark.parametrize("extra", [
     ("run.protocol=paramserver", "paramserver.fraction=0.5"),
     ("run.protocol=paramserver", "paramserver.fraction=0.5", "paramserver.warm_start=1"),
