@@ -78,11 +78,14 @@ sets them; rank 0 serves and writes DIR).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import datetime
 import os
+import queue
 import socket
 import sys
+import threading
 import time
 import tomllib
 from collections.abc import Callable
@@ -93,6 +96,7 @@ import numpy as np
 
 from realrun.runner import DTYPES, _one_of
 from realrun.support import recorded, refuse_unsupported
+from realrun.timeline import hardware_loss
 from realrun.worker import (
     Slowed,
     another_problem,
@@ -191,6 +195,12 @@ class _Server:
     stalls: list[Slowed] | None = None
     t0: int | None = None  # the first pull's arrival, with pauses or deaths
     dead: list[int] = field(default_factory=list)  # threads an injected death stopped
+    # paramserver.lock_free: the update threads that apply pushes, the lock of everything
+    # but the vector (a no-op otherwise), and the vector every push applied in completion
+    # order would give (measure mode's lossless view)
+    appliers: _Appliers | None = None
+    lock: Any = field(default_factory=contextlib.nullcontext)
+    rebuilt: np.ndarray | None = None
     resume: dict[int, int] = field(default_factory=dict)  # rank: its pause's end (ns)
 
 
@@ -202,13 +212,14 @@ def serve(problem: Problem, scenario: Scenario, trainers: int, timeout: float,
           progress: Callable[[int], object] | None = None, measure: bool = False,
           dtype: str = "float32",
           dead: Callable[[], dict[str, Any] | None] | None = None,
-          limit: float | None = None) -> tuple[Trace, dict[str, Any] | None, int]:
+          limit: float | None = None
+          ) -> tuple[Trace, dict[str, Any] | None, int, dict[str, Any] | None]:
     """Run the server (rank 0 of an initialised gloo group) until every trainer is done, a
     receive fails or times out, ``dead`` (polled every ``_POLL_S`` seconds between
     messages, and when a receive fails; a local run passes one that looks at its trainer
     processes) reports a dead trainer, or ``limit`` seconds have passed (looked at as
-    ``dead`` is); the trace of every gradient, the failure, if any, and the number of
-    pushes."""
+    ``dead`` is); the trace of every gradient, the failure, if any, the number of pushes
+    and, for a lock-free server in measure mode, what the hardware lost."""
     import torch
     import torch.distributed as dist
 
@@ -229,6 +240,11 @@ def serve(problem: Problem, scenario: Scenario, trainers: int, timeout: float,
                                   else np.zeros(problem.dim))
     if inject.max_delay:
         state.ring = np.tile(state.w, (inject.max_delay + 1, 1))
+    if options.lock_free and options.fraction == 0:  # (a round's mean is one write)
+        state.lock = threading.Lock()
+        state.appliers = _Appliers(state)
+        if measure:
+            state.rebuilt = state.w.copy()
     header = torch.zeros(_header_size(options.accumulate), dtype=torch.int64)
     step = torch.zeros(problem.dim, dtype=getattr(torch, dtype))
     origin = polled = time.monotonic_ns()
@@ -260,37 +276,38 @@ def serve(problem: Problem, scenario: Scenario, trainers: int, timeout: float,
                 break
             kind, source, arrived = int(header[0]), int(header[1]), time.monotonic_ns()
             heard[source] = arrived
-            if kind == PULL:
-                if state.t0 is None and (inject.pauses or inject.deaths):
-                    state.t0 = arrived
-                    state.stalls = [Slowed(inject, t, arrived) for t in range(trainers)]
-                _pull(state, source, arrived)
-            elif kind == PUSH:
-                try:
-                    receive(step, source)
-                except RuntimeError as err:
-                    raise _PeerFailed(source, err, "sent no step after its push") from None
-                n, ns = int(header[3]), _HEADER + options.accumulate
-                push = _Push(source - 1, state.seq.get(source, 0),
-                             [int(s) for s in header[_HEADER:_HEADER + n]],
-                             *state.pulled[source][:2], arrived,
-                             [int(t) for t in header[ns:ns + n]], int(header[2]),
-                             step.numpy().astype(dtype))
-                push.delay = state.pulled[source][3]
-                state.seq[source] = push.seq + n
-                state.gradients += n
-                _push(state, push)
-                if progress:
-                    progress(n)
-            elif kind == REFUSED:
-                failure = {"worker": source - 1,
-                           "reason": str(another_problem(problem, f"trainer {source}"))}
-                break
-            elif kind == DONE:
-                state.done.add(source)
-                if options.fraction > 0:
-                    _close_round(state, arrived)
-                _release(state)
+            with state.lock:  # (a lock-free server's update threads count completions)
+                if kind == PULL:
+                    if state.t0 is None and (inject.pauses or inject.deaths):
+                        state.t0 = arrived
+                        state.stalls = [Slowed(inject, t, arrived) for t in range(trainers)]
+                    _pull(state, source, arrived)
+                elif kind == PUSH:
+                    try:
+                        receive(step, source)
+                    except RuntimeError as err:
+                        raise _PeerFailed(source, err, "sent no step after its push") from None
+                    n, ns = int(header[3]), _HEADER + options.accumulate
+                    push = _Push(source - 1, state.seq.get(source, 0),
+                                 [int(s) for s in header[_HEADER:_HEADER + n]],
+                                 *state.pulled[source][:2], arrived,
+                                 [int(t) for t in header[ns:ns + n]], int(header[2]),
+                                 step.numpy().astype(dtype))
+                    push.delay = state.pulled[source][3]
+                    state.seq[source] = push.seq + n
+                    state.gradients += n
+                    _push(state, push)
+                    if progress:
+                        progress(n)
+                elif kind == REFUSED:
+                    failure = {"worker": source - 1,
+                               "reason": str(another_problem(problem, f"trainer {source}"))}
+                    break
+                elif kind == DONE:
+                    state.done.add(source)
+                    if options.fraction > 0:
+                        _close_round(state, arrived)
+                    _release(state)
     except _PeerFailed as err:  # one trainer stopped in the middle of an exchange
         failure = (None if _timed_out(err.cause) else _settled(dead)) or {
             "worker": err.rank - 1, "reason": f"trainer {err.rank} {err.what} for "
@@ -300,7 +317,11 @@ def serve(problem: Problem, scenario: Scenario, trainers: int, timeout: float,
     except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM where the caller made it one
         failure = {"worker": None,
                    "reason": f"interrupted ({err.args[0] if err.args else 'Ctrl-C'})"}
-    return _trace(state, origin), failure, len(state.pushes)
+    if state.appliers is not None:  # the pushes received are applied before the trace
+        state.appliers.close()
+    loss = None if state.rebuilt is None else hardware_loss(
+        state.rebuilt, state.w, w0, "lossless rebuild")
+    return _trace(state, origin), failure, len(state.pushes), loss
 
 
 def _silent(state: _Server, heard: dict[int, int], now: int,
@@ -479,10 +500,54 @@ def _push(state: _Server, push: _Push) -> None:
         return
     _scheduled(state, push)
     _rule(state, push)
+    if state.appliers is not None:  # its trainer's update thread applies it, unlocked
+        state.appliers.apply(push)
+        return
     state.w -= push.step
     if state.injector is not None and state.injector.bits:
         _round_stored(state, push)
     _complete(state, [push])
+
+
+class _Appliers:
+    """A lock-free server's update threads (``paramserver.lock_free``), one per trainer, as
+    DistBelief's and Project Adam's servers apply pushes "not locked during updating": each
+    subtracts a push from the server's vector in place (``np.subtract(w, step, out=w)``, the
+    atomic server's operation) with no lock, while the others and the pulls' copies run, so
+    two pushes that overlap can lose element updates and a pull can copy half of one (where
+    numpy lets threads run at once: it releases the interpreter's lock for large arrays).
+    Then, under the server's lock, it counts the completion (``_complete``), in the order
+    the threads get there. What was lost is what the real vector lacks against every push
+    applied in that order (``rebuilt``, measure mode: ``hardware_loss``)."""
+
+    def __init__(self, state: _Server) -> None:
+        self.state = state
+        self.queues: list[queue.SimpleQueue[_Push | None]] = [
+            queue.SimpleQueue() for _ in range(state.trainers)]
+        self.threads = [threading.Thread(target=self._run, args=(q,), daemon=True,
+                                         name=f"asyngrad-ps-update-{t}")
+                        for t, q in enumerate(self.queues)]
+        for thread in self.threads:
+            thread.start()
+
+    def apply(self, push: _Push) -> None:
+        self.queues[push.thread].put(push)
+
+    def _run(self, pushes: queue.SimpleQueue[_Push | None]) -> None:
+        state = self.state
+        while (push := pushes.get()) is not None:
+            np.subtract(state.w, push.step, out=state.w)
+            with state.lock:
+                if state.rebuilt is not None:
+                    np.subtract(state.rebuilt, push.step, out=state.rebuilt)
+                _complete(state, [push])
+
+    def close(self) -> None:
+        """Apply what was handed over, then end the threads."""
+        for pushes in self.queues:
+            pushes.put(None)
+        for thread in self.threads:
+            thread.join()
 
 
 def _inject(state: _Server, push: _Push) -> None:
@@ -581,7 +646,7 @@ def _complete(state: _Server, group: list[_Push]) -> None:
     if state.ring is not None:
         state.ring[state.version % len(state.ring)] = state.w
     now = time.monotonic_ns()
-    w = state.w.astype(np.float64)
+    w = (state.w if state.rebuilt is None else state.rebuilt).astype(np.float64)
     samples = [s for p in group for s in p.samples]
     m = state.view.complete(state.version, w, samples, now, group[-1].scale, n=state.gradients)
     for p in group:
@@ -665,7 +730,8 @@ def _trace(state: _Server, origin: int) -> Trace:
         records.add((int(uid[i]), thread, seq, sample, step, rs, re, gs, ge, ws, we, grad_ns,
                      -1, seen, completed, 0, delay, error, lost, scale, *m),
                     [0], [re - rs], [we - ws], [re if copies else -1], [we if stores else -1])
-    state.view.finish(state.version, state.w.astype(np.float64),
+    state.view.finish(state.version,
+                      (state.w if state.rebuilt is None else state.rebuilt).astype(np.float64),
                       max([0, *(r[10] for r in records.rows)]), state.gradients)
     curve = state.view.curve_arrays()
     curve["curve_time"] = np.maximum(curve["curve_time"] - start, 0)
@@ -747,6 +813,7 @@ class PSRun:
     seconds: float
     failure: dict[str, Any] | None
     pushes: int = 0
+    hardware_loss: dict[str, Any] | None = None  # a lock-free server's, in measure mode
 
 
 def _ps_scenario(scenario: Scenario, trainers: int, measure: bool,
@@ -857,7 +924,7 @@ def run_ps(scenario: Scenario, trainers: int, dtype: str = "float32",
         on_start([p.pid for p in processes if p.pid is not None])
     started = time.monotonic()
     failure: dict[str, Any] | None = None
-    pushes = 0
+    pushes, loss = 0, None
     try:
         try:
             dist.init_process_group("gloo", init_method=f"tcp://{address}:{port}", rank=0,
@@ -866,9 +933,10 @@ def run_ps(scenario: Scenario, trainers: int, dtype: str = "float32",
         except (RuntimeError, ValueError) as err:
             raise AsyngradError(f"parameter server: cannot open {address}:{port} "
                                 f"({_first_line(err)})") from None
-        trace, failure, pushes = serve(problem, scenario, trainers, timeout, progress,
-                                       measure, dtype, dead=lambda: _dead_trainer(processes),
-                                       limit=limit)
+        trace, failure, pushes, loss = serve(problem, scenario, trainers, timeout, progress,
+                                             measure, dtype,
+                                             dead=lambda: _dead_trainer(processes),
+                                             limit=limit)
     finally:
         if failure is not None:  # stop the others before the group goes
             for process in processes:
@@ -884,7 +952,7 @@ def run_ps(scenario: Scenario, trainers: int, dtype: str = "float32",
         if failure is None and process.exitcode not in (0, None):
             failure = {"worker": rank - 1, "reason": f"trainer exited with {process.exitcode}"}
     return PSRun(scenario, problem, trace, trainers, dtype, time.monotonic() - started,
-                 failure, pushes)
+                 failure, pushes, loss)
 
 
 def _dead_trainer(processes: list[Any]) -> dict[str, Any] | None:
@@ -908,7 +976,7 @@ def summary_extra(run: PSRun) -> dict[str, Any]:
                      "pushes_per_wall_second": run.pushes / seconds,
                      "updates_per_wall_second": gradients / seconds,
                      "discarded_fraction": discarded / gradients if gradients else None,
-                     "failure": run.failure,
+                     "failure": run.failure, "hardware_loss": run.hardware_loss,
                      "paramserver": dataclasses.asdict(run.scenario.paramserver)}}
 
 
@@ -966,10 +1034,10 @@ def _node_main(argv: list[str] | None = None) -> int:
         return 0
     print(f"realrun.ps: serving {world - 1} trainers", flush=True)
     started = time.monotonic()
-    trace, failure, pushes = serve(problem, scenario, world - 1, args.timeout, None,
-                                   args.measure, args.dtype)
+    trace, failure, pushes, loss = serve(problem, scenario, world - 1, args.timeout, None,
+                                         args.measure, args.dtype)
     run = PSRun(scenario, problem, trace, world - 1, args.dtype, time.monotonic() - started,
-                failure, pushes)
+                failure, pushes, loss)
     write_run(args.out, scenario, trace, problem, extra=summary_extra(run))
     dist.destroy_process_group()
     if failure is not None:

@@ -108,7 +108,10 @@ SUPPORT: tuple[tuple[str, str, str], ...] = (
      "(the simulator's straggler is slower in its compute and memory phases, not its link; "
      "the pull's and push's copies are the server's)"),
     ("`[paramserver]`", "inert", "honoured (`rule`: on each push the server keeps, as it "
-     "receives it, with its exact staleness); `lock_free` refused"),
+     "receives it, with its exact staleness; `lock_free`: one update thread per trainer "
+     "subtracts its pushes from the vector with no lock, measure mode's view is every push "
+     "applied in completion order and the summary's `hardware_loss` what the real vector "
+     "lacks; not with `warm_start` or `write_bits`)"),
     ("`[dcasgd]`", "honoured with `dcasgd`, else inert",
      "honoured with `paramserver.rule = dcasgd`, else inert"),
     ("`[admm]`", "honoured with `admm` (CPU worker processes), else inert", "inert"),
@@ -147,9 +150,12 @@ def _unsupported(scenario: Scenario, backend: str, mode: str) -> tuple[str, Any,
         if getattr(run, name) != getattr(default, name):
             return f"run.{name}", getattr(run, name), _SIMULATED_MACHINE
     if backend == "ps":
-        if scenario.paramserver.lock_free:
-            return ("paramserver.lock_free", True, "the real server applies each push whole, "
-                    "one at a time (simulate a lock-free server)")
+        if scenario.paramserver.lock_free and scenario.paramserver.warm_start:
+            return ("paramserver.warm_start", scenario.paramserver.warm_start, "a lock-free "
+                    "server's update threads do not hold pulls back (paramserver.lock_free)")
+        if scenario.paramserver.lock_free and scenario.inject.write_bits:
+            return ("inject.write_bits", scenario.inject.write_bits, "a lock-free server's "
+                    "update threads store full precision (paramserver.lock_free)")
         if run.blocks != 1:
             return "run.blocks", run.blocks, "the real server holds the vector as one shard"
         if run.split != "shared":

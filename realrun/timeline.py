@@ -29,7 +29,7 @@ from realrun.rebuild import convoy_losses, read_sweeps, rebuild
 from simulator.problems import Problem
 from simulator.trace import COLUMNS, RECORD, Trace, TraceBuilder
 
-__all__ = ["Measure", "WorkerRecord", "merge", "overlap_rate", "thread_ends"]
+__all__ = ["Measure", "WorkerRecord", "hardware_loss", "merge", "overlap_rate", "thread_ends"]
 
 
 @dataclass(frozen=True)
@@ -170,13 +170,9 @@ def merge(records: list[WorkerRecord], w0: np.ndarray, w_final: np.ndarray,
                 rel[order], arrays["thread"], arrays["thread_seq"], measure.steps,
                 measure.reads, measure.dtype)
         curve = [(t, time + origin, f, d) for t, time, f, d, _ in built.curve]
-        gap = built.w_final - np.asarray(w_final, dtype=np.float64)
-        moved = float(np.linalg.norm(np.asarray(w_final, dtype=np.float64) - w0))
-        loss = {"rebuilt_vs_real_norm": float(np.linalg.norm(gap)),
-                "rebuilt_vs_real_max": float(np.abs(gap).max()) if gap.size else 0.0,
-                "relative_to_distance_moved": float(np.linalg.norm(gap)) / max(moved, 1e-300),
-                "view": "real memory" if measure.reads is not None else "lossless rebuild",
-                "quiet_reads": built.quiet_reads}
+        loss = hardware_loss(built.w_final, w_final, w0,
+                             "real memory" if measure.reads is not None
+                             else "lossless rebuild", built.quiet_reads)
     t, time, f, dist2 = (np.asarray(c) for c in zip(*curve, strict=True))
     # Gradients computed by completion t: t, or in rounds those of the first t rounds.
     n = t if not rounds else np.searchsorted(np.sort(arrays["step"]), t, side="right")
@@ -190,6 +186,20 @@ def merge(records: list[WorkerRecord], w0: np.ndarray, w_final: np.ndarray,
                           "curve_dist2": dist2.astype(np.float64),
                           "curve_n": np.asarray(n, dtype=np.int64)},
                          extras=extras, source="real"), loss
+
+
+def hardware_loss(rebuilt: np.ndarray, real: np.ndarray, w0: np.ndarray, view: str,
+                  quiet_reads: int = 0) -> dict[str, Any]:
+    """What the hardware lost: the distance from the rebuilt final vector (every step the
+    program asked for, applied in completion order) to the real one, also as a share of the
+    distance the real vector moved; ``view``: what the serialized view was measured on."""
+    real = np.asarray(real, dtype=np.float64)
+    gap = np.asarray(rebuilt, dtype=np.float64) - real
+    moved = float(np.linalg.norm(real - w0))
+    return {"rebuilt_vs_real_norm": float(np.linalg.norm(gap)),
+            "rebuilt_vs_real_max": float(np.abs(gap).max()) if gap.size else 0.0,
+            "relative_to_distance_moved": float(np.linalg.norm(gap)) / max(moved, 1e-300),
+            "view": view, "quiet_reads": quiet_reads}
 
 
 def _groups(step: np.ndarray, samples: np.ndarray) -> list[list[int]]:

@@ -54,13 +54,18 @@ def _real(args: argparse.Namespace) -> int:
         print(f"  {summary['real']['updates_per_wall_second']:.4g} updates per wall second "
               f"with {run.workers} {run.mode} worker(s), {run.dtype}, on {run.device}"
               + ("" if run.device == "cpu" else f" ({run.launch}, {run.pattern} parameters)"))
-        if run.hardware_loss is not None:
-            print(f"  hardware lost: |rebuilt w_T − real w_T| = "
-                  f"{run.hardware_loss['rebuilt_vs_real_norm']:.3g} (max element "
-                  f"{run.hardware_loss['rebuilt_vs_real_max']:.3g})")
+        _print_loss(run.hardware_loss)
         if run.cpu_latency is not None:
             print("  " + latency_line(run.cpu_latency))
     return 0
+
+
+def _print_loss(loss: dict[str, Any] | None) -> None:
+    """What the hardware lost (measure mode of lock-free writes), if measured."""
+    if loss is not None:
+        print(f"  hardware lost: |rebuilt w_T − real w_T| = "
+              f"{loss['rebuilt_vs_real_norm']:.3g} (max element "
+              f"{loss['rebuilt_vs_real_max']:.3g})")
 
 
 def _notice(text: str) -> None:
@@ -108,6 +113,7 @@ def _real_ps(args: argparse.Namespace, scenario: Any) -> int:
               f"({real['discarded_fraction']:.1%})"
               + (f"; retired trainers {summary['retired_threads']}"
                  if summary.get("retired_threads") else ""))
+        _print_loss(run.hardware_loss)
     return 0
 
 

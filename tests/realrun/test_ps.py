@@ -589,3 +589,45 @@ def test_one_paused_straggling_trainer_is_still_serial_sgd_and_a_long_pause_is_r
                        r"of 3 s reads as a hung trainer"):
         run_ps(scenario(*TINY, "inject.pauses=[{thread=0, start=0, end=3000000000}]"), 1,
                timeout=2)
+
+
+def test_one_trainer_on_a_lock_free_server_is_the_simulators():
+    """``paramserver.lock_free``: with one trainer its update thread applies each push
+    alone, so a float64 run is the simulator's lock-free server (and serial SGD) to the
+    bit, with a staleness limit over delays and the server's rule too."""
+    for options in ((), ("inject.delay=2", "paramserver.staleness_limit=1",
+                         "paramserver.rule=staleness_lr")):
+        s = scenario(*TINY, "run.protocol=paramserver", "paramserver.lock_free=true",
+                     *options)
+        run = run_ps(s, 1, "float64", timeout=60)
+        assert run.failure is None and run.hardware_loss is None
+        simulated = simulate(run.scenario)
+        assert np.array_equal(run.trace["w_final"], simulated["w_final"])
+        for name in ("sample", "step", "staleness", "delay", "lr_scale"):
+            assert np.array_equal(run.trace[name], simulated[name]), name
+
+
+def test_a_lock_free_server_applies_pushes_from_update_threads(tmp_path, capsys):
+    """Three trainers, update threads without a lock, measure mode: the view is every push
+    applied in completion order and the summary says what the real vector lacks against
+    it. On 20 parameters numpy holds the interpreter's lock through each subtraction, so
+    the update threads never run at once and nothing is lost but the rounding of two
+    pushes applied in one order and counted in the other."""
+    s = scenario(*TINY, "run.updates=1500", "run.protocol=paramserver",
+                 "paramserver.lock_free=true")
+    run = run_ps(s, 3, "float64", timeout=60, measure=True)
+    assert run.failure is None and len(run.trace) == 1500
+    trace = run.trace
+    assert trace["measured"].any() and (trace["staleness"] > 0).any()
+    assert sorted(trace["step"][trace["step"] > 0]) == list(range(1, 1501))
+    loss = run.hardware_loss
+    assert loss["view"] == "lossless rebuild" and loss["relative_to_distance_moved"] < 1e-12
+    f_star = run.problem.optimum()[1]
+    assert trace["curve_loss"][-1] - f_star < (trace["curve_loss"][0] - f_star) / 4
+    out = tmp_path / "ps"
+    assert main(["real", "--backend", "ps", "--workers", "2", "--measure", "--out", str(out),
+                 *[a for o in (*TINY, "paramserver.lock_free=true") for a in ("--set", o)]]
+                ) == 0
+    assert "hardware lost: |rebuilt w_T − real w_T|" in capsys.readouterr().out
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["real"]["hardware_loss"]["view"] == "lossless rebuild"
