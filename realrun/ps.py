@@ -1,7 +1,8 @@
 """A parameter server on torch.distributed (gloo): one server, K trainers, point to point.
 
 Rank 0 is the server and holds the parameters; ranks 1..K are trainers. A trainer pulls
-(sends ``PULL``, receives the version, how many gradients it may compute and the vector),
+(sends ``PULL``, receives the version, how many gradients it may compute, a time to wait
+before pulling again (an injected pause; 0 otherwise) and the vector),
 computes them at that vector, and pushes lr times their mean (``PUSH`` with the version it
 read, its samples and each gradient's compute time, then the step). The server hands out the
 ``run.updates`` gradients to whichever trainer pulls (at most ``accumulate`` at a time; a
@@ -396,7 +397,7 @@ def _stalled(state: _Server, source: int, arrived: int) -> bool:
     import torch.distributed as dist
 
     stalls = state.stalls[source - 1]  # type: ignore[index]
-    if stalls.dead(arrived):
+    if stalls.dead(arrived) and state.granted < state.scenario.run.updates:
         if source - 1 not in state.dead:
             state.dead.append(source - 1)
         _answer(state, source, arrived)
@@ -830,8 +831,7 @@ def _ps_scenario(scenario: Scenario, trainers: int, measure: bool,
         if pause.end - pause.start >= timeout * 1e9:
             raise ScenarioError(f"inject.pauses.{i}.end", pause.end, f"a pause of "
                                 f"{(pause.end - pause.start) / 1e9:g} s reads as a hung "
-                                f"trainer to a server whose timeout is {timeout:g} s "
-                                "(--timeout)")
+                                f"trainer to a server whose receive timeout is {timeout:g} s")
     every = scenario.metrics.every
     scenario = recorded(scenario, "paramserver", trainers, False, every if measure else None)
     preflight(scenario)  # the trace the server builds, as a simulation of it would hold

@@ -150,6 +150,12 @@ def _unsupported(scenario: Scenario, backend: str, mode: str) -> tuple[str, Any,
         if getattr(run, name) != getattr(default, name):
             return f"run.{name}", getattr(run, name), _SIMULATED_MACHINE
     if backend == "ps":
+        options, inject = scenario.paramserver, scenario.inject
+        if inject.deaths and (options.warm_start or options.rebalance):
+            return ("inject.deaths", [dataclasses.asdict(d) for d in inject.deaths],
+                    "a dead simulated thread never finishes (a warm start it holds never "
+                    "ends, rebalancing still counts it) where a dead trainer tells the server "
+                    "it is done (paramserver.warm_start, paramserver.rebalance)")
         if scenario.paramserver.lock_free and scenario.paramserver.warm_start:
             return ("paramserver.warm_start", scenario.paramserver.warm_start, "a lock-free "
                     "server's update threads do not hold pulls back (paramserver.lock_free)")
@@ -161,7 +167,6 @@ def _unsupported(scenario: Scenario, backend: str, mode: str) -> tuple[str, Any,
         if run.split != "shared":
             return ("run.split", run.split, "the server hands out the updates to whichever "
                     "trainer asks (shared)")
-        inject = scenario.inject
         if inject.max_delay and scenario.paramserver.fraction > 0:
             named = ("inject.delay", inject.delay) if inject.delay_dist == "fixed" else (
                 "inject.delay_max", inject.delay_max)

@@ -497,12 +497,11 @@ class Engine:
             if self._load is not None:
                 yield self._load(thread)
                 clock[thread] = int(self.env.now)
-            elif mode.leads:  # (a server's shard: its transfer passes before it is loaded)
+            elif mode.leads:  # a server's shard: loaded once its transfer has passed
                 lead = min(mode.lead(u, i), write_ns[i])
-                wait = self._advance(thread, lead, True) if lead else None
-                if wait is not None:
-                    yield wait
-                    clock[thread] = int(self.env.now)
+                if lead:  # (the places seized stay held; a pause begun meanwhile holds the load)
+                    clock[thread] += lead
+                    yield from self._hold_point(thread)
             begun = mode.begin(u, block, index, clock[thread], write_ns[i] - lead)
             if sweeping is not None:
                 writing = sweeping.enter(block, Writing(

@@ -218,10 +218,14 @@ def _protocol(run: Any) -> Any:
     return PROTOCOLS.get(run.protocol)
 
 
-def _write_mode(run: Any) -> str:
-    """The write mode in effect: protocols that apply pushes on a server add atomically."""
+def _write_mode(scenario: Any) -> str:
+    """The write mode in effect: protocols that apply pushes on a server add atomically (a
+    lock-free parameter server loads and stores)."""
+    run = scenario.run
     protocol = _protocol(run)
-    return "atomic_add" if protocol is not None and protocol.atomic else str(run.write_mode)
+    atomic = protocol is not None and protocol.atomic and not (
+        run.protocol == "paramserver" and scenario.paramserver.lock_free)
+    return "atomic_add" if atomic else str(run.write_mode)
 
 
 def _threads(run: Any) -> int:
@@ -297,7 +301,7 @@ def _summarize(trace: Trace, problem: Problem, scenario: Any) -> dict[str, Any]:
         **{name[len(EXTRA):]: _extra(name[len(EXTRA):], trace[name])
            for name in sorted(trace.arrays) if name.startswith(EXTRA)},
         "blocks": run.blocks,
-        "write_mode": _write_mode(run),
+        "write_mode": _write_mode(scenario),
         "lr": run.lr,
         "problem": problem.describe(),
         "time": {"span_ns": span, "updates_per_second": len(trace) / (span * 1e-9)},

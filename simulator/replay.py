@@ -28,7 +28,7 @@ __all__ = ["FIXED_BY_TRACE", "load_trace", "replay", "replay_scenario", "replay_
 FIXED_BY_TRACE = ("protocol", "threads", "blocks", "updates", "split", "placement")
 # Other fields that shape the interleaving (or are already inside the recorded durations).
 FIXED_SECTIONS = {"paramserver": ("staleness_limit", "accumulate", "warm_start", "fraction",
-                                  "rebalance", "rebalance_after"),
+                                  "rebalance", "rebalance_after", "lock_free"),
                   "admm": ("local_steps",),
                   "inject": ("stragglers", "pauses", "deaths"),
                   "hardware": ("convoys.join", "convoys.rest", "convoys.end_gap",

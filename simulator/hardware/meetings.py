@@ -43,6 +43,10 @@ def meeting_spec(engine: Engine) -> ConvoySpec | PassingSpec | None:
     value = plain(spec)
     if len(specs) > 1:
         raise ScenarioError(name, value, "must be the same on every device")
+    if engine.protocol.name == "paramserver":
+        raise ScenarioError(name, value, f"{what} are memory writes that meet; a lock-free "
+                            "server's shard updates (paramserver.lock_free) are not modelled "
+                            "so")
     run = scenario.run
     if run.write_mode != "load_store":
         raise ScenarioError(name, value, f"{what} need run.write_mode = load_store")

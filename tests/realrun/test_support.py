@@ -46,6 +46,8 @@ REFUSED = [
      "inject.write_bits = 8", "shm"),
     (("--backend", "ps"), ("inject.pauses=[{thread=0, start=100, end=500}]",
                            "paramserver.fraction=1"), "inject.pauses = [{'thread'", "ps"),
+    (("--backend", "ps"), ("inject.deaths=[{thread=1, at=5}]", "paramserver.warm_start=3"),
+     "inject.deaths = [{'thread': 1", "ps"),
     (("--backend", "ps"), "inject.stragglers=[{thread=0, factor=0.5}]",
      "inject.stragglers.0.factor = 0.5", "ps"),
     (("--mode", "lockfree"), "run.protocol=roundrobin", "run.protocol = 'roundrobin'", "shm"),

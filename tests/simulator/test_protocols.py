@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from simulator.engine import Engine, simulate
 from simulator.errors import ScenarioError
-from simulator.metrics import error_mask
+from simulator.metrics import error_mask, summarize
 from simulator.problems import make_problem
 from simulator.rules import dc_compensate, dc_correction, mean_step, staleness_scale
 from simulator.scenario import with_overrides
@@ -292,6 +292,45 @@ def test_a_lock_free_server_loads_a_shard_once_it_has_arrived():
     assert early > trace["overwrote"].sum()
 
 
+def test_a_paused_lock_free_server_thread_loads_its_shard_after_the_pause():
+    """A thread whose pause begins while its push is on the link loads the shard when the
+    pause ends (it starts no action in it), so it loses only the stores that land between
+    the pause's end and its own store; a bus held through the link and the memory time
+    keeps the recorded write the drawn one."""
+    base = ("run.protocol=paramserver", "paramserver.lock_free=true", "run.threads=4",
+            "run.updates=400", "devices.0.latency=10000",
+            "timing.grad={dist='exponential', mean=4000}")
+    free = simulate(scenario(*base))
+    rows = np.flatnonzero(free["thread"] == 1)
+    start = int(free["write_start"][rows[len(rows) // 2]]) + 5000  # in its push's 10 µs link
+    end = start + 55000
+    trace = simulate(scenario(*base, f"inject.pauses=[{{thread=1, start={start}, end={end}}}]"))
+    row = np.flatnonzero((trace["thread"] == 1) & (trace["write_start"] < start)
+                         & (trace["write_end"] > start))
+    assert len(row) == 1 and trace["write_end"][row[0]] > end
+    landed = (trace["write_end"] > end) & (trace["write_end"] < trace["write_end"][row[0]])
+    assert trace["overwrote"][row[0]] == landed.sum()
+    early = ((trace["write_end"] > trace["write_start"][row[0]] + 10000)
+             & (trace["write_end"] < trace["write_end"][row[0]]))
+    assert early.sum() > landed.sum()  # (a load at the link's end would lose these)
+    bus = simulate(scenario(*base[:-2], "devices.0.bus=1", "run.updates=600"))
+    assert np.array_equal(bus["write_end"] - bus["write_start"],
+                          bus["op_write_ns"][bus["op_offsets"][:-1]])
+
+
+def test_a_lock_free_server_reports_its_write_mode_and_refuses_meeting_writes():
+    s = scenario("run.protocol=paramserver", "paramserver.lock_free=true", "run.threads=3",
+                 "run.updates=200")
+    assert summarize(simulate(s), make_problem(s.problem), s)["write_mode"] == "load_store"
+    atomic = scenario("run.protocol=paramserver", "run.threads=3", "run.updates=200")
+    assert summarize(simulate(atomic), make_problem(atomic.problem),
+                     atomic)["write_mode"] == "atomic_add"
+    for table in ("hardware.convoys={}", "hardware.passing={}"):
+        with pytest.raises(ScenarioError, match=r"paramserver\.lock_free"):
+            simulate(scenario("run.protocol=paramserver", "paramserver.lock_free=true",
+                              "run.threads=3", "run.updates=20", table))
+
+
 def test_a_lock_free_server_is_refused_with_atomic_adds_or_grains():
     with pytest.raises(ScenarioError, match=r"^paramserver\.lock_free = True: .*atomic_add"):
         scenario("run.protocol=paramserver", "paramserver.lock_free=true",
@@ -307,16 +346,21 @@ def test_paramserver_rule_is_refused_with_rounds():
                  "paramserver.rule=staleness_lr")
 
 
-def test_paramserver_staleness_limit_decides_at_the_first_shard():
+@pytest.mark.parametrize("lock_free", ["false", "true"])
+def test_paramserver_staleness_limit_decides_at_the_first_shard(lock_free):
     """With three shards the server sees a push when its first shard arrives: a push is
     discarded exactly when more than S completions landed between its read's start and its
-    first shard's end (recounted from the rows' times), and a discarded push stores no
-    shard (the shared vector equals w0 minus the applied steps)."""
+    first shard's end (recounted from the rows' times), and a discarded push's write takes
+    its time; on a lock-free server too (the limit wrapping its delayed loads), where a
+    discarded push overwrites nothing."""
     s, problem = small("run.protocol=paramserver", "run.threads=5", "run.updates=150",
                        "run.blocks=3", "timing.grad={dist='exponential', mean=5000}",
                        "timing.write={dist='exponential', mean=900}",
-                       "paramserver.staleness_limit=1")
+                       "paramserver.staleness_limit=1", "devices.0.latency=300",
+                       f"paramserver.lock_free={lock_free}")
     trace = simulate(s, problem)
+    assert (trace["overwrote"][trace["step"] == 0] == 0).all()
+    assert (trace["overwrote"].sum() > 0) == (lock_free == "true")
     applied = trace["step"] > 0
     assert 0 < (~applied).sum() < applied.sum()
     ends = np.sort(trace["write_end"][applied])
