@@ -16,6 +16,7 @@ each lag lost stores), real against each prediction.
 
     python bench/fidelity.py --calibrate 2 --predict 4,8,16 --cores 16
     python bench/fidelity.py --calibrate 1,2 --predict 2,3 --cores 2 --quantum auto
+    python bench/fidelity.py --backend ps --set run.protocol=paramserver --calibrate 2 --predict 3
 
 With ``--repeats R`` every real run is made R times (run.seed = 0 … R−1: sampling order and
 the machine's own noise both vary), every prediction is simulated with the same R seeds, and the
@@ -319,6 +320,9 @@ def main() -> None:
                              "calibrate's)")
     parser.add_argument("--updates", type=int, default=20_000)
     parser.add_argument("--mode", default="lockfree")
+    parser.add_argument("--backend", default="shm",
+                        help="shm (CPU worker processes, --mode) or ps (the parameter server "
+                             "on loopback: paramserver, its [paramserver] options by --set)")
     parser.add_argument("--set", action="append", default=[], help="scenario overrides")
     parser.add_argument("--convoys", default="auto", help="calibrate --convoys (auto, on, off)")
     parser.add_argument("--common", default=None,
@@ -360,7 +364,8 @@ def main() -> None:
         if args.migrate == "auto":
             args.migrate = str(measure_migration(args.cores, int(args.quantum))[0])
     print(f"# {time.strftime('%Y-%m-%d')}, {platform.machine()}, {os.cpu_count()} cores, "
-          f"{args.mode}, {args.updates:,} updates, calibrated with --pool --cores {args.cores}"
+          f"{args.mode if args.backend == 'shm' else 'ps'}, {args.updates:,} updates, "
+          f"calibrated with --pool --cores {args.cores}"
           f" --quantum {args.quantum} --slicing {args.slicing}"
           f" --migrate {args.migrate or '(default)'} --convoys {args.convoys}"
           f" --common {args.common or '(default)'} --interference {args.interference}"
@@ -380,10 +385,12 @@ def main() -> None:
                 continue
             seed = ["--set", f"run.seed={repeat}"] if args.repeats > 1 else []
             # --probe: the placement (real.cpu_latency) splits the tables by state, and the
-            # runs of one worker give calibrate their writes' meetings and shared cost.
-            _run("real", "--workers", str(k), "--mode", args.mode, "--dtype", "float64",
-                 "--measure", "--probe", "--out", str(out), "--quiet",
-                 *(["--pin"] if args.pin else []), *overrides, *seed)
+            # runs of one worker give calibrate their writes' meetings and shared cost (the
+            # shared-memory workers'; a parameter server's trainers share nothing).
+            how = (["--backend", "ps"] if args.backend == "ps"
+                   else ["--mode", args.mode, "--probe", *(["--pin"] if args.pin else [])])
+            _run("real", "--workers", str(k), *how, "--dtype", "float64", "--measure",
+                 "--out", str(out), "--quiet", *overrides, *seed)
     # Each calibration count alone (--pool), and all of them together, which also fits the
     # contention between workers as a slowdown per other worker.
     plans = [(str(k), [str(work / f"real{k}"), "--pool"]) for k in args.calibrate]
