@@ -41,18 +41,20 @@ Injections (``[inject]``), drawn by the server from the simulator's injector str
 trainer's thread, in the simulator's order (a pull's delay when it is answered, then each
 gradient's error and drop when its push arrives): a delay τ answers the pull with the vector
 as it was τ versions back (a ring of the last versions; τ clipped at the version) and counts
-into the push's staleness (the limit, the rules and the trace's ``delay``); an error (one
-gradient a push) is added to the pushed gradient (lr·g/lr: g to rounding) over its sample's
-support, as the trainer's would be; a push whose last gradient's write is dropped is lost in
-transit: counted as a version that changes nothing, before any limit or rule (the
-simulator's dropped write stores nothing); ``write_bits`` rounds the values a push stored
-(its samples' supports) to that many significand bits. Pauses and deaths run on the run's
-clock, from the first pull's arrival (the trace's time 0): a pull in one of its trainer's pause
-windows is answered with the time left in it (the trainer sleeps, then pulls again: its read
-starts after the window, as the simulator's thread starts no action in it), and a pull at or
-after its trainer's death with no gradients (the trainer says done; ``dead_threads`` in the
-trace; the push it had in flight at its death landed, as a CPU worker's update does). Not with
-rounds. A straggler trainer stretches each gradient's compute to ``factor`` times as long.
+into the push's staleness (the limit, the rules and the trace's ``delay``); an error is
+added to the pushed gradient (lr·g/lr: g to rounding) over its sample's support, as the
+trainer's would be (with ``accumulate`` > 1 the trainers send each gradient's step apart,
+and the server adds each its error, densely, and applies their mean); a push whose last
+gradient's write is dropped is lost in transit: counted as a version that changes nothing,
+before any limit or rule (the simulator's dropped write stores nothing); ``write_bits``
+rounds the values a push stored (its samples' supports) to that many significand bits.
+Pauses and deaths run on the run's clock, from the first pull's arrival (the trace's time
+0): a pull in one of its trainer's pause windows is answered with the time left in it (the
+trainer sleeps, then pulls again: its read starts after the window, as the simulator's
+thread starts no action in it), and a pull at or after its trainer's death with no gradients
+(the trainer says done; ``dead_threads`` in the trace; the push it had in flight at its
+death landed, as a CPU worker's update does). Not with rounds. A straggler trainer stretches
+each gradient's compute to ``factor`` times as long.
 
 Every timestamp is the server's ``time.monotonic_ns()`` (a pull's arrival and answer, a
 push's arrival and application; the trainer reports only its compute time), so traces from
@@ -158,6 +160,7 @@ class _Push:
     scale: float = 1.0  # the factor on lr the server's rule gave it (``paramserver.rule``)
     delay: int = 0  # the injected delay of its pull: it got the vector τ versions back
     errors: list[float] = field(default_factory=list)  # per gradient: ‖e‖ injected
+    parts: list[np.ndarray] | None = None  # errors with accumulate > 1: each gradient's step
     lost: list[bool] = field(default_factory=list)  # per gradient: its write drawn dropped
 
 
@@ -209,6 +212,12 @@ def _header_size(accumulate: int) -> int:
     return _HEADER + 2 * accumulate
 
 
+def _apart(scenario: Scenario) -> bool:
+    """Whether trainers send each gradient's step apart (the server injects errors into
+    each of several accumulated gradients) rather than their mean."""
+    return scenario.inject.error != "none" and scenario.paramserver.accumulate > 1
+
+
 def serve(problem: Problem, scenario: Scenario, trainers: int, timeout: float,
           progress: Callable[[int], object] | None = None, measure: bool = False,
           dtype: str = "float32",
@@ -248,6 +257,9 @@ def serve(problem: Problem, scenario: Scenario, trainers: int, timeout: float,
             state.rebuilt = state.w.copy()
     header = torch.zeros(_header_size(options.accumulate), dtype=torch.int64)
     step = torch.zeros(problem.dim, dtype=getattr(torch, dtype))
+    apart = _apart(scenario)  # the trainers send each gradient's step, not their mean
+    if apart:
+        steps = torch.zeros(options.accumulate * problem.dim, dtype=getattr(torch, dtype))
     origin = polled = time.monotonic_ns()
     failure = None
     heard = dict.fromkeys(range(1, trainers + 1), origin)  # rank: when it last sent anything
@@ -277,6 +289,10 @@ def serve(problem: Problem, scenario: Scenario, trainers: int, timeout: float,
                 break
             kind, source, arrived = int(header[0]), int(header[1]), time.monotonic_ns()
             heard[source] = arrived
+            if (kind == PULL and state.appliers is not None
+                    and not state.appliers.settle(source - 1, timeout)):
+                failure = _applier_failure(state.appliers, source, timeout)
+                break
             with state.lock:  # (a lock-free server's update threads count completions)
                 if kind == PULL:
                     if state.t0 is None and (inject.pauses or inject.deaths):
@@ -284,16 +300,20 @@ def serve(problem: Problem, scenario: Scenario, trainers: int, timeout: float,
                         state.stalls = [Slowed(inject, t, arrived) for t in range(trainers)]
                     _pull(state, source, arrived)
                 elif kind == PUSH:
+                    n, ns = int(header[3]), _HEADER + options.accumulate
                     try:
-                        receive(step, source)
+                        receive(steps[:n * problem.dim] if apart else step, source)
                     except RuntimeError as err:
                         raise _PeerFailed(source, err, "sent no step after its push") from None
-                    n, ns = int(header[3]), _HEADER + options.accumulate
                     push = _Push(source - 1, state.seq.get(source, 0),
                                  [int(s) for s in header[_HEADER:_HEADER + n]],
                                  *state.pulled[source][:2], arrived,
                                  [int(t) for t in header[ns:ns + n]], int(header[2]),
-                                 step.numpy().astype(dtype))
+                                 step.numpy().astype(dtype) if not apart
+                                 else np.zeros(0, dtype))
+                    if apart:
+                        push.parts = list(steps[:n * problem.dim].numpy().astype(dtype)
+                                          .reshape(n, problem.dim))
                     push.delay = state.pulled[source][3]
                     state.seq[source] = push.seq + n
                     state.gradients += n
@@ -319,10 +339,23 @@ def serve(problem: Problem, scenario: Scenario, trainers: int, timeout: float,
         failure = {"worker": None,
                    "reason": f"interrupted ({err.args[0] if err.args else 'Ctrl-C'})"}
     if state.appliers is not None:  # the pushes received are applied before the trace
-        state.appliers.close()
+        state.appliers.close(timeout)
+        failure = failure or (None if state.appliers.error is None
+                              else _applier_failure(state.appliers, None, timeout))
     loss = None if state.rebuilt is None else hardware_loss(
         state.rebuilt, state.w, w0, "lossless rebuild")
     return _trace(state, origin), failure, len(state.pushes), loss
+
+
+def _applier_failure(appliers: _Appliers, source: int | None,
+                     timeout: float) -> dict[str, Any]:
+    """Why a lock-free server stopped: an update thread failed, or (``source``'s pull)
+    its pushes were not applied within ``timeout`` seconds."""
+    if appliers.error is not None:
+        return {"worker": None, "reason": f"server update thread: "
+                f"{type(appliers.error).__name__}: {_first_line(appliers.error)}"}
+    return {"worker": None if source is None else source - 1,
+            "reason": f"trainer {source}'s pushes not applied within {timeout:g} s"}
 
 
 def _silent(state: _Server, heard: dict[int, int], now: int,
@@ -456,10 +489,12 @@ def _answer(state: _Server, source: int, arrived: int) -> None:
     tensors = [torch.tensor([state.version, grant, 0], dtype=torch.int64)]
     tau = 0
     if grant:
-        vector = state.w
+        # (a lock-free server's vector changes under a send: one copy is sent and recorded)
+        vector = state.w if state.appliers is None else state.w.copy()
         if state.ring is not None:  # an injected delay: the vector τ versions back
             tau = min(state.injector.delay(source - 1), state.version)
-            vector = state.ring[(state.version - tau) % len(state.ring)]
+            if tau:
+                vector = state.ring[(state.version - tau) % len(state.ring)]
         tensors.append(torch.from_numpy(vector))
         if state.scenario.paramserver.rule == "dcasgd" or (
                 state.injector is not None and state.injector.errors
@@ -496,13 +531,10 @@ def _push(state: _Server, push: _Push) -> None:
     if push.lost and push.lost[-1]:  # lost in transit: a version that changes nothing
         _complete(state, [push])
         return
-    if too_stale(state.version - push.version + push.delay, options.staleness_limit):
-        push.write_end = push.arrival
-        return
-    _scheduled(state, push)
-    _rule(state, push)
-    if state.appliers is not None:  # its trainer's update thread applies it, unlocked
+    if state.appliers is not None:  # its trainer's update thread decides and applies it
         state.appliers.apply(push)
+        return
+    if not _kept(state, push):
         return
     state.w -= push.step
     if state.injector is not None and state.injector.bits:
@@ -513,48 +545,111 @@ def _push(state: _Server, push: _Push) -> None:
 class _Appliers:
     """A lock-free server's update threads (``paramserver.lock_free``), one per trainer, as
     DistBelief's and Project Adam's servers apply pushes "not locked during updating": each
-    subtracts a push from the server's vector in place (``np.subtract(w, step, out=w)``, the
-    atomic server's operation) with no lock, while the others and the pulls' copies run, so
-    two pushes that overlap can lose element updates and a pull can copy half of one (where
-    numpy lets threads run at once: it releases the interpreter's lock for large arrays).
-    Then, under the server's lock, it counts the completion (``_complete``), in the order
-    the threads get there. What was lost is what the real vector lacks against every push
-    applied in that order (``rebuilt``, measure mode: ``hardware_loss``)."""
+    takes its trainer's pushes in order and, under the server's lock, decides on one as the
+    simulator's server does when the push's shard has arrived (the staleness limit, the
+    schedule, the rule: ``_kept``), then subtracts it from the server's vector in place with
+    no lock (``_subtract``: ``np.subtract(w, step, out=w)``, the atomic server's operation)
+    while the other threads and the pulls' copies run, so two pushes that overlap can lose
+    element updates and a pull can copy half of one (where numpy lets threads run at once:
+    it releases the interpreter's lock for large arrays). Then, under the lock again, it
+    counts the completion (``_complete``), in the order the threads get there. A trainer's
+    next pull is answered once its pushes are applied, as a simulated thread reads after its
+    write. What was lost is what the real vector lacks against every push applied in
+    completion order (``rebuilt``, measure mode: ``hardware_loss``). A failure in a thread is
+    kept (``error``) and stops the run; its trainer's later pushes are not applied."""
 
     def __init__(self, state: _Server) -> None:
         self.state = state
         self.queues: list[queue.SimpleQueue[_Push | None]] = [
             queue.SimpleQueue() for _ in range(state.trainers)]
-        self.threads = [threading.Thread(target=self._run, args=(q,), daemon=True,
+        self.pending = [0] * state.trainers  # per trainer: pushes handed over, not yet done
+        self.settled = threading.Condition()
+        self.error: BaseException | None = None
+        self.threads = [threading.Thread(target=self._run, args=(t,), daemon=True,
                                          name=f"asyngrad-ps-update-{t}")
-                        for t, q in enumerate(self.queues)]
+                        for t in range(state.trainers)]
         for thread in self.threads:
             thread.start()
 
     def apply(self, push: _Push) -> None:
+        with self.settled:
+            self.pending[push.thread] += 1
         self.queues[push.thread].put(push)
 
-    def _run(self, pushes: queue.SimpleQueue[_Push | None]) -> None:
-        state = self.state
-        while (push := pushes.get()) is not None:
-            np.subtract(state.w, push.step, out=state.w)
-            with state.lock:
-                if state.rebuilt is not None:
-                    np.subtract(state.rebuilt, push.step, out=state.rebuilt)
-                _complete(state, [push])
+    def settle(self, thread: int, timeout: float) -> bool:
+        """Wait until ``thread``'s pushes are done (before answering its pull); whether
+        they are (not if a thread failed or ``timeout`` seconds passed)."""
+        with self.settled:
+            return self.settled.wait_for(
+                lambda: self.pending[thread] == 0 or self.error is not None,
+                timeout) and self.error is None
 
-    def close(self) -> None:
-        """Apply what was handed over, then end the threads."""
+    def _run(self, thread: int) -> None:
+        pushes = self.queues[thread]
+        while (push := pushes.get()) is not None:
+            try:
+                if self.error is None:
+                    self._apply(push)
+            except Exception as err:  # (kept for the run's failure; the others drain)
+                self.error = self.error or err
+            with self.settled:
+                self.pending[thread] -= 1
+                self.settled.notify_all()
+
+    def _apply(self, push: _Push) -> None:
+        state = self.state
+        with state.lock:
+            kept = _kept(state, push)
+        if not kept:
+            return
+        _subtract(state.w, push.step)
+        with state.lock:
+            if state.rebuilt is not None:
+                np.subtract(state.rebuilt, push.step, out=state.rebuilt)
+            _complete(state, [push], release=False)  # (no pull waits: no warm start)
+
+    def close(self, timeout: float) -> None:
+        """Apply what was handed over, then end the threads (each waited for at most
+        ``timeout`` seconds)."""
         for pushes in self.queues:
             pushes.put(None)
         for thread in self.threads:
-            thread.join()
+            thread.join(timeout)
+
+
+def _kept(state: _Server, push: _Push) -> bool:
+    """The server's decision on a push now: discarded when too stale (its write ends now),
+    else scaled by the schedule and its rule."""
+    if too_stale(state.version - push.version + push.delay,
+                 state.scenario.paramserver.staleness_limit):
+        push.write_end = max(push.arrival, time.monotonic_ns() if state.appliers else 0)
+        return False
+    _scheduled(state, push)
+    _rule(state, push)
+    return True
+
+
+def _subtract(w: np.ndarray, step: np.ndarray) -> None:
+    """A lock-free server's update of its vector: in place, with no lock."""
+    np.subtract(w, step, out=w)
 
 
 def _inject(state: _Server, push: _Push) -> None:
-    """Each gradient's injected error (added to the push: one gradient a push) and drop,
-    drawn from the trainer's thread's stream in the simulator's order."""
+    """Each gradient's injected error and drop, drawn from the trainer's thread's stream in
+    the simulator's order. An error is added to its gradient: the push's one, or, with
+    ``accumulate`` > 1, each of the gradients the trainer then sends apart (``push.parts``:
+    dense, as the simulator's accumulated gradients), whose mean is the push."""
     injector, thread = state.injector, push.thread
+    if push.parts is not None:
+        lr = state.scenario.run.lr
+        w_read = state.sent.get(thread + 1, state.w)
+        for part in push.parts:
+            g, norm = injector.error(thread, part.astype(np.float64) / lr, w_read, None)
+            np.copyto(part, lr * g, casting="same_kind")
+            push.errors.append(norm)
+            push.lost.append(injector.dropped(thread))
+        push.step = mean_step(push.parts)
+        return
     for sample in push.samples:
         norm = 0.0
         if injector.errors:
@@ -641,7 +736,7 @@ def _close_round(state: _Server, now: int) -> None:
     state.round_pushes = []
 
 
-def _complete(state: _Server, group: list[_Push]) -> None:
+def _complete(state: _Server, group: list[_Push], release: bool = True) -> None:
     """Count the completion, measure it, rebalance, and answer the pulls it releases."""
     state.version += 1
     if state.ring is not None:
@@ -658,7 +753,8 @@ def _complete(state: _Server, group: list[_Push]) -> None:
             state.count[p.thread] += 1
     group[-1].measurement = m
     _rebalance(state)
-    _release(state)
+    if release:
+        _release(state)
 
 
 def _rebalance(state: _Server) -> None:
@@ -762,6 +858,7 @@ def train(problem: Problem, scenario: Scenario, rank: int, trainers: int, timeou
     stream = sample_stream(scenario.run.seed, trainers, rank - 1, problem.n_samples)
     reply = torch.zeros(3, dtype=torch.int64)
     straggles = Slowed(scenario.inject, rank - 1, 0)  # (its factor; the server runs the rest)
+    apart = _apart(scenario)
     w = torch.zeros(problem.dim, dtype=torch_dtype)
     header = torch.zeros(_header_size(options.accumulate), dtype=torch.int64)
     wait = datetime.timedelta(seconds=timeout)
@@ -790,7 +887,8 @@ def train(problem: Problem, scenario: Scenario, rank: int, trainers: int, timeou
             steps.append(lr * problem.dense_grad(local, drawn[-1]))
             straggles.stretch(began)  # a straggler's compute takes factor times as long
             spent.append(time.monotonic_ns() - began)
-        step = torch.from_numpy(mean_step(steps)).to(torch_dtype)
+        step = torch.from_numpy(np.concatenate(steps) if apart
+                                else mean_step(steps)).to(torch_dtype)
         header.zero_()
         header[:_HEADER + granted] = torch.tensor([PUSH, rank, int(reply[0]), granted, *drawn])
         ns = _HEADER + options.accumulate

@@ -97,7 +97,8 @@ SUPPORT: tuple[tuple[str, str, str], ...] = (
      "before its first update after its time (not with `roundrobin`); under `admm` only "
      "delays, stragglers, pauses and deaths (a "
      "field that injects nothing, such as `error_bound` without an `error`, is accepted)",
-     "`delay`, `error` (one gradient a push), `drop` and `write_bits` honoured, drawn by the "
+     "`delay`, `error` (with `accumulate` > 1 the trainers send each gradient apart), `drop` "
+     "and `write_bits` honoured, drawn by the "
      "server from the simulator's injector stream of the trainer's thread in its order: a "
      "pull is answered with the vector τ versions back, a push's gradient gets its error, a "
      "dropped push is a version that changes nothing, stored values are rounded; `pauses` "
@@ -181,9 +182,6 @@ def _unsupported(scenario: Scenario, backend: str, mode: str) -> tuple[str, Any,
                         [dataclasses.asdict(v) for v in value] if isinstance(value, tuple)
                         else value, "the server injects into asynchronous pushes, not "
                         "rounds (paramserver.fraction > 0)")
-        if inject.error != "none" and scenario.paramserver.accumulate > 1:
-            return ("inject.error", inject.error, "the server adds a push's error to its one "
-                    "gradient (paramserver.accumulate = 1)")
     # (A real run records [hardware.sweeping_reads] with its defaults: accepted as such.)
     sweeps = scenario.hardware.sweeping_reads
     hardware = dataclasses.replace(scenario.hardware, sweeping_reads=None)

@@ -227,7 +227,11 @@ def test_one_trainer_with_injected_delays_is_the_simulators_paramserver(delays):
     ("inject.delay=0", "inject.delay_dist=uniform", "inject.delay_max=3",
      "inject.error=noise", "inject.error_bound=0.2", "inject.error_relative=true",
      "inject.drop=0.3", "paramserver.staleness_limit=2"),
-    ("inject.drop=0.3", "paramserver.accumulate=3")])
+    ("inject.drop=0.3", "paramserver.accumulate=3"),
+    ("inject.error=noise", "inject.error_bound=0.2", "inject.error_relative=true",
+     "inject.drop=0.1", "paramserver.accumulate=3"),
+    ("problem.name=sparse_logistic", "inject.error=adversarial", "inject.error_bound=0.3",
+     "inject.drop=0.2", "paramserver.accumulate=2")])
 def test_one_trainer_with_injections_is_the_simulators_paramserver(injected):
     """float64, one trainer: the server draws each pull's delay and each gradient's error
     and drop from the simulator's stream of the trainer's thread, in the simulator's order,
@@ -632,3 +636,50 @@ def test_a_lock_free_server_applies_pushes_from_update_threads(tmp_path, capsys)
     assert "hardware lost: |rebuilt w_T − real w_T|" in capsys.readouterr().out
     summary = json.loads((out / "summary.json").read_text())
     assert summary["real"]["hardware_loss"]["view"] == "lossless rebuild"
+
+
+def _slow_subtract(w, step):
+    """A lock-free update that takes its time between its load and its store (the
+    interpreter's lock released meanwhile): overlapping pushes lose updates."""
+    loaded = w.copy()
+    time.sleep(0.0003)
+    w[:] = loaded - step
+
+
+def test_a_slow_lock_free_update_loses_pushes_but_never_its_trainers_own(monkeypatch):
+    """With the server's in-place update made slow (load, sleep, store), three trainers'
+    pushes overlap on the server and lose updates: the real vector lacks part of what the
+    rebuild applied (``hardware_loss``), which a locked server could not do. A trainer's
+    pull still waits for its own pushes: one trainer is the simulator's run to the bit."""
+    from realrun import ps
+
+    monkeypatch.setattr(ps, "_subtract", _slow_subtract)
+    s = scenario(*TINY, "run.updates=300", "run.protocol=paramserver",
+                 "paramserver.lock_free=true")
+    one = run_ps(s, 1, "float64", timeout=60)
+    assert one.failure is None
+    assert np.array_equal(one.trace["w_final"], simulate(one.scenario)["w_final"])
+    assert one.trace["staleness"].max() == 0
+    run = run_ps(s, 3, "float64", timeout=60, measure=True)
+    assert run.failure is None and len(run.trace) == 300
+    assert run.hardware_loss["relative_to_distance_moved"] > 1e-6
+
+
+def test_a_failed_lock_free_update_stops_the_run(monkeypatch):
+    """An update thread that fails stops the run with its error named, not a run whose
+    later pushes silently went unapplied."""
+    from realrun import ps
+
+    calls = []
+
+    def failing(w, step):
+        calls.append(1)
+        if len(calls) == 20:
+            raise FloatingPointError("injected")
+        np.subtract(w, step, out=w)
+
+    monkeypatch.setattr(ps, "_subtract", failing)
+    run = run_ps(scenario(*TINY, "run.protocol=paramserver", "paramserver.lock_free=true"), 2,
+                 "float64", timeout=30)
+    assert run.failure is not None
+    assert "server update thread: FloatingPointError: injected" in run.failure["reason"]

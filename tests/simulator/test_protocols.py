@@ -313,7 +313,7 @@ def test_a_paused_lock_free_server_thread_loads_its_shard_after_the_pause():
     early = ((trace["write_end"] > trace["write_start"][row[0]] + 10000)
              & (trace["write_end"] < trace["write_end"][row[0]]))
     assert early.sum() > landed.sum()  # (a load at the link's end would lose these)
-    bus = simulate(scenario(*base[:-2], "devices.0.bus=1", "run.updates=600"))
+    bus = simulate(scenario(*base[:-1], "devices.0.bus=1", "run.updates=600"))
     assert np.array_equal(bus["write_end"] - bus["write_start"],
                           bus["op_write_ns"][bus["op_offsets"][:-1]])
 
