@@ -329,9 +329,6 @@ def run_real(scenario: Scenario, workers: int, mode: str, dtype: str = "float32"
     if torch_path_of(device, launch) and scenario.inject.active:
         raise ScenarioError("inject", "on", "injections run on CPU worker processes (not "
                             "--launch threads or CUDA, yet)")
-    if torch_path_of(device, launch) and scenario.run.lr_schedule != "constant":
-        raise ScenarioError("run.lr_schedule", scenario.run.lr_schedule, "schedules run on "
-                            "CPU worker processes (not --launch threads or CUDA, yet)")
     refuse_unsupported(scenario, "shm" if device == "cpu" else "cuda", mode)
     # The trace the parent merges, as a simulation of the run as recorded would hold it.
     preflight(recorded(scenario, mode, workers, True, measure_every))

@@ -69,10 +69,10 @@ SUPPORT: tuple[tuple[str, str, str], ...] = (
      "`load_store`; "
      "`atomic_add` refused with `lockfree` (under `locked` and `serial` one update writes at "
      "a time, so both modes store the same values)", "inert (pushes are applied whole)"),
-    ("`run.lr_schedule`", "honoured on CPU worker processes: the factor at m = the updates "
-     "a worker sees completed when its write begins, + 1 (a round's: exact); refused on CUDA "
-     "and threads", "honoured: the server's factor at m = the versions applied when a push "
-     "arrives + 1 (a round's: when it closes), as the simulator's server takes it"),
+    ("`run.lr_schedule`", "honoured: the factor at m = the updates a worker sees completed "
+     "when its write begins, + 1 (a round's: exact)",
+     "honoured: the server's factor at m = the versions applied when a push arrives + 1 (a "
+     "round's: when it closes), as the simulator's server takes it"),
     ("`run.split`", "recorded: `even`", "refused unless `shared`"),
     ("`[hardware.sweeping_reads]`", "recorded: set (dense), unset (sparse, `minibatch`, "
      "`roundrobin`); a "

@@ -113,6 +113,7 @@ def _loop(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any, devic
 
     from simulator.memory import block_bounds
     from simulator.problems import make_problem
+    from simulator.rules import LR_FACTORS
     from simulator.scenario import scenario_from_dict
     from simulator.timing import sample_stream
 
@@ -132,6 +133,9 @@ def _loop(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any, devic
     stream = sample_stream(scenario.run.seed, spec.workers, spec.rank, problem.n_samples)
     grad, lr, clock = TorchGradient(problem), scenario.run.lr, time.monotonic_ns
     steps = None if buffers.steps is None else buffers.steps[spec.rank]
+    schedule = LR_FACTORS.get(scenario.run.lr_schedule)
+    scales = None if buffers.scales is None else buffers.scales[spec.rank].numpy()
+    factor = 1.0
     dense = _ops(bounds, None, w.device, dev) if problem.support(0) is None else None
     local.copy_(w)
     grad(local, 0)  # warm up: data to the device, kernels loaded, allocator primed
@@ -158,6 +162,9 @@ def _loop(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any, devic
             step = step.to(w.device)
         sync()
         grad_end = clock()
+        if schedule is not None:  # at m = the updates counted as its write begins, + 1
+            factor = schedule(int(progress.sum()) + 1)
+            step.mul_(factor)
         for block, at_w, _ in ops:  # the step is on w's device now: index it from w's side
             if block_locks is None:
                 _subtract(w, at_w, step[at_w], dense is not None)
@@ -172,6 +179,8 @@ def _loop(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any, devic
             lock.release()
         if steps is not None:  # outside the timed phases
             steps[i].copy_(step)
+        if scales is not None:
+            scales[i] = factor
         times[i] = (read_start, read_end, grad_end, write_end)
         samples[i] = sample
         progress[spec.rank] = i + 1

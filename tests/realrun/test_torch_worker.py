@@ -65,6 +65,30 @@ def test_serial_torch_worker_equals_plain_numpy_sgd():
                                atol=1e-14)
 
 
+def test_torch_workers_honour_a_learning_rate_schedule():
+    """``run.lr_schedule`` on the torch worker (threads here; the same loop on CUDA): one
+    float64 worker is plain SGD with the factor 1/m at its m-th update, to 1e-12; two
+    lock-free workers take the factor at m = the updates counted as their write begins + 1:
+    never above their completion's t, and t − 1 or t for nearly every update (a thread the
+    OS stops in the middle of its write completes later, after others)."""
+    s = scenario(*TINY, "run.updates=200", "run.lr_schedule=inverse", "run.lr=0.5")
+    run = run_real(s, 1, "serial", "float64", timeout=120, launch="threads")
+    assert run.failure is None
+    p = make_problem(s.problem)
+    stream = sample_stream(s.run.seed, 1, 0, p.n_samples)
+    w = p.initial()
+    for m in range(1, 201):
+        w = w - s.run.lr / m * p.dense_grad(w, int(stream.take()))
+    np.testing.assert_allclose(run.trace["w_final"], w, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(run.trace["lr_scale"], 1 / run.trace["step"], rtol=1e-15)
+    two = run_real(scenario(*TINY, "run.lr_schedule=inv_sqrt"), 2, "lockfree", "float64",
+                   timeout=120, launch="threads", measure_every=1)
+    assert two.failure is None
+    m, t = np.rint(1 / two.trace["lr_scale"] ** 2), two.trace["step"]
+    assert np.all(m <= t) and np.mean(m >= t - 1) > 0.95
+    np.testing.assert_allclose(two.trace["lr_scale"], 1 / np.sqrt(m), rtol=1e-15)
+
+
 def test_locked_threads_measure_no_error_and_lose_nothing():
     """Locked worker threads: the rebuilt serialized view is the real vector to the last bit,
     and no update carries a gradient error."""
