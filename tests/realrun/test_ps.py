@@ -128,7 +128,7 @@ def test_staleness_limit_drops_exactly_the_stale_pushes():
 
 
 @pytest.mark.parametrize("rule, schedule", [("staleness_lr", "constant"),
-                                            ("dcasgd", "constant"), ("none", "inverse"),
+                                            ("dcasgd", "constant"),
                                             ("staleness_lr", "inverse"),
                                             ("dcasgd", "inv_sqrt")])
 def test_the_server_applies_its_rule_with_each_push_s_exact_staleness(rule, schedule):
@@ -618,13 +618,13 @@ def test_a_lock_free_server_applies_pushes_from_update_threads(tmp_path, capsys)
     it. On 20 parameters numpy holds the interpreter's lock through each subtraction, so
     the update threads never run at once and nothing is lost but the rounding of two
     pushes applied in one order and counted in the other."""
-    s = scenario(*TINY, "run.updates=1500", "run.protocol=paramserver",
+    s = scenario(*TINY, "run.updates=900", "run.protocol=paramserver",
                  "paramserver.lock_free=true")
     run = run_ps(s, 3, "float64", timeout=60, measure=True)
-    assert run.failure is None and len(run.trace) == 1500
+    assert run.failure is None and len(run.trace) == 900
     trace = run.trace
     assert trace["measured"].any() and (trace["staleness"] > 0).any()
-    assert sorted(trace["step"][trace["step"] > 0]) == list(range(1, 1501))
+    assert sorted(trace["step"][trace["step"] > 0]) == list(range(1, 901))
     loss = run.hardware_loss
     assert loss["view"] == "lossless rebuild" and loss["relative_to_distance_moved"] < 1e-12
     f_star = run.problem.optimum()[1]
