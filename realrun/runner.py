@@ -33,7 +33,13 @@ from realrun.host.probe import (
     write_meetings,
 )
 from realrun.records import compiled
-from realrun.support import ROUND_MODES, RULE_MODES, recorded, refuse_unsupported
+from realrun.support import (
+    ROUND_MODES,
+    RULE_MODES,
+    recorded,
+    refuse_torch_injections,
+    refuse_unsupported,
+)
 from realrun.timeline import Measure, WorkerRecord, merge
 from realrun.worker import (
     MESSAGE_BYTES,
@@ -326,9 +332,8 @@ def run_real(scenario: Scenario, workers: int, mode: str, dtype: str = "float32"
     if torch_path_of(device, launch) and mode in RULE_MODES:
         raise ScenarioError(*named, "update rules run on CPU worker processes (not --launch "
                             "threads or CUDA, yet)")
-    if torch_path_of(device, launch) and scenario.inject.active:
-        raise ScenarioError("inject", "on", "injections run on CPU worker processes (not "
-                            "--launch threads or CUDA, yet)")
+    if torch_path_of(device, launch):  # (torch workers run pauses, stragglers and deaths)
+        refuse_torch_injections(scenario.inject)
     refuse_unsupported(scenario, "shm" if device == "cpu" else "cuda", mode)
     # The trace the parent merges, as a simulation of the run as recorded would hold it.
     preflight(recorded(scenario, mode, workers, True, measure_every))

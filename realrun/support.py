@@ -25,8 +25,8 @@ from simulator.scenario import (
     with_overrides,
 )
 
-__all__ = ["BACKENDS", "PROTOCOL_OF", "RULE_MODES", "SUPPORT", "recorded", "refuse_unsupported",
-           "support_markdown"]
+__all__ = ["BACKENDS", "PROTOCOL_OF", "RULE_MODES", "SUPPORT", "recorded",
+           "refuse_torch_injections", "refuse_unsupported", "support_markdown"]
 
 BACKENDS = ("shm", "cuda", "ps")
 #: The simulator protocol each real mode runs (``ps`` runs ``paramserver``).
@@ -45,7 +45,8 @@ ATOMIC_MODES = ("blocklock", "admm")
 _SIMULATED_MACHINE = ("describes the simulated machine; a real run has the hardware itself "
                       "(asyngrad calibrate fits it from a real run)")
 _NO_INJECTION = {"ps": "the parameter server injects every fault but into rounds",
-                 "cuda": "injections run on CPU worker processes (simulate it)",
+                 "cuda": "CUDA and thread workers inject stragglers, pauses and deaths, not "
+                 "into their updates (simulate it)",
                  "rounds": "synchronous rounds inject no delays, errors or faults yet "
                  "(simulate it)",
                  "admm": "real ADMM workers inject delays, stragglers, pauses and deaths, "
@@ -95,7 +96,8 @@ SUPPORT: tuple[tuple[str, str, str], ...] = (
      "update's read; `stragglers` honoured: each phase takes `factor` (>= 1) times as long (a "
      "read's copy and a write's stores at its end); `deaths` honoured: the worker stops "
      "before its first update after its time (not with `roundrobin`); under `admm` only "
-     "delays, stragglers, pauses and deaths (a "
+     "delays, stragglers, pauses and deaths; torch workers (CUDA, `--launch threads`) run "
+     "stragglers, pauses and deaths the same way, no other injection (a "
      "field that injects nothing, such as `error_bound` without an `error`, is accepted)",
      "`delay`, `error` (with `accumulate` > 1 the trainers send each gradient apart), `drop` "
      "and `write_bits` honoured, drawn by the "
@@ -245,12 +247,26 @@ def _injections(backend: str, mode: str) -> tuple[tuple[str, ...], str]:
     if backend == "ps":
         return VALUE_INJECTIONS, _NO_INJECTION[backend]
     if backend != "shm":
-        return (), _NO_INJECTION[backend]
+        return STALLS, _NO_INJECTION[backend]
     if mode in ROUND_MODES:
         return (), _NO_INJECTION["rounds"]
     if mode == "admm":
         return (*DELAYS, *STALLS), _NO_INJECTION["admm"]
     return VALUE_INJECTIONS, ""
+
+
+def refuse_torch_injections(inject: InjectSpec) -> None:
+    """Refuse what torch workers (CUDA, or ``--launch threads``) do not inject: everything
+    but stragglers, pauses and deaths.
+
+    Raises:
+        ScenarioError: naming the first such field.
+    """
+    found = _injected(inject, STALLS, "torch workers (--launch threads, CUDA) inject "
+                      "stragglers, pauses and deaths, not into their updates (CPU worker "
+                      "processes do; or simulate it)")
+    if found is not None:
+        raise ScenarioError(*found)
 
 
 def _injected(inject: InjectSpec, runs: tuple[str, ...],

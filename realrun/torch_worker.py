@@ -30,8 +30,12 @@ from typing import Any
 import numpy as np
 
 from realrun.worker import (
+    START,
+    STATUS_DEAD,
     STATUS_DONE,
     Buffers,
+    Died,
+    Slowed,
     WorkerSpec,
     die_with_parent,
     pin,
@@ -88,6 +92,10 @@ def torch_worker_main(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks
         buffers.status[spec.rank] = STATUS_DONE
         if stop is None:  # a finished thread costs nothing more
             wait_for_release(buffers, gone)
+    except Died:  # an injected death: it stops here, and the others go on
+        buffers.status[spec.rank] = STATUS_DEAD
+        if stop is None:
+            wait_for_release(buffers, gone)
     except BaseException as err:  # every failure, SystemExit included, must reach the parent
         record_failure(buffers, spec.rank, err)
         raise SystemExit(1) from None
@@ -143,28 +151,41 @@ def _loop(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any, devic
     touch_records(buffers, spec.rank)
     pin(spec)
     wait_for_start(buffers, spec.rank, gone)
+    # Injected pauses, stragglers and deaths (realrun.worker.Slowed), as CPU workers run them.
+    slowed = Slowed(scenario.inject, spec.rank, int(buffers.control.numpy()[START]))
+    slow = slowed if slowed.active else None
     for i in range(spec.quota):
         if stop is not None and stop.is_set():
             break
         sample = int(stream.take())
         ops = dense if dense is not None else _ops(bounds, problem.support(sample), w.device,
                                                    dev)
+        if slow is not None:  # (before the lock: a death must not hold it)
+            slow.hold()
         if lock is not None:
             lock.acquire()
         read_start = clock()
+        if slow is not None:
+            began = slow.before(0)
         for block, at_w, at_local in ops:
             local[at_local] = w[at_w]
             sync()
             copy_end[i, block] = clock()
+        if slow is not None:
+            slow.after(0, began)
         read_end = clock()
         step = grad(local, sample).mul_(lr)
         if host:
             step = step.to(w.device)
         sync()
+        if slow is not None:
+            slow.stretch(read_end)
         grad_end = clock()
         if schedule is not None:  # at m = the updates counted as its write begins, + 1
             factor = schedule(int(progress.sum()) + 1)
             step.mul_(factor)
+        if slow is not None:
+            began = slow.before(1)
         for block, at_w, _ in ops:  # the step is on w's device now: index it from w's side
             if block_locks is None:
                 _subtract(w, at_w, step[at_w], dense is not None)
@@ -174,6 +195,8 @@ def _loop(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any, devic
                     sync()
             sync()
             store_end[i, block] = clock()
+        if slow is not None:
+            slow.after(1, began)
         write_end = clock()
         if lock is not None:
             lock.release()

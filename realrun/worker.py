@@ -31,7 +31,8 @@ import numpy as np
 from realrun.records import recorder
 
 __all__ = ["ONE_THREAD_ENV", "RELEASE", "START", "STATUS_DEAD", "STATUS_DONE", "STATUS_FAILED",
-           "STATUS_RUNNING", "Buffers", "Consensus", "History", "Rounds", "Slowed", "Turns",
+           "STATUS_RUNNING", "Buffers", "Consensus", "Died", "History", "Rounds", "Slowed",
+           "Turns",
            "WorkerSpec", "another_problem", "die_with_parent", "one_thread_each",
            "one_thread_env", "pin", "pinned_cpus", "record_failure", "touch_records",
            "wait_for_release", "wait_for_start", "worker_main"]
@@ -280,7 +281,7 @@ def worker_main(spec: WorkerSpec, buffers: Buffers, lock: Any,
         _loop(spec, buffers, lock, block_locks, gone, rounds, turns, consensus, history)
         buffers.status[spec.rank] = STATUS_DONE
         wait_for_release(buffers, gone)
-    except _Died:  # an injected death: it stops here, and the others go on
+    except Died:  # an injected death: it stops here, and the others go on
         buffers.status[spec.rank] = STATUS_DEAD
         wait_for_release(buffers, gone)  # (its exit would take the others' cores)
     except BaseException as err:  # every failure, SystemExit included, must reach the parent
@@ -588,7 +589,7 @@ def _injector(scenario: Any, problem: Any, workers: int) -> Any:
     return Injector(spec, scenario.run.seed, workers, w_star)
 
 
-class _Died(Exception):
+class Died(Exception):
     """The worker's injected death came (``[[inject.deaths]]``)."""
 
 
@@ -650,13 +651,13 @@ class Slowed:
         passed the worker's death.
 
         Raises:
-            _Died: the death's time has come."""
+            Died: the death's time has come."""
         now = time.monotonic_ns()
         while (end := self.paused_until(now)) is not None:
             _until(end)
             now = time.monotonic_ns()
         if self.dead(now):
-            raise _Died
+            raise Died
 
     def stretch(self, began: int) -> None:
         """Make the phase that began at ``began`` (ns) last ``factor`` times as long."""

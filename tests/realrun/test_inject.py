@@ -95,13 +95,15 @@ def test_lock_free_workers_read_the_vector_of_their_delay():
     assert np.median(trace["delta_norm"][late]) > 0  # τ = 4 old gradients are wrong
 
 
-def test_a_dead_worker_is_killed_and_the_run_goes_on_without_it():
+@pytest.mark.parametrize("launch", [None, "threads"])
+def test_a_dead_worker_is_killed_and_the_run_goes_on_without_it(launch):
     """``[[inject.deaths]]``: worker 1 stops 5 ms after the start; the run is not a
     failure, worker 0 makes all of its updates, worker 1 fewer, and the trace names it dead
-    (``extra_dead_threads``, as the simulator records it)."""
+    (``extra_dead_threads``, as the simulator records it); worker processes, and torch
+    worker threads (the CUDA workers' loop)."""
     s = scenario("problem.dim=100", "run.updates=40000",
                  "inject.deaths=[{thread=1, at=5000000}]")
-    real = run_real(s, 2, "lockfree", dtype="float64", timeout=120)
+    real = run_real(s, 2, "lockfree", dtype="float64", timeout=120, launch=launch)
     assert real.failure is None
     trace = real.trace
     assert trace["extra_dead_threads"].tolist() == [1]
@@ -111,15 +113,16 @@ def test_a_dead_worker_is_killed_and_the_run_goes_on_without_it():
     assert trace["write_end"][trace["thread"] == 1].max() < 5_200_000
 
 
-def test_a_paused_worker_starts_no_phase_in_its_window_and_a_straggler_is_slower():
+@pytest.mark.parametrize("launch", [None, "threads"])
+def test_a_paused_worker_starts_no_phase_in_its_window_and_a_straggler_is_slower(launch):
     """``[[inject.pauses]]``: worker 0 starts no update in its window (2-12 ms after the
     start; the trace's clock starts at the first read, a few µs to a fraction of a
     millisecond later), while worker 1 goes on; ``[[inject.stragglers]]``: worker 1's
-    gradients take about 3 times worker 0's."""
+    gradients take about 3 times worker 0's; worker processes and torch worker threads."""
     s = scenario("problem.dim=100", "run.updates=8000",
                  "inject.pauses=[{thread=0, start=2000000, end=12000000}]",
                  "inject.stragglers=[{thread=1, factor=3.0}]")
-    real = run_real(s, 2, "lockfree", dtype="float64", timeout=120)
+    real = run_real(s, 2, "lockfree", dtype="float64", timeout=120, launch=launch)
     assert real.failure is None and len(real.trace) == 8000
     trace = real.trace
     mine = trace["thread"] == 0

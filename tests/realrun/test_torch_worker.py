@@ -189,3 +189,13 @@ def test_cli_real_on_cuda(tmp_path):
                  "--set", "run.updates=500"]) == 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["real"]["device"] == "cuda" and summary["updates"] == 500
+
+
+def test_torch_workers_refuse_injections_into_their_updates(tmp_path, capsys):
+    """Threads (and CUDA workers) run stragglers, pauses and deaths; an injection into the
+    updates themselves is one line, exit 2, nothing written."""
+    out = tmp_path / "run"
+    assert main(["real", "--launch", "threads", "--out", str(out), "--quiet",
+                 "--set", "inject.drop=0.1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "inject.drop = 0.1: torch workers" in err[0] and not out.exists()
