@@ -35,7 +35,6 @@ from realrun.host.probe import (
 from realrun.records import compiled
 from realrun.support import (
     ROUND_MODES,
-    RULE_MODES,
     recorded,
     refuse_torch_injections,
     refuse_unsupported,
@@ -329,9 +328,9 @@ def run_real(scenario: Scenario, workers: int, mode: str, dtype: str = "float32"
     if mode == "admm" and (device != "cpu" or launch == "threads"):
         raise ScenarioError(*named, "consensus ADMM runs on CPU worker processes (not "
                             "--launch threads or CUDA, yet)")
-    if torch_path_of(device, launch) and mode in RULE_MODES:
-        raise ScenarioError(*named, "update rules run on CPU worker processes (not --launch "
-                            "threads or CUDA, yet)")
+    if torch_path_of(device, launch) and mode == "dcasgd":
+        raise ScenarioError(*named, "delay compensation runs on CPU worker processes (not "
+                            "--launch threads or CUDA, yet)")
     if torch_path_of(device, launch):  # (torch workers run pauses, stragglers and deaths)
         refuse_torch_injections(scenario.inject)
     refuse_unsupported(scenario, "shm" if device == "cpu" else "cuda", mode)

@@ -58,7 +58,8 @@ SUPPORT: tuple[tuple[str, str, str], ...] = (
     ("`run.protocol`", "recorded: the mode's (`lockfree`, `locked`, `serial`; on CPU worker "
      "processes also `minibatch` (`--mode minibatch`: a barrier in shared memory; "
      "`--mode allreduce`: a torch.distributed all-reduce), `roundrobin`, `staleness_lr`, "
-     "`dcasgd` and `admm`); another non-default one refused",
+     "`dcasgd` and `admm`; on torch workers (CUDA, threads) also `staleness_lr`); another "
+     "non-default one refused",
      "recorded: `paramserver`; another non-default one refused"),
     ("`run.threads`", "recorded: `--workers`", "recorded: `--workers` (trainers)"),
     ("`run.updates`", "honoured: gradients computed (one per update), T split evenly",

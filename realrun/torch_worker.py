@@ -121,7 +121,7 @@ def _loop(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any, devic
 
     from simulator.memory import block_bounds
     from simulator.problems import make_problem
-    from simulator.rules import LR_FACTORS
+    from simulator.rules import LR_FACTORS, staleness_scale
     from simulator.scenario import scenario_from_dict
     from simulator.timing import sample_stream
 
@@ -142,8 +142,9 @@ def _loop(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any, devic
     grad, lr, clock = TorchGradient(problem), scenario.run.lr, time.monotonic_ns
     steps = None if buffers.steps is None else buffers.steps[spec.rank]
     schedule = LR_FACTORS.get(scenario.run.lr_schedule)
+    stale = scenario.run.protocol == "staleness_lr"  # lr/τ, τ counted read to write
     scales = None if buffers.scales is None else buffers.scales[spec.rank].numpy()
-    factor = 1.0
+    factor, seen = 1.0, 0
     dense = _ops(bounds, None, w.device, dev) if problem.support(0) is None else None
     local.copy_(w)
     grad(local, 0)  # warm up: data to the device, kernels loaded, allocator primed
@@ -165,6 +166,8 @@ def _loop(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any, devic
         if lock is not None:
             lock.acquire()
         read_start = clock()
+        if stale:
+            seen = int(progress.sum())
         if slow is not None:
             began = slow.before(0)
         for block, at_w, at_local in ops:
@@ -181,9 +184,13 @@ def _loop(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any, devic
         if slow is not None:
             slow.stretch(read_end)
         grad_end = clock()
-        if schedule is not None:  # at m = the updates counted as its write begins, + 1
-            factor = schedule(int(progress.sum()) + 1)
-            step.mul_(factor)
+        if stale or schedule is not None:  # the CPU workers' rules, as the write begins
+            completed = int(progress.sum())
+            factor = staleness_scale(completed - seen) if stale else 1.0
+            if schedule is not None:  # at m = the updates counted + 1
+                factor *= schedule(completed + 1)
+            if factor != 1.0:
+                step.mul_(factor)
         if slow is not None:
             began = slow.before(1)
         for block, at_w, _ in ops:  # the step is on w's device now: index it from w's side

@@ -43,13 +43,15 @@ def test_a_rule_without_concurrency_is_the_simulators_to_the_bit(mode, workers, 
         assert np.nanmax(real.trace["delta_norm"]) < 1e-10
 
 
-def test_staleness_lr_divides_by_the_completions_a_worker_saw():
+@pytest.mark.parametrize("launch", [None, "threads"])
+def test_staleness_lr_divides_by_the_completions_a_worker_saw(launch):
     """Two workers: each factor is 1/τ for the τ completions a worker counted between its
     read's start and its write's start: at most one more than the trace's staleness (which
     counts write ends on to its own write's end; an update is counted just after its write
-    ends, so one that ended before the read began may be counted after it)."""
+    ends, so one that ended before the read began may be counted after it); worker
+    processes, and torch worker threads (the CUDA workers' loop)."""
     s = scenario(*TINY, "run.protocol=staleness_lr", "run.updates=2000")
-    real = run_real(s, 2, "staleness_lr", dtype="float64", timeout=120)
+    real = run_real(s, 2, "staleness_lr", dtype="float64", timeout=120, launch=launch)
     assert real.failure is None and len(real.trace) == 2000
     scale = real.trace["lr_scale"]
     tau = np.rint(1 / scale)
@@ -58,12 +60,23 @@ def test_staleness_lr_divides_by_the_completions_a_worker_saw():
     assert (scale >= bound).all()
 
 
+def test_one_torch_worker_with_staleness_lr_and_a_schedule_is_the_simulators():
+    """A torch worker thread (the CUDA workers' loop), float64: staleness_lr (τ = 0 alone)
+    and an inv_sqrt schedule take the simulator's factors exactly, and its vector is the
+    simulator's to 1e-12 (autograd sums in another order than the numpy gradient)."""
+    s = scenario(*TINY, "run.protocol=staleness_lr", "run.lr_schedule=inv_sqrt")
+    real = run_real(s, 1, "staleness_lr", dtype="float64", timeout=120, launch="threads")
+    simulated = simulate(real.scenario)
+    assert real.failure is None
+    assert np.array_equal(real.trace["lr_scale"], simulated["lr_scale"])
+    np.testing.assert_allclose(real.trace["w_final"], simulated["w_final"], rtol=1e-12,
+                               atol=1e-14)
+
+
 def test_rules_refuse_what_they_do_not_run(tmp_path, capsys):
     s = scenario(*TINY, "run.protocol=dcasgd")
-    with pytest.raises(ScenarioError, match="update rules run on CPU worker processes"):
+    with pytest.raises(ScenarioError, match="delay compensation runs on CPU worker processes"):
         run_real(s, 2, "dcasgd", launch="threads")
-    with pytest.raises(ScenarioError, match=r"run\.lr_schedule"):
-        run_real(scenario(*TINY, "run.lr_schedule=inverse"), 2, "lockfree", launch="threads")
     out = tmp_path / "run"
     sets = [a for o in (*TINY, "run.protocol=staleness_lr") for a in ("--set", o)]
     assert main(["real", "--out", str(out), "--quiet", *sets]) == 0
