@@ -648,7 +648,7 @@ def _inject(state: _Server, push: _Push) -> None:
             np.copyto(part, lr * g, casting="same_kind")
             push.errors.append(norm)
             push.lost.append(injector.dropped(thread))
-        push.step = mean_step(push.parts)
+        push.step, push.parts = mean_step(push.parts), None  # (the parts are not kept)
         return
     for sample in push.samples:
         norm = 0.0
@@ -670,7 +670,9 @@ def _inject(state: _Server, push: _Push) -> None:
 def _round_stored(state: _Server, push: _Push) -> None:
     """``inject.write_bits``: round the values the push stored (its samples' supports)."""
     supports = [state.problem.support(s) for s in push.samples]
-    if any(s is None for s in supports):  # dense: every value
+    if state.scenario.paramserver.accumulate > 1 or any(s is None for s in supports):
+        # dense: every value (accumulated pushes are, as the simulator's: errors reach every
+        # coordinate)
         rounded = state.w.astype(np.float64)
         state.injector.quantize(rounded)
         np.copyto(state.w, rounded, casting="same_kind")

@@ -161,8 +161,8 @@ def _loop(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any, devic
         sample = int(stream.take())
         ops = dense if dense is not None else _ops(bounds, problem.support(sample), w.device,
                                                    dev)
-        if slow is not None:  # (before the lock: a death must not hold it)
-            slow.hold()
+        if slow is not None and not slow.hold(gone):  # (before the lock: a death must not
+            break  # hold it; a thread stopped during a pause stops there)
         if lock is not None:
             lock.acquire()
         read_start = clock()
@@ -205,15 +205,16 @@ def _loop(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any, devic
         if slow is not None:
             slow.after(1, began)
         write_end = clock()
+        times[i] = (read_start, read_end, grad_end, write_end)
+        samples[i] = sample
+        # Counted before the next writer may start (τ and a schedule's m count it).
+        progress[spec.rank] = i + 1
         if lock is not None:
             lock.release()
         if steps is not None:  # outside the timed phases
             steps[i].copy_(step)
         if scales is not None:
             scales[i] = factor
-        times[i] = (read_start, read_end, grad_end, write_end)
-        samples[i] = sample
-        progress[spec.rank] = i + 1
 
 
 def _subtract(w: Any, where: Any, values: Any, dense: bool) -> None:

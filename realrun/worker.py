@@ -646,18 +646,26 @@ class Slowed:
         """Whether the worker's death has come by ``now``."""
         return self.death is not None and now >= self.death
 
-    def hold(self) -> None:
+    def hold(self, gone: Callable[[], bool] | None = None) -> bool:
         """Before an update: wait while the clock is in a pause window; die once it has
-        passed the worker's death.
+        passed the worker's death. False: ``gone`` said to stop during a pause (a worker
+        thread's stop; looked at every 10 ms).
 
         Raises:
             Died: the death's time has come."""
         now = time.monotonic_ns()
         while (end := self.paused_until(now)) is not None:
-            _until(end)
+            if gone is None:
+                _until(end)
+            else:
+                while (left := end - time.monotonic_ns()) > 0:
+                    if gone():
+                        return False
+                    time.sleep(min(left / 1e9, 0.01))
             now = time.monotonic_ns()
         if self.dead(now):
             raise Died
+        return True
 
     def stretch(self, began: int) -> None:
         """Make the phase that began at ``began`` (ns) last ``factor`` times as long."""

@@ -231,7 +231,9 @@ def test_one_trainer_with_injected_delays_is_the_simulators_paramserver(delays):
     ("inject.error=noise", "inject.error_bound=0.2", "inject.error_relative=true",
      "inject.drop=0.1", "paramserver.accumulate=3"),
     ("problem.name=sparse_logistic", "inject.error=adversarial", "inject.error_bound=0.3",
-     "inject.drop=0.2", "paramserver.accumulate=2")])
+     "inject.drop=0.2", "paramserver.accumulate=2"),
+    ("problem.name=sparse_logistic", "inject.error=noise", "inject.error_bound=0.3",
+     "inject.write_bits=8", "inject.drop=0.1", "paramserver.accumulate=2")])
 def test_one_trainer_with_injections_is_the_simulators_paramserver(injected):
     """float64, one trainer: the server draws each pull's delay and each gradient's error
     and drop from the simulator's stream of the trainer's thread, in the simulator's order,

@@ -58,6 +58,8 @@ def test_staleness_lr_divides_by_the_completions_a_worker_saw(launch):
     np.testing.assert_allclose(scale, [staleness_scale(int(t)) for t in tau], rtol=0)
     bound = np.array([staleness_scale(int(x) + 1) for x in real.trace["staleness"]])
     assert (scale >= bound).all()
+    if launch == "threads":  # (processes seldom overlap on this machine's two cores)
+        assert (scale < 1).mean() > 0.01
 
 
 def test_one_torch_worker_with_staleness_lr_and_a_schedule_is_the_simulators():

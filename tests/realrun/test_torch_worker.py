@@ -87,6 +87,24 @@ def test_torch_workers_honour_a_learning_rate_schedule():
     m, t = np.rint(1 / two.trace["lr_scale"] ** 2), two.trace["step"]
     assert np.all(m <= t) and np.mean(m >= t - 1) > 0.95
     np.testing.assert_allclose(two.trace["lr_scale"], 1 / np.sqrt(m), rtol=1e-15)
+    # Under a lock each update is counted before the next one's write: m = t exactly.
+    locked = run_real(scenario(*TINY, "run.lr_schedule=inverse"), 2, "locked", "float64",
+                      timeout=120, launch="threads", measure_every=1)
+    assert locked.failure is None
+    np.testing.assert_array_equal(np.rint(1 / locked.trace["lr_scale"]),
+                                  locked.trace["step"])
+
+
+def test_a_stopped_thread_leaves_its_pause():
+    """A worker thread paused for 20 s stops when the run's timeout stops it, instead of
+    sleeping out the pause and then updating the buffers of a run that has returned."""
+    import threading
+
+    before = threading.active_count()
+    s = scenario(*TINY, "inject.pauses=[{thread=1, start=1000000, end=20000000000}]")
+    run = run_real(s, 2, "lockfree", "float64", timeout=1, launch="threads")
+    assert run.failure is not None and "timeout" in run.failure["reason"]
+    assert threading.active_count() == before
 
 
 def test_locked_threads_measure_no_error_and_lose_nothing():
