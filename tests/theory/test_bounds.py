@@ -12,7 +12,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from realrun.runner import run_real
 from simulator.engine import simulate
 from simulator.errors import ScenarioError
 from simulator.problems import make_problem
@@ -183,11 +182,9 @@ def test_lr_schedules_are_plain_sgd_with_a_decaying_rate(schedule, factor, tmp_p
     assert (tmp_path / "a.npz").read_bytes() == (tmp_path / "b.npz").read_bytes()
 
 
-def test_real_runs_refuse_a_schedule_where_the_workers_have_none():
-    """CPU worker processes run a schedule (tests/realrun/test_rules.py); torch worker threads
-    do not yet, and refuse it; an unknown schedule is one line."""
-    with pytest.raises(ScenarioError, match=r"run\.lr_schedule"):
-        run_real(scenario(*SERIAL, "run.lr_schedule=inverse"), 1, "serial", launch="threads")
+def test_an_unknown_schedule_is_refused():
+    """Every real backend runs the schedules (tests/realrun/test_rules.py,
+    test_torch_worker.py, test_ps.py); an unknown one is one line."""
     with pytest.raises(ScenarioError, match="lr_schedule"):
         scenario("run.lr_schedule=cosine")
 
