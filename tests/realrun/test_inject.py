@@ -132,7 +132,8 @@ def test_a_paused_worker_starts_no_phase_in_its_window_and_a_straggler_is_slower
     began = np.sort(trace["read_start"][mine])
     gap = int(np.argmax(np.diff(began)))
     assert np.diff(began)[gap] >= 9_800_000  # the window, less one update at most
-    assert 1_000_000 < began[gap] <= 2_000_000 and began[gap + 1] >= 11_000_000
+    # (the last read before it may be well before 2 ms: a loaded machine deschedules workers)
+    assert began[gap] <= 2_000_000 and began[gap + 1] >= 11_000_000
     others = trace["read_start"][~mine]
     assert np.any((others > began[gap]) & (others < began[gap + 1]))
     grad = trace["grad_end"] - trace["grad_start"]
