@@ -115,7 +115,8 @@ SUPPORT: tuple[tuple[str, str, str], ...] = (
      "receives it, with its exact staleness; `lock_free`: one update thread per trainer "
      "subtracts its pushes from the vector with no lock, measure mode's view is every push "
      "applied in completion order and the summary's `hardware_loss` what the real vector "
-     "lacks; not with `warm_start` or `write_bits`)"),
+     "lacks; not with `warm_start` or `write_bits`; `servers`: 0 or 1, the one server "
+     "serving one message at a time; a pool of several refused)"),
     ("`[dcasgd]`", "honoured with `dcasgd`, else inert",
      "honoured with `paramserver.rule = dcasgd`, else inert"),
     ("`[admm]`", "honoured with `admm` (CPU worker processes), else inert", "inert"),
@@ -166,6 +167,9 @@ def _unsupported(scenario: Scenario, backend: str, mode: str) -> tuple[str, Any,
         if scenario.paramserver.lock_free and scenario.inject.write_bits:
             return ("inject.write_bits", scenario.inject.write_bits, "a lock-free server's "
                     "update threads store full precision (paramserver.lock_free)")
+        if options.servers > 1:
+            return ("paramserver.servers", options.servers, "the real server is one rank, "
+                    "serving one message at a time (0 or 1)")
         if run.blocks != 1:
             return "run.blocks", run.blocks, "the real server holds the vector as one shard"
         if run.split != "shared":

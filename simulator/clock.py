@@ -25,7 +25,7 @@ _LAST = EventPriority(NORMAL + 1)  # the scheduler's: after every event of its s
 if TYPE_CHECKING:
     from simulator.scenario import Scenario
 
-__all__ = ["Clocks", "Scheduled", "refuse_unscheduled", "resources"]
+__all__ = ["Clocks", "Pool", "Scheduled", "refuse_unscheduled", "resources"]
 
 Hold = Callable[[int, int], int]
 Place = tuple[simpy.Resource, Request]  # a pool and the request for a place in it
@@ -45,6 +45,21 @@ def resources(env: simpy.Environment, scenario: Scenario, threads: int,
     buses = [simpy.Resource(env, d.bus) if d.bus > 0 else None for d in scenario.devices]
     devices = [scenario.device_of(t) for t in range(threads)]
     return [pools[d] for d in devices], [buses[d] for d in devices]
+
+
+class Pool:
+    """Servers that each serve one shard transfer at a time (``paramserver.servers``): a
+    block's transfer holds its server (``of_block``) for its duration, less the latency of
+    its message when it is a message's first block (``latency``, per thread: the message is
+    in flight meanwhile), so the transfers one server receives queue. ``busy`` and
+    ``waited`` sum, per server, the time it served and the time transfers waited for it."""
+
+    def __init__(self, env: simpy.Environment, servers: int, of_block: list[int],
+                 latency: list[int]) -> None:
+        self.places = [simpy.Resource(env, 1) for _ in range(servers)]
+        self.of_block, self.latency = of_block, latency
+        self.busy = [0] * servers
+        self.waited = [0] * servers
 
 
 class Clocks:
@@ -75,6 +90,14 @@ class Clocks:
         self.pooled = [core is not None or b is not None for core, b in zip(cores, bus,
                                                                             strict=True)]
         self._seized: list[list[Place] | None] = [None] * len(now)
+        self._pool: Pool | None = None
+
+    def serve(self, pool: Pool) -> None:
+        """Block transfers hold their server in ``pool`` (set before the run starts): every
+        thread's actions go through simpy."""
+        self._pool = pool
+        self._plain = [False] * len(self.now)
+        self._free = [False] * len(self.now)
 
     def start(self) -> None:
         """The threads' processes exist: start what drives the clock (nothing here)."""
@@ -83,25 +106,30 @@ class Clocks:
         """A ``load_store`` write's load as an action of its own (where ``loads``)."""
         raise NotImplementedError
 
-    def advance(self, thread: int, duration: int, transfer: bool) -> simpy.Event | None:
-        """Spend ``duration`` ns on one action (a block transfer when ``transfer``); the
-        event to wait for, or ``None`` if the action completes without anything else
-        happening first."""
+    def advance(self, thread: int, duration: int, transfer: bool, block: int = -1,
+                first: bool = False) -> simpy.Event | None:
+        """Spend ``duration`` ns on one action (a block transfer when ``transfer``: of
+        ``block``, its message's ``first``); the event to wait for, or ``None`` if the
+        action completes without anything else happening first."""
         env = self.env
         if not self._plain[thread]:
+            served = (self._served(thread, block, first, duration)
+                      if self._pool is not None and transfer and block >= 0 else None)
             seized = self._seized[thread]
             if seized is not None:  # the places are taken: the action runs now
                 self._seized[thread] = None
-                return env.process(self._hold(duration, seized))
+                return env.process(self._hold(duration, seized, served))
             if self._holds[thread]:
                 self.skip_holds(thread)
                 for stretch in self._stretch[thread]:
                     duration = stretch(thread, self.now[thread], duration)
+                if served is not None:
+                    served = self._served(thread, block, first, duration)
             core = self._cores[thread]
             bus = self._bus[thread] if transfer else None
-            if core is not None or bus is not None:
+            if core is not None or bus is not None or served is not None:
                 return env.process(self._take(self.now[thread] - int(env.now), duration,
-                                               core, bus))
+                                               (core, bus), served))
         end = self.now[thread] = self.now[thread] + duration
         if self._ahead[thread]:
             if end < env.peek():
@@ -180,12 +208,22 @@ class Clocks:
                 request.cancel()
         self._seized[thread] = None
 
-    def _take(self, lag: int, duration: int,
-              *pools: simpy.Resource | None) -> Generator[Any, Any, None]:
-        """Catch up with the thread's clock, take core/bus places, hold them ``duration``."""
+    def _served(self, thread: int, block: int, first: bool,
+                duration: int) -> tuple[int, int]:
+        """A block transfer's server in the pool, and the part of ``duration`` its message
+        is in flight before the server takes it (the latency, on a message's first block)."""
+        servers = self._pool
+        assert servers is not None
+        return (servers.of_block[block],
+                min(servers.latency[thread], duration) if first else 0)
+
+    def _take(self, lag: int, duration: int, pools: tuple[simpy.Resource | None, ...],
+              served: tuple[int, int] | None = None) -> Generator[Any, Any, None]:
+        """Catch up with the thread's clock, take core/bus places, hold them ``duration``
+        (and a server for its part: ``_hold``)."""
         requests: list[Place] = []
         yield from self._request(lag, pools, requests)
-        yield from self._hold(duration, requests)
+        yield from self._hold(duration, requests, served)
 
     def _request(self, lag: int, pools: tuple[simpy.Resource | None, ...],
                  into: list[Place]) -> Generator[Any, Any, None]:
@@ -197,12 +235,26 @@ class Clocks:
         for _, request in into:
             yield request
 
-    def _hold(self, duration: int,
-              requests: list[Place]) -> Generator[Any, Any, None]:
-        """Hold granted places ``duration`` ns, then give them back."""
-        yield self.env.timeout(duration)
-        for pool, request in requests:
-            pool.release(request)
+    def _hold(self, duration: int, requests: list[Place],
+              served: tuple[int, int] | None = None) -> Generator[Any, Any, None]:
+        """Hold granted places ``duration`` ns, then give them back. A transfer ``served``
+        (server, time in flight) holds them while its message is in flight and while it
+        waits for its server, then holds the server too for the rest of ``duration``."""
+        env, servers = self.env, self._pool
+        if served is not None and servers is not None:
+            server, flight = served
+            if flight:
+                yield env.timeout(flight)
+                duration -= flight
+            place, asked = servers.places[server], int(env.now)
+            request = place.request()
+            yield request
+            servers.waited[server] += int(env.now) - asked
+            servers.busy[server] += duration
+            requests = [*requests, (place, request)]
+        yield env.timeout(duration)
+        for pool, granted in requests:
+            pool.release(granted)
 
     def catch_up(self, thread: int) -> Generator[Any, Any, None]:
         """Bring simpy's clock up to the thread's (before touching shared simpy state)."""
@@ -242,6 +294,10 @@ def refuse_unscheduled(scenario: Scenario) -> None:
                 raise ScenarioError(f"hardware.{table}", plain(spec), "under a scheduler the "
                                     "schedule is the timing: hardware timing models do not "
                                     f"apply{hint}")
+    if scenario.run.protocol == "paramserver" and scenario.paramserver.servers:
+        raise ScenarioError("paramserver.servers", scenario.paramserver.servers,
+                            "under a scheduler the schedule is the timing: servers' queues "
+                            "do not apply")
     for name in _TIMED:
         if getattr(scenario.inject, name):
             raise ScenarioError(f"inject.{name}", plain(getattr(scenario.inject, name)),
@@ -309,7 +365,8 @@ class Scheduled(Clocks):
         step = self._waiting[thread] = _Step(self.env, 1)
         return step
 
-    def advance(self, thread: int, duration: int, transfer: bool) -> simpy.Event:
+    def advance(self, thread: int, duration: int, transfer: bool, block: int = -1,
+                first: bool = False) -> simpy.Event:
         return self._action(thread)
 
     def spent(self, durations: list[int]) -> list[int]:

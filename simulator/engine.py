@@ -27,7 +27,7 @@ import numpy as np
 import simpy
 
 from simulator.budget import preflight
-from simulator.clock import Clocks, Scheduled, refuse_unscheduled, resources
+from simulator.clock import Clocks, Pool, Scheduled, refuse_unscheduled, resources
 from simulator.errors import ScenarioError
 from simulator.hardware import Writing, build, overrides
 from simulator.inject import Injector, Pauses, start_deaths
@@ -377,7 +377,7 @@ class Engine:
                 i = run
                 continue
             block, index = ops[i][0], ops[i][1]
-            wait = self._advance(thread, u.read_ns[i], True)
+            wait = self._advance(thread, u.read_ns[i], True, block, i == 0)
             if wait is not None:
                 yield wait
                 clock[thread] = int(self.env.now)
@@ -394,6 +394,11 @@ class Engine:
         if self._delays:
             np.copyto(local, past)
         self._pulled[thread] = (u.start_completed, u.delay)
+
+    def serve(self, pool: Pool) -> None:
+        """Block transfers hold their server in ``pool`` (a protocol's ``setup``: the
+        parameter server's pool)."""
+        self._clocks.serve(pool)
 
     def read_copy(self, thread: int) -> np.ndarray:
         """The vector ``thread``'s update in flight read (its local copy)."""
@@ -507,7 +512,7 @@ class Engine:
                 writing = sweeping.enter(block, Writing(
                     u, clock[thread], clock[thread] + write_ns[i] - lead, step[vsel],
                     mode.lost_of(block)))
-            wait = self._advance(thread, write_ns[i] - lead, True)
+            wait = self._advance(thread, write_ns[i] - lead, True, block, i == 0)
             if wait is not None:
                 yield wait
                 clock[thread] = int(self.env.now)

@@ -32,6 +32,11 @@ per shard (``DeviceSpec``). Options (``[paramserver]``):
   arrived (its link time into its write) and stored as loaded − step when the write ends,
   so pushes whose updates of a shard overlap lose one; with a free link it is exactly the
   ``lockfree`` protocol;
+* ``servers`` S > 0: a server pool (DistBelief's, Project Adam's): the shards are spread
+  over S servers (block b of B on server ⌊b·S/B⌋) and each serves one shard transfer at a
+  time, so the transfers one server receives queue (``simulator.clock.Pool``: a transfer
+  holds its server for its duration less its message's latency); the trace's
+  ``extra_server_busy_ns`` and ``extra_server_wait_ns`` give each server's load;
 * ``run.lr_schedule``: applied by the server too, to each push it keeps as the push arrives
   (m = the completions then + 1, as a real server counts them), before its rule; with rounds
   by the engine as the round's writer begins.
@@ -47,6 +52,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import simpy
 
+from simulator.clock import Pool
 from simulator.memory import Coords, LoadStore, Op, SharedMemory, WriteMode
 from simulator.protocols.base import GROUPED, MEMBER, Protocol
 from simulator.protocols.dcasgd import DCASGD
@@ -91,6 +97,7 @@ class ParamServer(Protocol):
         self.count = np.zeros(k, dtype=np.int64)
         self.retired: list[int] = []
         self.finished: set[int] = set()
+        self.pool = self._pool(engine) if self.options.servers else None
         if self.options.lock_free:  # each shard loaded once it has arrived
             engine.stores = _Arrived(engine.mem, engine.lost, engine.scenario,
                                      engine.problem.dim, engine.dense_ops)
@@ -100,6 +107,17 @@ class ParamServer(Protocol):
             engine.stores = _Arrivals(engine, engine.stores, self.options.staleness_limit,
                                       None if rule == "none"
                                       else _RULES[rule](self.scenario), schedule)
+
+    def _pool(self, engine: Engine) -> Pool:
+        """The server pool: block b of B on server ⌊b·S/B⌋ (contiguous shards), each
+        serving one transfer at a time; a message's latency is its thread's link's."""
+        scenario, servers = engine.scenario, self.options.servers
+        blocks = scenario.run.blocks
+        pool = Pool(engine.env, servers, [b * servers // blocks for b in range(blocks)],
+                    [link_of(scenario.devices[scenario.device_of(t)])[0]
+                     for t in range(engine.threads)])
+        engine.serve(pool)
+        return pool
 
     def active(self, engine: Engine, thread: int) -> bool:
         return thread not in self.retired
@@ -176,7 +194,11 @@ class ParamServer(Protocol):
             self.rounds.held = 0
 
     def report(self) -> dict[str, np.ndarray]:
-        return {"retired_threads": np.asarray(self.retired, dtype=np.int64)}
+        extras = {"retired_threads": np.asarray(self.retired, dtype=np.int64)}
+        if self.pool is not None:  # per server: the time it served, transfers waited for it
+            extras["server_busy_ns"] = np.asarray(self.pool.busy, dtype=np.int64)
+            extras["server_wait_ns"] = np.asarray(self.pool.waited, dtype=np.int64)
+        return extras
 
 
 _RULES: dict[str, type[Protocol]] = {"staleness_lr": StalenessLR, "dcasgd": DCASGD}

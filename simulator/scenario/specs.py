@@ -343,7 +343,10 @@ class ParamServerSpec:
     updating"): a shard's update loads it once the shard has arrived (after the push's link
     time) and stores loaded − step when its update ends (its memory time), so two pushes
     whose updates of a shard overlap lose one (a lost update; with ``run.write_mode =
-    "load_store"`` and no ``run.store_grain``)."""
+    "load_store"`` and no ``run.store_grain``); ``servers`` S > 0 spreads the shards
+    (``run.blocks``) over a pool of S servers (DistBelief's and Project Adam's), each serving
+    one message at a time, so the shard transfers one server receives queue (0: the server
+    takes no time of its own)."""
 
     staleness_limit: int = key(0, "a push staler than this when it reaches the server "
                                "is discarded (0: keep every push)", bounds=">= 0")
@@ -363,9 +366,14 @@ class ParamServerSpec:
                           "once it has arrived and stored as loaded - step when its update "
                           "ends, so pushes to a shard can overwrite each other (false: an "
                           "atomic add per shard)")
+    servers: int = key(0, "servers the shards (run.blocks) are spread over, each serving one "
+                       "shard transfer at a time (0: the server takes no time of its own)",
+                       bounds=">= 0")
 
     def __post_init__(self) -> None:
         check_ints(self)
+        check(self.servers >= 0, "servers", self.servers,
+              "must be >= 0 (0: the server takes no time of its own)")
         check(self.staleness_limit >= 0, "staleness_limit", self.staleness_limit,
                "must be >= 0 (0: keep every push)")
         check(self.accumulate >= 1, "accumulate", self.accumulate, "must be >= 1")
@@ -547,6 +555,14 @@ class Scenario:
                   f"'{self.run.write_mode}' says otherwise")
             check(self.run.store_grain == 0, "paramserver.lock_free", True,
                   "a lock-free server updates a shard whole; run.store_grain must be 0")
+        if self.run.protocol == "paramserver" and self.paramserver.servers:
+            servers = self.paramserver.servers
+            check(servers <= self.run.blocks, "paramserver.servers", servers,
+                  f"must be <= run.blocks ({self.run.blocks}): each server holds at least "
+                  "one shard")
+            check(not self.paramserver.lock_free, "paramserver.servers", servers,
+                  "a lock-free server's shard loads are not modelled with a server pool "
+                  "(paramserver.lock_free)")
 
     def slot_of(self, thread: int) -> int:
         """The thread's slot (``RunSpec`` docstring, ``placement``)."""
