@@ -49,10 +49,11 @@ def resources(env: simpy.Environment, scenario: Scenario, threads: int,
 
 class Pool:
     """Servers that each serve one shard transfer at a time (``paramserver.servers``): a
-    block's transfer holds its server (``of_block``) for its duration, less the latency of
-    its message when it is a message's first block (``latency``, per thread: the message is
-    in flight meanwhile), so the transfers one server receives queue. ``busy`` and
-    ``waited`` sum, per server, the time it served and the time transfers waited for it."""
+    pull or push sends each server its shards as one message, which is in flight for the
+    thread's link's ``latency`` before its first shard asks for the server (``of_block``);
+    each shard's transfer then holds the server for its duration, so the transfers one
+    server receives queue. ``busy`` and ``waited`` sum, per server, the time it served and
+    the time transfers waited for it."""
 
     def __init__(self, env: simpy.Environment, servers: int, of_block: list[int],
                  latency: list[int]) -> None:
@@ -107,13 +108,14 @@ class Clocks:
         raise NotImplementedError
 
     def advance(self, thread: int, duration: int, transfer: bool, block: int = -1,
-                first: bool = False) -> simpy.Event | None:
+                after: int = -1) -> simpy.Event | None:
         """Spend ``duration`` ns on one action (a block transfer when ``transfer``: of
-        ``block``, its message's ``first``); the event to wait for, or ``None`` if the
-        action completes without anything else happening first."""
+        ``block``, after the transfer of block ``after`` in the same read or write, −1 for
+        its first); the event to wait for, or ``None`` if the action completes without
+        anything else happening first."""
         env = self.env
         if not self._plain[thread]:
-            served = (self._served(thread, block, first, duration)
+            served = (self._served(thread, block, after)
                       if self._pool is not None and transfer and block >= 0 else None)
             seized = self._seized[thread]
             if seized is not None:  # the places are taken: the action runs now
@@ -123,8 +125,6 @@ class Clocks:
                 self.skip_holds(thread)
                 for stretch in self._stretch[thread]:
                     duration = stretch(thread, self.now[thread], duration)
-                if served is not None:
-                    served = self._served(thread, block, first, duration)
             core = self._cores[thread]
             bus = self._bus[thread] if transfer else None
             if core is not None or bus is not None or served is not None:
@@ -208,14 +208,15 @@ class Clocks:
                 request.cancel()
         self._seized[thread] = None
 
-    def _served(self, thread: int, block: int, first: bool,
-                duration: int) -> tuple[int, int]:
-        """A block transfer's server in the pool, and the part of ``duration`` its message
-        is in flight before the server takes it (the latency, on a message's first block)."""
+    def _served(self, thread: int, block: int, after: int) -> tuple[int, int]:
+        """A block transfer's server in the pool, and how long its message is in flight
+        before it asks for the server: the latency, on the first block of a server's
+        message (the first, or after a block of another server)."""
         servers = self._pool
         assert servers is not None
-        return (servers.of_block[block],
-                min(servers.latency[thread], duration) if first else 0)
+        server = servers.of_block[block]
+        first = after < 0 or servers.of_block[after] != server
+        return server, servers.latency[thread] if first else 0
 
     def _take(self, lag: int, duration: int, pools: tuple[simpy.Resource | None, ...],
               served: tuple[int, int] | None = None) -> Generator[Any, Any, None]:
@@ -239,13 +240,12 @@ class Clocks:
               served: tuple[int, int] | None = None) -> Generator[Any, Any, None]:
         """Hold granted places ``duration`` ns, then give them back. A transfer ``served``
         (server, time in flight) holds them while its message is in flight and while it
-        waits for its server, then holds the server too for the rest of ``duration``."""
+        waits for its server, then holds the server too for ``duration``."""
         env, servers = self.env, self._pool
         if served is not None and servers is not None:
             server, flight = served
             if flight:
                 yield env.timeout(flight)
-                duration -= flight
             place, asked = servers.places[server], int(env.now)
             request = place.request()
             yield request
@@ -366,7 +366,7 @@ class Scheduled(Clocks):
         return step
 
     def advance(self, thread: int, duration: int, transfer: bool, block: int = -1,
-                first: bool = False) -> simpy.Event:
+                after: int = -1) -> simpy.Event:
         return self._action(thread)
 
     def spent(self, durations: list[int]) -> list[int]:

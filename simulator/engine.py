@@ -108,7 +108,8 @@ class Engine:
         self._setup_memory()
         self.source = source if source is not None else SampledSource(
             scenario, self.threads, self.problem.n_samples, self._dense_fractions,
-            self.protocol.network, self.problem.dim, self.protocol.grad_work)
+            self.protocol.network, self.problem.dim, self.protocol.grad_work,
+            self.protocol.latency)
         self.replayed = not isinstance(self.source, SampledSource)
         self.label = "simulated" if choose is None else "scheduled"  # the trace's source
         metrics = scenario.metrics
@@ -377,7 +378,7 @@ class Engine:
                 i = run
                 continue
             block, index = ops[i][0], ops[i][1]
-            wait = self._advance(thread, u.read_ns[i], True, block, i == 0)
+            wait = self._advance(thread, u.read_ns[i], True, block, ops[i - 1][0] if i else -1)
             if wait is not None:
                 yield wait
                 clock[thread] = int(self.env.now)
@@ -512,7 +513,8 @@ class Engine:
                 writing = sweeping.enter(block, Writing(
                     u, clock[thread], clock[thread] + write_ns[i] - lead, step[vsel],
                     mode.lost_of(block)))
-            wait = self._advance(thread, write_ns[i] - lead, True, block, i == 0)
+            wait = self._advance(thread, write_ns[i] - lead, True, block,
+                                 writes[i - 1][0] if i else -1)
             if wait is not None:
                 yield wait
                 clock[thread] = int(self.env.now)

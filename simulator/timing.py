@@ -210,7 +210,7 @@ class SampledSource:
 
     def __init__(self, scenario: Scenario, threads: int, n_samples: int,
                  dense: Sequence[float], network: bool = False, dim: int = 0,
-                 grad_work: int = 1) -> None:
+                 grad_work: int = 1, latency: bool = True) -> None:
         self.scenario = scenario
         self.dense = dense
         self.grad_work = grad_work
@@ -258,7 +258,8 @@ class SampledSource:
             # as the device has cores.
             self._slowdown.append(timing.slowdown(min(threads, spec.cores or threads)))
             self._dense_scale.append(np.asarray(dense, dtype=np.float64) / speed)
-            self._link.append(link_of(spec) if network else (0, 0.0))
+            link = link_of(spec) if network else (0, 0.0)
+            self._link.append(link if latency else (0, link[1]))
             self._streams.append((
                 sample_stream(scenario.run.seed, threads, thread, n_samples),
                 _Stream(partial(timing.read.sample, gens[1])),

@@ -43,9 +43,10 @@ class Protocol:
 
     Flags: ``dense`` makes every update move every block with a dense gradient (needed to
     average gradients of different samples); ``network`` makes pulls and pushes pay the
-    devices' link latency and bandwidth; ``atomic`` forces atomic block adds whatever
-    ``run.write_mode`` says (a server applies each push to a shard in one piece; an
-    instance may say otherwise: a lock-free server);
+    devices' link latency and bandwidth (``latency`` false: the drawn durations carry no
+    latency, the protocol adds each message's: a server pool); ``atomic`` forces atomic
+    block adds whatever ``run.write_mode`` says (a server applies each push to a shard in
+    one piece; an instance may say otherwise: a lock-free server);
     ``exact_view`` false switches the serialized view's δ off (updates that are not SGD
     steps); ``grad_work`` multiplies each sampled gradient duration.
     """
@@ -54,6 +55,7 @@ class Protocol:
     gated: ClassVar[bool] = False
     rule: ClassVar[bool] = False
     network: ClassVar[bool] = False
+    latency: bool = True
     atomic: bool = False
     computes: ClassVar[bool] = False
     exact_view: ClassVar[bool] = True

@@ -34,8 +34,9 @@ per shard (``DeviceSpec``). Options (``[paramserver]``):
   ``lockfree`` protocol;
 * ``servers`` S > 0: a server pool (DistBelief's, Project Adam's): the shards are spread
   over S servers (block b of B on server ⌊b·S/B⌋) and each serves one shard transfer at a
-  time, so the transfers one server receives queue (``simulator.clock.Pool``: a transfer
-  holds its server for its duration less its message's latency); the trace's
+  time, so the transfers one server receives queue (``simulator.clock.Pool``: a pull or
+  push sends each server its shards as one message, in flight for the link's latency, then
+  each shard's transfer holds the server for its duration); the trace's
   ``extra_server_busy_ns`` and ``extra_server_wait_ns`` give each server's load;
 * ``run.lr_schedule``: applied by the server too, to each push it keeps as the push arrives
   (m = the completions then + 1, as a real server counts them), before its rule; with rounds
@@ -82,6 +83,7 @@ class ParamServer(Protocol):
         self.options = scenario.paramserver
         self.dense = self.options.accumulate > 1 or self.options.fraction > 0
         self.atomic = not self.options.lock_free
+        self.latency = not self.options.servers  # a pool adds each server's message's
 
     def setup(self, engine: Engine) -> None:
         k = engine.threads
@@ -110,7 +112,8 @@ class ParamServer(Protocol):
 
     def _pool(self, engine: Engine) -> Pool:
         """The server pool: block b of B on server ⌊b·S/B⌋ (contiguous shards), each
-        serving one transfer at a time; a message's latency is its thread's link's."""
+        serving one transfer at a time; each server's message pays its thread's link's
+        latency."""
         scenario, servers = engine.scenario, self.options.servers
         blocks = scenario.run.blocks
         pool = Pool(engine.env, servers, [b * servers // blocks for b in range(blocks)],

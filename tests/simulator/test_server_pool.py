@@ -57,14 +57,24 @@ def test_a_message_in_flight_does_not_hold_its_server():
                           "devices.0.latency=1000"))
     order = np.argsort(trace["thread"])
     assert trace["read_end"][order].tolist() == [3000, 5000]
-    assert trace["extra_server_wait_ns"].tolist() == [2000 + 0]  # its push found it free
+    assert trace["extra_server_wait_ns"].tolist() == [2000]  # its push found it free
+
+
+@pytest.mark.parametrize(("servers", "end"), [(0, 3000), (1, 3000), (2, 4000)])
+def test_each_servers_message_pays_the_latency(servers, end):
+    """One thread, two shards of 1000 ns, latency 1000: one server gets one message
+    (1000 in flight, then both shards: 3000, as without a pool); two servers get a message
+    each (1000 + 1000, then 1000 + 1000: 4000)."""
+    trace = simulate(pool("run.threads=1", "run.updates=1", "run.blocks=2",
+                          f"paramserver.servers={servers}", "devices.0.latency=1000"))
+    assert trace["read_end"].tolist() == [end]
 
 
 def test_each_servers_time_is_its_shards_transfers_less_their_latency():
     """Random durations, eight threads, four shards on three servers, a link: each server's
     busy time is the sum, over every pull and push, of its shards' recorded transfer times
-    (less the latency on a message's first shard); the run is at least as long as the
-    busiest server; and with a pool the run takes longer than without one."""
+    (which carry no latency: each message's is spent in flight); the run is at least as
+    long as the busiest server; and with a pool the run takes longer than without one."""
     latency = 700
     base = ("run.threads=8", "run.updates=600", "run.blocks=4", "problem.name=quadratic",
             "problem.dim=40", f"devices.0.latency={latency}", "devices.0.bandwidth=0.05",
@@ -76,9 +86,7 @@ def test_each_servers_time_is_its_shards_transfers_less_their_latency():
     for row in range(len(trace)):
         ops = slice(offsets[row], offsets[row + 1])
         for column in ("op_read_ns", "op_write_ns"):
-            ns = trace[column][ops].copy()
-            ns[0] -= min(latency, ns[0])
-            np.add.at(busy, server[trace["op_block"][ops]], ns)
+            np.add.at(busy, server[trace["op_block"][ops]], trace[column][ops])
     assert trace["extra_server_busy_ns"].tolist() == busy.tolist()
     assert trace["write_end"].max() >= busy.max()
     assert (trace["extra_server_wait_ns"] > 0).all()
