@@ -56,6 +56,19 @@ thread starts no action in it), and a pull at or after its trainer's death with 
 death landed, as a CPU worker's update does). Not with rounds. A straggler trainer stretches
 each gradient's compute to ``factor`` times as long.
 
+Asynchronous consensus ADMM (``run.protocol = "admm"``, the simulator's ``admm`` with
+``split = "shared"``): the server's vector is the consensus z; a pull is granted one update,
+and trainer i (thread i) solves its shard's subproblem at the pulled z from its own x_i and
+scaled dual u_i (float64, ``realrun.worker``'s solver: ``simulator.rules.admm_shard``,
+``admm_samples``, ``admm_push``), pushes Δ(x_i + u_i)/k (applied whole, as every push)
+and sends its x_i after it; the server computes the residuals after each push
+(``simulator.rules.admm_residuals``, :class:`_Consensus` says why there). ``run.updates``
+counts pushes, one row each (its first local sample; its compute time is the whole solve
+of ``admm.local_steps`` gradients), as the simulator's admm; the serialized view measures
+no row (a push is not an SGD step). Delays, drops, ``write_bits`` (every value), the
+schedule and stalls act on a push as on a paramserver one; injected errors and every
+``[paramserver]`` option are refused (``realrun.support``).
+
 Every timestamp is the server's ``time.monotonic_ns()`` (a pull's arrival and answer, a
 push's arrival and application; the trainer reports only its compute time), so traces from
 several machines need no common clock. The run directory is the usual one.
@@ -84,6 +97,7 @@ import argparse
 import contextlib
 import dataclasses
 import datetime
+import math
 import os
 import queue
 import socket
@@ -101,7 +115,9 @@ from realrun.runner import DTYPES, _one_of
 from realrun.support import recorded, refuse_unsupported
 from realrun.timeline import hardware_loss
 from realrun.worker import (
+    Consensus,
     Slowed,
+    _Solver,
     another_problem,
     one_thread_each,
     one_thread_env,
@@ -112,6 +128,7 @@ from simulator.errors import AsyngradError, ScenarioError
 from simulator.problems import Problem, make_problem
 from simulator.rules import (
     LR_FACTORS,
+    admm_residuals,
     dc_step,
     mean_step,
     retirements,
@@ -162,6 +179,39 @@ class _Push:
     errors: list[float] = field(default_factory=list)  # per gradient: ‖e‖ injected
     parts: list[np.ndarray] | None = None  # errors with accumulate > 1: each gradient's step
     lost: list[bool] = field(default_factory=list)  # per gradient: its write drawn dropped
+    residuals: tuple[float, float] = (math.nan, math.nan)  # admm: primal, dual after it
+
+
+@dataclass
+class _Consensus:
+    """The server's side of consensus ADMM (``run.protocol = "admm"``): every trainer's x_i
+    and z as the previous completion left it, for the residuals after each completion
+    (``simulator.rules.admm_residuals``, as the simulator's ``ADMM.after_write``).
+
+    Where: the primal residual needs every x_i at once, and only the server sees every push,
+    in its order. So each trainer sends its x_i (d float64 values) after its push, and the
+    server, once it has applied the push, computes both residuals at its own z, with Δz =
+    z_t − z_{t−1} of its own vector: the simulator's definition exactly (CPU workers take
+    their own push as Δz: equal to rounding where pushes do not interleave). Replaying each
+    trainer's solve on the server from its pulled z and samples would give the same x_i,
+    but it would run every solve a second time on the one rank that applies the pushes, one
+    at a time; sending x_i costs one more message of d values per push.
+
+    Exact with one trainer (the simulator's run to the bit). With several, the x_j the
+    server holds for another trainer is the one its last received push sent, where the
+    simulator's thread sets x_j when its solve ends: a trainer whose push is in flight
+    enters the simulator's primal residual with its new x_j and the server's with its
+    previous one (the one consistent with z, which holds the pushes received)."""
+
+    xs: np.ndarray  # (k, d) float64: trainer i's x_i as its last push sent it
+    previous: np.ndarray  # z after the previous completion (float64)
+    rho: float
+
+    def residuals(self, z: np.ndarray) -> tuple[float, float]:
+        """The primal and dual residuals after a completion that left ``z`` (float64)."""
+        moved = z - self.previous
+        np.copyto(self.previous, z)
+        return admm_residuals(self.xs, z, moved, self.rho)
 
 
 @dataclass
@@ -206,6 +256,7 @@ class _Server:
     lock: Any = field(default_factory=contextlib.nullcontext)
     rebuilt: np.ndarray | None = None
     resume: dict[int, int] = field(default_factory=dict)  # rank: its pause's end (ns)
+    consensus: _Consensus | None = None  # run.protocol = admm: the x_i, the residuals
 
 
 def _header_size(accumulate: int) -> int:
@@ -236,11 +287,16 @@ def serve(problem: Problem, scenario: Scenario, trainers: int, timeout: float,
     options = scenario.paramserver
     w0 = problem.initial()
     every = scenario.metrics.every
+    admm = scenario.run.protocol == "admm"  # (a push is not an SGD step: no δ to measure)
     state = _Server(problem, scenario, trainers, np.dtype(dtype), w0.astype(dtype),
-                    SerializedView(problem, scenario.run.lr, w0, scenario.run.updates, measure,
-                                   every, scenario.metrics.curve_points),
+                    SerializedView(problem, scenario.run.lr, w0, scenario.run.updates,
+                                   measure and not admm, every, scenario.metrics.curve_points),
                     datetime.timedelta(seconds=timeout), busy=[0] * trainers,
                     count=[0] * trainers)
+    if admm:
+        state.consensus = _Consensus(np.tile(w0, (trainers, 1)), w0.astype(np.float64),
+                                     scenario.admm.rho)
+    x_i = torch.zeros(problem.dim if admm else 0, dtype=torch.float64)  # (ADMM's, pushed)
     inject = scenario.inject
     if inject.max_delay or inject.error != "none" or inject.drop or inject.write_bits:
         from simulator.inject import Injector
@@ -303,8 +359,12 @@ def serve(problem: Problem, scenario: Scenario, trainers: int, timeout: float,
                     n, ns = int(header[3]), _HEADER + options.accumulate
                     try:
                         receive(steps[:n * problem.dim] if apart else step, source)
+                        if state.consensus is not None:
+                            receive(x_i, source)
                     except RuntimeError as err:
                         raise _PeerFailed(source, err, "sent no step after its push") from None
+                    if state.consensus is not None:  # (the push is applied now, below)
+                        np.copyto(state.consensus.xs[source - 1], x_i.numpy())
                     push = _Push(source - 1, state.seq.get(source, 0),
                                  [int(s) for s in header[_HEADER:_HEADER + n]],
                                  *state.pulled[source][:2], arrived,
@@ -670,9 +730,10 @@ def _inject(state: _Server, push: _Push) -> None:
 def _round_stored(state: _Server, push: _Push) -> None:
     """``inject.write_bits``: round the values the push stored (its samples' supports)."""
     supports = [state.problem.support(s) for s in push.samples]
-    if state.scenario.paramserver.accumulate > 1 or any(s is None for s in supports):
+    if (state.scenario.paramserver.accumulate > 1 or state.consensus is not None
+            or any(s is None for s in supports)):
         # dense: every value (accumulated pushes are, as the simulator's: errors reach every
-        # coordinate)
+        # coordinate; an ADMM push moves every coordinate)
         rounded = state.w.astype(np.float64)
         state.injector.quantize(rounded)
         np.copyto(state.w, rounded, casting="same_kind")
@@ -747,6 +808,8 @@ def _complete(state: _Server, group: list[_Push], release: bool = True) -> None:
     w = (state.w if state.rebuilt is None else state.rebuilt).astype(np.float64)
     samples = [s for p in group for s in p.samples]
     m = state.view.complete(state.version, w, samples, now, group[-1].scale, n=state.gradients)
+    if state.consensus is not None:
+        group[-1].residuals = state.consensus.residuals(w)
     for p in group:
         p.applied = p.completed = state.version
         p.write_end = now
@@ -812,14 +875,15 @@ def _trace(state: _Server, origin: int) -> Trace:
                          j == last and p.applied and not (p.lost and p.lost[-1]),
                          p.delay, p.errors[j] if p.errors else 0.0,
                          bool(p.lost[j]) if p.lost else False, p.scale if j == last else 1.0,
-                         p.measurement if j == last else UNMEASURED))
+                         p.measurement if j == last else UNMEASURED,
+                         p.residuals if j == last else (math.nan, math.nan)))
     rows.sort(key=lambda r: r[:3])
     start = (state.t0 if state.t0 is not None  # (pauses and deaths count from it)
              else min([r[8] for r in rows], default=origin))
     uid = np.argsort(np.argsort([r[8] for r in rows], kind="stable"))
     records = TraceBuilder()
     for i, (_, thread, seq, sample, step, seen, completed, grad_ns, *stamps, copies, stores,
-            delay, error, lost, scale, m) in enumerate(rows):
+            delay, error, lost, scale, m, _) in enumerate(rows):
         rs, re, gs, ge, ws, we = (t - start for t in stamps)
         # The compute as placed in its window (``_rows``): a trainer can start computing
         # before the server stamps its answer (the server is descheduled after the send),
@@ -834,12 +898,15 @@ def _trace(state: _Server, origin: int) -> Trace:
                       max([0, *(r[10] for r in records.rows)]), state.gradients)
     curve = state.view.curve_arrays()
     curve["curve_time"] = np.maximum(curve["curve_time"] - start, 0)
-    retired = np.asarray(state.retired, dtype=np.int64)
+    extras = {"dead_threads": np.asarray(sorted(state.dead), np.int64)}
+    if state.consensus is None:
+        extras["retired_threads"] = np.asarray(state.retired, dtype=np.int64)
+    else:  # (each push's, on its row: the simulator's admm records them in that order)
+        primal, dual = zip(*(r[-1] for r in rows), strict=True) if rows else ((), ())
+        extras["primal_residual"] = np.asarray(primal, dtype=np.float64)
+        extras["dual_residual"] = np.asarray(dual, dtype=np.float64)
     return records.build(scenario_to_toml(state.scenario), state.problem.initial(),
-                         state.w.astype(np.float64), curve,
-                         extras={"retired_threads": retired,
-                                 "dead_threads": np.asarray(sorted(state.dead), np.int64)},
-                         source="real")
+                         state.w.astype(np.float64), curve, extras=extras, source="real")
 
 
 _TIMES = ("read_start", "read_end", "grad_start", "grad_end", "write_start", "write_end")
@@ -848,19 +915,23 @@ _TIMES = ("read_start", "read_end", "grad_start", "grad_end", "write_start", "wr
 def train(problem: Problem, scenario: Scenario, rank: int, trainers: int, timeout: float,
           dtype: str = "float32") -> None:
     """A trainer's loop (rank ≥ 1 of an initialised gloo group): pull, compute the gradients
-    the server granted, push their mean step, until a pull is granted none; then say done.
-    Raises RuntimeError when the server is gone."""
+    the server granted, push their mean step (under ADMM: solve, push, send x_i), until a
+    pull is granted none; then say done. Raises RuntimeError when the server is gone."""
     import torch
     import torch.distributed as dist
 
     from simulator.timing import sample_stream
 
-    options, lr = scenario.paramserver, scenario.run.lr
+    options = scenario.paramserver
     torch_dtype = getattr(torch, dtype)
     stream = sample_stream(scenario.run.seed, trainers, rank - 1, problem.n_samples)
     reply = torch.zeros(3, dtype=torch.int64)
     straggles = Slowed(scenario.inject, rank - 1, 0)  # (its factor; the server runs the rest)
-    apart = _apart(scenario)
+    # ADMM: the CPU workers' solver, on its own row of a local copy of the k rows of x (the
+    # server keeps the others)
+    solver = (_Solver(Consensus(torch.from_numpy(np.tile(problem.initial(), (trainers, 1)))),
+                      scenario, problem, rank - 1, trainers)
+              if scenario.run.protocol == "admm" else None)
     w = torch.zeros(problem.dim, dtype=torch_dtype)
     header = torch.zeros(_header_size(options.accumulate), dtype=torch.int64)
     wait = datetime.timedelta(seconds=timeout)
@@ -882,24 +953,46 @@ def train(problem: Problem, scenario: Scenario, rank: int, trainers: int, timeou
             break
         receive(w)
         local = w.numpy().astype(np.float64)
-        drawn, steps, spent = [], [], []
-        for _ in range(granted):  # each step lr·g, as the simulator's update computes it
-            began = time.monotonic_ns()
-            drawn.append(int(stream.take()))
-            steps.append(lr * problem.dense_grad(local, drawn[-1]))
-            straggles.stretch(began)  # a straggler's compute takes factor times as long
-            spent.append(time.monotonic_ns() - began)
-        step = torch.from_numpy(np.concatenate(steps) if apart
-                                else mean_step(steps)).to(torch_dtype)
+        drawn, pushed, spent = (_gradients(problem, scenario, local, granted, stream, straggles)
+                                if solver is None else _solve(solver, local, stream, straggles))
+        step = torch.from_numpy(pushed).to(torch_dtype)
         header.zero_()
         header[:_HEADER + granted] = torch.tensor([PUSH, rank, int(reply[0]), granted, *drawn])
         ns = _HEADER + options.accumulate
         header[ns:ns + granted] = torch.tensor(spent)
         dist.send(header, 0)
         dist.send(step, 0)
+        if solver is not None:  # its x_i, for the server's residuals
+            dist.send(torch.from_numpy(solver.x), 0)
     header.zero_()
     header[:2] = torch.tensor([DONE, rank])
     dist.send(header, 0)
+
+
+def _gradients(problem: Problem, scenario: Scenario, local: np.ndarray, granted: int,
+               stream: Any, straggles: Slowed) -> tuple[list[int], np.ndarray, list[int]]:
+    """The ``granted`` gradients' samples, the push (their mean step, or with errors their
+    steps apart: ``_apart``) and each one's compute time: each step lr·g at ``local``, as
+    the simulator's update computes it."""
+    drawn, steps, spent = [], [], []
+    for _ in range(granted):
+        began = time.monotonic_ns()
+        drawn.append(int(stream.take()))
+        steps.append(scenario.run.lr * problem.dense_grad(local, drawn[-1]))
+        straggles.stretch(began)  # a straggler's compute takes factor times as long
+        spent.append(time.monotonic_ns() - began)
+    return drawn, np.concatenate(steps) if _apart(scenario) else mean_step(steps), spent
+
+
+def _solve(solver: _Solver, z: np.ndarray, stream: Any,
+           straggles: Slowed) -> tuple[list[int], np.ndarray, list[int]]:
+    """ADMM's one update at the pulled ``z``: the row's sample (the first local one), the
+    push (``simulator.rules.admm_push``, in place on the solver's x_i and u_i) and the
+    solve's compute time (a straggler's stretched, as a CPU worker's solve)."""
+    began = time.monotonic_ns()
+    step, sample = solver.push(z, int(stream.take()))  # (the stream's: an empty shard's)
+    straggles.stretch(began)
+    return [sample], step, [time.monotonic_ns() - began]
 
 
 @dataclass(frozen=True)
@@ -919,21 +1012,23 @@ class PSRun:
 
 def _ps_scenario(scenario: Scenario, trainers: int, measure: bool,
                  timeout: float) -> Scenario:
-    """The embedded scenario: what the server ran (``realrun.support.recorded``), after
-    refusing what it would not honour.
+    """The embedded scenario: what the server ran (``realrun.support.recorded``: ``admm``
+    where the scenario's protocol is, else ``paramserver``), after refusing what it would
+    not honour.
 
     Raises:
         ScenarioError: a field the ps backend does not honour, or an injected pause as long
             as the receive timeout (the server would take the silence for a hung trainer).
     """
-    refuse_unsupported(scenario, "ps", "paramserver")
+    mode = "admm" if scenario.run.protocol == "admm" else "paramserver"
+    refuse_unsupported(scenario, "ps", mode)
     for i, pause in enumerate(scenario.inject.pauses):
         if pause.end - pause.start >= timeout * 1e9:
             raise ScenarioError(f"inject.pauses.{i}.end", pause.end, f"a pause of "
                                 f"{(pause.end - pause.start) / 1e9:g} s reads as a hung "
                                 f"trainer to a server whose receive timeout is {timeout:g} s")
     every = scenario.metrics.every
-    scenario = recorded(scenario, "paramserver", trainers, False, every if measure else None)
+    scenario = recorded(scenario, mode, trainers, False, every if measure else None, "ps")
     preflight(scenario)  # the trace the server builds, as a simulation of it would hold
     return scenario
 
@@ -1067,17 +1162,19 @@ def _dead_trainer(processes: list[Any]) -> dict[str, Any] | None:
 
 def summary_extra(run: PSRun) -> dict[str, Any]:
     """What summary.json adds for a parameter-server run (``updates`` are gradients, as
-    everywhere; ``pushes`` the messages that carried them)."""
+    everywhere, or ADMM's pushes; ``pushes`` the messages that carried them) and the options
+    of its protocol (``[paramserver]`` or ``[admm]``)."""
     gradients = len(run.trace)
     discarded = int((run.trace["step"] == 0).sum())  # (injected drops: the summary's own)
     seconds = max(run.seconds, 1e-9)
-    return {"real": {"backend": "ps", "mode": "paramserver", "workers": run.workers,
+    mode = run.scenario.run.protocol
+    return {"real": {"backend": "ps", "mode": mode, "workers": run.workers,
                      "dtype": run.dtype, "wall_seconds": run.seconds, "pushes": run.pushes,
                      "pushes_per_wall_second": run.pushes / seconds,
                      "updates_per_wall_second": gradients / seconds,
                      "discarded_fraction": discarded / gradients if gradients else None,
                      "failure": run.failure, "hardware_loss": run.hardware_loss,
-                     "paramserver": dataclasses.asdict(run.scenario.paramserver)}}
+                     mode: dataclasses.asdict(getattr(run.scenario, mode))}}
 
 
 def _node_main(argv: list[str] | None = None) -> int:
@@ -1144,7 +1241,8 @@ def _node_main(argv: list[str] | None = None) -> int:
         print(f"realrun.ps: stopped after {pushes} pushes ({failure['reason']}); partial "
               f"results in {args.out}/", file=sys.stderr)
         return 1
-    print(f"realrun.ps: {len(trace)} gradients in {pushes} pushes from {world - 1} trainers; "
+    rows = "updates" if scenario.run.protocol == "admm" else "gradients"  # (a row each)
+    print(f"realrun.ps: {len(trace)} {rows} in {pushes} pushes from {world - 1} trainers; "
           f"wrote {args.out}/")
     return 0
 

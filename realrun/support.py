@@ -18,6 +18,7 @@ from simulator.errors import ScenarioError
 from simulator.scenario import (
     HardwareSpec,
     InjectSpec,
+    ParamServerSpec,
     Scenario,
     SweepingReadsSpec,
     TimingSpec,
@@ -29,7 +30,7 @@ __all__ = ["BACKENDS", "PROTOCOL_OF", "RULE_MODES", "SUPPORT", "recorded",
            "refuse_torch_injections", "refuse_unsupported", "support_markdown"]
 
 BACKENDS = ("shm", "cuda", "ps")
-#: The simulator protocol each real mode runs (``ps`` runs ``paramserver``).
+#: The simulator protocol each real mode runs (``ps`` runs ``paramserver`` or ``admm``).
 PROTOCOL_OF = {"lockfree": "lockfree", "blocklock": "lockfree", "locked": "locked",
                "serial": "serial", "minibatch": "minibatch", "allreduce": "minibatch",
                "roundrobin": "roundrobin",
@@ -50,7 +51,13 @@ _NO_INJECTION = {"ps": "the parameter server injects every fault but into rounds
                  "rounds": "synchronous rounds inject no delays, errors or faults yet "
                  "(simulate it)",
                  "admm": "real ADMM workers inject delays, stragglers, pauses and deaths, "
-                 "not into their pushes (simulate it)"}
+                 "not into their pushes (simulate it)",
+                 "ps-admm": "the parameter server's ADMM injects delays, drops, rounded "
+                 "stores and stalls, no errors (the simulator's admm adds none to its local "
+                 "solves)"}
+#: Why the ps backend's ADMM refuses every ``[paramserver]`` option.
+_NO_SERVER_OPTIONS = ("the simulator's admm has no server options: each push is applied "
+                      "whole, as it arrives (run.protocol = admm)")
 
 #: Field (or section) → (shm and cuda, ps): what a real run does with it.
 SUPPORT: tuple[tuple[str, str, str], ...] = (
@@ -60,11 +67,13 @@ SUPPORT: tuple[tuple[str, str, str], ...] = (
      "`--mode allreduce`: a torch.distributed all-reduce), `roundrobin`, `staleness_lr`, "
      "`dcasgd` and `admm`; on torch workers (CUDA, threads) also `staleness_lr`); another "
      "non-default one refused",
-     "recorded: `paramserver`; another non-default one refused"),
+     "recorded: `paramserver`, or `admm` where `run.protocol = \"admm\"`; another "
+     "non-default one refused"),
     ("`run.threads`", "recorded: `--workers`", "recorded: `--workers` (trainers)"),
     ("`run.updates`", "honoured: gradients computed (one per update), T split evenly",
      "honoured: gradients computed (the server hands out the budget; `accumulate` n pushes "
-     "n at a time)"),
+     "n at a time); under `admm` pushes, each one row and one local solve of "
+     "`admm.local_steps` gradients, as the simulator's admm counts them"),
     ("`run.lr`, `run.seed`", "honoured", "honoured"),
     ("`run.blocks`", "honoured", "refused unless 1 (the server holds one shard)"),
     ("`run.write_mode`", "recorded: `atomic_add` for `blocklock` and `admm`, else "
@@ -110,16 +119,21 @@ SUPPORT: tuple[tuple[str, str, str], ...] = (
      "no gradients (the push in flight lands, as on CPU workers); these not with rounds; "
      "`stragglers` honoured by the trainer: its gradients take `factor` (>= 1) times as long "
      "(the simulator's straggler is slower in its compute and memory phases, not its link; "
-     "the pull's and push's copies are the server's)"),
+     "the pull's and push's copies are the server's); under `admm` the same delays, drops, "
+     "`write_bits` (every value: a push is dense), pauses, deaths and stragglers (the local "
+     "solve takes `factor` times as long), `error` refused"),
     ("`[paramserver]`", "inert", "honoured (`rule`: on each push the server keeps, as it "
      "receives it, with its exact staleness; `lock_free`: one update thread per trainer "
      "subtracts its pushes from the vector with no lock, measure mode's view is every push "
      "applied in completion order and the summary's `hardware_loss` what the real vector "
      "lacks; not with `warm_start` or `write_bits`; `servers`: 0 or 1, the one server "
-     "serving one message at a time; a pool of several refused)"),
+     "serving one message at a time; a pool of several refused); under `admm` refused "
+     "unless default"),
     ("`[dcasgd]`", "honoured with `dcasgd`, else inert",
      "honoured with `paramserver.rule = dcasgd`, else inert"),
-    ("`[admm]`", "honoured with `admm` (CPU worker processes), else inert", "inert"),
+    ("`[admm]`", "honoured with `admm` (CPU worker processes), else inert",
+     "honoured with `run.protocol = \"admm\"` (each trainer sends its x_i with its push; "
+     "the server keeps every x_i and computes the residuals after each push), else inert"),
 )
 
 
@@ -147,13 +161,20 @@ def _unsupported(scenario: Scenario, backend: str, mode: str) -> tuple[str, Any,
     run, default = scenario.run, Scenario().run
     protocol = PROTOCOL_OF[mode]
     if run.protocol not in (default.protocol, protocol):
-        return "run.protocol", run.protocol, f"this backend runs {protocol} (--mode {mode})"
+        return "run.protocol", run.protocol, (
+            "the parameter server runs paramserver or admm" if backend == "ps"
+            else f"this backend runs {protocol} (--mode {mode})")
     if run.write_mode == "atomic_add" and mode in ("lockfree", *RULE_MODES) and backend != "ps":
         return ("run.write_mode", run.write_mode, f"--mode {mode} writes in place "
                 "(load_store); --mode blocklock locks each block write")
     for name in ("store_grain", "placement"):
         if getattr(run, name) != getattr(default, name):
             return f"run.{name}", getattr(run, name), _SIMULATED_MACHINE
+    if backend == "ps" and mode == "admm":
+        found = _changed("paramserver", scenario.paramserver, ParamServerSpec(),
+                         _NO_SERVER_OPTIONS)
+        if found is not None:
+            return found
     if backend == "ps":
         options, inject = scenario.paramserver, scenario.inject
         if inject.deaths and (options.warm_start or options.rebalance):
@@ -250,6 +271,8 @@ def _stalls(inject: InjectSpec, mode: str) -> tuple[str, Any, str] | None:
 def _injections(backend: str, mode: str) -> tuple[tuple[str, ...], str]:
     """The injections ``backend`` runs in ``mode``, and why it runs no others."""
     if backend == "ps":
+        if mode == "admm":  # (an error would change a gradient the local solve never adds)
+            return (*DELAYS, "drop", "write_bits", *STALLS), _NO_INJECTION["ps-admm"]
         return VALUE_INJECTIONS, _NO_INJECTION[backend]
     if backend != "shm":
         return STALLS, _NO_INJECTION[backend]
@@ -290,24 +313,26 @@ def _injected(inject: InjectSpec, runs: tuple[str, ...],
 
 
 def recorded(scenario: Scenario, mode: str, workers: int, sparse: bool,
-             measure_every: int | None) -> Scenario:
+             measure_every: int | None, backend: str = "shm") -> Scenario:
     """``scenario`` as a real run's resolved scenario states what ran: the mode's protocol and
     write mode at ``workers`` threads, each worker's fixed share of the updates (``split =
-    even``; not for ``ps``, whose server hands them out), whether a copy of the vector holds
-    part of another worker's in-place write in flight (``[hardware.sweeping_reads]``: dense
-    shared vectors; a pull is a consistent copy), and whether and how often it measured the
-    serialized view (``measure_every``, None: not at all)."""
+    even``; not for ``ps``, whose server hands them out and applies pushes whole, so the
+    write mode is inert there), whether a copy of the vector holds part of another worker's
+    in-place write in flight (``[hardware.sweeping_reads]``: dense shared vectors; a pull is
+    a consistent copy), and whether and how often it measured the serialized view
+    (``measure_every``, None: not at all). ``mode`` ``paramserver`` is the ps backend's."""
     every = measure_every or scenario.metrics.every
     overrides = [f"run.threads={workers}", f"run.protocol={PROTOCOL_OF[mode]}",
                  f"metrics.exact={'true' if measure_every is not None else 'false'}",
                  f"metrics.every={every}"]
-    if mode != "paramserver":
+    server = backend == "ps" or mode == "paramserver"
+    if not server:
         overrides += ["run.split=even", "run.write_mode="
                       f"{'atomic_add' if mode in ATOMIC_MODES else 'load_store'}"]
     # No read overlaps a write in rounds (the barrier) or turns, nor a pull a push on the
     # server.
     sweeps = (SweepingReadsSpec()
-              if mode not in ("paramserver", "roundrobin", *ROUND_MODES)
+              if not server and mode not in ("roundrobin", *ROUND_MODES)
               and (not sparse or mode == "admm") else None)  # (ADMM moves every coordinate)
     scenario = with_overrides(scenario, overrides)
     return dataclasses.replace(scenario, hardware=dataclasses.replace(

@@ -89,7 +89,8 @@ def _real_ps(args: argparse.Namespace, scenario: Any) -> int:
                                  ("--probe", "on" if args.probe else None, None)):
         if value != default:
             raise ScenarioError(flag, value, "a flag of the shared-memory workers; the ps "
-                                "backend runs paramserver on the CPU ([paramserver] options)")
+                                "backend runs paramserver ([paramserver] options), or admm "
+                                "where run.protocol says so, on the CPU")
     if args.measure_every is not None:
         if args.measure_every < 1:
             raise ScenarioError("--measure-every", args.measure_every, "must be >= 1")
@@ -138,7 +139,8 @@ def add_commands(commands: Any) -> None:
     real.add_argument("--backend", default="shm",
                       help="shm (default: workers on one shared parameter vector) or ps (a "
                       "parameter server and K trainers on torch.distributed; its options "
-                      "come from the scenario's [paramserver] section)")
+                      "come from the scenario's [paramserver] section, or with "
+                      "run.protocol = admm consensus ADMM's from [admm])")
     real.add_argument("--device", default="cpu",
                       help="where gradients run: cpu (default), cuda or cuda:N")
     real.add_argument("--launch", default=None,
