@@ -85,7 +85,8 @@ timeout) exits with one line and status ``SERVER_GONE`` (3) when spawned locally
 torchrun.
 
 Launch: ``asyngrad real SCENARIO --backend ps --workers K`` starts the server in that
-process and K trainer processes on loopback; on several machines each node runs
+process and K trainer processes on loopback (``--servers S``: and S − 1 shard servers, a
+pool: ``realrun.pool``); on several machines each node runs
 ``torchrun --nnodes N --nproc-per-node M --rdzv-endpoint HOST:PORT -m realrun.ps SCENARIO
 --out DIR`` (``MASTER_ADDR``, ``MASTER_PORT``, ``RANK`` and ``WORLD_SIZE`` as torchrun
 sets them; rank 0 serves and writes DIR).
@@ -111,6 +112,7 @@ from typing import Any
 
 import numpy as np
 
+from realrun.pool import Applied, ShardBuffers, ShardServers, pool_trace, shard_main
 from realrun.runner import DTYPES, _one_of
 from realrun.support import recorded, refuse_unsupported
 from realrun.timeline import hardware_loss
@@ -123,7 +125,7 @@ from realrun.worker import (
     one_thread_env,
     same_problem,
 )
-from simulator.budget import preflight
+from simulator.budget import check_memory, preflight
 from simulator.errors import AsyngradError, ScenarioError
 from simulator.problems import Problem, make_problem
 from simulator.rules import (
@@ -255,6 +257,7 @@ class _Server:
     appliers: _Appliers | None = None
     lock: Any = field(default_factory=contextlib.nullcontext)
     rebuilt: np.ndarray | None = None
+    pooled: bool = False  # a pool's coordinating server: it holds shard 0, measures nothing
     resume: dict[int, int] = field(default_factory=dict)  # rank: its pause's end (ns)
     consensus: _Consensus | None = None  # run.protocol = admm: the x_i, the residuals
 
@@ -273,14 +276,17 @@ def serve(problem: Problem, scenario: Scenario, trainers: int, timeout: float,
           progress: Callable[[int], object] | None = None, measure: bool = False,
           dtype: str = "float32",
           dead: Callable[[], dict[str, Any] | None] | None = None,
-          limit: float | None = None
+          limit: float | None = None, pool: _Pool | None = None
           ) -> tuple[Trace, dict[str, Any] | None, int, dict[str, Any] | None]:
     """Run the server (rank 0 of an initialised gloo group) until every trainer is done, a
     receive fails or times out, ``dead`` (polled every ``_POLL_S`` seconds between
     messages, and when a receive fails; a local run passes one that looks at its trainer
     processes) reports a dead trainer, or ``limit`` seconds have passed (looked at as
     ``dead`` is); the trace of every gradient, the failure, if any, the number of pushes
-    and, for a lock-free server in measure mode, what the hardware lost."""
+    and, for a lock-free server in measure mode, what the hardware lost. With a ``pool``
+    (``paramserver.servers`` > 1, ``realrun.pool``) it holds shard 0 and the trace is
+    merged from every server's records, with what the rebuild and the servers' vector
+    differ by."""
     import torch
     import torch.distributed as dist
 
@@ -288,11 +294,12 @@ def serve(problem: Problem, scenario: Scenario, trainers: int, timeout: float,
     w0 = problem.initial()
     every = scenario.metrics.every
     admm = scenario.run.protocol == "admm"  # (a push is not an SGD step: no δ to measure)
-    state = _Server(problem, scenario, trainers, np.dtype(dtype), w0.astype(dtype),
+    size = problem.dim if pool is None else pool.shards.first  # (shard 0's, with a pool)
+    state = _Server(problem, scenario, trainers, np.dtype(dtype), w0[:size].astype(dtype),
                     SerializedView(problem, scenario.run.lr, w0, scenario.run.updates,
                                    measure and not admm, every, scenario.metrics.curve_points),
                     datetime.timedelta(seconds=timeout), busy=[0] * trainers,
-                    count=[0] * trainers)
+                    count=[0] * trainers, pooled=pool is not None)
     if admm:
         state.consensus = _Consensus(np.tile(w0, (trainers, 1)), w0.astype(np.float64),
                                      scenario.admm.rho)
@@ -312,7 +319,7 @@ def serve(problem: Problem, scenario: Scenario, trainers: int, timeout: float,
         if measure:
             state.rebuilt = state.w.copy()
     header = torch.zeros(_header_size(options.accumulate), dtype=torch.int64)
-    step = torch.zeros(problem.dim, dtype=getattr(torch, dtype))
+    step = torch.zeros(size, dtype=getattr(torch, dtype))
     apart = _apart(scenario)  # the trainers send each gradient's step, not their mean
     if apart:
         steps = torch.zeros(options.accumulate * problem.dim, dtype=getattr(torch, dtype))
@@ -339,9 +346,11 @@ def serve(problem: Problem, scenario: Scenario, trainers: int, timeout: float,
             except RuntimeError as err:
                 # A closed connection: find the trainer that died. A timeout: the silence is
                 # the cause (gloo closes pairs when it times out, so trainers exit after it).
+                # (After a timeout a dead process still explains it: a pool's shard server
+                # whose trainers left.)
                 timed_out = _timed_out(err)
-                failure = ((None if timed_out else _settled(dead))
-                           or _receive_failure(state, timeout, err, timed_out))
+                cause = (dead() if dead is not None else None) if timed_out else _settled(dead)
+                failure = cause or _receive_failure(state, timeout, err, timed_out)
                 break
             kind, source, arrived = int(header[0]), int(header[1]), time.monotonic_ns()
             heard[source] = arrived
@@ -402,6 +411,9 @@ def serve(problem: Problem, scenario: Scenario, trainers: int, timeout: float,
         state.appliers.close(timeout)
         failure = failure or (None if state.appliers.error is None
                               else _applier_failure(state.appliers, None, timeout))
+    if pool is not None:
+        trace, lost = pool.trace(state, measure, dtype, failure is not None)
+        return trace, failure, len(state.pushes), lost
     loss = None if state.rebuilt is None else hardware_loss(
         state.rebuilt, state.w, w0, "lossless rebuild")
     return _trace(state, origin), failure, len(state.pushes), loss
@@ -807,7 +819,9 @@ def _complete(state: _Server, group: list[_Push], release: bool = True) -> None:
     now = time.monotonic_ns()
     w = (state.w if state.rebuilt is None else state.rebuilt).astype(np.float64)
     samples = [s for p in group for s in p.samples]
-    m = state.view.complete(state.version, w, samples, now, group[-1].scale, n=state.gradients)
+    m = (UNMEASURED if state.pooled  # (the parent rebuilds a pool's view)
+         else state.view.complete(state.version, w, samples, now, group[-1].scale,
+                                  n=state.gradients))
     if state.consensus is not None:
         group[-1].residuals = state.consensus.residuals(w)
     for p in group:
@@ -935,6 +949,8 @@ def train(problem: Problem, scenario: Scenario, rank: int, trainers: int, timeou
     w = torch.zeros(problem.dim, dtype=torch_dtype)
     header = torch.zeros(_header_size(options.accumulate), dtype=torch.int64)
     wait = datetime.timedelta(seconds=timeout)
+    shards = (ShardServers(trainers, options.servers, problem.dim, wait)
+              if options.servers > 1 else None)  # a pool: shard 0 on rank 0, then these
 
     def receive(tensor: Any) -> None:
         work: Any = dist.irecv(tensor, 0)
@@ -951,7 +967,9 @@ def train(problem: Problem, scenario: Scenario, rank: int, trainers: int, timeou
             continue
         if not granted:
             break
-        receive(w)
+        receive(w if shards is None else w[:shards.first])
+        if shards is not None:
+            shards.pull(rank, w)
         local = w.numpy().astype(np.float64)
         drawn, pushed, spent = (_gradients(problem, scenario, local, granted, stream, straggles)
                                 if solver is None else _solve(solver, local, stream, straggles))
@@ -961,12 +979,16 @@ def train(problem: Problem, scenario: Scenario, rank: int, trainers: int, timeou
         ns = _HEADER + options.accumulate
         header[ns:ns + granted] = torch.tensor(spent)
         dist.send(header, 0)
-        dist.send(step, 0)
+        dist.send(step if shards is None else step[:shards.first], 0)
+        if shards is not None:
+            shards.push(rank, step)
         if solver is not None:  # its x_i, for the server's residuals
             dist.send(torch.from_numpy(solver.x), 0)
     header.zero_()
     header[:2] = torch.tensor([DONE, rank])
     dist.send(header, 0)
+    if shards is not None:
+        shards.done(rank)
 
 
 def _gradients(problem: Problem, scenario: Scenario, local: np.ndarray, granted: int,
@@ -1069,7 +1091,8 @@ def _trainer_main(rank: int, world: int, address: str, port: int, toml: str, dty
         dist.send(header, 0)
         raise SystemExit(1) from None
     try:
-        train(problem, scenario, rank, world - 1, TRAINER_PATIENCE * timeout, dtype)
+        train(problem, scenario, rank, world - _servers(scenario),
+              TRAINER_PATIENCE * timeout, dtype)
     except RuntimeError as err:
         print(f"asyngrad ps trainer {rank}: the server is gone ({_first_line(err)}); "
               "exiting", file=sys.stderr)
@@ -1109,36 +1132,40 @@ def run_ps(scenario: Scenario, trainers: int, dtype: str = "float32",
     port = int(os.environ.get("MASTER_PORT", 0)) or free_port()
     toml = scenario_to_toml(scenario)
     context = mp.get_context("spawn")
+    world = trainers + _servers(scenario)
     processes = [context.Process(target=_trainer_main, daemon=True, args=(
-        rank, trainers + 1, address, port, toml, dtype, timeout, problem.fingerprint()))
+        rank, world, address, port, toml, dtype, timeout, problem.fingerprint()))
         for rank in range(1, trainers + 1)]
+    pool = (_Pool.start(context, problem, scenario, trainers, address, port, dtype, timeout)
+            if world > trainers + 1 else None)
+    servers = [] if pool is None else pool.processes
     with one_thread_env():
-        for process in processes:
+        for process in [*processes, *servers]:
             process.start()
     if on_start:
-        on_start([p.pid for p in processes if p.pid is not None])
+        on_start([p.pid for p in [*processes, *servers] if p.pid is not None])
     started = time.monotonic()
     failure: dict[str, Any] | None = None
     pushes, loss = 0, None
     try:
         try:
             dist.init_process_group("gloo", init_method=f"tcp://{address}:{port}", rank=0,
-                                    world_size=trainers + 1,
-                                    timeout=_group_timeout(timeout))
+                                    world_size=world, timeout=_group_timeout(timeout))
         except (RuntimeError, ValueError) as err:
             raise AsyngradError(f"parameter server: cannot open {address}:{port} "
                                 f"({_first_line(err)})") from None
         trace, failure, pushes, loss = serve(problem, scenario, trainers, timeout, progress,
                                              measure, dtype,
-                                             dead=lambda: _dead_trainer(processes),
-                                             limit=limit)
+                                             dead=lambda: (_dead_trainer(processes)
+                                                           or _dead_server(servers)),
+                                             limit=limit, pool=pool)
     finally:
         if failure is not None:  # stop the others before the group goes
-            for process in processes:
+            for process in [*processes, *servers]:
                 process.terminate()
         if dist.is_initialized():
             dist.destroy_process_group()
-        for process in processes:
+        for process in [*processes, *servers]:
             process.join(30.0 if failure is None else 0.5)  # (exiting is slow when busy)
             if process.is_alive():
                 process.terminate()
@@ -1148,6 +1175,81 @@ def run_ps(scenario: Scenario, trainers: int, dtype: str = "float32",
             failure = {"worker": rank - 1, "reason": f"trainer exited with {process.exitcode}"}
     return PSRun(scenario, problem, trace, trainers, dtype, time.monotonic() - started,
                  failure, pushes, loss)
+
+
+def _servers(scenario: Scenario) -> int:
+    """The server ranks: 1, or a pool's (``paramserver.servers`` > 1)."""
+    return max(1, scenario.paramserver.servers)
+
+
+@dataclass(frozen=True)
+class _Pool:
+    """A local run's pool of servers (``realrun.pool``): the shards as the trainers see
+    them, the shard servers' processes (ranks K + 1 ...) and their records in shared
+    memory."""
+
+    shards: ShardServers
+    processes: list[Any]
+    buffers: list[ShardBuffers]
+
+    @classmethod
+    def start(cls, context: Any, problem: Problem, scenario: Scenario, trainers: int,
+              address: str, port: int, dtype: str, timeout: float) -> _Pool:
+        """The shard servers' records and processes (not started).
+
+        Raises:
+            ScenarioError: the records (every push's part: T·d values in all) cannot fit
+                in this machine's memory.
+        """
+        servers, updates = scenario.paramserver.servers, scenario.run.updates
+        check_memory({"paramserver.servers": float(updates * problem.dim
+                                                   * np.dtype(dtype).itemsize)},
+                      {"paramserver.servers": servers})
+        shards = ShardServers(trainers, servers, problem.dim, _group_timeout(timeout))
+        w0, bounds = problem.initial().astype(dtype), shards.bounds
+        buffers = [ShardBuffers.allocate(updates, w0[bounds[s]:bounds[s + 1]])
+                   for s in range(1, servers)]
+        world = trainers + servers
+        return cls(shards, [context.Process(target=shard_main, daemon=True, args=(
+            s, world, address, port, trainers, buffers[s - 1], timeout,
+            _group_timeout(timeout))) for s in range(1, servers)], buffers)
+
+    def trace(self, state: _Server, measure: bool, dtype: str,
+              failed: bool) -> tuple[Trace, dict[str, Any]]:
+        """Once the shard servers are done (stopped, after a failure), the run's trace
+        merged from every server's records (``realrun.pool.pool_trace``)."""
+        for process in self.processes:  # (each ends once every trainer said it is done)
+            if failed:
+                process.terminate()
+            process.join(30.0)
+            if process.is_alive():
+                process.terminate()
+                process.join(2.0)
+        pushes = [p for p in state.pushes if p.applied]  # (in their order of application)
+        def column(name: str) -> np.ndarray:
+            return np.asarray([getattr(p, name) for p in pushes], dtype=np.int64)
+
+        first = Applied(column("thread"), column("read_start"), column("read_end"),
+                        column("arrival"), column("write_end"),
+                        np.asarray([p.step for p in pushes]).reshape(len(pushes),
+                                                                     state.w.size))
+        threads = range(state.trainers)
+        return pool_trace(state.problem, state.scenario,
+                          [first, *(b.applied() for b in self.buffers)],
+                          np.concatenate([state.w, *(b.w.numpy() for b in self.buffers)])
+                          .astype(np.float64),
+                          [[p.samples[0] for p in pushes if p.thread == t] for t in threads],
+                          [[p.grad_ns[0] for p in pushes if p.thread == t] for t in threads],
+                          dtype, measure, sorted(state.dead), state.t0)
+
+
+def _dead_server(processes: list[Any]) -> dict[str, Any] | None:
+    """The first of a pool's shard server processes that ended with a non-zero status."""
+    for shard, process in enumerate(processes, start=1):
+        code = process.exitcode
+        if code not in (None, 0):
+            return {"worker": None, "reason": f"server {shard} died (exit code {code})"}
+    return None
 
 
 def _dead_trainer(processes: list[Any]) -> dict[str, Any] | None:
@@ -1206,6 +1308,10 @@ def _node_main(argv: list[str] | None = None) -> int:
         _one_of("--dtype", args.dtype, DTYPES)
         scenario = _ps_scenario(load_scenario(args.scenario, args.set), world - 1,
                                 args.measure, args.timeout)
+        if scenario.paramserver.servers > 1:
+            raise ScenarioError("paramserver.servers", scenario.paramserver.servers,
+                                "a pool of servers runs on one machine: asyngrad real "
+                                "--backend ps --servers S")
         problem = make_problem(scenario.problem)
         if rank == 0:
             check_out(args.out)

@@ -75,7 +75,8 @@ SUPPORT: tuple[tuple[str, str, str], ...] = (
      "n at a time); under `admm` pushes, each one row and one local solve of "
      "`admm.local_steps` gradients, as the simulator's admm counts them"),
     ("`run.lr`, `run.seed`", "honoured", "honoured"),
-    ("`run.blocks`", "honoured", "refused unless 1 (the server holds one shard)"),
+    ("`run.blocks`", "honoured", "refused unless 1 (the server holds one shard), or with a "
+     "pool of S servers unless S (one shard each)"),
     ("`run.write_mode`", "recorded: `atomic_add` for `blocklock` and `admm`, else "
      "`load_store`; "
      "`atomic_add` refused with `lockfree` (under `locked` and `serial` one update writes at "
@@ -127,8 +128,12 @@ SUPPORT: tuple[tuple[str, str, str], ...] = (
      "subtracts its pushes from the vector with no lock, measure mode's view is every push "
      "applied in completion order and the summary's `hardware_loss` what the real vector "
      "lacks; not with `warm_start` or `write_bits`; `servers`: 0 or 1, the one server "
-     "serving one message at a time; a pool of several refused); under `admm` refused "
-     "unless default"),
+     "serving one message at a time; S > 1, a pool on one machine (`--servers S`): shard 0 "
+     "on the coordinating server, each other shard on a server process of its own, every "
+     "trainer pulling and pushing shard by shard, each server serving its messages one at "
+     "a time; with a pool every other `[paramserver]` option, `run.lr_schedule`, `delay`, "
+     "`error`, `drop` and `write_bits` refused (a shard server decides nothing on a push), "
+     "not under torchrun); under `admm` refused unless default"),
     ("`[dcasgd]`", "honoured with `dcasgd`, else inert",
      "honoured with `paramserver.rule = dcasgd`, else inert"),
     ("`[admm]`", "honoured with `admm` (CPU worker processes), else inert",
@@ -189,9 +194,10 @@ def _unsupported(scenario: Scenario, backend: str, mode: str) -> tuple[str, Any,
             return ("inject.write_bits", scenario.inject.write_bits, "a lock-free server's "
                     "update threads store full precision (paramserver.lock_free)")
         if options.servers > 1:
-            return ("paramserver.servers", options.servers, "the real server is one rank, "
-                    "serving one message at a time (0 or 1)")
-        if run.blocks != 1:
+            found = _pooled(scenario)
+            if found is not None:
+                return found
+        elif run.blocks != 1:
             return "run.blocks", run.blocks, "the real server holds the vector as one shard"
         if run.split != "shared":
             return ("run.split", run.split, "the server hands out the updates to whichever "
@@ -265,6 +271,30 @@ def _stalls(inject: InjectSpec, mode: str) -> tuple[str, Any, str] | None:
         if straggler.factor < 1:
             return (f"inject.stragglers.{i}.factor", straggler.factor,
                     "a real worker cannot run faster than its core (factor >= 1)")
+    return None
+
+
+#: What a pool's shard servers cannot do: each applies the parts it receives as they arrive
+#: and decides nothing (``realrun.pool``).
+_POOL_DECIDES = ("a pool's shard servers apply each push's part as it arrives and decide "
+                 "nothing on it (paramserver.servers > 1)")
+
+
+def _pooled(scenario: Scenario) -> tuple[str, Any, str] | None:
+    """What a pool of parameter servers (``paramserver.servers`` > 1) refuses."""
+    run, options, inject = scenario.run, scenario.paramserver, scenario.inject
+    if run.blocks != options.servers:
+        return ("run.blocks", run.blocks, f"each of the {options.servers} real servers "
+                "holds one shard: run.blocks must equal paramserver.servers")
+    found = _changed("paramserver", dataclasses.replace(options, servers=0),
+                     ParamServerSpec(), _POOL_DECIDES)
+    if found is not None:
+        return found
+    if run.lr_schedule != "constant":
+        return "run.lr_schedule", run.lr_schedule, _POOL_DECIDES
+    for name in ("delay", "error", "drop", "write_bits"):
+        if getattr(inject, name) != getattr(InjectSpec(), name):
+            return f"inject.{name}", getattr(inject, name), _POOL_DECIDES
     return None
 
 

@@ -84,7 +84,8 @@ class Measure:
 def merge(records: list[WorkerRecord], w0: np.ndarray, w_final: np.ndarray,
           curve: list[tuple[int, int, float, float]], scenario_toml: str,
           measure: Measure | None = None, rounds: bool = False,
-          dead: list[int] | None = None) -> tuple[Trace, dict[str, Any] | None]:
+          dead: list[int] | None = None,
+          origin: int | None = None) -> tuple[Trace, dict[str, Any] | None]:
     """A trace (source ``real``) from the workers' records, and in measure mode what the
     hardware lost. ``curve`` (completions, time, f(w), ‖w − w*‖²) is the parent's sampled
     curve; measure mode replaces it with the exact rebuilt one.
@@ -96,10 +97,12 @@ def merge(records: list[WorkerRecord], w0: np.ndarray, w_final: np.ndarray,
     simulator's minibatch records them), before the writer's row. ``dead``: the workers an
     injected death killed (``extra_dead_threads``, as the simulator records it). ADMM's
     residuals after each push are recorded in completion order (``extra_primal_residual``,
-    ``extra_dual_residual``, as the simulator's ``admm``)."""
+    ``extra_dual_residual``, as the simulator's ``admm``). ``origin``: the time that is the
+    trace's 0 (None: the earliest read start)."""
     data = _stacked(records)
     times = data["times"]
-    origin = int(times[:, 0].min()) if len(times) else 0
+    if origin is None:
+        origin = int(times[:, 0].min()) if len(times) else 0
     copy_end = np.where(data["copy_end"] >= 0, data["copy_end"] - origin, -1)
     store_end = np.where(data["store_end"] >= 0, data["store_end"] - origin, -1)
     rel = times - origin

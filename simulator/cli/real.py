@@ -33,6 +33,9 @@ def _real(args: argparse.Namespace) -> int:
         return _real_ps(args, scenario)
     if args.backend != "shm":
         raise ScenarioError("--backend", args.backend, "must be shm or ps")
+    if args.servers is not None:
+        raise ScenarioError("--servers", args.servers, "a flag of the parameter server "
+                            "(--backend ps)")
     with progress(scenario.run.updates, args.quiet) as bar:
         run = run_real(scenario, args.workers, args.mode, args.dtype, args.timeout, bar.update,
                        measure_every=args.measure_every if args.measure_every is not None
@@ -95,6 +98,11 @@ def _real_ps(args: argparse.Namespace, scenario: Any) -> int:
         if args.measure_every < 1:
             raise ScenarioError("--measure-every", args.measure_every, "must be >= 1")
         scenario = with_overrides(scenario, [f"metrics.every={args.measure_every}"])
+    if args.servers is not None:  # a pool: one shard (block) per server
+        if args.servers < 1:
+            raise ScenarioError("--servers", args.servers, "must be >= 1")
+        scenario = with_overrides(scenario, [f"paramserver.servers={args.servers}",
+                                             f"run.blocks={args.servers}"])
     with progress(scenario.run.updates, args.quiet) as bar:
         run = run_ps(scenario, args.workers, args.dtype, progress=bar.update,
                      measure=args.measure or args.measure_every is not None,
@@ -141,6 +149,9 @@ def add_commands(commands: Any) -> None:
                       "parameter server and K trainers on torch.distributed; its options "
                       "come from the scenario's [paramserver] section, or with "
                       "run.protocol = admm consensus ADMM's from [admm])")
+    real.add_argument("--servers", type=int, default=None, metavar="S",
+                      help="with --backend ps: a pool of S server ranks, one shard of the "
+                      "vector each (sets paramserver.servers and run.blocks to S)")
     real.add_argument("--device", default="cpu",
                       help="where gradients run: cpu (default), cuda or cuda:N")
     real.add_argument("--launch", default=None,
