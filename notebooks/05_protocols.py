@@ -16,9 +16,13 @@
 # The asynchronous-SGD literature compares lock-free training with synchronous minibatch SGD
 # (the baseline), delayed SGD in a fixed order (Langford et al. 2009), staleness-aware
 # learning rates (Zhang et al. 2016), delay compensation (Zheng et al. 2017) and asynchronous
-# consensus ADMM (Boyd et al. 2011; Zhang & Kwok 2014). This notebook
-# trains one problem with each of them on real worker processes sharing one vector, and
-# simulates each with the scenario the real run recorded:
+# consensus ADMM (Boyd et al. 2011; Zhang & Kwok 2014); the parameter-server systems
+# (DistBelief's Downpour, Project Adam) put the vector on a server instead. This notebook
+# trains one problem with each of them on real worker processes sharing one vector, and on
+# a real parameter server over torch.distributed (a plain server, one that applies DC-ASGD's
+# compensation with each push's exact staleness, a lock-free server, a pool of two servers,
+# consensus ADMM with z on the server), and simulates each with the scenario the real run
+# recorded:
 #
 # 1. suboptimality against wall-clock time: which protocol gets furthest per second on this
 #    machine;
@@ -33,6 +37,11 @@ UPDATES = 8_000      # gradients per run
 WORKERS = 2          # real worker processes (and simulated threads)
 DIM = 100            # dense logistic regression
 PROTOCOLS = ("serial", "lockfree", "minibatch", "roundrobin", "staleness_lr", "dcasgd", "admm")
+# on the parameter server (--backend ps): name -> scenario settings
+SERVER = {"ps": [], "ps dcasgd rule": ["paramserver.rule=dcasgd"],
+          "ps lock-free": ["paramserver.lock_free=true"],
+          "ps pool of 2": ["paramserver.servers=2", "run.blocks=2"],
+          "ps admm": ["run.protocol=admm"]}
 LOCAL_STEPS = 10     # gradients per ADMM push (its local solve)
 
 # %%
@@ -40,6 +49,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 from IPython.display import Markdown, display
 
+from realrun.ps import run_ps
 from realrun.runner import run_real
 from simulator import load_scenario, make_problem
 from simulator.engine import simulate
@@ -56,7 +66,9 @@ f_star = problem.optimum()[1]
 # gradient errors at every 10th completion), then the simulator runs the scenario the real run
 # recorded (`RealRun.scenario`: the protocol, its worker count, its split of the updates).
 # ADMM makes `UPDATES / LOCAL_STEPS` pushes, the same gradients (`work` counts them); a push is
-# not a gradient step, so measure mode gives its exact loss curve and no gradient error.
+# not a gradient step, so measure mode gives its exact loss curve and no gradient error. The
+# server runs measure mode too (its own vector is the serialized view; a lock-free server's
+# and a pool's view is rebuilt from the pushes it applied).
 
 # %%
 runs, work = {}, {}
@@ -70,28 +82,37 @@ for protocol in PROTOCOLS:
                     measure_every=10)
     assert real.failure is None, real.failure
     runs[protocol] = (real, simulate(real.scenario, problem=problem))
-    print(f"{protocol:>12}: {len(real.trace) * work[protocol]:,} gradients in "
+    print(f"{protocol:>14}: {len(real.trace) * work[protocol]:,} gradients in "
           f"{real.seconds:.2f} s")
+for name, settings in SERVER.items():
+    work[name] = LOCAL_STEPS if "run.protocol=admm" in settings else 1
+    scenario = load_scenario(None, [*SETTINGS, "run.protocol=paramserver", *settings,
+                                    f"run.updates={UPDATES // work[name]}"])
+    real = run_ps(scenario, WORKERS, "float64", problem=problem, measure=True)
+    assert real.failure is None, real.failure
+    runs[name] = (real, simulate(real.scenario, problem=problem))
+    print(f"{name:>14}: {len(real.trace) * work[name]:,} gradients in {real.seconds:.2f} s")
 
 # %% [markdown]
 # ## Suboptimality against wall time and against gradients computed
 
 # %%
 fig, (by_time, by_work) = plt.subplots(1, 2, figsize=(12, 4.5))
-for (protocol, (real, sim)), color in zip(runs.items(), plt.cm.tab10.colors, strict=False):
+for (protocol, (real, sim)), color in zip(runs.items(), plt.cm.tab20.colors, strict=False):
     trace = real.trace
     gap = np.maximum(trace["curve_loss"] - f_star, 1e-12)
-    by_time.plot(trace["curve_time"] / 1e6, gap, color=color, label=protocol)
+    later = trace["curve_time"] > 0  # (a log axis: the server's runs take 100× longer)
+    by_time.plot(trace["curve_time"][later] / 1e6, gap[later], color=color, label=protocol)
     by_work.plot(trace["curve_n"] * work[protocol], gap, color=color, label=f"{protocol} (real)")
     by_work.plot(sim["curve_n"] * work[protocol], np.maximum(sim["curve_loss"] - f_star, 1e-12),
                  color=color,
                  linestyle="--", label=f"{protocol} (simulated)")
-by_time.set(xlabel="wall time (ms)", ylabel="f(w) − f*", yscale="log",
+by_time.set(xlabel="wall time (ms)", ylabel="f(w) − f*", xscale="log", yscale="log",
             title=f"real workers (k = {WORKERS})")
 by_work.set(xlabel="gradients computed", ylabel="f(w) − f*", yscale="log",
             title="real (solid) and simulated (dashed)")
-by_time.legend(fontsize=8)
-by_work.legend(fontsize=7, ncol=2)
+by_time.legend(fontsize=7)
+by_work.legend(fontsize=6, ncol=2)
 fig.tight_layout()
 plt.show()
 
@@ -102,7 +123,9 @@ plt.show()
 # step, so it settles lower, while making k times fewer steps for the same gradients; the
 # asynchronous protocols apply one gradient a step, as serial SGD does, plus what
 # concurrency did to it. ADMM pushes the change of a local solve on one worker's half of the
-# data, pulled towards the consensus by ρ: it moves z by 1/k of that change a push.
+# data, pulled towards the consensus by ρ: it moves z by 1/k of that change a push. The
+# server's runs are slower per gradient: every pull and push is a message over loopback
+# (a pool sends one per server), where the shared-memory workers copy memory.
 
 # %% [markdown]
 # ## Per protocol
