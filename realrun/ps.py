@@ -412,8 +412,8 @@ def serve(problem: Problem, scenario: Scenario, trainers: int, timeout: float,
         failure = failure or (None if state.appliers.error is None
                               else _applier_failure(state.appliers, None, timeout))
     if pool is not None:
-        trace, lost = pool.trace(state, measure, dtype, failure is not None)
-        return trace, failure, len(state.pushes), lost
+        trace, lost, stopped = pool.trace(state, measure, dtype, failure is not None)
+        return trace, failure or stopped, len(state.pushes), lost
     loss = None if state.rebuilt is None else hardware_loss(
         state.rebuilt, state.w, w0, "lossless rebuild")
     return _trace(state, origin), failure, len(state.pushes), loss
@@ -1210,14 +1210,18 @@ class _Pool:
         buffers = [ShardBuffers.allocate(updates, w0[bounds[s]:bounds[s + 1]])
                    for s in range(1, servers)]
         world = trainers + servers
+        # A shard server hears nothing from a paused trainer (the coordinating server
+        # answers its pulls): its receives wait out every pause besides the timeout.
+        patience = timeout + sum(p.end - p.start for p in scenario.inject.pauses) / 1e9
         return cls(shards, [context.Process(target=shard_main, daemon=True, args=(
-            s, world, address, port, trainers, buffers[s - 1], timeout,
-            _group_timeout(timeout))) for s in range(1, servers)], buffers)
+            s, world, address, port, trainers, buffers[s - 1], patience,
+            _group_timeout(patience))) for s in range(1, servers)], buffers)
 
-    def trace(self, state: _Server, measure: bool, dtype: str,
-              failed: bool) -> tuple[Trace, dict[str, Any]]:
+    def trace(self, state: _Server, measure: bool, dtype: str, failed: bool
+              ) -> tuple[Trace, dict[str, Any], dict[str, Any] | None]:
         """Once the shard servers are done (stopped, after a failure), the run's trace
-        merged from every server's records (``realrun.pool.pool_trace``)."""
+        merged from every server's records (``realrun.pool.pool_trace``), what the rebuild
+        and the servers' vector differ by, and a shard server's failure, if one failed."""
         for process in self.processes:  # (each ends once every trainer said it is done)
             if failed:
                 process.terminate()
@@ -1225,6 +1229,7 @@ class _Pool:
             if process.is_alive():
                 process.terminate()
                 process.join(2.0)
+        stopped = None if failed else _dead_server(self.processes)
         pushes = [p for p in state.pushes if p.applied]  # (in their order of application)
         def column(name: str) -> np.ndarray:
             return np.asarray([getattr(p, name) for p in pushes], dtype=np.int64)
@@ -1234,13 +1239,13 @@ class _Pool:
                         np.asarray([p.step for p in pushes]).reshape(len(pushes),
                                                                      state.w.size))
         threads = range(state.trainers)
-        return pool_trace(state.problem, state.scenario,
+        return *pool_trace(state.problem, state.scenario,
                           [first, *(b.applied() for b in self.buffers)],
                           np.concatenate([state.w, *(b.w.numpy() for b in self.buffers)])
                           .astype(np.float64),
                           [[p.samples[0] for p in pushes if p.thread == t] for t in threads],
                           [[p.grad_ns[0] for p in pushes if p.thread == t] for t in threads],
-                          dtype, measure, sorted(state.dead), state.t0)
+                          dtype, measure, sorted(state.dead), state.t0), stopped
 
 
 def _dead_server(processes: list[Any]) -> dict[str, Any] | None:

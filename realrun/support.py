@@ -292,7 +292,10 @@ def _pooled(scenario: Scenario) -> tuple[str, Any, str] | None:
         return found
     if run.lr_schedule != "constant":
         return "run.lr_schedule", run.lr_schedule, _POOL_DECIDES
-    for name in ("delay", "error", "drop", "write_bits"):
+    if inject.max_delay:
+        name = "delay" if inject.delay_dist == "fixed" else "delay_max"
+        return f"inject.{name}", getattr(inject, name), _POOL_DECIDES
+    for name in ("error", "drop", "write_bits"):
         if getattr(inject, name) != getattr(InjectSpec(), name):
             return f"inject.{name}", getattr(inject, name), _POOL_DECIDES
     return None

@@ -51,9 +51,10 @@ class Pool:
     """Servers that each serve one shard transfer at a time (``paramserver.servers``): a
     pull or push sends each server its shards as one message, which is in flight for the
     thread's link's ``latency`` before its first shard asks for the server (``of_block``);
-    each shard's transfer then holds the server for its duration, so the transfers one
-    server receives queue. ``busy`` and ``waited`` sum, per server, the time it served and
-    the time transfers waited for it."""
+    each shard's transfer then holds the server for its duration (stretched by its thread's
+    preemption), so the transfers one server receives queue; a lost push's message only
+    flies. ``busy`` and ``waited`` sum, per server, the time it served and the time
+    transfers waited for it."""
 
     def __init__(self, env: simpy.Environment, servers: int, of_block: list[int],
                  latency: list[int]) -> None:
@@ -61,6 +62,7 @@ class Pool:
         self.of_block, self.latency = of_block, latency
         self.busy = [0] * servers
         self.waited = [0] * servers
+        self.queued: list[Request | None] = [None] * len(latency)  # per thread, waiting
 
 
 class Clocks:
@@ -115,16 +117,21 @@ class Clocks:
         anything else happening first."""
         env = self.env
         if not self._plain[thread]:
-            served = (self._served(thread, block, after)
-                      if self._pool is not None and transfer and block >= 0 else None)
+            served = None
+            if self._pool is not None and transfer:
+                if block < 0:  # a push lost in transit: its flight passes, no server
+                    duration += self._pool.latency[thread]
+                else:
+                    served = self._served(thread, block, after)
             seized = self._seized[thread]
             if seized is not None:  # the places are taken: the action runs now
                 self._seized[thread] = None
                 return env.process(self._hold(duration, seized, served))
             if self._holds[thread]:
                 self.skip_holds(thread)
-                for stretch in self._stretch[thread]:
-                    duration = stretch(thread, self.now[thread], duration)
+                if served is None:  # (a served transfer stretches once its server takes it)
+                    for stretch in self._stretch[thread]:
+                        duration = stretch(thread, self.now[thread], duration)
             core = self._cores[thread]
             bus = self._bus[thread] if transfer else None
             if core is not None or bus is not None or served is not None:
@@ -200,26 +207,30 @@ class Clocks:
         self.now[thread] = int(self.env.now)
 
     def release(self, thread: int) -> None:
-        """The thread stops (an injected death): give back the places it seized."""
+        """The thread stops (an injected death): give back the places it seized, and take
+        back a transfer still waiting for its server (it never reaches it)."""
         for pool, request in self._seized[thread] or ():
             if request.triggered:
                 pool.release(request)
             else:
                 request.cancel()
         self._seized[thread] = None
+        queued = self._pool.queued[thread] if self._pool is not None else None
+        if queued is not None and not queued.triggered:
+            queued.cancel()
 
-    def _served(self, thread: int, block: int, after: int) -> tuple[int, int]:
-        """A block transfer's server in the pool, and how long its message is in flight
-        before it asks for the server: the latency, on the first block of a server's
+    def _served(self, thread: int, block: int, after: int) -> tuple[int, int, int]:
+        """A block transfer's thread, its server in the pool, and how long its message is in
+        flight before it asks for the server: the latency, on the first block of a server's
         message (the first, or after a block of another server)."""
         servers = self._pool
         assert servers is not None
         server = servers.of_block[block]
         first = after < 0 or servers.of_block[after] != server
-        return server, servers.latency[thread] if first else 0
+        return thread, server, servers.latency[thread] if first else 0
 
     def _take(self, lag: int, duration: int, pools: tuple[simpy.Resource | None, ...],
-              served: tuple[int, int] | None = None) -> Generator[Any, Any, None]:
+              served: tuple[int, int, int] | None = None) -> Generator[Any, Any, None]:
         """Catch up with the thread's clock, take core/bus places, hold them ``duration``
         (and a server for its part: ``_hold``)."""
         requests: list[Place] = []
@@ -237,18 +248,22 @@ class Clocks:
             yield request
 
     def _hold(self, duration: int, requests: list[Place],
-              served: tuple[int, int] | None = None) -> Generator[Any, Any, None]:
+              served: tuple[int, int, int] | None = None) -> Generator[Any, Any, None]:
         """Hold granted places ``duration`` ns, then give them back. A transfer ``served``
-        (server, time in flight) holds them while its message is in flight and while it
-        waits for its server, then holds the server too for ``duration``."""
+        (thread, server, time in flight) holds them while its message is in flight and while
+        it waits for its server, then holds the server too for ``duration`` (stretched by
+        the thread's preemption from then on)."""
         env, servers = self.env, self._pool
         if served is not None and servers is not None:
-            server, flight = served
+            thread, server, flight = served
             if flight:
                 yield env.timeout(flight)
             place, asked = servers.places[server], int(env.now)
-            request = place.request()
+            request = servers.queued[thread] = place.request()
             yield request
+            servers.queued[thread] = None
+            for stretch in self._stretch[thread]:
+                duration = stretch(thread, int(env.now), duration)
             servers.waited[server] += int(env.now) - asked
             servers.busy[server] += duration
             requests = [*requests, (place, request)]

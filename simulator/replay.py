@@ -96,7 +96,28 @@ def replay_scenario(trace: Trace, overrides: list[str] | tuple[str, ...] = ()) -
             if now != then:
                 shown = plain(now) if now is not None else "unset"
                 raise ScenarioError(f"{section}.{name}", shown, "is fixed by the trace")
+    _check_pool(trace, scenario, original)
     return scenario
+
+
+def _check_pool(trace: Trace, scenario: Scenario, original: Scenario) -> None:
+    """A simulated trace's durations carry the link's latency without a server pool and not
+    with one (the pool spends it in flight): a replay may change S, not whether there is a
+    pool, where a device has a latency. (A real trace's durations hold its latencies and
+    waits whatever it ran: replayed without a pool, every event comes back in place.)
+
+    Raises:
+        ScenarioError: naming ``paramserver.servers``.
+    """
+    now, then = scenario.paramserver.servers, original.paramserver.servers
+    if (trace.source != "real" and (now == 0) != (then == 0)
+            and scenario.run.protocol == "paramserver"
+            and any(d.latency for d in scenario.devices)):
+        raise ScenarioError("paramserver.servers", now, f"the trace's durations "
+                            f"{'carry' if then == 0 else 'leave out'} the link's latency "
+                            f"(recorded with servers = {then}): a replay may change the "
+                            "number of servers, not whether there is a pool, where a device "
+                            "has a latency")
 
 
 def _seed_draws(scenario: Scenario) -> str | None:

@@ -104,6 +104,17 @@ def test_a_dead_trainer_leaves_a_pool_running():
     assert trace["read_start"][~mine].max() > 40_000_000
 
 
+def test_shard_servers_wait_out_a_trainers_pauses():
+    """Two pauses of 1.5 s back to back, each shorter than the 2 s receive timeout: the
+    coordinating server hears the trainer's pull between them, the shard server nothing for
+    3 s; it waits out the pauses besides its timeout, and the run completes."""
+    s = pooled(2, "run.updates=100", "inject.pauses=[{thread=0, start=1000000, "
+               "end=1500000000}, {thread=0, start=1500000000, end=3000000000}]")
+    run = run_ps(s, 1, "float64", timeout=2)
+    assert run.failure is None and len(run.trace) == 100
+    assert run.trace["read_start"][1] >= 3_000_000_000  # (its first pull came before)
+
+
 def test_a_dead_shard_server_stops_the_run_and_keeps_what_every_server_applied():
     """Kill shard server 1 after 50 pushes: its trainers leave, and when the coordinating
     server's receive times out (5 s) the run stops naming the server; the partial trace
@@ -127,7 +138,9 @@ def test_a_pool_refuses_what_its_servers_cannot_decide():
                          (("paramserver.staleness_limit=2",), "paramserver.staleness_limit"),
                          (("paramserver.accumulate=2",), "paramserver.accumulate"),
                          (("run.lr_schedule=inverse",), "run.lr_schedule"),
-                         (("inject.drop=0.1",), "inject.drop")):
+                         (("inject.drop=0.1",), "inject.drop"),
+                         (("inject.delay_dist=uniform", "inject.delay_max=3"),
+                          "inject.delay_max")):
         s = scenario(*TINY, "run.protocol=paramserver", "run.blocks=2",
                      "paramserver.servers=2", *extra)
         with pytest.raises(ScenarioError, match=field.replace(".", r"\.")):

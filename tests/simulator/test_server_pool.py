@@ -119,3 +119,64 @@ def test_the_pool_is_refused_where_it_cannot_be_modelled():
     with pytest.raises(ScenarioError, match=r"paramserver\.servers.*scheduler"):
         Engine(pool("run.threads=2", "run.updates=2", "paramserver.servers=1"),
                choose=lambda runnable: runnable[0])
+
+
+def test_a_lost_push_flies_for_the_latency_and_reaches_no_server():
+    """A dropped push is lost in transit: its message flies for the link's latency (as
+    without a pool, where the latency is in its drawn duration) and takes no server's
+    time."""
+    base = ("run.threads=1", "run.updates=40", "devices.0.latency=1000", "inject.drop=0.5")
+    spans = {}
+    for servers in (0, 1):
+        trace = simulate(pool(*base, f"paramserver.servers={servers}"))
+        dropped = trace["dropped"].astype(bool)
+        assert dropped.any() and not dropped.all()
+        spans[servers] = (trace["write_end"] - trace["write_start"])[dropped].tolist()
+        if servers:
+            kept = int((~dropped).sum())  # (every update pulls; only kept pushes land)
+            assert trace["extra_server_busy_ns"].tolist() == [40 * 2000 + kept * 2000]
+    assert spans[0] == spans[1] == [3000] * len(spans[0])
+
+
+def test_a_thread_that_dies_waiting_for_its_server_is_never_served():
+    """Three threads pull at 0 from one server (2000 ns each); thread 2, queued behind the
+    other two, dies at 1000: its pull never reaches the server, so the server serves the
+    others' transfers only (busy = their recorded durations)."""
+    trace = simulate(pool("run.threads=3", "run.updates=6", "paramserver.servers=1",
+                          "inject.deaths=[{thread=2, at=1000}]"))
+    assert trace["extra_dead_threads"].tolist() == [2]
+    assert (trace["thread"] != 2).all()
+    busy = int(trace["op_read_ns"].sum() + trace["op_write_ns"].sum())
+    assert trace["extra_server_busy_ns"].tolist() == [busy]
+
+
+def test_a_preempted_transfer_holds_its_server_from_when_it_took_it():
+    """One core sliced preemptively every 1500 ns between two threads; their pulls take
+    2000 ns on one server. Thread 0 takes the server at 0 and is preempted at 1500 until
+    3000, so its pull ends at 3500 and the server was busy that long; thread 1 (whose
+    slice it was) waits for the server until 3500. Without a pool, thread 1 pulls in its
+    own slice."""
+    base = ("run.threads=2", "run.updates=2", "devices.0.cores=1",
+            "hardware.time_slices={quantum=1500, preempt=true}")
+    trace = simulate(pool(*base, "paramserver.servers=1"))
+    order = np.argsort(trace["thread"])
+    assert trace["read_end"][order].tolist()[0] == 3500
+    assert trace["read_end"][order].tolist()[1] > 3500
+    assert trace["extra_server_busy_ns"][0] > int(trace["op_read_ns"].sum()
+                                                  + trace["op_write_ns"].sum())
+
+
+def test_a_replay_may_change_the_servers_not_whether_there_is_a_pool_over_a_link():
+    """With a latency the drawn durations carry it without a pool and leave it out with
+    one: a replay onto more servers is fine, one that adds or removes the pool is
+    refused."""
+    link = ("run.threads=2", "run.updates=20", "run.blocks=2", "devices.0.latency=1000")
+    without, one = simulate(pool(*link)), simulate(pool(*link, "paramserver.servers=1"))
+    _, _, two = replay(one, ["paramserver.servers=2"])
+    assert len(two) == 20
+    for trace, servers in ((without, 1), (one, 0)):
+        with pytest.raises(ScenarioError, match=r"paramserver\.servers.*latency"):
+            replay(trace, [f"paramserver.servers={servers}"])
+    _, _, free = replay(simulate(pool("run.threads=2", "run.updates=20")),
+                        ["paramserver.servers=1"])  # (no latency: nothing to carry)
+    assert len(free) == 20
