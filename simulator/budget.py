@@ -176,9 +176,8 @@ def _update_terms(scenario: Any, device: int) -> list[tuple[float, dict[str, flo
                    f"{prefix}.{phase}_per_thread": slow[index],
                    f"{under}.{phase}_under_{PHASES[int(np.argmax(rows[index][:3]))]}":
                        1 + sum(rows[index])}
-        if phase == "grad" and run.protocol in ("admm", "paramserver"):
-            factors["admm.local_steps" if run.protocol == "admm"
-                    else "paramserver.accumulate"] = _grad_work(scenario)
+        if phase == "grad" and run.protocol in _WORK:
+            factors[_WORK[run.protocol]] = _grad_work(scenario)
         if phase == "write" and hardware.shared_lines is not None:
             factors[f"{_table(scenario, device, 'shared_lines')}.factor"] = (
                 hardware.shared_lines.factor)
@@ -204,12 +203,20 @@ def _table(scenario: Any, device: int, name: str) -> str:
     return f"hardware.{name}"
 
 
+#: The field that sets how many gradients an update of a protocol computes.
+_WORK = {"admm": "admm.local_steps", "paramserver": "paramserver.accumulate",
+         "sandblaster": "sandblaster.units"}
+
+
 def _grad_work(scenario: Any) -> int:
-    """Gradients computed per update (local solves and accumulated pushes take several)."""
+    """Gradients computed per update (local solves, accumulated pushes and Sandblaster's
+    work units, ⌈n/U⌉ samples each, take several)."""
     if scenario.run.protocol == "admm":
         return scenario.admm.local_steps
     if scenario.run.protocol == "paramserver":
         return scenario.paramserver.accumulate
+    if scenario.run.protocol == "sandblaster":
+        return max(1, -(-scenario.problem.n_samples // scenario.sandblaster.units))
     return 1
 
 
@@ -252,8 +259,8 @@ def preflight(scenario: Any) -> None:
     """
     work = _grad_work(scenario)
     if scenario.run.updates * work > GRADIENT_LIMIT:
-        field = "run.updates" if scenario.run.updates > GRADIENT_LIMIT else (
-            "admm.local_steps" if scenario.run.protocol == "admm" else "paramserver.accumulate")
+        field = ("run.updates" if scenario.run.updates > GRADIENT_LIMIT
+                 else _WORK[scenario.run.protocol])
         raise ScenarioError(field, _field_value(scenario, field),
                             f"the run computes about {scenario.run.updates * work:.3g} "
                             f"gradients, more than {GRADIENT_LIMIT:.3g} (2^40, weeks at a "

@@ -102,6 +102,7 @@ class Engine:
                                 f"must be <= the problem's dimension ({self.problem.dim})")
         self.env = simpy.Environment()
         self.protocol = make_protocol(run.protocol, scenario)
+        self.protocol.bind(self.problem)
         self._stops = type(self.protocol).active is not Protocol.active  # may stop a thread
         self.threads = self.protocol.threads(run)
         self.lr, self.updates = run.lr, run.updates
@@ -445,7 +446,7 @@ class Engine:
         if self.protocol.rule:
             u.step = self.protocol.step(self, u, u.step, self._local[thread])
         if u.role == GROUPED:
-            u.step = mean_step([m.step for m in u.group])
+            u.step = self.protocol.grouped(self, u, mean_step([m.step for m in u.group]))
         if self.schedule is not None:
             factor = self.schedule(self.completed + 1)
             u.step = u.step * factor

@@ -139,10 +139,14 @@ def drawable(values: np.ndarray) -> np.ndarray:
 
 
 def _positive(values: Sequence[float] | np.ndarray) -> np.ndarray:
-    """Values for a log axis: at least the smallest positive float, and NaN (not drawn)
-    where not :func:`drawable`."""
+    """Values for a log axis: a value at or below 0 (a suboptimality reached to rounding)
+    drawn at the series' smallest positive value (the smallest positive float if it has
+    none), and NaN (not drawn) where not :func:`drawable`."""
     values = np.asarray(values, dtype=np.float64)
-    return np.where(drawable(values), np.maximum(values, np.finfo(np.float64).tiny), np.nan)
+    shown = drawable(values)
+    positive = values[shown & (values > 0)]
+    floor = positive.min() if positive.size else np.finfo(np.float64).tiny
+    return np.where(shown, np.maximum(values, floor), np.nan)
 
 
 # One curve of a sweep cell: columns simulated time (ns), gradients computed, suboptimality.

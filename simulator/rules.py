@@ -13,7 +13,8 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 __all__ = ["LR_FACTORS", "admm_push", "admm_residuals", "admm_samples", "admm_shard",
-           "dc_compensate", "dc_correction", "dc_step", "mean_step", "retirements",
+           "dc_compensate", "dc_correction", "dc_step", "lbfgs_direction", "lbfgs_pair",
+           "mean_step", "retirements",
            "round_quota", "round_significand", "staleness_scale", "too_stale", "warmed_up"]
 
 #: Learning-rate schedules (``run.lr_schedule``) as the factor on lr of the m-th update
@@ -172,3 +173,31 @@ def round_significand(values: np.ndarray, bits: int) -> None:
         return
     mantissa, exponent = np.frexp(values)
     np.ldexp(np.round(np.ldexp(mantissa, bits)), exponent - bits, out=values)
+
+
+def lbfgs_direction(g: np.ndarray,
+                    pairs: Sequence[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
+    """H·g, L-BFGS's inverse-Hessian approximation applied to the gradient ``g`` by the
+    two-loop recursion (Nocedal & Wright 2006, Algorithm 7.4) over the curvature pairs
+    (s, y) = (x_{r+1} − x_r, g_{r+1} − g_r), oldest first, each with s·y > 0; the initial
+    matrix is γI with γ = s·y / y·y of the newest pair (I without pairs). The L-BFGS step
+    is x_{r+1} = x_r − α·H·g."""
+    q = np.array(g, dtype=np.float64)
+    kept = []
+    for s, y in reversed(pairs):
+        rho = 1.0 / float(y @ s)
+        a = rho * float(s @ q)
+        q -= a * y
+        kept.append((rho, a, s, y))
+    if pairs:
+        s, y = pairs[-1]
+        q *= float(s @ y) / float(y @ y)
+    for rho, a, s, y in reversed(kept):
+        q += (a - rho * float(y @ q)) * s
+    return q
+
+
+def lbfgs_pair(s: np.ndarray, y: np.ndarray) -> bool:
+    """Whether a curvature pair may enter the L-BFGS history: s·y > 0 (the update keeps H
+    positive definite), with a margin for rounding: s·y > 1e-10·‖s‖·‖y‖."""
+    return float(s @ y) > 1e-10 * float(np.linalg.norm(s) * np.linalg.norm(y))

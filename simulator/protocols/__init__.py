@@ -12,6 +12,7 @@ from simulator.protocols.lockfree import LockFree
 from simulator.protocols.minibatch import MiniBatch
 from simulator.protocols.paramserver import ParamServer
 from simulator.protocols.roundrobin import RoundRobin
+from simulator.protocols.sandblaster import Sandblaster
 from simulator.protocols.serial import Serial
 from simulator.protocols.staleness_lr import StalenessLR
 
@@ -19,11 +20,11 @@ if TYPE_CHECKING:
     from simulator.scenario import Scenario
 
 __all__ = ["ADMM", "DCASGD", "PROTOCOLS", "LockFree", "Locked", "MiniBatch", "ParamServer",
-           "Protocol", "RoundRobin", "Serial", "StalenessLR", "make_protocol"]
+           "Protocol", "RoundRobin", "Sandblaster", "Serial", "StalenessLR", "make_protocol"]
 
 PROTOCOLS: dict[str, type[Protocol]] = {p.name: p for p in (
     Serial, Locked, LockFree, RoundRobin, MiniBatch, ParamServer, StalenessLR, DCASGD,
-    ADMM)}
+    ADMM, Sandblaster)}
 
 
 def make_protocol(name: str, scenario: Scenario) -> Protocol:

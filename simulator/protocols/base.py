@@ -9,6 +9,7 @@ import simpy
 
 if TYPE_CHECKING:
     from simulator.engine import Engine
+    from simulator.problems import Problem
     from simulator.scenario import RunSpec, Scenario
     from simulator.update import Update
 
@@ -25,12 +26,14 @@ class Protocol:
     what it needs through these plug-in points, whose defaults do nothing.
 
     * ``threads``: how many virtual threads run;
+    * ``bind``: see the problem before durations are drawn;
     * ``setup``: create state (locks, barriers, events) on the engine's clock;
     * ``before_read`` / ``before_write``: an event the update waits for, or ``None``;
     * ``after_read`` / ``after_write``: the update's read / write has ended;
     * ``finish``: a thread's loop has ended (it will start no more updates);
     * ``active``: whether a thread may start another update;
     * ``step``: the update rule, from the step lr·g to the step the update applies;
+    * ``grouped``: the step a group's writer applies, from its members' mean step;
     * ``compute``: replaces the gradient altogether (``computes``: ADMM's local solve).
 
     The four ``before``/``after`` points are called only when ``gated`` is true, and then at
@@ -70,6 +73,10 @@ class Protocol:
         """How many threads the protocol runs (``run.threads`` unless it fixes its own)."""
         return run.threads
 
+    def bind(self, problem: Problem) -> None:
+        """The run's problem, before any duration is drawn (a protocol whose work per update
+        depends on it sets ``grad_work`` here)."""
+
     def setup(self, engine: Engine) -> None:
         """Create protocol state on the engine's clock."""
 
@@ -95,6 +102,10 @@ class Protocol:
              local: np.ndarray) -> np.ndarray:
         """The step ``u`` applies, given lr·g and its read copy ``local``."""
         return step
+
+    def grouped(self, engine: Engine, u: Update, mean: np.ndarray) -> np.ndarray:
+        """The step the writer ``u`` of a group applies, given its members' mean step."""
+        return mean
 
     def compute(self, engine: Engine, u: Update, local: np.ndarray) -> np.ndarray:
         """The step ``u`` applies, computed from its read copy (when ``computes``)."""

@@ -39,8 +39,8 @@ from simulator.scenario.base import (
 from simulator.scenario.hardware import HardwareSpec
 
 __all__ = ["ADMMSpec", "DCASGDSpec", "DeathSpec", "DeviceSpec", "InjectSpec", "MetricsSpec",
-           "ParamServerSpec", "PauseSpec", "ProblemSpec", "RunSpec", "Scenario", "StragglerSpec",
-           "TimingSpec"]
+           "ParamServerSpec", "PauseSpec", "ProblemSpec", "RunSpec", "SandblasterSpec",
+           "Scenario", "StragglerSpec", "TimingSpec"]
 
 
 def _real_shape(spec: ProblemSpec) -> None:
@@ -418,6 +418,23 @@ class ADMMSpec:
 
 
 @dataclass(frozen=True)
+class SandblasterSpec:
+    """DistBelief's Sandblaster L-BFGS (Dean et al. 2012; docs/semantics.md, Protocols): each
+    round hands out ``units`` work units (the data cut into that many chunks) to whichever
+    thread asks, and the coordinator takes one L-BFGS step from their mean gradient, with a
+    history of ``memory`` pairs."""
+
+    units: int = key(16, "work units per round (the data cut into that many chunks)",
+                     bounds=">= 1")
+    memory: int = key(10, "L-BFGS history: the last m (s, y) pairs", bounds=">= 1")
+
+    def __post_init__(self) -> None:
+        check_ints(self)
+        check(self.units >= 1, "units", self.units, "must be >= 1")
+        check(self.memory >= 1, "memory", self.memory, "must be >= 1")
+
+
+@dataclass(frozen=True)
 class StragglerSpec:
     """Thread ``thread`` runs ``factor`` times slower than its device."""
 
@@ -538,6 +555,7 @@ class Scenario:
     paramserver: ParamServerSpec = key(ParamServerSpec, "options of the paramserver protocol")
     dcasgd: DCASGDSpec = key(DCASGDSpec, "options of the dcasgd protocol")
     admm: ADMMSpec = key(ADMMSpec, "options of the admm protocol")
+    sandblaster: SandblasterSpec = key(SandblasterSpec, "options of the sandblaster protocol")
 
     def __post_init__(self) -> None:
         check(len(self.devices) >= 1, "devices", [], "needs at least one device")
@@ -555,6 +573,19 @@ class Scenario:
                   f"'{self.run.write_mode}' says otherwise")
             check(self.run.store_grain == 0, "paramserver.lock_free", True,
                   "a lock-free server updates a shard whole; run.store_grain must be 0")
+        if self.run.protocol == "sandblaster":
+            units = self.sandblaster.units
+            check(self.run.updates % units == 0, "run.updates", self.run.updates,
+                  f"counts sandblaster's work units: a whole number of rounds of "
+                  f"sandblaster.units = {units}")
+            check(units >= threads, "sandblaster.units", units,
+                  f"must be >= run.threads ({threads}): every replica gets work")
+            for name in ("error", "drop", "delay", "delay_max", "write_bits", "deaths"):
+                value = getattr(self.inject, name)
+                check(value == getattr(InjectSpec(), name), f"inject.{name}", value,
+                      "sandblaster's units go to a coordinator that waits for every one of a "
+                      "round: injected errors, drops, delays, rounding and deaths are not "
+                      "modelled there")
         if self.run.protocol == "paramserver" and self.paramserver.servers:
             servers = self.paramserver.servers
             check(servers <= self.run.blocks, "paramserver.servers", servers,
