@@ -37,6 +37,7 @@ from realrun.support import (
     ROUND_MODES,
     recorded,
     refuse_torch_injections,
+    refuse_unmeasurable,
     refuse_unsupported,
 )
 from realrun.timeline import Measure, WorkerRecord, merge
@@ -175,12 +176,14 @@ def _check_buffers(scenario: Scenario, problem: Problem, rows: int, dtype: str,
     copies = (np.dtype(dtype).itemsize + (8 if numpy_worker and problem.support(0) is None
                                           else 0)) * float(rows) * problem.dim
     # A round's step slots (k·d), ADMM's local copies (k·d float64), the history of
-    # injected delays ((τ_max + 1)·d float64).
+    # injected delays ((τ_max + 1)·d float64; in rounds, one per worker).
+    rounds = scenario.run.protocol == "minibatch"
     slots = float(scenario.run.threads) * problem.dim * (
-        np.dtype(dtype).itemsize if scenario.run.protocol == "minibatch"
+        np.dtype(dtype).itemsize if rounds
         else 8 if scenario.run.protocol == "admm" else 0)
     if scenario.inject.max_delay:
-        slots += 8.0 * (scenario.inject.max_delay + 1) * problem.dim
+        slots += (8.0 * (scenario.inject.max_delay + 1) * problem.dim
+                  * (scenario.run.threads if rounds else 1))
     check_memory({"run.updates": records + 8.0 * rows,
                   "problem.dim": (copies if measure else 0.0) + slots},
                  {"run.updates": scenario.run.updates, "problem.dim": problem.dim})
@@ -343,6 +346,8 @@ def run_real(scenario: Scenario, workers: int, mode: str, dtype: str = "float32"
     # even); a copy of a dense vector made while another worker's in-place write runs holds
     # what that write has stored by then ([hardware.sweeping_reads]).
     problem = problem if problem is not None else make_problem(scenario.problem)
+    if measure_every is not None:
+        refuse_unmeasurable(scenario, mode, problem.sparse)
     scenario = recorded(scenario, mode, workers, problem.sparse, measure_every)
     if scenario.run.blocks > problem.dim:
         raise ScenarioError("run.blocks", scenario.run.blocks,
@@ -365,8 +370,9 @@ def run_real(scenario: Scenario, workers: int, mode: str, dtype: str = "float32"
              if mode == "roundrobin" else None)
     consensus = (Consensus(torch.as_tensor(np.tile(problem.initial(), (workers, 1)))
                            .share_memory_()) if mode == "admm" else None)
-    history = (_history(problem.initial(), scenario.inject.max_delay)
-               if scenario.inject.max_delay else None)
+    history = (History.of(problem.initial(), scenario.inject.max_delay,
+                          torch.multiprocessing.get_context("spawn").Lock())
+               if scenario.inject.max_delay and rounds is None else None)
     processes = _workers(buffers, workers, quotas, toml, mode, scenario.run.blocks,
                          device if torch_path else None, launch, cpus, problem.fingerprint(),
                          rounds, turns, consensus, history)
@@ -479,18 +485,6 @@ def _rounds(workers: int, quotas: list[int], w: Any, allreduce: bool = False) ->
                   f"tcp://{DEFAULT_ADDR}:{free_port()}" if allreduce else None)
 
 
-def _history(w0: np.ndarray, max_delay: int) -> History:
-    """The vectors of the last completions for injected delays (``realrun.worker.History``),
-    w_0 first."""
-    import torch
-    import torch.multiprocessing as mp
-
-    ring = torch.zeros(max_delay + 1, w0.size, dtype=torch.float64)
-    ring[0] = torch.as_tensor(w0)
-    return History(ring.share_memory_(), torch.zeros(1, dtype=torch.int64).share_memory_(),
-                   mp.get_context("spawn").Lock())
-
-
 def _workers(buffers: Buffers, workers: int, quotas: list[int], toml: str, mode: str,
              blocks: int, device: str | None, launch: str,
              cpus: list[int] | None, fingerprint: str = "",
@@ -503,7 +497,7 @@ def _workers(buffers: Buffers, workers: int, quotas: list[int], toml: str, mode:
     ``rounds``, ``turns``, ``consensus``: the synchronous rounds of ``--mode minibatch``, the
     turn order of ``--mode roundrobin``, the local copies of ``--mode admm`` (numpy worker
     processes), whose pushes take a lock per block, as ``blocklock``'s writes; ``history``:
-    the vectors injected delays read."""
+    the vectors injected delays read (a round's worker keeps its own)."""
     import threading
 
     import torch.multiprocessing as mp

@@ -27,7 +27,8 @@ from simulator.scenario import (
 )
 
 __all__ = ["BACKENDS", "PROTOCOL_OF", "RULE_MODES", "SUPPORT", "recorded",
-           "refuse_torch_injections", "refuse_unsupported", "support_markdown"]
+           "refuse_torch_injections", "refuse_unmeasurable", "refuse_unsupported",
+           "support_markdown"]
 
 BACKENDS = ("shm", "cuda", "ps")
 #: The simulator protocol each real mode runs (``ps`` runs ``paramserver`` or ``admm``).
@@ -48,8 +49,6 @@ _SIMULATED_MACHINE = ("describes the simulated machine; a real run has the hardw
 _NO_INJECTION = {"ps": "the parameter server injects every fault but into rounds",
                  "cuda": "CUDA and thread workers inject stragglers, pauses and deaths, not "
                  "into their updates (simulate it)",
-                 "rounds": "synchronous rounds inject no delays, errors or faults yet "
-                 "(simulate it)",
                  "admm": "real ADMM workers inject delays, stragglers, pauses and deaths, "
                  "not into their pushes (simulate it)",
                  "ps-admm": "the parameter server's ADMM injects delays, drops, rounded "
@@ -99,14 +98,20 @@ SUPPORT: tuple[tuple[str, str, str], ...] = (
      "without: copies of the live vector, at most one per 10 ms poll, each once T / "
      "`curve_points` more updates were counted and only if none was counted during the copy",
      "honoured"),
-    ("`[inject]`", "on CPU worker processes (not `minibatch`): `delay` (with `delay_dist`, "
+    ("`[inject]`", "on CPU worker processes: `delay` (with `delay_dist`, "
      "`delay_max`), `error` (with `error_bound`, `error_relative`), `drop` and `write_bits` "
      "honoured, drawn by the simulator's injector (each update's delay, error and drop are the "
      "simulator's thread's; a delayed read copies the vector τ completions back from a "
      "history of the last completions' vectors); `pauses` honoured before an "
      "update's read; `stragglers` honoured: each phase takes `factor` (>= 1) times as long (a "
      "read's copy and a write's stores at its end); `deaths` honoured: the worker stops "
-     "before its first update after its time (not with `roundrobin`); under `admm` only "
+     "before its first update after its time (not with `roundrobin`); in rounds "
+     "(`minibatch`, `allreduce`) all of these as the simulator's minibatch: τ counts rounds, "
+     "a round's one write (worker 0's; the simulator's: the last to arrive) is lost where "
+     "its writer's draw drops it and stretched where its writer straggles, and a death "
+     "leaves the dead worker's round waiting for good: every other worker stops there and "
+     "the run ends early (one with a death of its own is dead too); with `--measure` on a "
+     "sparse problem `write_bits` refused; under `admm` only "
      "delays, stragglers, pauses and deaths; torch workers (CUDA, `--launch threads`) run "
      "stragglers, pauses and deaths the same way, no other injection (a "
      "field that injects nothing, such as `error_bound` without an `error`, is accepted)",
@@ -253,8 +258,8 @@ def _devices(scenario: Scenario) -> tuple[str, Any, str] | None:
 
 #: The injections CPU worker processes run: delays, errors, drops and rounded stores, which
 #: the simulator's injector draws update by update (``realrun.worker._injector``; delays read
-#: ``realrun.worker.History``); stragglers, pauses and deaths (``realrun.worker.Slowed``);
-#: under ADMM delays and those three.
+#: ``realrun.worker.History``); stragglers, pauses and deaths (``realrun.worker.Slowed``),
+#: in rounds too (``realrun.worker.Rounds``); under ADMM delays and those three.
 STALLS = ("stragglers", "pauses", "deaths")
 DELAYS = ("delay", "delay_dist", "delay_max")
 VALUE_INJECTIONS = (*DELAYS, "error", "drop", "write_bits", *STALLS)
@@ -309,11 +314,24 @@ def _injections(backend: str, mode: str) -> tuple[tuple[str, ...], str]:
         return VALUE_INJECTIONS, _NO_INJECTION[backend]
     if backend != "shm":
         return STALLS, _NO_INJECTION[backend]
-    if mode in ROUND_MODES:
-        return (), _NO_INJECTION["rounds"]
     if mode == "admm":
         return (*DELAYS, *STALLS), _NO_INJECTION["admm"]
     return VALUE_INJECTIONS, ""
+
+
+def refuse_unmeasurable(scenario: Scenario, mode: str, sparse: bool) -> None:
+    """Refuse what measure mode's rebuild (``realrun.rebuild``) cannot replay as ``mode``'s
+    workers stored it: rounded stores of rounds on a ``sparse`` problem (a round stores
+    every coordinate, the rebuild rounds those of its writer's sample).
+
+    Raises:
+        ScenarioError: naming inject.write_bits.
+    """
+    if mode in ROUND_MODES and sparse and scenario.inject.write_bits:
+        raise ScenarioError("inject.write_bits", scenario.inject.write_bits,
+                            "measure mode's rebuild rounds a store over its sample's "
+                            "coordinates, where a round's (dense) write rounds every one (run "
+                            "without --measure, or simulate it); refused by the shm backend")
 
 
 def refuse_torch_injections(inject: InjectSpec) -> None:

@@ -32,12 +32,13 @@ from realrun.records import recorder
 
 __all__ = ["ONE_THREAD_ENV", "RELEASE", "START", "STATUS_DEAD", "STATUS_DONE", "STATUS_FAILED",
            "STATUS_RUNNING", "Buffers", "Consensus", "Died", "History", "Rounds", "Slowed",
-           "Turns",
+           "Stalled", "Turns",
            "WorkerSpec", "another_problem", "die_with_parent", "one_thread_each",
            "one_thread_env", "pin", "pinned_cpus", "record_failure", "touch_records",
            "wait_for_release", "wait_for_start", "worker_main"]
 
-# STATUS_DEAD: killed by an injected death (``[[inject.deaths]]``); the run goes on.
+# STATUS_DEAD: killed by an injected death (``[[inject.deaths]]``); the run goes on (in
+# rounds the others stop where the round waits for it: ``Stalled``, their status DONE).
 STATUS_RUNNING, STATUS_DONE, STATUS_FAILED, STATUS_DEAD = 0, 1, 2, 3
 MESSAGE_BYTES = 512
 # The parent's signals to the workers, words of ``Buffers.control``: START holds the common
@@ -107,7 +108,16 @@ class Rounds:
     times, then sleeping between looks): a ``multiprocessing.Barrier`` (semaphores; the last
     to arrive wakes the others) cost 280 µs a round of two workers on the 2-core machine,
     this one under 10 µs with the gradients (bench/README.md). Like the workers' records it
-    relies on stores becoming visible in program order (x86-64)."""
+    relies on stores becoming visible in program order (x86-64).
+
+    ``[inject]`` as in the simulator's minibatch: each worker draws its update's delay,
+    error and drop from its thread's stream (a delayed read copies w as it was τ rounds back
+    from the worker's own :class:`History`, every member seeing each round's vector); the
+    round's write is lost where its writer's is (worker 0's draw; the simulator's writer is
+    the last to arrive), stored values are rounded; a straggling writer's stores take
+    ``factor`` times as long; a worker that dies (before its next update) leaves its round
+    waiting for it for good, so every other member stops there (:class:`Stalled`) and the
+    run ends early, as the simulator's does."""
 
     flags: Any  # (workers + 1,) int64 shared: arrivals per worker, then rounds written
     slots: Any  # (workers, d) shared, in w's dtype
@@ -161,12 +171,28 @@ class History:
     (before the read's start stamp, after any lock or turn: the copies are not the read's
     time). The read then copies the shared vector as usual (into a scratch vector, which
     measure mode records: the memory the read saw), and the gradient is computed at the old
-    vector. Exact in a fixed order (one worker, ``roundrobin``); lock-free, a snapshot is the
+    vector. Exact in a fixed order (one worker, ``roundrobin``) and in rounds (each worker
+    keeps its own history of the rounds' vectors, :meth:`of`); lock-free, a snapshot is the
     vector as the memory held it just after its writer's write, with any write in flight."""
 
     ring: Any  # (H, d) float64 shared; ring[0] = w_0
     count: Any  # (1,) int64 shared: the completions the ring holds
     lock: Any
+
+    @classmethod
+    def of(cls, w0: np.ndarray, max_delay: int, lock: Any = None) -> History:
+        """The history of a run whose delays reach ``max_delay``, ``w0`` first, shared
+        between workers under ``lock``; None: one worker's own (a round's worker: every
+        member sees each round's vector, so each keeps the rounds' vectors itself, with no
+        lock)."""
+        import torch
+
+        ring = torch.zeros(max_delay + 1, w0.size, dtype=torch.float64)
+        ring[0] = torch.as_tensor(w0)
+        count = torch.zeros(1, dtype=torch.int64)
+        if lock is None:
+            return cls(ring, count, contextlib.nullcontext())
+        return cls(ring.share_memory_(), count.share_memory_(), lock)
 
 
 class _Past:
@@ -281,8 +307,9 @@ def worker_main(spec: WorkerSpec, buffers: Buffers, lock: Any,
         _loop(spec, buffers, lock, block_locks, gone, rounds, turns, consensus, history)
         buffers.status[spec.rank] = STATUS_DONE
         wait_for_release(buffers, gone)
-    except Died:  # an injected death: it stops here, and the others go on
-        buffers.status[spec.rank] = STATUS_DEAD
+    except (Died, Stalled) as stop:  # an injected death: it stops here, and the others go
+        # on; or its round waits for a dead worker for good: the run ends early
+        buffers.status[spec.rank] = STATUS_DEAD if isinstance(stop, Died) else STATUS_DONE
         wait_for_release(buffers, gone)  # (its exit would take the others' cores)
     except BaseException as err:  # every failure, SystemExit included, must reach the parent
         record_failure(buffers, spec.rank, err)
@@ -459,78 +486,165 @@ def record_failure(buffers: Buffers, rank: int, err: BaseException) -> None:
     buffers.status[rank] = STATUS_FAILED
 
 
-def _round_write(rounds: Rounds, flags: np.ndarray, slots: np.ndarray, rank: int, i: int,
-                 step: np.ndarray, w: np.ndarray, ops: list[Any],
-                 stored: Callable[[int], None],
-                 schedule: Callable[[int], float] | None, gone: Callable[[], bool],
-                 ) -> tuple[float, np.ndarray]:
-    """The write phase of synchronous round ``i`` (:class:`Rounds`); the factor on lr the
-    round's step took (``schedule``: the learning-rate schedule's, at completion i + 1, on
-    the writer's row, as the simulator records it) and the step this worker subtracted (the
-    writer: the round's mean; the others: their own, which nobody subtracts alone)."""
-    from simulator.rules import mean_step
+class _Barrier:
+    """The write phase of a round on the shared-memory barrier (:class:`Rounds`); ``wait``:
+    the test its waits make every so often (:func:`_stalls`)."""
 
-    slots[rank] = step
-    flags[rank] = i + 1
-    scale, mean = 1.0, step
-    if rank == 0:  # the writer, once every member has arrived
-        members = len(slots) if i < rounds.full else rounds.last
-        _await(flags, members, i + 1, rounds.nap, gone)
-        mean = mean_step(list(slots[:members]))
-        if schedule is not None:
-            scale = schedule(i + 1)
-            mean = mean * scale
-        for block, index, _, _ in ops:
-            w[index] -= mean[index]
-            stored(block)
-        flags[-1] = i + 1
-    else:
-        _await(flags[-1:], 1, i + 1, rounds.nap, gone)
-    return scale, mean
+    def __init__(self, rounds: Rounds, rank: int, wait: Callable[[], bool]) -> None:
+        self.rounds, self.rank, self.wait = rounds, rank, wait
+        self.flags, self.slots = rounds.flags.numpy(), rounds.slots.numpy()
+
+    def write(self, i: int, step: np.ndarray, dropped: bool,
+              store: Callable[[np.ndarray, bool], None],
+              schedule: Callable[[int], float] | None) -> tuple[float, np.ndarray]:
+        """Round ``i``: this worker's step in its slot; the writer (worker 0), once every
+        member has arrived, stores the round's mean step (``store``: nothing where its own
+        write is ``dropped``, as the simulator's round is lost with its writer's write). The
+        factor on lr the round's step took (``schedule``: the learning-rate schedule's, at
+        completion i + 1, on the writer's row, as the simulator records it) and the step
+        this worker subtracted (the writer: the round's mean; the others: their own, which
+        nobody subtracts alone).
+
+        Raises:
+            Stalled: a worker died (``wait`` says so): the round waits for it for good."""
+        from simulator.rules import mean_step
+
+        rounds, flags, slots = self.rounds, self.flags, self.slots
+        slots[self.rank] = step
+        flags[self.rank] = i + 1
+        scale, mean = 1.0, step
+        if self.rank == 0:  # the writer, once every member has arrived
+            members = len(slots) if i < rounds.full else rounds.last
+            _await(flags, members, i + 1, rounds.nap, self.wait)
+            mean = mean_step(list(slots[:members]))
+            if schedule is not None:
+                scale = schedule(i + 1)
+                mean = mean * scale
+            store(mean, dropped)
+            flags[-1] = i + 1
+        else:
+            _await(flags[-1:], 1, i + 1, rounds.nap, self.wait)
+        return scale, mean
+
+    def leave(self, i: int) -> None:
+        """This worker dies before round ``i``: nothing to send (the others' waits see its
+        status)."""
 
 
 class _AllReduce:
-    """The write phase of a round as an all-reduce (:attr:`Rounds.group`); the groups are
-    made once, by every worker (a second group, of the first m, for the last round)."""
+    """The write phase of a round as an all-reduce (:attr:`Rounds.group`) into this worker's
+    replica ``w``; the groups are made once, by every worker (a second group, of the first
+    m, for the last round). Two marks travel with each round's sum: whether worker 0's
+    write is dropped (its draw decides the round's, on every replica) and how many members
+    died before it. A sum waits up to 120 s, plus ``paused_ns`` (the injected pauses, for
+    which the others wait)."""
 
-    def __init__(self, rounds: Rounds, rank: int, workers: int) -> None:
+    def __init__(self, rounds: Rounds, rank: int, workers: int, w: np.ndarray,
+                 paused_ns: int = 0) -> None:
         import datetime
 
         import torch.distributed as dist
 
         dist.init_process_group("gloo", init_method=rounds.group, rank=rank, world_size=workers,
-                                timeout=datetime.timedelta(seconds=120))
+                                timeout=datetime.timedelta(seconds=120 + paused_ns / 1e9))
         self.rounds, self.rank, self.dist = rounds, rank, dist
+        self.dim, self.dtype = w.size, w.dtype
         self.last = dist.new_group(list(range(rounds.last))) if rounds.last else None
 
-    def write(self, i: int, step: np.ndarray, w: np.ndarray, shared: np.ndarray,
-              ops: list[Any], stored: Callable[[int], None],
-              schedule: Callable[[int], float] | None) -> tuple[float, np.ndarray]:
-        """Round ``i``: the all-reduced mean step subtracted from this worker's replica (and
-        copied to the shared vector by worker 0); the factor on lr and the step subtracted."""
+    def _sum(self, i: int, step: np.ndarray, dropped: bool, dead: bool) -> np.ndarray:
+        """Round ``i``'s steps summed over its members, then its two marks summed."""
         import torch
 
+        total = np.zeros(self.dim + 2)
+        total[:-2] = step
+        total[-2:] = dropped, dead
+        self.dist.all_reduce(torch.from_numpy(total),
+                             group=None if i < self.rounds.full else self.last)
+        return total
+
+    def write(self, i: int, step: np.ndarray, dropped: bool,
+              store: Callable[[np.ndarray, bool], None],
+              schedule: Callable[[int], float] | None) -> tuple[float, np.ndarray]:
+        """Round ``i``: the all-reduced mean step stored in this worker's replica
+        (``store``, which worker 0's also copies to the shared vector; nothing where worker
+        0's write is ``dropped``); the factor on lr and the step subtracted.
+
+        Raises:
+            Stalled: a member died before the round: it waits for it for good."""
         rounds, flags = self.rounds, self.rounds.flags.numpy()
+        total = self._sum(i, step, dropped and self.rank == 0, False)
+        if total[-1]:
+            raise Stalled
         members = len(flags) - 1 if i < rounds.full else rounds.last
-        total = torch.from_numpy(np.array(step, dtype=np.float64))
-        self.dist.all_reduce(total, group=None if i < rounds.full else self.last)
-        mean = total.numpy()
+        mean = total[:-2]
         mean /= members
         scale = 1.0
         if schedule is not None:
             scale = schedule(i + 1)
             mean = mean * scale
-        mean = mean.astype(w.dtype, copy=False)  # the values subtracted (and recorded)
+        mean = mean.astype(self.dtype, copy=False)  # the values subtracted (and recorded)
         if self.rank == 0:
             flags[0] = i + 1  # the shared vector is being written (curve samples wait)
-        for block, index, _, _ in ops:
-            w[index] -= mean[index]
-            if self.rank == 0:
-                shared[index] = w[index]
-                stored(block)
+        store(mean, bool(total[-2]))
         if self.rank == 0:
             flags[-1] = i + 1
         return (scale if self.rank == 0 else 1.0), mean  # the writer's row takes the factor
+
+    def leave(self, i: int) -> None:
+        """This worker dies before round ``i``: it sends the round its death, so that every
+        member stops there (a dead member's round waits for it for good)."""
+        self._sum(i, np.zeros(self.dim), False, True)
+
+
+def _stalls(status: np.ndarray, gone: Callable[[], bool]) -> Callable[[], bool]:
+    """The test of a barrier's waits: ``gone``, and whether a worker died (``status``):
+    its round would wait for it for good.
+
+    The test raises Stalled."""
+
+    def wait() -> bool:
+        if (status == STATUS_DEAD).any():
+            raise Stalled
+        return gone()
+
+    return wait
+
+
+def _rounder(rounds: Rounds, rank: int, workers: int, w: np.ndarray, status: np.ndarray,
+             gone: Callable[[], bool], inject: Any) -> _Barrier | _AllReduce:
+    """The write phase of the rounds: an all-reduce into this worker's replica ``w`` (with
+    :attr:`Rounds.group`), else the barrier, whose waits stop once a worker died
+    (``status``)."""
+    if rounds.group is not None:
+        return _AllReduce(rounds, rank, workers, w,
+                          sum(p.end - p.start for p in inject.pauses))
+    return _Barrier(rounds, rank, _stalls(status, gone))
+
+
+def _round_stores(w: np.ndarray, shared: np.ndarray, ops: list[Any],
+                  stored: Callable[[int], None], quantize: Callable[[np.ndarray], None] | None,
+                  slow: Slowed | None, rank: int) -> Callable[[np.ndarray, bool], None]:
+    """How a round's mean step is stored into ``w``: as a write under ``[inject]``
+    (:func:`_write_injected`: nothing if dropped, rounded by ``quantize``). The round's write
+    is worker 0's: only its stores are stamped (``stored``) and take a straggler's ``factor``
+    times as long (``slow``); with replicas (``shared`` is not ``w``) every worker stores
+    into its own, and worker 0 copies each block to the shared vector as it stores it."""
+    writer = rank == 0
+    slow = slow if writer else None
+
+    def publish(block: int) -> None:
+        if shared is not w:
+            index = ops[block][1]
+            shared[index] = w[index]
+        stored(block)
+
+    def store(mean: np.ndarray, dropped: bool) -> None:
+        began = slow.before(1) if slow is not None else 0
+        _write_injected(w, ops, mean, None, publish if writer else None, quantize, dropped)
+        if slow is not None:
+            slow.after(1, began)
+
+    return store
 
 
 def _write_rule(scenario: Any, w: np.ndarray, progress: np.ndarray,
@@ -593,6 +707,11 @@ class Died(Exception):
     """The worker's injected death came (``[[inject.deaths]]``)."""
 
 
+class Stalled(Exception):
+    """The worker's round waits for a dead worker for good (the simulator's minibatch
+    stalls there, and its run ends early): the worker stops, its update in flight undone."""
+
+
 class Slowed:
     """A worker's injected pauses, straggling and death (``[[inject.pauses]]``,
     ``[[inject.stragglers]]``, ``[[inject.deaths]]`` of its rank or of the run's one
@@ -609,7 +728,8 @@ class Slowed:
     take ``factor`` (> 1) times as long, as the simulator's: the gradient by waiting out the
     rest after computing it, a read and a write by waiting (factor − 1) times the worker's
     previous copy or store before copying or storing, so a block is copied as its read ends
-    and stored as its write ends, as in the simulator."""
+    and stored as its write ends, as in the simulator (a round's write: its writer's
+    stores, not its wait)."""
 
     def __init__(self, inject: Any, rank: int, origin: int) -> None:
         self.windows = [(origin + p.start, origin + p.end) for p in inject.pauses
@@ -685,9 +805,10 @@ def _until(deadline: int) -> None:
 def _write_injected(w: np.ndarray, ops: list[Any], step: np.ndarray, block_locks: Any,
                     stored: Callable[[int], None] | None,
                     quantize: Callable[[np.ndarray], None] | None, dropped: bool) -> None:
-    """A write under ``[inject]``: a dropped one stores nothing (its blocks are stamped as
-    the simulator times them: the write's time passes); a rounded one rounds each block's
-    values after its store (``inject.write_bits``, as the simulator's memory does)."""
+    """A write under ``[inject]`` (and every round's, :func:`_round_stores`): a dropped one
+    stores nothing (its blocks are stamped as the simulator times them: the write's time
+    passes); a rounded one rounds each block's values after its store
+    (``inject.write_bits``, as the simulator's memory does)."""
     for block, index, values, _ in ops:
         if not dropped:
             with block_locks[block] if block_locks is not None else contextlib.nullcontext():
@@ -742,11 +863,12 @@ def _loop(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any,
     # block, with the dense gradient (as the simulator's minibatch).
     whole = rounds is not None or consensus is not None or problem.support(0) is None
     dense = block_ops(bounds, None) if whole else None
-    slots, flags = (None, None) if rounds is None else (rounds.slots.numpy(),
-                                                        rounds.flags.numpy())
-    reducer, shared = None, w
+    shared = w
     if rounds is not None and rounds.group is not None:  # each worker trains its own replica
-        reducer, w = _AllReduce(rounds, spec.rank, spec.workers), w.copy()
+        w = w.copy()
+    rounder = None if rounds is None else _rounder(rounds, spec.rank, spec.workers, w,
+                                                   buffers.status.numpy(), gone,
+                                                   scenario.inject)
     progress = buffers.progress.numpy()
     rule = None if rounds is not None else _write_rule(scenario, w, progress)
     schedule = LR_FACTORS.get(scenario.run.lr_schedule)
@@ -757,6 +879,8 @@ def _loop(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any,
     injected = None if buffers.injected is None else buffers.injected[spec.rank].numpy()
     quantize = None if injector is None or not injector.bits else injector.quantize
     error_norm, dropped, delay = 0.0, False, 0
+    if rounds is not None and injector is not None and injector.max_delay:
+        history = History.of(np.asarray(w, dtype=np.float64), injector.max_delay)
     past = None if history is None else _Past(history, problem.dim)
     copies = local if past is None else past.scratch  # where a read's copies go
     solver = (None if consensus is None
@@ -768,11 +892,18 @@ def _loop(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any,
     wait_for_start(buffers, spec.rank, gone)  # process start-up takes tens of ms each
     slowed = Slowed(scenario.inject, spec.rank, int(buffers.control.numpy()[START]))
     slow = slowed if slowed.active else None
+    store = (None if rounds is None else _round_stores(w, shared, block_ops(bounds, None),
+                                                       stored, quantize, slow, spec.rank))
     for i in range(spec.quota):
         sample = int(stream.take())
         ops = dense if dense is not None else block_ops(bounds, problem.support(sample))
         if slow is not None:  # (before any lock or turn: a death must hold neither)
-            slow.hold()
+            try:
+                slow.hold()
+            except Died:
+                if rounder is not None:
+                    rounder.leave(i)
+                raise
         if lock is not None:
             lock.acquire()
         if turn is not None and i == 0:  # later reads hold the turn of the write before
@@ -822,13 +953,16 @@ def _loop(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any,
             _await(turn, 1, a + i * a + spec.rank, turns.nap, gone)  # type: ignore[union-attr]
         if rule is not None:
             step, scale = rule(step, support, local, seen - delay)  # (τ counts a delay)
-        if slow is not None:
+        if slow is not None and rounder is None:  # (in a round: its writer's stores)
             began = slow.before(1)
-        if reducer is not None:
-            scale, step = reducer.write(i, step, w, shared, ops, stored, schedule)
-        elif rounds is not None:
-            scale, step = _round_write(rounds, flags, slots,  # type: ignore[arg-type]
-                                       spec.rank, i, step, w, ops, stored, schedule, gone)
+        if rounder is not None:
+            try:
+                scale, step = rounder.write(i, step, dropped, store,  # type: ignore[arg-type]
+                                            schedule)
+            except Stalled:  # for good: a death of its own comes while it waits
+                if slowed.death is not None:
+                    raise Died from None
+                raise
         elif dropped or quantize is not None:
             _write_injected(w, ops, step, block_locks, stored if stamp else None,
                             None if dropped else quantize, dropped)
@@ -841,7 +975,7 @@ def _loop(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any,
                         w[index] -= step[values]
                 if stamp:
                     stored(block)
-        if slow is not None:
+        if slow is not None and rounder is None:
             slow.after(1, began)
         written()
         # Counted before the next writer may start (τ and a schedule's m count it), and before

@@ -66,7 +66,6 @@ def test_lock_free_workers_draw_each_threads_injections():
 
 
 @pytest.mark.parametrize("overrides, mode, kwargs, named", [
-    (("run.protocol=minibatch", "inject.delay=2"), "minibatch", {}, "inject.delay"),
     (("inject.stragglers=[{thread=1, factor=0.5}]",), "lockfree", {},
      r"inject\.stragglers\.0\.factor"),
     (("run.protocol=roundrobin", "inject.deaths=[{thread=0, at=5}]"), "roundrobin", {},

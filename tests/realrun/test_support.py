@@ -29,21 +29,21 @@ TINY_SETS = [a for o in TINY for a in ("--set", o)]
 
 # (flags, override, the field and value the one line names, the backend it names)
 REFUSED = [
-    (("--mode", "minibatch"), ("run.protocol=minibatch", "inject.delay=3"), "inject.delay = 3",
+    (("--mode", "minibatch", "--measure"), ("run.protocol=minibatch",
+                                            "problem.name=sparse_logistic",
+                                            "inject.write_bits=8"), "inject.write_bits = 8",
      "shm"),
     (("--backend", "ps"), ("inject.delay=3", "paramserver.fraction=0.5"), "inject.delay = 3",
      "ps"),
-    (("--mode", "minibatch"), ("run.protocol=minibatch",
-                               "inject.stragglers=[{thread=1, factor=3.0}]"),
-     "inject.stragglers = [{'thread': 1", "shm"),
+    (("--mode", "allreduce"), ("run.protocol=minibatch",
+                               "inject.stragglers=[{thread=1, factor=0.5}]"),
+     "inject.stragglers.0.factor = 0.5", "shm"),
     (("--mode", "roundrobin"), ("run.protocol=roundrobin", "inject.deaths=[{thread=0, at=5}]"),
      "inject.deaths = [{'thread': 0", "shm"),
     (("--backend", "ps"), ("inject.deaths=[{thread=1, at=5}]", "paramserver.rebalance=2"),
      "inject.deaths = [{'thread': 1", "ps"),
     (("--backend", "ps"), ("inject.drop=0.2", "paramserver.fraction=1"), "inject.drop = 0.2",
      "ps"),
-    (("--mode", "minibatch"), ("run.protocol=minibatch", "inject.write_bits=8"),
-     "inject.write_bits = 8", "shm"),
     (("--backend", "ps"), ("inject.pauses=[{thread=0, start=100, end=500}]",
                            "paramserver.fraction=1"), "inject.pauses = [{'thread'", "ps"),
     (("--backend", "ps"), ("inject.deaths=[{thread=1, at=5}]", "paramserver.warm_start=3"),
@@ -94,17 +94,20 @@ def test_a_field_the_backend_does_not_honour_is_refused(tmp_path, capsys, flags,
 
 
 @pytest.mark.alone  # a real process (the command line)
-def test_the_command_line_refuses_an_injected_delay(tmp_path):
-    """`python -m simulator.cli real --set run.protocol=minibatch --set inject.delay=3`:
-    exit 2, one line, nothing written."""
+def test_the_command_line_refuses_rounded_rounds_it_cannot_measure(tmp_path):
+    """`python -m simulator.cli real --measure --set run.protocol=minibatch --set
+    problem.name=sparse_logistic --set inject.write_bits=8`: exit 2, one line, nothing
+    written."""
     out = tmp_path / "run"
     done = subprocess.run([sys.executable, "-m", "simulator.cli", "real", "--out", str(out),
-                           "--set", "run.protocol=minibatch", "--set", "inject.delay=3"],
+                           "--measure", "--set", "run.protocol=minibatch", "--set",
+                           "problem.name=sparse_logistic", "--set", "inject.write_bits=8"],
                           capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
-        "asyngrad: error: inject.delay = 3: synchronous rounds inject no delays, errors or "
-        "faults yet (simulate it); refused by the shm backend"]
+        "asyngrad: error: inject.write_bits = 8: measure mode's rebuild rounds a store over "
+        "its sample's coordinates, where a round's (dense) write rounds every one (run "
+        "without --measure, or simulate it); refused by the shm backend"]
     assert not out.exists()
 
 
@@ -199,8 +202,8 @@ def test_what_a_backend_runs_is_accepted_and_recorded():
                                "ps", "paramserver")
     support.refuse_unsupported(scenario("inject.error_bound=0.5", "inject.drop=0.1",
                                         "inject.delay=2"), "ps", "paramserver")
-    # CPU workers run delays, errors, drops and rounded stores; ADMM delays and stalls only,
-    # rounds nothing.
+    # CPU workers run delays, errors, drops and rounded stores, rounds too; ADMM delays and
+    # stalls only.
     support.refuse_unsupported(scenario("inject.error=noise", "inject.error_bound=0.5",
                                         "inject.drop=0.1", "inject.write_bits=8",
                                         "inject.delay=3"), "shm", "lockfree")
@@ -209,8 +212,11 @@ def test_what_a_backend_runs_is_accepted_and_recorded():
     with pytest.raises(ScenarioError, match=r"^inject\.drop = 0\.1: real ADMM"):
         support.refuse_unsupported(scenario("inject.delay=3", "inject.drop=0.1"), "shm",
                                    "admm")
-    with pytest.raises(ScenarioError, match=r"^inject\.drop = 0\.1: synchronous rounds"):
-        support.refuse_unsupported(scenario("inject.drop=0.1"), "shm", "minibatch")
+    for mode in ("minibatch", "allreduce"):
+        support.refuse_unsupported(scenario("inject.drop=0.1", "inject.delay=2",
+                                            "inject.error=noise", "inject.error_bound=0.5",
+                                            "inject.write_bits=8",
+                                            "inject.deaths=[{thread=1, at=5}]"), "shm", mode)
     with pytest.raises(ScenarioError, match=r"^devices\.0\.speed = 2\.0: "):
         support.refuse_unsupported(scenario("devices.0.name=gpu0", "devices.0.speed=2"),
                                    "shm", "lockfree")
