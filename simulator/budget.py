@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from simulator.errors import ScenarioError
+from simulator.rules import unit_work
 from simulator.scenario import PHASES
 
 __all__ = ["CLOCK_LIMIT_NS", "GRADIENT_LIMIT", "available_memory", "check_memory",
@@ -215,8 +216,8 @@ def _grad_work(scenario: Any) -> int:
         return scenario.admm.local_steps
     if scenario.run.protocol == "paramserver":
         return scenario.paramserver.accumulate
-    if scenario.run.protocol == "sandblaster":
-        return max(1, -(-scenario.problem.n_samples // scenario.sandblaster.units))
+    if scenario.run.protocol == "sandblaster":  # (the spec's samples: an estimate)
+        return unit_work(scenario.problem.n_samples, scenario.sandblaster.units)
     return 1
 
 

@@ -30,6 +30,7 @@ FIXED_BY_TRACE = ("protocol", "threads", "blocks", "updates", "split", "placemen
 FIXED_SECTIONS = {"paramserver": ("staleness_limit", "accumulate", "warm_start", "fraction",
                                   "rebalance", "rebalance_after", "lock_free"),
                   "admm": ("local_steps",),
+                  "sandblaster": ("units",),
                   "inject": ("stragglers", "pauses", "deaths"),
                   "hardware": ("convoys.join", "convoys.rest", "convoys.end_gap",
                                "convoys.end_catch_up", "shared_lines.factor", "time_slices",

@@ -14,8 +14,8 @@ import numpy as np
 
 __all__ = ["LR_FACTORS", "admm_push", "admm_residuals", "admm_samples", "admm_shard",
            "dc_compensate", "dc_correction", "dc_step", "lbfgs_direction", "lbfgs_pair",
-           "mean_step", "retirements",
-           "round_quota", "round_significand", "staleness_scale", "too_stale", "warmed_up"]
+           "mean_step", "retirements", "round_quota", "round_significand", "staleness_scale",
+           "too_stale", "unit_work", "warmed_up"]
 
 #: Learning-rate schedules (``run.lr_schedule``) as the factor on lr of the m-th update
 #: (m >= 1); ``constant`` has none.
@@ -173,6 +173,12 @@ def round_significand(values: np.ndarray, bits: int) -> None:
         return
     mantissa, exponent = np.frexp(values)
     np.ldexp(np.round(np.ldexp(mantissa, bits)), exponent - bits, out=values)
+
+
+def unit_work(samples: int, units: int) -> int:
+    """Gradients one of Sandblaster's work units computes: its chunk of the ``samples`` cut
+    into ``units`` (``numpy.array_split``), ⌈samples / units⌉ at most."""
+    return -(-samples // units)
 
 
 def lbfgs_direction(g: np.ndarray,

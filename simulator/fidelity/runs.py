@@ -181,13 +181,15 @@ def operation_samples(trace: Trace, scenario: Scenario, rows: np.ndarray | None 
     """Per worker: whole-vector read and write durations (block durations over the fraction
     of coordinates moved) and gradient durations, from ``rows`` (default: all); the write
     durations times ``write_share`` (one per row of ``rows``) where given. A row whose
-    gradient phase computes several gradients (ADMM's local solve: the protocol's
-    ``grad_work``) gives its phase over their count, one gradient's duration, as
+    gradient phase computes several gradients (ADMM's local solve, Sandblaster's unit: the
+    protocol's ``grad_work``) gives its phase over their count, one gradient's duration, as
     ``timing.grad`` describes."""
     from simulator.protocols import make_protocol
 
-    work = make_protocol(scenario.run.protocol, scenario).grad_work
     problem = make_problem(scenario.problem)
+    protocol = make_protocol(scenario.run.protocol, scenario)
+    protocol.bind(problem)  # (Sandblaster's units: ⌈n/U⌉ gradients each)
+    work = protocol.grad_work
     dim = problem.dim
     bounds = block_bounds(dim, scenario.run.blocks)
     sizes = np.diff(bounds)

@@ -16,9 +16,11 @@ rounds. Each unit is one trace row (its chunk's first sample); a round is one co
 The step is not an SGD step: the serialized view measures no δ (as for ADMM); the loss
 curve of x is exact.
 
-Stragglers show the point: a thread ``factor`` times slower takes fewer units. Injected
+Stragglers show the point: a thread ``factor`` times slower takes fewer units (DistBelief's
+backup copies of a round's last outstanding units are not modelled: the straggler's last
+unit holds its round up). Without a line search the loss can rise between rounds. Injected
 errors, drops, delays, rounded stores and deaths are refused (a dead replica's unit would
-never come back).
+never come back); ``units`` must not exceed the problem's samples.
 """
 
 from __future__ import annotations
@@ -29,8 +31,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 import simpy
 
+from simulator.errors import ScenarioError
 from simulator.protocols.base import GROUPED, MEMBER, Protocol
-from simulator.rules import lbfgs_direction, lbfgs_pair
+from simulator.rules import lbfgs_direction, lbfgs_pair, unit_work
 
 if TYPE_CHECKING:
     from simulator.engine import Engine
@@ -57,10 +60,18 @@ class Sandblaster(Protocol):
         self.options = scenario.sandblaster
 
     def bind(self, problem: Problem) -> None:
-        units = self.options.units
-        self.chunks = np.array_split(np.arange(problem.n_samples), units)
-        self.grad_work = max(1, -(-problem.n_samples // units))  # ⌈n/U⌉ gradients a unit
-        self.weight = units / problem.n_samples  # so the mean of U units is ∇f
+        """The chunks of the problem's samples.
+
+        Raises:
+            ScenarioError: more units than samples (a unit would compute nothing).
+        """
+        units, n = self.options.units, problem.n_samples
+        if units > n:
+            raise ScenarioError("sandblaster.units", units, f"must be <= the problem's "
+                                f"samples ({n}): a unit is a chunk of them")
+        self.chunks = np.array_split(np.arange(n), units)
+        self.grad_work = unit_work(n, units)  # ⌈n/U⌉ gradients a unit
+        self.weight = units / n  # so the mean of U units is ∇f
 
     def setup(self, engine: Engine) -> None:
         self.env = engine.env
@@ -94,8 +105,7 @@ class Sandblaster(Protocol):
         total = np.zeros_like(local)
         for i in chunk.tolist():
             total += engine.problem.dense_grad(local, i)
-        if chunk.size:
-            u.sample = int(chunk[0])
+        u.sample = int(chunk[0])
         return total * self.weight
 
     def before_write(self, engine: Engine, u: Update) -> simpy.Event | None:

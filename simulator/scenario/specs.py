@@ -206,13 +206,14 @@ class DeviceSpec:
 
     ``latency`` (ns per message) and ``bandwidth`` (bytes per ns, i.e. GB/s) describe the
     device's network link to a server; only protocols that communicate over a network
-    (``paramserver``, ``admm``) pay them, on every pull and push."""
+    (``paramserver``, ``admm``, ``sandblaster``) pay them, on every pull and push."""
 
     name: str = key("cpu", "the device's name, for reports")
     speed: float = key(1.0, "divides every duration of the device's threads", bounds="> 0")
     cores: int = key(0, "cores its threads share (0: one per thread)", bounds=">= 0")
     bus: int = key(0, "the most block transfers at once (0: unlimited)", bounds=">= 0")
-    latency: int = key(0, "ns per message on the network link (paramserver, admm)",
+    latency: int = key(0, "ns per message on the network link (paramserver, admm, "
+                       "sandblaster)",
                        bounds=">= 0")
     bandwidth: float = key(0.0, "bytes per ns (GB/s) of the network link (0: unlimited)",
                            bounds=">= 0")

@@ -11,6 +11,7 @@ import scipy.optimize
 from simulator.engine import Engine, simulate
 from simulator.errors import ScenarioError
 from simulator.problems import make_problem
+from simulator.replay import replay
 from simulator.rules import lbfgs_direction, lbfgs_pair
 from tests.conftest import same_every_way, scenario
 
@@ -114,3 +115,63 @@ def test_what_sandblaster_cannot_run_is_refused():
         scenario(*QUADRATIC, "run.updates=64", "inject.error=noise")
     engine = Engine(scenario(*QUADRATIC, "run.updates=64"))  # 1,000 samples in 16 units
     assert engine.protocol.grad_work == 63
+    with pytest.raises(ScenarioError, match=r"sandblaster\.units.*samples"):
+        Engine(scenario(*QUADRATIC, "problem.n_samples=10", "run.updates=64"))
+    with pytest.raises(ScenarioError, match=r"sandblaster\.units.*fixed by the trace"):
+        replay(simulate(scenario(*QUADRATIC, "run.updates=32")), ["sandblaster.units=8"])
+
+
+def test_calibration_counts_a_units_gradients():
+    """A unit's gradient phase is ⌈n/U⌉ gradient durations: calibration's operation samples
+    give one gradient's, the timing's constant 6000 ns."""
+    from simulator.fidelity.runs import operation_samples
+
+    s = scenario(*QUADRATIC, "run.updates=32", "timing.grad.dist=constant")
+    samples = operation_samples(simulate(s), s)
+    grads = np.concatenate([per["grad"] for per in samples.values()])
+    np.testing.assert_allclose(grads, 6000, rtol=1e-3)
+
+
+def serial_lbfgs(problem, rounds: int, memory: int, lr: float) -> np.ndarray:
+    """An independent reference: the full gradient each round, the dense BFGS inverse
+    update rebuilt from γI over the last ``memory`` pairs with s·y > 1e-10‖s‖‖y‖, and the
+    step x − lr·H·g."""
+    x = problem.initial().astype(np.float64)
+    pairs, previous = [], None
+    for _ in range(rounds):
+        g = problem.full_grad(x)
+        if previous is not None:
+            s, y = x - previous[0], g - previous[1]
+            if s @ y > 1e-10 * np.linalg.norm(s) * np.linalg.norm(y):
+                pairs = [*pairs, (s, y)][-memory:]
+        previous = (x.copy(), g.copy())
+        h = np.eye(x.size)
+        if pairs:
+            s, y = pairs[-1]
+            h *= (s @ y) / (y @ y)
+        for s, y in pairs:
+            rho = 1 / (y @ s)
+            v = np.eye(x.size) - rho * np.outer(y, s)
+            h = v.T @ h @ v + rho * np.outer(s, s)
+        x = x - lr * h @ g
+    return x
+
+
+@pytest.mark.parametrize("problem_settings", [
+    ("problem.name=logistic", "problem.dim=20", "problem.n_samples=200", "run.lr=1.0"),
+    ("problem.name=mlp", "problem.dim=8", "problem.n_samples=120", "problem.hidden=6",
+     "run.lr=0.5")])
+def test_every_round_is_a_serial_lbfgs_step(problem_settings):
+    """Twelve rounds with a history of three pairs on a non-quadratic problem (where L-BFGS
+    and gradient descent part at once), three threads: the final vector is an independent
+    serial L-BFGS's to rounding."""
+    s = scenario("run.protocol=sandblaster", *problem_settings, "run.threads=3",
+                 "sandblaster.units=8", "sandblaster.memory=3", "run.updates=96")
+    problem = make_problem(s.problem)
+    trace = simulate(s, problem)
+    reference = serial_lbfgs(problem, 12, 3, s.run.lr)
+    np.testing.assert_allclose(trace["w_final"], reference, rtol=1e-9, atol=1e-12)
+    descent = problem.initial()
+    for _ in range(12):
+        descent = descent - s.run.lr * problem.full_grad(descent)
+    assert np.abs(trace["w_final"] - descent).max() > 1e-3  # (not gradient descent)
