@@ -7,6 +7,13 @@ measured in the same run is K = 1 (serial SGD through the server).
 
     python bench/ps.py            # 6,000 pushes per run
     python bench/ps.py --quick    # 1,500
+    python bench/ps.py --pool 1,2 --dim 10000   # a pool of S servers instead of the limit
+
+With ``--pool``, for each S given and K = 1, 2, 4: the same columns for a pool of S servers
+(``--servers S``, one shard each; no staleness limit: a pool refuses it; the loss curve at
+two points, so that no server evaluates f in its loop), with the simulator's pool at the
+same K and S beside it (its default durations: a shape, not a calibrated prediction):
+simulated updates per simulated second relative to its own K = 1, S = 1.
 """
 
 from __future__ import annotations
@@ -32,9 +39,14 @@ from simulator.scenario import load_scenario
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer pushes")
+    parser.add_argument("--pool", default=None, help="server counts, e.g. 1,2")
+    parser.add_argument("--dim", type=int, default=100, help="problem.dim (default 100)")
     args = parser.parse_args()
     updates = 1_500 if args.quick else 6_000
-    base = ["run.lr=0.05", f"run.updates={updates}"]
+    base = ["run.lr=0.05", f"run.updates={updates}", f"problem.dim={args.dim}"]
+    if args.pool is not None:
+        pool(base, [int(s) for s in args.pool.split(",")], updates)
+        return
     problem = make_problem(load_scenario(None, base).problem)
     f_star = problem.optimum()[1]
     print(f"# {time.strftime('%Y-%m-%d')}, {platform.machine()}, {os.cpu_count()} cores, "
@@ -57,6 +69,43 @@ def main() -> None:
             print(f"| {trainers} | {limit or 'none'} | {rate:,.0f} | {rate / serial:.2f}× | "
                   f"{trace['staleness'].mean():.2f} | {dropped:.1%} | "
                   f"{trace['curve_loss'][-1] - f_star:.4g} |", flush=True)
+
+
+def pool(base: list[str], servers: list[int], updates: int) -> None:
+    """Pushes per second of a pool of S servers at K trainers, real and simulated."""
+    from simulator.engine import simulate
+
+    # The loss curve at two points only: a single server evaluates f at each checkpoint in
+    # its loop (a pool's view is rebuilt after the run), which at d = 10,000 costs it most
+    # of its time.
+    base = [*base, "metrics.curve_points=2"]
+    problem = make_problem(load_scenario(None, base).problem)
+    f_star = problem.optimum()[1]
+    print(f"# {time.strftime('%Y-%m-%d')}, {platform.machine()}, {os.cpu_count()} cores, "
+          f"Python {platform.python_version()}, torch {torch.__version__}, gloo on loopback, "
+          f"d = {problem.dim:,}, {updates:,} pushes per run")
+    print("| servers | trainers | pushes/s | vs S = 1, K = 1 | mean staleness | final f − f* | "
+          "simulated: vs S = 1, K = 1 |")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
+    first = simulated_first = None
+    for s in servers:
+        for trainers in (1, 2, 4):
+            scenario = load_scenario(None, [*base, "run.protocol=paramserver",
+                                            f"paramserver.servers={s}", f"run.blocks={s}"])
+            run = run_ps(scenario, trainers, "float64", timeout=120, problem=problem)
+            if run.failure is not None:
+                raise SystemExit(f"bench/ps.py: S={s}, K={trainers}: {run.failure}")
+            rate = overlap_rate(thread_ends(run.trace))
+            first = rate if first is None else first
+            sim = simulate(load_scenario(None, [*base, "run.protocol=paramserver",
+                                                f"paramserver.servers={s}", f"run.blocks={s}",
+                                                f"run.threads={trainers}"]), problem)
+            simulated = overlap_rate(thread_ends(sim))
+            simulated_first = simulated if simulated_first is None else simulated_first
+            print(f"| {s} | {trainers} | {rate:,.0f} | {rate / first:.2f}× | "
+                  f"{run.trace['staleness'].mean():.2f} | "
+                  f"{run.trace['curve_loss'][-1] - f_star:.4g} | "
+                  f"{simulated / simulated_first:.2f}× |", flush=True)
 
 
 if __name__ == "__main__":
