@@ -74,11 +74,11 @@ def test_three_trainers_on_two_servers_rebuild_the_servers_vector_exactly():
 
 
 def test_a_pool_converges_as_its_simulation_does():
-    """Three trainers on two servers, 3,000 pushes of the logistic problem: the final
+    """Three trainers on two servers, 1,500 pushes of the logistic problem: the final
     suboptimality within 2× of the simulated pool's at three threads (the simulation's
     durations are the default ones, not this machine's: the bound is the fidelity
     target's, not a calibrated prediction)."""
-    base = ("problem.name=logistic", "problem.dim=50", "run.updates=3000",
+    base = ("problem.name=logistic", "problem.dim=50", "run.updates=1500",
             "run.protocol=paramserver", "run.blocks=2", "paramserver.servers=2")
     run = run_ps(scenario(*base), 3, "float64", timeout=60)
     simulated = simulate(scenario(*base, "run.threads=3"))
