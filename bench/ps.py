@@ -24,6 +24,7 @@ import platform
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 if sys.path and Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
     sys.path.pop(0)
@@ -47,14 +48,9 @@ def main() -> None:
     if args.pool is not None:
         pool(base, [int(s) for s in args.pool.split(",")], updates)
         return
-    problem = make_problem(load_scenario(None, base).problem)
-    f_star = problem.optimum()[1]
-    print(f"# {time.strftime('%Y-%m-%d')}, {platform.machine()}, {os.cpu_count()} cores, "
-          f"Python {platform.python_version()}, torch {torch.__version__}, gloo on loopback, "
-          f"{updates:,} pushes per run")
-    print("| trainers | staleness limit | pushes/s | vs K = 1 | mean staleness | dropped | "
-          "final f − f* |")
-    print("|---:|---:|---:|---:|---:|---:|---:|")
+    problem, f_star = _start(base, f"{updates:,} pushes per run",
+                             ("trainers", "staleness limit", "pushes/s", "vs K = 1",
+                              "mean staleness", "dropped", "final f − f*"))
     serial = None
     for limit in (0, 1):
         for trainers in (1, 2, 4):
@@ -71,6 +67,18 @@ def main() -> None:
                   f"{trace['curve_loss'][-1] - f_star:.4g} |", flush=True)
 
 
+def _start(base: list[str], runs: str, columns: tuple[str, ...]) -> tuple[Any, float]:
+    """The problem and f*; print the machine line and the table's header."""
+    problem = make_problem(load_scenario(None, base).problem)
+    f_star = problem.optimum()[1]
+    print(f"# {time.strftime('%Y-%m-%d')}, {platform.machine()}, {os.cpu_count()} cores, "
+          f"Python {platform.python_version()}, torch {torch.__version__}, gloo on loopback, "
+          f"{runs}")
+    print("| " + " | ".join(columns) + " |")
+    print("|" + "---:|" * len(columns))
+    return problem, f_star
+
+
 def pool(base: list[str], servers: list[int], updates: int) -> None:
     """Pushes per second of a pool of S servers at K trainers, real and simulated."""
     from simulator.engine import simulate
@@ -79,14 +87,10 @@ def pool(base: list[str], servers: list[int], updates: int) -> None:
     # its loop (a pool's view is rebuilt after the run), which at d = 10,000 costs it most
     # of its time.
     base = [*base, "metrics.curve_points=2"]
-    problem = make_problem(load_scenario(None, base).problem)
-    f_star = problem.optimum()[1]
-    print(f"# {time.strftime('%Y-%m-%d')}, {platform.machine()}, {os.cpu_count()} cores, "
-          f"Python {platform.python_version()}, torch {torch.__version__}, gloo on loopback, "
-          f"d = {problem.dim:,}, {updates:,} pushes per run")
-    print("| servers | trainers | pushes/s | vs S = 1, K = 1 | mean staleness | final f − f* | "
-          "simulated: vs S = 1, K = 1 |")
-    print("|---:|---:|---:|---:|---:|---:|---:|")
+    problem, f_star = _start(base, f"d = {load_scenario(None, base).problem.dim:,}, "
+                             f"{updates:,} pushes per run",
+                             ("servers", "trainers", "pushes/s", "vs S = 1, K = 1",
+                              "mean staleness", "final f − f*", "simulated: vs S = 1, K = 1"))
     first = simulated_first = None
     for s in servers:
         for trainers in (1, 2, 4):
