@@ -8,12 +8,18 @@ measured in the same run is K = 1 (serial SGD through the server).
     python bench/ps.py            # 6,000 pushes per run
     python bench/ps.py --quick    # 1,500
     python bench/ps.py --pool 1,2 --dim 10000   # a pool of S servers instead of the limit
+    python bench/ps.py --protocols              # each of the server's protocols at K = 2
 
 With ``--pool``, for each S given and K = 1, 2, 4: the same columns for a pool of S servers
 (``--servers S``, one shard each; no staleness limit: a pool refuses it; the loss curve at
 two points, so that no server evaluates f in its loop), with the simulator's pool at the
 same K and S beside it (its default durations: a shape, not a calibrated prediction):
 simulated updates per simulated second relative to its own K = 1, S = 1.
+
+With ``--protocols``: each protocol and option the server runs (a plain server, the
+staleness-aware and delay-compensating rules, a lock-free server, a pool of two, consensus
+ADMM with z on the server) at K = 2 trainers, against the plain server at K = 1 measured in
+the same run (serial SGD through the server), the loss curve at two points.
 """
 
 from __future__ import annotations
@@ -42,11 +48,16 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer pushes")
     parser.add_argument("--pool", default=None, help="server counts, e.g. 1,2")
     parser.add_argument("--dim", type=int, default=100, help="problem.dim (default 100)")
+    parser.add_argument("--protocols", action="store_true",
+                        help="each of the server's protocols at K = 2 against K = 1")
     args = parser.parse_args()
     updates = 1_500 if args.quick else 6_000
     base = ["run.lr=0.05", f"run.updates={updates}", f"problem.dim={args.dim}"]
     if args.pool is not None:
         pool(base, [int(s) for s in args.pool.split(",")], updates)
+        return
+    if args.protocols:
+        protocols([*base, "metrics.curve_points=2"], updates)
         return
     problem, f_star = _start(base, f"{updates:,} pushes per run",
                              ("trainers", "staleness limit", "pushes/s", "vs K = 1",
@@ -77,6 +88,36 @@ def _start(base: list[str], runs: str, columns: tuple[str, ...]) -> tuple[Any, f
     print("| " + " | ".join(columns) + " |")
     print("|" + "---:|" * len(columns))
     return problem, f_star
+
+
+#: The server's protocols and options: label, trainers, scenario settings.
+SERVER_RUNS = (
+    ("paramserver (serial through the server)", 1, []),
+    ("paramserver", 2, []),
+    ("rule staleness_lr", 2, ["paramserver.rule=staleness_lr"]),
+    ("rule dcasgd", 2, ["paramserver.rule=dcasgd"]),
+    ("lock-free server", 2, ["paramserver.lock_free=true"]),
+    ("pool of 2 servers", 2, ["paramserver.servers=2", "run.blocks=2"]),
+    ("admm (z on the server)", 2, ["run.protocol=admm"]),
+)
+
+
+def protocols(base: list[str], updates: int) -> None:
+    """Pushes (updates) per second of each server protocol against serial SGD through it."""
+    problem, f_star = _start(base, f"{updates:,} pushes per run",
+                             ("protocol", "trainers", "pushes/s", "vs K = 1",
+                              "mean staleness", "final f − f*"))
+    serial = None
+    for label, trainers, settings in SERVER_RUNS:
+        scenario = load_scenario(None, [*base, "run.protocol=paramserver", *settings])
+        run = run_ps(scenario, trainers, "float64", timeout=120, problem=problem)
+        if run.failure is not None:
+            raise SystemExit(f"bench/ps.py: {label}: {run.failure}")
+        rate = overlap_rate(thread_ends(run.trace))
+        serial = rate if serial is None else serial
+        print(f"| {label} | {trainers} | {rate:,.0f} | {rate / serial:.2f}× | "
+              f"{run.trace['staleness'].mean():.2f} | "
+              f"{run.trace['curve_loss'][-1] - f_star:.4g} |", flush=True)
 
 
 def pool(base: list[str], servers: list[int], updates: int) -> None:
