@@ -173,6 +173,9 @@ def _unsupported(scenario: Scenario, backend: str, mode: str) -> tuple[str, Any,
     if run.protocol not in (default.protocol, protocol):
         return "run.protocol", run.protocol, (
             "the parameter server runs paramserver or admm" if backend == "ps"
+            else "it runs on the parameter server: asyngrad real --backend ps"
+            if run.protocol == "paramserver"
+            else "no real backend runs it yet (simulate it)" if run.protocol == "sandblaster"
             else f"this backend runs {protocol} (--mode {mode})")
     if run.write_mode == "atomic_add" and mode in ("lockfree", *RULE_MODES) and backend != "ps":
         return ("run.write_mode", run.write_mode, f"--mode {mode} writes in place "

@@ -3,6 +3,7 @@ resolved scenario of what ran, and the update rules the real server shares with 
 simulator's protocols."""
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -323,3 +324,11 @@ def test_a_blocklock_run_records_its_backend_mode_and_curve(tmp_path, capsys):
     assert resolved.metrics.exact is False
     curve = np.load(out / "trace.npz")["curve_t"]
     assert 2 <= len(curve) <= 6
+
+
+@pytest.mark.parametrize(("protocol", "says"), [
+    ("paramserver", "--backend ps"), ("sandblaster", "simulate it")])
+def test_a_protocol_no_worker_mode_runs_is_refused_with_where_it_runs(protocol, says):
+    s = scenario(f"run.protocol={protocol}", "run.updates=320")
+    with pytest.raises(ScenarioError, match=rf"run\.protocol.*{re.escape(says)}"):
+        support.refuse_unsupported(s, "shm", "lockfree")
