@@ -75,6 +75,10 @@ class Engine:
     gets a row with step 0), and the methods ``advance``, ``catch_up``, ``skip_holds`` and
     ``discard``. Its ``ledger`` (``simulator.ledger``)
     keeps the completions and the trace rows; set ``ledger.progress`` to follow a run.
+    A protocol that owns its threads' loop (model-parallel stages) drives the same phases
+    itself: ``begin`` an update, ``read``, ``gradient`` and ``write`` it (each sits out what
+    holds the thread and spends the update's durations), ``wait`` for an event, and
+    complete it through ``ledger``.
 
     ``choose`` puts a scheduler in place of durations (``simulator.schedule``). A caller
     that runs one scenario many times passes it written as TOML (``text``) and says it has
@@ -131,7 +135,8 @@ class Engine:
         """The shared vector, its write mode and the blocks a dense update moves."""
         run = self.scenario.run
         self.atomic = run.write_mode == "atomic_add" or self.protocol.atomic
-        self.mem = SharedMemory(self.problem.initial(), run.blocks)
+        self.mem = SharedMemory(self.problem.initial(), run.blocks,
+                                self.protocol.bounds(self.problem))
         self.lost = [0] * run.updates  # stores of each update (by uid) that were overwritten
         self.stores: WriteMode = (AtomicAdd(self.mem) if self.atomic
                                   else LoadStore(self.mem, self.lost))
@@ -171,7 +176,7 @@ class Engine:
         self._local = [np.zeros(self.problem.dim) for _ in range(self.threads)]
         self._pulled = [(0, 0)] * self.threads  # (completions, version) of each thread's read
         self.ledger = Ledger(self.mem, self.view, self.dense_ops, self.active,
-                             self.scenario.inject.max_delay)
+                             self.scenario.inject.max_delay, self.protocol.partial)
 
     def _setup_hardware(self, lookahead: bool,
                         choose: Callable[[list[int]], int] | None) -> None:
@@ -211,6 +216,7 @@ class Engine:
         self.skip_holds, self.catch_up, self._hold_point = (clocks.skip_holds, clocks.catch_up,
                                                             clocks.hold_point)
         self._uninterrupted, self._gate = clocks.uninterrupted, clocks.gate
+        self.wait = clocks.gate
         # Threads that wait for a core or a bus start a phase once they hold them.
         self._pooled, self._seize = clocks.pooled, clocks.seize
 
@@ -240,7 +246,8 @@ class Engine:
 
     def _thread(self, thread: int) -> Generator[Any, Any, None]:
         try:
-            yield from self._loop(thread)
+            yield from (self.protocol.loop(self, thread) if self.protocol.owns_loop
+                        else self._loop(thread))
         except simpy.Interrupt:  # an injected death: abandon the update in flight
             self._clocks.release(thread)
             self.active.pop(thread, None)
@@ -265,7 +272,7 @@ class Engine:
                 yield from self._enter(thread, u, protocol.before_read if gated else None,
                                        again=True)
             if u.read:
-                yield from self._read(thread, u)
+                yield from self.read(thread, u)
             else:  # gradients accumulated on the vector this thread read last
                 u.read_start = u.read_end = self.clock[thread]
                 u.start_completed, u.delay = self._pulled[thread]
@@ -274,7 +281,7 @@ class Engine:
                 protocol.after_read(self, u)
             if points:
                 yield from self._hold_point(thread)
-            yield from self._gradient(thread, u)
+            yield from self.gradient(thread, u)
             if points or gated:
                 yield from self._enter(thread, u, protocol.before_write if gated else None)
                 u.write_start = self.clock[thread]
@@ -284,7 +291,7 @@ class Engine:
                     self.discard(u)
                     protocol.after_write(self, u)
                     continue
-            yield from self._write(thread, u)
+            yield from self.write(thread, u)
             if u.discard:  # thrown away as it arrived (the protocol's write mode)
                 self.ledger.discard(u, wrote=True)
             elif u.role == GROUPED:
@@ -334,6 +341,12 @@ class Engine:
             ops, fractions = self._block_ops(self.problem.support(sample))
         else:
             ops, fractions = self.dense_ops, self._dense_fractions
+        return self.begin(thread, seq, sample, ops, fractions)
+
+    def begin(self, thread: int, seq: int, sample: int, ops: list[Op],
+              fractions: list[float]) -> Update:
+        """Start ``thread``'s ``seq``-th update, of ``sample`` moving ``ops`` (each a
+        fraction of the coordinates): its durations drawn, counted as started."""
         u = Update(self.started, thread, seq, sample, ops)
         u.read_ns, u.grad_ns, u.write_ns = self.source.durations(thread, fractions)
         u.idle_ns = self.source.idle(thread)
@@ -355,7 +368,7 @@ class Engine:
             if self._overruns[thread]:
                 u.idle_ns += yield from self._overrun(thread)
 
-    def _read(self, thread: int, u: Update) -> Generator[Any, Any, None]:
+    def read(self, thread: int, u: Update) -> Generator[Any, Any, None]:
         """READ: each block is copied when its read ends (so a read can be torn)."""
         clock, mem, local = self.clock, self.mem, self._local[thread]
         if self._pooled[thread]:
@@ -406,7 +419,7 @@ class Engine:
         """The vector ``thread``'s update in flight read (its local copy)."""
         return self._local[thread]
 
-    def _gradient(self, thread: int, u: Update) -> Generator[Any, Any, None]:
+    def gradient(self, thread: int, u: Update) -> Generator[Any, Any, None]:
         """GRADIENT: the real gradient at the local copy, holding the device."""
         if self._pooled[thread]:
             yield from self._seize(thread, False)
@@ -452,7 +465,7 @@ class Engine:
             u.step = u.step * factor
             u.lr_scale *= factor
 
-    def _write(self, thread: int, u: Update) -> Generator[Any, Any, None]:
+    def write(self, thread: int, u: Update) -> Generator[Any, Any, None]:
         """WRITE: the step the update rule gives (``_rule``), then block by block (or grain
         by grain), as the write mode says; a hardware model may write the blocks itself
         (convoys)."""

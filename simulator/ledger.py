@@ -31,8 +31,9 @@ class Ledger:
     """
 
     def __init__(self, mem: SharedMemory, view: SerializedView, dense_ops: list[Op],
-                 active: dict[int, Update], max_delay: int) -> None:
+                 active: dict[int, Update], max_delay: int, partial: bool = False) -> None:
         self.mem, self.view, self.active = mem, view, active
+        self._partial = partial  # δ on the block an update writes (a model's stage)
         self.completed = 0
         self.builder = TraceBuilder()
         self.rows = self.builder.rows  # the records so far (trace.RECORD)
@@ -74,7 +75,7 @@ class Ledger:
         """``u``'s write has ended: one completion."""
         t = self._count()
         m = self.view.complete(t, self.mem.w, [u.sample], u.write_end, u.lr_scale,
-                               len(self.rows) + 1)
+                               len(self.rows) + 1, u.ops[0][1] if self._partial else None)
         self._row(u, t, m)
 
     def complete_group(self, writer: Update) -> None:
@@ -84,7 +85,8 @@ class Ledger:
         group = writer.group
         t = self._count()
         m = self.view.complete(t, self.mem.w, [v.sample for v in group], writer.write_end,
-                               writer.lr_scale, len(self.rows) + len(group))
+                               writer.lr_scale, len(self.rows) + len(group),
+                               writer.ops[0][1] if self._partial else None)
         for member in group:
             if member is not writer:  # applied, without writing itself, when the write ended
                 member.write_start = member.write_end = writer.write_end

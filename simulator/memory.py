@@ -107,9 +107,11 @@ def _overlaps(a: Coords, b: Coords) -> bool:
 class SharedMemory:
     """The shared vector ``w`` and its per-block store history."""
 
-    def __init__(self, w0: np.ndarray, blocks: int) -> None:
+    def __init__(self, w0: np.ndarray, blocks: int, bounds: list[int] | None = None) -> None:
+        """``blocks`` of sizes that differ by at most one, or the blocks ``bounds`` gives
+        (each block's start and the end of the last: a model's stages)."""
         self.w = np.array(w0, dtype=np.float64)
-        self.bounds = block_bounds(self.w.size, blocks)
+        self.bounds = block_bounds(self.w.size, blocks) if bounds is None else bounds
         self.seq = 0
         self.count = [0] * blocks  # stores each block has received: its version
         self._history: list[list[_Store]] = [[] for _ in range(blocks)]

@@ -13,9 +13,10 @@ import numpy as np
 from simulator.problems import Problem
 from simulator.trace import EXTRA, Trace
 
-__all__ = ["ERROR_THRESHOLD", "PHASE_BINS", "curve_rows", "diverged_at", "error_mask",
-           "error_rate", "finite_mask", "interference", "overlaps", "relative_error", "rhythm",
-           "summarize", "trace_rhythm", "write_meetings", "write_pairs"]
+__all__ = ["ERROR_THRESHOLD", "PHASE_BINS", "busy_intervals", "curve_rows", "diverged_at",
+           "error_mask", "error_rate", "finite_mask", "interference", "overlaps",
+           "relative_error", "rhythm", "stages", "summarize", "trace_rhythm", "write_meetings",
+           "write_pairs"]
 
 # An update has a gradient error when ‖δ‖ > ERROR_THRESHOLD · max(‖g‖, 1e-12).
 ERROR_THRESHOLD = 1e-9
@@ -200,6 +201,38 @@ def _quantiles(values: np.ndarray) -> dict[str, float | None]:
             "p95": _number(np.quantile(values, 0.95)), "max": _number(values.max())}
 
 
+def busy_intervals(trace: Trace, thread: int) -> tuple[np.ndarray, np.ndarray]:
+    """The starts and ends of ``thread``'s read, gradient and write phases (the time it
+    works; under a model-parallel protocol a read is a stage's forward pass)."""
+    rows = trace["thread"] == thread
+    starts = np.concatenate([trace[f"{p}_start"][rows] for p in ("read", "grad", "write")])
+    ends = np.concatenate([trace[f"{p}_end"][rows] for p in ("read", "grad", "write")])
+    return starts, ends
+
+
+def stages(trace: Trace, threads: int) -> list[dict[str, Any]]:
+    """Per stage (thread) of a model-parallel run: its updates, their staleness and gradient
+    error (‖δ‖/‖g‖ on the stage's parameters), and its time at work and idle over the run's
+    span (utilisation = at work / span)."""
+    start = int(trace["read_start"].min()) if len(trace) else 0
+    span = max((int(trace["write_end"].max()) if len(trace) else 0) - start, 1)
+    out = []
+    for thread in range(threads):
+        rows = trace["thread"] == thread
+        measured = rows & trace["measured"]
+        with np.errstate(invalid="ignore"):
+            error = trace["delta_norm"][measured] / _floor(trace["g_norm"][measured])
+        begin, end = busy_intervals(trace, thread)
+        busy = int((end - begin).sum())
+        staleness = trace["staleness"][rows].astype(np.float64)
+        out.append({"stage": thread, "updates": int(rows.sum()),
+                    "staleness_mean": _number(staleness.mean()) if staleness.size else None,
+                    "staleness_max": int(staleness.max()) if staleness.size else None,
+                    "relative_error": _quantiles(error),
+                    "busy_ns": busy, "idle_ns": span - busy, "utilisation": busy / span})
+    return out
+
+
 def curve_rows(trace: Trace, f_star: float,
                ) -> list[tuple[int, int, float, float, float, int]]:
     """(update t, time_ns, loss, suboptimality, ‖w − w*‖², gradients computed) at each
@@ -331,4 +364,11 @@ def _summarize(trace: Trace, problem: Problem, scenario: Any) -> dict[str, Any]:
                  "final_distance": float(np.linalg.norm(trace["w_final"] - w_star))},
         "task": {"accuracy": problem.accuracy(trace["w_final"]),
                  "held_out_accuracy": problem.held_out_accuracy(trace["w_final"])},
+        **({"stages": stages(trace, _threads(run))} if _staged(run) else {}),
     }
+
+
+def _staged(run: Any) -> bool:
+    """Whether ``run``'s protocol runs a model's stages on its threads."""
+    protocol = _protocol(run)
+    return protocol is not None and protocol.partial

@@ -22,7 +22,7 @@ from simulator.metrics import (
 from simulator.trace import Trace
 
 __all__ = ["LOG_LIMIT", "draw_timeline", "drawable", "error_histogram_figure", "loss_figure",
-           "sweep_figure", "timeline_figure"]
+           "sweep_figure", "timeline_figure", "utilisation_figure"]
 
 PHASES = (("read", "R", "#4C72B0"), ("grad", "G", "#DD8452"), ("write", "W", "#55A868"))
 
@@ -72,6 +72,33 @@ def draw_timeline(ax: Axes, trace: Trace, window: int | None = None,
     ax.set_xlabel("step" if steps else "time (µs)")
     ax.set_title(f"Thread timeline: {shown} of {len(trace)} updates"
                  + (f", from {begin * scale:.0f} µs (all running)" if begin else ""))
+
+
+def utilisation_figure(trace: Trace, threads: int, lanes: Sequence[str],
+                       windows: int = 60) -> Figure:
+    """A pipeline's utilisation: for each stage (thread), the share of each of ``windows``
+    equal spans of the run that it spent at work (``simulator.metrics.busy_intervals``)."""
+    from simulator.metrics import busy_intervals
+
+    fig = Figure(figsize=(9, 3.6), layout="constrained")
+    ax = fig.add_subplot()
+    start = int(trace["read_start"].min()) if len(trace) else 0
+    end = max(int(trace["write_end"].max()) if len(trace) else 1, start + 1)
+    edges = np.linspace(start, end, windows + 1)
+    lo, hi = edges[:-1, None], edges[1:, None]
+    for thread in range(threads):
+        begin, stop = busy_intervals(trace, thread)
+        busy = np.clip(np.minimum(stop[None, :], hi) - np.maximum(begin[None, :], lo), 0,
+                       None).sum(axis=1) / (hi[:, 0] - lo[:, 0])
+        share = (stop - begin).sum() / (end - start)
+        ax.step((edges[:-1] - start) * 1e-6, busy, where="post",
+                label=f"{lanes[thread]}: {share:.0%} at work")
+    ax.set_ylim(0, 1.05)
+    ax.set_xlabel("time (ms)")
+    ax.set_ylabel("share of the time at work")
+    ax.set_title(f"Pipeline utilisation per stage ({windows} windows)")
+    ax.legend(loc="lower right", frameon=False)
+    return fig
 
 
 def loss_figure(updates: Sequence[float] | np.ndarray,

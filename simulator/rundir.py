@@ -19,7 +19,12 @@ from typing import Any
 
 from simulator.errors import AsyngradError
 from simulator.metrics import curve_rows, summarize
-from simulator.plots import error_histogram_figure, loss_figure, timeline_figure
+from simulator.plots import (
+    error_histogram_figure,
+    loss_figure,
+    timeline_figure,
+    utilisation_figure,
+)
 from simulator.problems import Problem
 from simulator.scenario import Scenario, scenario_to_toml
 from simulator.trace import Trace
@@ -62,9 +67,15 @@ def _write_files(where: Path, scenario: Scenario, trace: Trace, summary: dict[st
     if not plots:
         return
     devices = scenario.devices
-    lanes = ([f"thread {t} ({devices[scenario.device_of(t)].name})"
-              for t in range(summary["threads"])] if len(devices) > 1 else None)
+    kind = "stage" if "stages" in summary else "thread"  # (a model-parallel run's threads)
+    lanes = ([f"{kind} {t} ({devices[scenario.device_of(t)].name})"
+              for t in range(summary["threads"])] if len(devices) > 1
+             else [f"{kind} {t}" for t in range(summary["threads"])] if kind == "stage"
+             else None)
     timeline_figure(trace, lanes=lanes).savefig(where / "timeline.png", dpi=110)
+    if lanes is not None and kind == "stage":
+        utilisation_figure(trace, summary["threads"], lanes).savefig(
+            where / "pipeline.png", dpi=110)
     loss_figure([r[0] for r in rows], [r[3] for r in rows],
                 f"{scenario.run.protocol}, k={summary['threads']}").savefig(
         where / "loss.png", dpi=110)

@@ -69,13 +69,16 @@ class SerializedView:
         self._curve_w = np.array(w0, dtype=np.float64)
 
     def complete(self, t: int, w: np.ndarray, samples: list[int], time: int,
-                 scale: float = 1.0, n: int | None = None) -> Measurement:
+                 scale: float = 1.0, n: int | None = None,
+                 part: slice | None = None) -> Measurement:
         """Record completion ``t`` (its samples, and ``w`` right after it) at ``time``;
-        ``n`` gradients have been computed by then (default ``t``)."""
+        ``n`` gradients have been computed by then (default ``t``). An update that moves only
+        the coordinates ``part`` (a model's stage) is measured against the exact gradient
+        there: g_t is ∇f_z(w_{t−1}) on ``part`` and 0 elsewhere."""
         result = UNMEASURED
         if self.exact:
             if t % self.every == 0:
-                result = self._measure(w, samples, scale)
+                result = self._measure(w, samples, scale, part)
             if (t + 1) % self.every == 0:
                 np.copyto(self.prev, w)
         n = t if n is None else n
@@ -113,7 +116,8 @@ class SerializedView:
         gap = w - self.w_star
         return self.problem.full_loss(w), float(gap @ gap)
 
-    def _measure(self, w: np.ndarray, samples: list[int], scale: float) -> Measurement:
+    def _measure(self, w: np.ndarray, samples: list[int], scale: float,
+                 part: slice | None = None) -> Measurement:
         prev, s, delta, gap = self.prev, self._s, self._delta, self._gap
         np.subtract(prev, w, out=s)
         s /= self.lr * scale
@@ -122,6 +126,10 @@ class SerializedView:
             for sample in samples[1:]:
                 g += self.problem.dense_grad(prev, sample)
             g /= len(samples)
+        if part is not None:
+            kept = g[part].copy()
+            g[:] = 0.0
+            g[part] = kept
         np.subtract(s, g, out=delta)
         np.subtract(prev, self.w_star, out=gap)
         # ‖x‖ as sqrt(x·x): what numpy's norm computes for a real vector, without its overhead.

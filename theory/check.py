@@ -81,6 +81,11 @@ def constant_step(scenario: Scenario) -> None:
     if not PROTOCOLS[protocol].exact_view:
         raise ScenarioError("run.protocol", protocol, "its updates are not SGD steps "
                             "w_t = w_{t−1} − γ s_t; the bounds are about SGD")
+    if PROTOCOLS[protocol].partial:
+        raise ScenarioError("run.protocol", protocol, "each update moves one stage's "
+                            "parameters (block-coordinate steps, δ measured on the stage); "
+                            "the bounds are about full SGD steps, and no bound is checked "
+                            "for model-parallel training")
     if scenario.run.lr_schedule != "constant":
         raise ScenarioError("run.lr_schedule", scenario.run.lr_schedule,
                             "the bounds assume a constant learning rate γ (set it constant)")

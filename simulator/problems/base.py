@@ -149,6 +149,35 @@ class Problem(ABC):
         2, needs it)."""
         return None
 
+    def stages(self) -> list[slice] | None:
+        """A layered network's stages, in forward order, each as the slice of w holding its
+        parameters (model-parallel protocols: ``amp``); ``None`` where the problem is not one.
+        A problem that has stages also has ``stage_width``, ``forward`` and ``backward``."""
+        return None
+
+    def stage_width(self, stage: int) -> int:
+        """Coordinates of the activation ``stage`` passes forward (and of the gradient with
+        respect to it passed back)."""
+        raise NotImplementedError
+
+    def forward(self, stage: int, theta: np.ndarray, a: np.ndarray | None,
+                idx: int) -> tuple[np.ndarray, Any]:
+        """Stage ``stage``'s forward pass of sample ``idx`` with its parameters ``theta`` from
+        the previous stage's activation ``a`` (None for the first stage, which reads the
+        sample): its activation, and what its backward pass needs (the cache)."""
+        raise NotImplementedError
+
+    def backward(self, stage: int, theta: np.ndarray, cache: Any, up: np.ndarray | None,
+                 idx: int) -> tuple[np.ndarray, np.ndarray | None]:
+        """Stage ``stage``'s backward pass of sample ``idx``: from its forward's ``cache`` and
+        the gradient ``up`` of the loss with respect to its activation (None for the last
+        stage, which takes it from the loss), with its parameters ``theta`` now (the l2 term
+        and the gradient passed back use them), the gradient of f_idx with respect to
+        ``theta`` and with respect to its input activation (None for the first stage). With
+        ``theta`` the forward's and every stage's ``up`` its backward's, the stages'
+        gradients together are ``grad``."""
+        raise NotImplementedError
+
     def dense_grad(self, w: np.ndarray, idx: int) -> np.ndarray:
         """∇f_idx(w) as a full vector, whatever the support."""
         values, support = self.grad(w, idx)

@@ -410,6 +410,47 @@ class MLPProblem(LocalOptimumProblem):
             _axpy(w, g, a=self.l2)
         return g, None
 
+    def stages(self) -> list[slice] | None:
+        """Two stages: the hidden layer (W1, b1) and the output layer (W2, b2)."""
+        c = self._cuts
+        return [slice(c[0], c[2]), slice(c[2], c[4])]
+
+    def stage_width(self, stage: int) -> int:
+        return self.shape[1]  # the hidden activation (stage 0 → 1); the logits stay
+
+    def forward(self, stage: int, theta: np.ndarray, a: np.ndarray | None,
+                idx: int) -> tuple[np.ndarray, Any]:
+        d_in, hidden, classes = self.shape
+        if stage == 0:
+            x = self.X[idx]
+            h = np.tanh(theta[:hidden * d_in].reshape(hidden, d_in) @ x
+                        + theta[hidden * d_in:])
+            return h, (x, h)
+        assert a is not None
+        z = theta[:classes * hidden].reshape(classes, hidden) @ a + theta[classes * hidden:]
+        return z, (a, z)
+
+    def backward(self, stage: int, theta: np.ndarray, cache: Any, up: np.ndarray | None,
+                 idx: int) -> tuple[np.ndarray, np.ndarray | None]:
+        d_in, hidden, classes = self.shape
+        g = np.empty_like(theta)
+        if stage == 0:  # (up: the gradient with respect to h)
+            x, h = cache
+            da = up * (1.0 - h * h)
+            np.multiply.outer(da, x, out=g[:hidden * d_in].reshape(hidden, d_in))
+            g[hidden * d_in:] = da
+            back = None
+        else:
+            a, z = cache
+            dz = _softmax(z)
+            dz[self._y[idx]] -= 1.0
+            np.multiply.outer(dz, a, out=g[:classes * hidden].reshape(classes, hidden))
+            g[classes * hidden:] = dz
+            back = theta[:classes * hidden].reshape(classes, hidden).T @ dz
+        if self.l2:
+            _axpy(theta, g, a=self.l2)
+        return g, back
+
     def _batch(self, w: np.ndarray, X: np.ndarray | None = None,
                ) -> tuple[np.ndarray, np.ndarray]:
         """Hidden activations and logits of every row of ``X`` (default: the training data)."""

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar
+from collections.abc import Generator
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import simpy
@@ -34,7 +35,13 @@ class Protocol:
     * ``active``: whether a thread may start another update;
     * ``step``: the update rule, from the step lr·g to the step the update applies;
     * ``grouped``: the step a group's writer applies, from its members' mean step;
-    * ``compute``: replaces the gradient altogether (``computes``: ADMM's local solve).
+    * ``compute``: replaces the gradient altogether (``computes``: ADMM's local solve);
+    * ``bounds``: the blocks of the shared vector, where the protocol sets them (a model's
+      stages);
+    * ``loop``: a thread's whole loop, in place of the engine's (``owns_loop``: stages of a
+      model-parallel protocol, driven by the messages they receive); it runs the engine's
+      phases (``Engine.begin``, ``read``, ``gradient``, ``write``, ``wait``) and completes
+      updates through ``Engine.ledger``.
 
     The four ``before``/``after`` points are called only when ``gated`` is true, and then at
     simpy's own time (the engine first catches up with the thread's clock), since they touch
@@ -51,7 +58,9 @@ class Protocol:
     block adds whatever ``run.write_mode`` says (a server applies each push to a shard in
     one piece; an instance may say otherwise: a lock-free server);
     ``exact_view`` false switches the serialized view's δ off (updates that are not SGD
-    steps); ``grad_work`` multiplies each sampled gradient duration.
+    steps); ``partial`` measures δ on the block an update writes (a stage's parameters: the
+    exact gradient there, nothing elsewhere); ``grad_work`` multiplies each sampled gradient
+    duration.
     """
 
     name: ClassVar[str] = ""
@@ -62,6 +71,8 @@ class Protocol:
     atomic: bool = False
     computes: ClassVar[bool] = False
     exact_view: ClassVar[bool] = True
+    partial: ClassVar[bool] = False
+    owns_loop: ClassVar[bool] = False
 
     def __init__(self, scenario: Scenario) -> None:
         self.scenario = scenario
@@ -77,8 +88,17 @@ class Protocol:
         """The run's problem, before any duration is drawn (a protocol whose work per update
         depends on it sets ``grad_work`` here)."""
 
+    def bounds(self, problem: Problem) -> list[int] | None:
+        """Each block's start in the shared vector and the last one's end; None: the run's
+        ``run.blocks`` equal blocks."""
+        return None
+
     def setup(self, engine: Engine) -> None:
         """Create protocol state on the engine's clock."""
+
+    def loop(self, engine: Engine, thread: int) -> Generator[Any, Any, None]:
+        """``thread``'s loop (when ``owns_loop``)."""
+        raise NotImplementedError
 
     def before_read(self, engine: Engine, u: Update) -> simpy.Event | None:
         return None

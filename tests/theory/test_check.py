@@ -151,12 +151,15 @@ def test_validation_runs_fit_this_machine(monkeypatch):
 @pytest.mark.parametrize(("override", "field"), [
     ("run.lr_schedule=inverse", "run.lr_schedule"), ("run.protocol=staleness_lr", "run.protocol"),
     ("run.protocol=admm", "run.protocol"),
-    (("run.protocol=paramserver", "paramserver.rule=staleness_lr"), "paramserver.rule")])
+    (("run.protocol=paramserver", "paramserver.rule=staleness_lr"), "paramserver.rule"),
+    (("run.protocol=amp", "problem.name=mlp", "run.threads=2", "run.blocks=2"),
+     "run.protocol")])
 def test_a_step_that_is_not_gamma_times_s_is_refused(override, field):
     """Theorem 1's iteration is w_t = w_{t−1} − γ s_t with one γ: a schedule or a
     staleness-scaled step ran the validation at another rate (VIOLATED with a guarantee);
     ADMM's local solves are not SGD steps (refused after the pilots as "0 measured updates",
-    asking for metrics.exact, which was on). Hogwild!'s check refuses them too."""
+    asking for metrics.exact, which was on), nor are amp's stage updates full ones.
+    Hogwild!'s check refuses them too."""
     overrides = (override,) if isinstance(override, str) else override
     with pytest.raises(ScenarioError, match=field.replace(".", r"\.")):
         check_theorem(scenario(*QUADRATIC, *overrides), 0.05, 2)

@@ -1,0 +1,228 @@
+"""Asynchronous model-parallel training (AMP; Gaunt et al. 2017, AMPNet): the network's
+stages run on threads of their own, each updating its own parameters as gradients reach it.
+
+Each thread is a stage (``Problem.stages``: the layers of the ``mlp``), on the device its
+thread is placed on; the shared vector's blocks are the stages' parameters (``run.threads``
+and ``run.blocks`` must equal the problem's stages). A stage works through the messages that
+reach it, one at a time, in order of arrival:
+
+* a sample's **forward** message (for the first stage: a free place in the pipeline, at most
+  ``amp.max_active`` samples in it at once): the stage reads its parameters θ_s and computes
+  its activation from the one it received, which it sends on (the update's READ phase: the
+  read of θ_s's block and the forward's compute, a third of the stage's gradient work);
+* a sample's **backward** message (for the last stage: right after its forward): the stage
+  computes the gradient of its parameters from its forward's activations and the gradient it
+  received, with θ_s as it is now (the GRADIENT phase, two thirds of its gradient work), sends
+  the gradient with respect to its input back, and writes −lr·g into its block (the WRITE
+  phase; every ``amp.update_every`` gradients as their mean). The first stage's backward
+  frees the sample's place, and the next sample enters.
+
+A stage's gradient work is the drawn gradient duration times its share of the coordinates;
+a message from a stage flies for its device's link latency plus its activation's
+coordinates over the link's bandwidth, without holding the stage. Each (stage, sample) is one
+trace row; ``run.updates`` counts them (S per sample). The row's staleness counts the
+completions since its sample entered the pipeline, so the stages nearer the input see staler
+gradients; the serialized view measures each row's δ against the exact gradient of its
+stage's parameters at w_{t−1} (``Protocol.partial``). With one sample in the pipeline
+(``max_active = 1``) every gradient is the serial one: AMP is plain SGD. Injected errors,
+drops, delays and rounding are refused (scenario check), as are hardware models, a
+scheduler and replay; stragglers, pauses and deaths (a dead stage stalls the pipeline for
+good) are honoured.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import simpy
+
+from simulator.errors import ScenarioError
+from simulator.protocols.base import GROUPED, MEMBER, Protocol
+from simulator.scenario import plain
+from simulator.timing import link_of
+
+if TYPE_CHECKING:
+    from simulator.engine import Engine
+    from simulator.problems import Problem
+    from simulator.scenario import Scenario
+    from simulator.update import Update
+
+__all__ = ["Amp"]
+
+FORWARD, BACKWARD = 0, 1
+
+
+class Amp(Protocol):
+    """Stages on threads of their own, passing activations forward and gradients back."""
+
+    name = "amp"
+    owns_loop = True
+    partial = True
+    computes = True
+    atomic = True
+
+    def __init__(self, scenario: Scenario) -> None:
+        super().__init__(scenario)
+        self.options = scenario.amp
+
+    def bind(self, problem: Problem) -> None:
+        """The problem's stages.
+
+        Raises:
+            ScenarioError: a problem without stages, or a run whose threads, blocks or
+                updates do not fit them.
+        """
+        scenario, run = self.scenario, self.scenario.run
+        stages = problem.stages()
+        if stages is None:
+            raise ScenarioError("problem.name", scenario.problem.name, "amp trains a layered "
+                                "network stage by stage: use mlp")
+        n = len(stages)
+        for field, value, what in (("run.threads", run.threads, "a thread per stage"),
+                                   ("run.blocks", run.blocks, "a block per stage's "
+                                    "parameters")):
+            if value != n:
+                raise ScenarioError(field, value, f"amp runs {what}: must equal the "
+                                    f"problem's stages ({n})")
+        per_stage = self.options.update_every * n
+        if run.updates % per_stage:
+            raise ScenarioError("run.updates", run.updates, f"counts every stage's gradients "
+                                f"({n} per sample), applied amp.update_every = "
+                                f"{self.options.update_every} at a time: must be a multiple "
+                                f"of {per_stage}")
+        if run.split != "shared":
+            raise ScenarioError("run.split", run.split, "every stage computes every sample's "
+                                "gradient under amp: must be shared")
+        for d in range(len(scenario.devices)):
+            for table, spec in vars(scenario.hardware_of(d)).items():
+                if spec is not None:
+                    raise ScenarioError(f"hardware.{table}", plain(spec), "hardware models "
+                                        "of shared-memory updates do not apply to amp's "
+                                        "stages")
+        self.problem, self.stages = problem, stages
+        self.samples = run.updates // n
+        self.fractions = [(s.stop - s.start) / problem.dim for s in stages]
+
+    def bounds(self, problem: Problem) -> list[int] | None:
+        return [s.start for s in self.stages] + [self.stages[-1].stop]
+
+    def setup(self, engine: Engine) -> None:
+        """The stages' inboxes, their messages' flight times, and the first samples' entry.
+
+        Raises:
+            ScenarioError: a replay (each stage's durations are split between its forward
+                and backward as they are drawn; simulate the scenario again instead: the
+                same seed gives the same run).
+        """
+        if engine.replayed:
+            raise ScenarioError("run.protocol", self.name, "a trace of amp's stages is not "
+                                "replayed: simulate its scenario again (same seed, same run)")
+        self.env = engine.env
+        scenario, n = self.scenario, len(self.stages)
+        self.inbox = [simpy.Store(engine.env) for _ in range(n)]
+        self.ops = [[engine.dense_ops[s]] for s in range(n)]
+        # What a message from each stage takes to arrive: latency + coordinates / bandwidth.
+        self.flight = []
+        for s in range(n):
+            latency, per_coord = link_of(scenario.devices[scenario.device_of(s)])
+            width = self.problem.stage_width(s) if s < n - 1 else 0
+            self.flight.append(latency + int(width * per_coord + 0.5))
+        self.entered = 0
+        self.cache: dict[int, Any] = {}  # uid → its forward's cache
+        self.up: dict[int, np.ndarray | None] = {}  # uid → the gradient it received
+        self.back: dict[int, np.ndarray | None] = {}  # uid → the gradient it sends back
+        self.pending: list[list[Update]] = [[] for _ in range(n)]  # gradients to average
+        for _ in range(min(self.options.max_active, self.samples)):
+            self._enter()
+
+    def _enter(self) -> None:
+        """A sample enters the pipeline: a forward message for the first stage, now."""
+        self.entered += 1
+        self.inbox[0].put((FORWARD, None, []))
+
+    def _send(self, engine: Engine, stage: int, to: int, message: tuple[Any, ...],
+              ) -> Generator[Any, Any, None]:
+        """Send ``message`` from ``stage`` (at its clock) to stage ``to``'s inbox."""
+        yield from engine.catch_up(stage)
+        flight = self.flight[stage]
+        if flight:
+            self.env.timeout(flight).callbacks.append(lambda _: self._deliver(to, message))
+        else:
+            self._deliver(to, message)
+
+    def _deliver(self, to: int, message: tuple[Any, ...]) -> None:
+        self.inbox[to].put(message)
+
+    def loop(self, engine: Engine, thread: int) -> Generator[Any, Any, None]:
+        """Stage ``thread``: forwards and backwards, in order of arrival, until it has
+        written every sample's gradient."""
+        stage, last, seq, done = thread, thread == len(self.stages) - 1, 0, 0
+        problem, stages = self.problem, self.stages
+        while done < self.samples:
+            yield from engine.catch_up(stage)
+            get = self.inbox[stage].get()
+            yield from engine.wait(stage, get)
+            kind, payload, trail = get.value  # type: ignore[misc]
+            if kind == BACKWARD:
+                done += 1
+                yield from self._backward(engine, trail[-1], payload, trail[:-1])
+                continue
+            if stage == 0:
+                sample, entry = engine.source.next_sample(0), engine.completed
+            else:
+                sample, entry = trail[0].sample, trail[0].start_completed
+            u = engine.begin(stage, seq, sample, self.ops[stage], [self.fractions[stage]])
+            seq += 1
+            work = int(u.grad_ns * self.fractions[stage] + 0.5)  # the stage's share
+            u.read_ns = [u.read_ns[0] + work // 3]  # its parameters' read, and the forward
+            u.grad_ns = work - work // 3  # the backward
+            yield from engine.read(stage, u)
+            u.start_completed = entry  # staleness counts from the sample's entry
+            out, self.cache[u.uid] = problem.forward(
+                stage, engine.read_copy(stage)[stages[stage]], payload, sample)
+            if last:
+                done += 1
+                yield from self._backward(engine, u, None, trail)
+            else:
+                yield from self._send(engine, stage, stage + 1, (FORWARD, out, [*trail, u]))
+
+    def _backward(self, engine: Engine, u: Update, up: np.ndarray | None,
+                  trail: list[Update]) -> Generator[Any, Any, None]:
+        """``u``'s backward from the gradient ``up`` it received; its write (or its place
+        among the gradients to average); the gradient it sends back to ``trail``'s last."""
+        stage = u.thread
+        self.up[u.uid] = up
+        yield from engine.gradient(stage, u)
+        back = self.back.pop(u.uid)
+        if trail:
+            yield from self._send(engine, stage, stage - 1, (BACKWARD, back, trail))
+        every = self.options.update_every
+        if every > 1:
+            pending = self.pending[stage]
+            pending.append(u)
+            if len(pending) < every:
+                u.role = MEMBER  # written with the group's last
+            else:
+                u.role, u.group, self.pending[stage] = GROUPED, pending, []
+        if u.role != MEMBER:
+            yield from engine.write(stage, u)
+            if u.role == GROUPED:
+                engine.ledger.complete_group(u)
+            else:
+                engine.ledger.complete(u)
+        if stage == 0 and self.entered < self.samples:
+            yield from engine.catch_up(stage)
+            self._enter()
+
+    def compute(self, engine: Engine, u: Update, local: np.ndarray) -> np.ndarray:
+        """−(the step): lr times the gradient of the stage's parameters, from its forward's
+        activations, the gradient it received and its parameters now (only it writes them)."""
+        part = self.stages[u.thread]
+        g, self.back[u.uid] = self.problem.backward(
+            u.thread, engine.mem.w[part], self.cache.pop(u.uid), self.up.pop(u.uid), u.sample)
+        step = np.zeros(self.problem.dim)
+        step[part] = g
+        step *= engine.lr
+        return step

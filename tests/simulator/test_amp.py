@@ -1,0 +1,190 @@
+"""Asynchronous model-parallel training (``run.protocol = "amp"``): the stages' passes against
+the whole network's gradient, a two-stage pipeline's timeline worked by hand, one sample in
+flight against serial SGD, and what the pipeline does to each stage's gradients."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from simulator.cli import main as asyngrad
+from simulator.engine import simulate
+from simulator.errors import ScenarioError, TraceError
+from simulator.problems import make_problem
+from simulator.replay import replay
+from simulator.rules import mean_step
+from simulator.schedule import explore
+from tests.conftest import CONSTANT, scenario
+
+MLP = ("run.protocol=amp", "problem.name=mlp", "run.threads=2", "run.blocks=2",
+       "problem.n_samples=200", "problem.dim=6", "problem.hidden=5", "problem.classes=3")
+# Stage 0 holds 3·2 + 3 = 9 parameters, stage 1 3·3 + 3 = 12: a 2100 ns gradient is 900 ns
+# of stage 0's work (a 300 ns forward, a 600 ns backward) and 1200 of stage 1's (400, 800).
+SMALL = ("problem.dim=2", "problem.hidden=3", "problem.classes=3", "problem.n_samples=20")
+TIMED = (*CONSTANT, "timing.read.mean=0", "timing.write.mean=0", "timing.grad.mean=2100")
+
+
+def test_the_stages_passes_compose_the_networks_gradient():
+    """Forward through both stages and backward from the loss give, stage by stage, the
+    gradient ``grad`` computes for the whole network (to rounding: the l2 term is added
+    stage by stage)."""
+    problem = make_problem(scenario(*MLP, "problem.l2=0.01").problem)
+    parts = problem.stages()
+    w = problem.initial() + 0.1 * np.random.default_rng(0).standard_normal(problem.dim)
+    for idx in range(10):
+        h, first = problem.forward(0, w[parts[0]], None, idx)
+        _, second = problem.forward(1, w[parts[1]], h, idx)
+        g1, up = problem.backward(1, w[parts[1]], second, None, idx)
+        g0, back = problem.backward(0, w[parts[0]], first, up, idx)
+        assert back is None
+        np.testing.assert_allclose(np.concatenate([g0, g1]), problem.grad(w, idx)[0],
+                                   rtol=1e-14, atol=1e-17)
+
+
+def test_a_two_stage_pipeline_follows_the_hand_worked_timeline():
+    """Two samples in flight, constant durations, messages that arrive at once. Stage 0
+    forwards samples 0 and 1 (0–300, 300–600); stage 1 runs sample 0 (forward 300–700,
+    backward 700–1500) and then 1 (1500–1900, 1900–2700); stage 0's backward of sample 0
+    runs when its gradient arrives (1500–2100), which frees a place: sample 2 enters and is
+    forwarded (2100–2400) ... Staleness counts the completions since the sample entered."""
+    trace = simulate(scenario(*MLP, *SMALL, *TIMED, "run.updates=8", "amp.max_active=2"))
+    assert trace["thread"].tolist() == [1, 0, 1, 0, 1, 0, 1, 0]
+    assert trace["read_start"].tolist() == [300, 0, 1500, 300, 2700, 2100, 3900, 3300]
+    assert trace["read_end"].tolist() == [700, 300, 1900, 600, 3100, 2400, 4300, 3600]
+    assert trace["grad_start"].tolist() == [700, 1500, 1900, 2700, 3100, 3900, 4300, 5100]
+    assert trace["write_end"].tolist() == [1500, 2100, 2700, 3300, 3900, 4500, 5100, 5700]
+    assert trace["staleness"].tolist() == [0, 1, 2, 3, 2, 3, 2, 3]
+    samples = trace["sample"]
+    assert samples[0] == samples[1] and samples[2] == samples[3]  # each sample's two rows
+
+
+def test_a_message_flies_for_the_links_latency():
+    """One sample in flight, a 1000 ns latency: stage 1's forward starts 1000 ns after stage
+    0's ends (300), and stage 0's backward 1000 ns after stage 1's ends (2700)."""
+    trace = simulate(scenario(*MLP, *SMALL, *TIMED, "run.updates=2", "amp.max_active=1",
+                              "devices=[{name='d', latency=1000}]"))
+    assert trace["read_start"].tolist() == [1300, 0]
+    assert trace["grad_start"].tolist() == [1700, 3500]
+    assert trace["write_end"].tolist() == [2500, 4100]
+
+
+def test_one_sample_in_flight_is_serial_sgd():
+    """With ``max_active = 1`` every stage's gradient is taken at the vector before the
+    sample's first write: the run is serial SGD on the same samples (to rounding), stage 1's
+    gradient has no error and stage 0's is one update stale (stage 1 wrote meanwhile)."""
+    s = scenario(*MLP, "run.updates=400", "amp.max_active=1", "metrics.exact=true",
+                 "problem.l2=0.001", "run.lr=0.05")
+    problem = make_problem(s.problem)
+    trace = simulate(s, problem)
+    w = problem.initial()
+    first = trace["thread"] == 0
+    for sample in trace["sample"][first][np.argsort(trace["thread_seq"][first])].tolist():
+        w -= s.run.lr * problem.grad(w, sample)[0]
+    np.testing.assert_allclose(trace["w_final"], w, rtol=0, atol=1e-13)
+    last = trace["thread"] == 1
+    relative = trace["delta_norm"] / trace["g_norm"]
+    assert relative[last].max() < 1e-9 and relative[first].min() > 1e-6
+    assert set(trace["staleness"][last].tolist()) == {0}
+    assert set(trace["staleness"][first].tolist()) == {1}
+
+
+def test_averaged_updates_are_minibatch_sgd_with_one_sample_in_flight():
+    """``update_every = 2`` with one sample in flight: each stage writes the mean of two
+    gradients taken at the same vector, which is minibatch SGD of two samples."""
+    s = scenario(*MLP, "run.updates=200", "amp.max_active=1", "amp.update_every=2",
+                 "run.lr=0.05")
+    problem = make_problem(s.problem)
+    trace = simulate(s, problem)
+    assert trace["step"].max() == 100 and len(trace) == 200
+    first = trace["thread"] == 0
+    samples = trace["sample"][first][np.argsort(trace["thread_seq"][first])].tolist()
+    w = problem.initial()
+    for a, b in zip(samples[::2], samples[1::2], strict=True):
+        w -= mean_step([s.run.lr * problem.grad(w, a)[0], s.run.lr * problem.grad(w, b)[0]])
+    np.testing.assert_allclose(trace["w_final"], w, rtol=0, atol=1e-13)
+
+
+def test_stages_nearer_the_input_train_on_staler_gradients(tmp_path):
+    """Four samples in flight: the first stage's gradients are staler and further from the
+    exact ones than the last stage's; the summary's stages say so, with the time each
+    worked (its phases' durations) and the pipeline plot beside them."""
+    out = tmp_path / "run"
+    assert asyngrad(["simulate", *(a for o in (*MLP, "run.updates=2000", "metrics.exact=true")
+                                   for a in ("--set", o)), "--out", str(out), "--quiet"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    first, last = summary["stages"]
+    assert first["staleness_mean"] > last["staleness_mean"]
+    assert first["relative_error"]["p50"] > 1e3 * last["relative_error"]["p50"]
+    assert (out / "pipeline.png").is_file()
+    trace = np.load(out / "trace.npz")
+    for stage in (first, last):
+        rows = trace["thread"] == stage["stage"]
+        work = sum(int((trace[f"{p}_end"][rows] - trace[f"{p}_start"][rows]).sum())
+                   for p in ("read", "grad", "write"))
+        assert stage["busy_ns"] == work and stage["updates"] == 1000
+        assert 0 < stage["utilisation"] <= 1
+        assert stage["busy_ns"] + stage["idle_ns"] == summary["time"]["span_ns"]
+
+
+def test_a_slow_last_stage_idles_the_first():
+    """The first stage idles more when the last one runs 8 times slower (it waits for the
+    gradients), and the run takes longer."""
+    base = (*MLP, *TIMED, "run.updates=200", "metrics.exact=false")
+    plain = simulate(scenario(*base))
+    slow = simulate(scenario(*base, "inject.stragglers=[{thread=1, factor=8.0}]"))
+
+    def first_busy(trace):
+        rows = trace["thread"] == 0
+        return sum(int((trace[f"{p}_end"][rows] - trace[f"{p}_start"][rows]).sum())
+                   for p in ("read", "grad", "write")) / int(trace["write_end"].max())
+
+    assert first_busy(slow) < 0.5 * first_busy(plain)
+    assert slow["write_end"].max() > 2 * plain["write_end"].max()
+
+
+@pytest.mark.parametrize("extra", [(), ("inject.pauses=[{thread=1, start=2000, end=9000}]",
+                                        "inject.stragglers=[{thread=0, factor=1.5}]"),
+                                   ("amp.update_every=2", "amp.max_active=3")])
+def test_amp_is_deterministic_with_and_without_lookahead(extra):
+    s = scenario(*MLP, "run.updates=240", "metrics.exact=true", *extra)
+    first, second, slow = simulate(s), simulate(s), simulate(s, lookahead=False)
+    for name, values in first.arrays.items():
+        for other in (second, slow):
+            assert np.array_equal(values, other.arrays[name],
+                                  equal_nan=values.dtype.kind == "f"), name
+
+
+def test_a_dead_stage_stalls_the_pipeline():
+    """Stage 1 dies: no gradient comes back, so stage 0 writes only what was already on its
+    way, and the run ends early."""
+    trace = simulate(scenario(*MLP, *TIMED, "run.updates=200",
+                              "inject.deaths=[{thread=1, at=20000}]"))
+    assert len(trace) < 200
+    assert trace["write_end"].max() < 25_000
+    assert trace["extra_dead_threads"].tolist() == [1]
+
+
+@pytest.mark.parametrize(("override", "field"), [
+    ("problem.name=logistic", "problem.name"),
+    ("run.threads=3", "run.threads"),
+    ("run.blocks=1", "run.blocks"),
+    ("run.updates=201", "run.updates"),
+    ("run.split=even", "run.split"),
+    ("inject.error=bounded", "inject.error"),
+    ("inject.drop=0.1", "inject.drop"),
+    ("hardware.sweeping_reads={}", "hardware.sweeping_reads"),
+])
+def test_amp_refuses_what_its_stages_cannot_run(override, field):
+    with pytest.raises(ScenarioError) as err:
+        simulate(scenario(*MLP, "run.updates=200", override))
+    assert err.value.field == field
+
+
+def test_amp_is_neither_replayed_nor_scheduled():
+    s = scenario(*MLP, "run.updates=20")
+    with pytest.raises(ScenarioError, match="simulate its scenario again"):
+        replay(simulate(s))
+    with pytest.raises((ScenarioError, TraceError), match="not scheduled"):
+        explore(s, "random", runs=1, objective="grad_error")
