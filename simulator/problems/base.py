@@ -178,6 +178,18 @@ class Problem(ABC):
         gradients together are ``grad``."""
         raise NotImplementedError
 
+    def local_head(self, stage: int) -> np.ndarray:
+        """The initial parameters of the auxiliary head that gives a stage before the last
+        its own local loss (``local``: layer-wise local parallelism)."""
+        raise NotImplementedError
+
+    def local_backward(self, stage: int, theta: np.ndarray, head: np.ndarray, cache: Any,
+                       idx: int) -> tuple[np.ndarray, np.ndarray]:
+        """The gradients of stage ``stage``'s local loss of sample ``idx`` (its auxiliary
+        ``head`` on its forward's activation, plus the l2 term on ``theta``) with respect to
+        its parameters and to the head's: backpropagation truncated at the stage."""
+        raise NotImplementedError
+
     def dense_grad(self, w: np.ndarray, idx: int) -> np.ndarray:
         """∇f_idx(w) as a full vector, whatever the support."""
         values, support = self.grad(w, idx)

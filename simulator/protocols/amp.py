@@ -33,13 +33,14 @@ good) are honoured.
 from __future__ import annotations
 
 from collections.abc import Generator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import simpy
 
 from simulator.errors import ScenarioError
 from simulator.protocols.base import GROUPED, MEMBER, Protocol
+from simulator.rules import mean_step
 from simulator.scenario import plain
 from simulator.timing import link_of
 
@@ -49,7 +50,7 @@ if TYPE_CHECKING:
     from simulator.scenario import Scenario
     from simulator.update import Update
 
-__all__ = ["Amp"]
+__all__ = ["Amp", "Local"]
 
 FORWARD, BACKWARD = 0, 1
 
@@ -58,6 +59,7 @@ class Amp(Protocol):
     """Stages on threads of their own, passing activations forward and gradients back."""
 
     name = "amp"
+    local: ClassVar[bool] = False  # each stage trains on its own loss (``Local``)
     owns_loop = True
     partial = True
     computes = True
@@ -65,7 +67,7 @@ class Amp(Protocol):
 
     def __init__(self, scenario: Scenario) -> None:
         super().__init__(scenario)
-        self.options = scenario.amp
+        self.options = scenario.local if self.local else scenario.amp
 
     def bind(self, problem: Problem) -> None:
         """The problem's stages.
@@ -77,30 +79,30 @@ class Amp(Protocol):
         scenario, run = self.scenario, self.scenario.run
         stages = problem.stages()
         if stages is None:
-            raise ScenarioError("problem.name", scenario.problem.name, "amp trains a layered "
-                                "network stage by stage: use mlp")
+            raise ScenarioError("problem.name", scenario.problem.name, f"{self.name} trains a "
+                                "layered network stage by stage: use mlp")
         n = len(stages)
         for field, value, what in (("run.threads", run.threads, "a thread per stage"),
                                    ("run.blocks", run.blocks, "a block per stage's "
                                     "parameters")):
             if value != n:
-                raise ScenarioError(field, value, f"amp runs {what}: must equal the "
-                                    f"problem's stages ({n})")
+                raise ScenarioError(field, value, f"{self.name} runs {what}: must equal "
+                                    f"the problem's stages ({n})")
         per_stage = self.options.update_every * n
         if run.updates % per_stage:
             raise ScenarioError("run.updates", run.updates, f"counts every stage's gradients "
-                                f"({n} per sample), applied amp.update_every = "
+                                f"({n} per sample), applied {self.name}.update_every = "
                                 f"{self.options.update_every} at a time: must be a multiple "
                                 f"of {per_stage}")
         if run.split != "shared":
             raise ScenarioError("run.split", run.split, "every stage computes every sample's "
-                                "gradient under amp: must be shared")
+                                f"gradient under {self.name}: must be shared")
         for d in range(len(scenario.devices)):
             for table, spec in vars(scenario.hardware_of(d)).items():
                 if spec is not None:
                     raise ScenarioError(f"hardware.{table}", plain(spec), "hardware models "
-                                        "of shared-memory updates do not apply to amp's "
-                                        "stages")
+                                        "of shared-memory updates do not apply to "
+                                        f"{self.name}'s stages")
         self.problem, self.stages = problem, stages
         self.samples = run.updates // n
         self.fractions = [(s.stop - s.start) / problem.dim for s in stages]
@@ -117,8 +119,9 @@ class Amp(Protocol):
                 same seed gives the same run).
         """
         if engine.replayed:
-            raise ScenarioError("run.protocol", self.name, "a trace of amp's stages is not "
-                                "replayed: simulate its scenario again (same seed, same run)")
+            raise ScenarioError("run.protocol", self.name, f"a trace of {self.name}'s stages is "
+                                "not replayed: simulate its scenario again (same seed, same "
+                                "run)")
         self.env = engine.env
         scenario, n = self.scenario, len(self.stages)
         self.inbox = [simpy.Store(engine.env) for _ in range(n)]
@@ -134,13 +137,30 @@ class Amp(Protocol):
         self.up: dict[int, np.ndarray | None] = {}  # uid → the gradient it received
         self.back: dict[int, np.ndarray | None] = {}  # uid → the gradient it sends back
         self.pending: list[list[Update]] = [[] for _ in range(n)]  # gradients to average
+        # ``local``: each stage before the last trains an auxiliary head on its own loss,
+        # kept by the stage (not in the shared vector), stepped with the stage's writes.
+        self.heads = ([self.problem.local_head(s) for s in range(n - 1)] if self.local
+                      else [])
+        self.head_grads: list[list[np.ndarray]] = [[] for _ in range(n)]
         for _ in range(min(self.options.max_active, self.samples)):
             self._enter()
 
     def _enter(self) -> None:
         """A sample enters the pipeline: a forward message for the first stage, now."""
         self.entered += 1
-        self.inbox[0].put((FORWARD, None, []))
+        self._deliver(0, (FORWARD, None, []))
+
+    def _free(self, engine: Engine, stage: int) -> Generator[Any, Any, None]:
+        """A sample has left the pipeline at ``stage``: the next one enters (told to the
+        first stage by a message from another)."""
+        if self.entered == self.samples:
+            return
+        if stage == 0:
+            yield from engine.catch_up(stage)
+            self._enter()
+        else:
+            self.entered += 1
+            yield from self._send(engine, stage, 0, (FORWARD, None, []))
 
     def _send(self, engine: Engine, stage: int, to: int, message: tuple[Any, ...],
               ) -> Generator[Any, Any, None]:
@@ -182,11 +202,11 @@ class Amp(Protocol):
             u.start_completed = entry  # staleness counts from the sample's entry
             out, self.cache[u.uid] = problem.forward(
                 stage, engine.read_copy(stage)[stages[stage]], payload, sample)
-            if last:
-                done += 1
-                yield from self._backward(engine, u, None, trail)
-            else:
+            if not last:
                 yield from self._send(engine, stage, stage + 1, (FORWARD, out, [*trail, u]))
+            if last or self.local:  # the backward now: from the loss, or its own loss
+                done += 1
+                yield from self._backward(engine, u, None, [] if self.local else trail)
 
     def _backward(self, engine: Engine, u: Update, up: np.ndarray | None,
                   trail: list[Update]) -> Generator[Any, Any, None]:
@@ -212,17 +232,35 @@ class Amp(Protocol):
                 engine.ledger.complete_group(u)
             else:
                 engine.ledger.complete(u)
-        if stage == 0 and self.entered < self.samples:
-            yield from engine.catch_up(stage)
-            self._enter()
+            grads = self.head_grads[stage]
+            if grads:  # the head's step, as the stage's: the mean of its gradients
+                self.heads[stage] -= engine.lr * u.lr_scale * mean_step(grads)
+                grads.clear()
+        if stage == (len(self.stages) - 1 if self.local else 0):
+            yield from self._free(engine, stage)
 
     def compute(self, engine: Engine, u: Update, local: np.ndarray) -> np.ndarray:
         """−(the step): lr times the gradient of the stage's parameters, from its forward's
         activations, the gradient it received and its parameters now (only it writes them)."""
-        part = self.stages[u.thread]
-        g, self.back[u.uid] = self.problem.backward(
-            u.thread, engine.mem.w[part], self.cache.pop(u.uid), self.up.pop(u.uid), u.sample)
+        stage, part = u.thread, self.stages[u.thread]
+        theta, cache, up = engine.mem.w[part], self.cache.pop(u.uid), self.up.pop(u.uid)
+        if self.local and stage < len(self.stages) - 1:
+            g, head = self.problem.local_backward(stage, theta, self.heads[stage], cache,
+                                                  u.sample)
+            self.head_grads[stage].append(head)
+            self.back[u.uid] = None
+        else:
+            g, self.back[u.uid] = self.problem.backward(stage, theta, cache, up, u.sample)
         step = np.zeros(self.problem.dim)
         step[part] = g
         step *= engine.lr
         return step
+
+
+class Local(Amp):
+    """Layer-wise local parallelism (Laskin et al. 2020): the same stages and forward
+    messages, no backward ones; each stage before the last trains on its own local loss, an
+    auxiliary head on its activation (``Problem.local_head``), the last on the loss."""
+
+    name = "local"
+    local = True

@@ -38,9 +38,9 @@ from simulator.scenario.base import (
 )
 from simulator.scenario.hardware import HardwareSpec
 
-__all__ = ["ADMMSpec", "AmpSpec", "DCASGDSpec", "DeathSpec", "DeviceSpec", "InjectSpec",
-           "MetricsSpec", "ParamServerSpec", "PauseSpec", "ProblemSpec", "RunSpec",
-           "SandblasterSpec", "Scenario", "StragglerSpec", "TimingSpec"]
+__all__ = ["ADMMSpec", "DCASGDSpec", "DeathSpec", "DeviceSpec", "InjectSpec",
+           "MetricsSpec", "ParamServerSpec", "PauseSpec", "PipelineSpec", "ProblemSpec",
+           "RunSpec", "SandblasterSpec", "Scenario", "StragglerSpec", "TimingSpec"]
 
 
 def _real_shape(spec: ProblemSpec) -> None:
@@ -207,14 +207,14 @@ class DeviceSpec:
     ``latency`` (ns per message) and ``bandwidth`` (bytes per ns, i.e. GB/s) describe the
     device's network link to a server; only protocols that communicate over a network
     (``paramserver``, ``admm``, ``sandblaster``) pay them, on every pull and push, and
-    ``amp``'s stages on every message they send."""
+    ``amp``'s and ``local``'s stages on every message they send."""
 
     name: str = key("cpu", "the device's name, for reports")
     speed: float = key(1.0, "divides every duration of the device's threads", bounds="> 0")
     cores: int = key(0, "cores its threads share (0: one per thread)", bounds=">= 0")
     bus: int = key(0, "the most block transfers at once (0: unlimited)", bounds=">= 0")
     latency: int = key(0, "ns per message on the network link (paramserver, admm, "
-                       "sandblaster, amp)", bounds=">= 0")
+                       "sandblaster, amp, local)", bounds=">= 0")
     bandwidth: float = key(0.0, "bytes per ns (GB/s) of the network link (0: unlimited)",
                            bounds=">= 0")
     timing: TimingSpec | None = key(None, "the device's own timing, in place of [timing]")
@@ -436,10 +436,10 @@ class SandblasterSpec:
 
 
 @dataclass(frozen=True)
-class AmpSpec:
-    """Asynchronous model-parallel training (AMP, Gaunt et al. 2017; docs/semantics.md,
-    Protocols): each thread is a stage of the network holding its own parameters; at most
-    ``max_active`` samples are in the pipeline at once, and a stage applies the mean of every
+class PipelineSpec:
+    """A model-parallel pipeline (``amp``, ``local``; docs/semantics.md, Protocols): each
+    thread is a stage of the network holding its own parameters; at most ``max_active``
+    samples are in the pipeline at once, and a stage applies the mean of every
     ``update_every`` gradients of its parameters (AMPNet's max_active_keys and
     min_update_frequency)."""
 
@@ -576,7 +576,10 @@ class Scenario:
     dcasgd: DCASGDSpec = key(DCASGDSpec, "options of the dcasgd protocol")
     admm: ADMMSpec = key(ADMMSpec, "options of the admm protocol")
     sandblaster: SandblasterSpec = key(SandblasterSpec, "options of the sandblaster protocol")
-    amp: AmpSpec = key(AmpSpec, "options of the amp protocol (model-parallel stages)")
+    amp: PipelineSpec = key(PipelineSpec, "options of the amp protocol (model-parallel "
+                            "stages, gradients passed back)")
+    local: PipelineSpec = key(PipelineSpec, "options of the local protocol (model-parallel "
+                              "stages, each trained by its own local loss)")
 
     def __post_init__(self) -> None:
         check(len(self.devices) >= 1, "devices", [], "needs at least one device")
@@ -604,10 +607,10 @@ class Scenario:
             self._unmodelled("deaths", reason="sandblaster's units go to a coordinator that "
                              "waits for every one of a round: injected errors, drops, delays, "
                              "rounding and deaths are not modelled there")
-        if self.run.protocol == "amp":
-            self._unmodelled(reason="amp's stages pass activations and gradients to each "
-                             "other: injected errors, drops, delays and rounding of their "
-                             "updates are not modelled")
+        if self.run.protocol in ("amp", "local"):
+            self._unmodelled(reason=f"{self.run.protocol}'s stages pass activations (and "
+                             "gradients) to each other: injected errors, drops, delays and "
+                             "rounding of their updates are not modelled")
         if self.run.protocol == "paramserver" and self.paramserver.servers:
             servers = self.paramserver.servers
             check(servers <= self.run.blocks, "paramserver.servers", servers,

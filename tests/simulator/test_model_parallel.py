@@ -1,6 +1,8 @@
-"""Asynchronous model-parallel training (``run.protocol = "amp"``): the stages' passes against
-the whole network's gradient, a two-stage pipeline's timeline worked by hand, one sample in
-flight against serial SGD, and what the pipeline does to each stage's gradients."""
+"""Model-parallel training: asynchronous model parallelism (``run.protocol = "amp"``) and
+layer-wise local parallelism (``"local"``). The stages' passes against the whole network's
+gradient, a two-stage pipeline's timeline worked by hand, one sample in flight against
+serial SGD and against greedy layer-wise SGD written out here, and what the pipeline does to
+each stage's gradients."""
 
 from __future__ import annotations
 
@@ -18,8 +20,10 @@ from simulator.rules import mean_step
 from simulator.schedule import explore
 from tests.conftest import CONSTANT, scenario
 
-MLP = ("run.protocol=amp", "problem.name=mlp", "run.threads=2", "run.blocks=2",
-       "problem.n_samples=200", "problem.dim=6", "problem.hidden=5", "problem.classes=3")
+STAGED = ("problem.name=mlp", "run.threads=2", "run.blocks=2", "problem.n_samples=200",
+          "problem.dim=6", "problem.hidden=5", "problem.classes=3")
+MLP = ("run.protocol=amp", *STAGED)
+LOCAL = ("run.protocol=local", *STAGED)
 # Stage 0 holds 3·2 + 3 = 9 parameters, stage 1 3·3 + 3 = 12: a 2100 ns gradient is 900 ns
 # of stage 0's work (a 300 ns forward, a 600 ns backward) and 1200 of stage 1's (400, 800).
 SMALL = ("problem.dim=2", "problem.hidden=3", "problem.classes=3", "problem.n_samples=20")
@@ -146,8 +150,10 @@ def test_a_slow_last_stage_idles_the_first():
 
 @pytest.mark.parametrize("extra", [(), ("inject.pauses=[{thread=1, start=2000, end=9000}]",
                                         "inject.stragglers=[{thread=0, factor=1.5}]"),
-                                   ("amp.update_every=2", "amp.max_active=3")])
-def test_amp_is_deterministic_with_and_without_lookahead(extra):
+                                   ("amp.update_every=2", "amp.max_active=3"),
+                                   ("run.protocol=local", "local.update_every=2",
+                                    "inject.stragglers=[{thread=1, factor=3.0}]")])
+def test_the_pipelines_are_deterministic_with_and_without_lookahead(extra):
     s = scenario(*MLP, "run.updates=240", "metrics.exact=true", *extra)
     first, second, slow = simulate(s), simulate(s), simulate(s, lookahead=False)
     for name, values in first.arrays.items():
@@ -176,9 +182,10 @@ def test_a_dead_stage_stalls_the_pipeline():
     ("inject.drop=0.1", "inject.drop"),
     ("hardware.sweeping_reads={}", "hardware.sweeping_reads"),
 ])
-def test_amp_refuses_what_its_stages_cannot_run(override, field):
+@pytest.mark.parametrize("protocol", ["amp", "local"])
+def test_the_pipelines_refuse_what_their_stages_cannot_run(override, field, protocol):
     with pytest.raises(ScenarioError) as err:
-        simulate(scenario(*MLP, "run.updates=200", override))
+        simulate(scenario(*MLP, "run.updates=200", f"run.protocol={protocol}", override))
     assert err.value.field == field
 
 
@@ -188,3 +195,54 @@ def test_amp_is_neither_replayed_nor_scheduled():
         replay(simulate(s))
     with pytest.raises((ScenarioError, TraceError), match="not scheduled"):
         explore(s, "random", runs=1, objective="grad_error")
+
+
+def _softmax(z):
+    e = np.exp(z - z.max())
+    return e / e.sum()
+
+
+def test_local_with_one_sample_in_flight_is_greedy_layerwise_sgd():
+    """``local`` with one sample in flight, written out here: for each sample, the hidden
+    layer steps on the loss of its auxiliary head (a softmax layer starting as w_0's output
+    layer) with backpropagation stopped there, the head steps with it, and the output layer
+    steps on the loss from the same hidden activation."""
+    s = scenario(*LOCAL, "run.updates=400", "local.max_active=1", "problem.l2=0.001",
+                 "run.lr=0.05")
+    problem = make_problem(s.problem)
+    trace = simulate(s, problem)
+    d_in, hidden, classes = problem.shape
+    lr, l2 = s.run.lr, s.problem.l2
+    w = problem.initial()
+    cut = hidden * (d_in + 1)
+    head = w[cut:].copy()
+    first = trace["thread"] == 0
+    for z in trace["sample"][first][np.argsort(trace["thread_seq"][first])].tolist():
+        x, label = problem.X[z], problem.y[z]
+        W1, b1 = w[:hidden * d_in].reshape(hidden, d_in), w[hidden * d_in:cut]
+        W2, b2 = w[cut:cut + classes * hidden].reshape(classes, hidden), w[cut + classes * hidden:]
+        A, c = head[:classes * hidden].reshape(classes, hidden), head[classes * hidden:]
+        h = np.tanh(W1 @ x + b1)
+        p = _softmax(A @ h + c)
+        p[label] -= 1
+        da = (A.T @ p) * (1 - h * h)
+        q = _softmax(W2 @ h + b2)
+        q[label] -= 1
+        step = np.concatenate([(np.outer(da, x) + l2 * W1).ravel(), da + l2 * b1,
+                               (np.outer(q, h) + l2 * W2).ravel(), q + l2 * b2])
+        head -= lr * np.concatenate([np.outer(p, h).ravel(), p])
+        w -= lr * step
+    np.testing.assert_allclose(trace["w_final"], w, rtol=0, atol=1e-12)
+
+
+def test_local_trains_the_network_with_biased_first_stage_gradients(tmp_path):
+    """Four samples in flight: the network's loss falls, the output layer's gradients are
+    near the exact ones (only its input is stale) while the hidden layer's, from its own
+    head's loss, are far from them; no gradient travels back."""
+    s = scenario(*LOCAL, "run.updates=4000", "metrics.exact=true", "run.lr=0.1")
+    problem = make_problem(s.problem)
+    trace = simulate(s, problem)
+    assert trace["curve_loss"][-1] < 0.8 * trace["curve_loss"][0]
+    relative = trace["delta_norm"] / trace["g_norm"]
+    first, last = trace["thread"] == 0, trace["thread"] == 1
+    assert np.median(relative[first]) > 0.1 > 10 * np.median(relative[last])
