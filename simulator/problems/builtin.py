@@ -18,7 +18,44 @@ from simulator.problems.base import HELD_OUT, Gradient, LocalOptimumProblem, Pro
 __all__ = ["LogisticProblem", "MLPProblem", "QuadraticProblem", "SparseLogisticProblem"]
 
 
-class QuadraticProblem(Problem):
+class _FeatureStages:
+    """Two stages of a linear model (model parallelism across features): stage 0 holds the
+    first ⌊d/2⌋ weights and passes its partial score x_{i,0}ᵀθ_0 on, stage 1 adds its own
+    and takes the loss's slope r with respect to the score, which it passes back: each
+    stage's gradient is r·x_{i,s} + λθ_s (``Problem.stages``)."""
+
+    dim: int
+    l2: float
+
+    def _row(self, idx: int) -> np.ndarray:
+        raise NotImplementedError
+
+    def _slope(self, score: float, idx: int) -> float:
+        """d f_i / d score, without the l2 term."""
+        raise NotImplementedError
+
+    def stages(self) -> list[slice] | None:
+        half = self.dim // 2
+        return [slice(0, half), slice(half, self.dim)]
+
+    def stage_width(self, stage: int) -> int:
+        return 1  # the partial score
+
+    def forward(self, stage: int, theta: np.ndarray, a: np.ndarray | None,
+                idx: int) -> tuple[np.ndarray, Any]:
+        part = self._row(idx)[self.stages()[stage]]  # type: ignore[index]
+        score = np.array([float(part @ theta) + (0.0 if a is None else float(a[0]))])
+        return score, score
+
+    def backward(self, stage: int, theta: np.ndarray, cache: Any, up: np.ndarray | None,
+                 idx: int) -> tuple[np.ndarray, np.ndarray | None]:
+        slope = self._slope(float(cache[0]), idx) if up is None else float(up[0])
+        g = slope * self._row(idx)[self.stages()[stage]]  # type: ignore[index]
+        g += self.l2 * theta
+        return g, (np.array([slope]) if stage > 0 else None)
+
+
+class QuadraticProblem(_FeatureStages, Problem):
     """Ridge least squares: f_i(w) = ½(a_iᵀw − b_i)² + (λ/2)‖w‖².
 
     c and q are exact: λ plus the extreme eigenvalues of AᵀA/n; w* is closed form (thin SVD).
@@ -85,6 +122,12 @@ class QuadraticProblem(Problem):
         u, s, vt = self._svd
         return vt.T @ ((s / (s**2 + self.n_samples * self.l2)) * (u.T @ self.b))
 
+    def _row(self, idx: int) -> np.ndarray:
+        return self.A[idx]
+
+    def _slope(self, score: float, idx: int) -> float:
+        return score - self._b[idx]
+
     def torch_loss(self, w: Any, idx: int) -> Any:
         r = self.on_device("A", w)[idx] @ w - float(self._b[idx])
         return 0.5 * r * r + 0.5 * self.l2 * (w @ w)
@@ -99,7 +142,7 @@ def _logistic_coef(y: float, margin: float) -> float:
     return -y / (1.0 + math.exp(z))
 
 
-class LogisticProblem(Problem):
+class LogisticProblem(_FeatureStages, Problem):
     """Dense l2-regularised logistic regression: f_i(w) = log(1 + exp(−y_i x_iᵀw)) + (λ/2)‖w‖².
 
     c = λ (a global bound: the data term can be arbitrarily flat far from w*), and
@@ -169,6 +212,12 @@ class LogisticProblem(Problem):
         g = x * _logistic_coef(self._y[idx], float(x @ w))
         g += self.l2 * w
         return g, None
+
+    def _row(self, idx: int) -> np.ndarray:
+        return self.X[idx]
+
+    def _slope(self, score: float, idx: int) -> float:
+        return _logistic_coef(self._y[idx], score)
 
     def _margins(self, w: np.ndarray) -> np.ndarray:
         return self.y * (self.X @ w)

@@ -49,6 +49,7 @@ from simulator.scenario.hardware import (
 from simulator.scenario.legacy import upgrade_device
 from simulator.scenario.specs import (
                                      ADMMSpec,
+                                     BlockADMMSpec,
                                      DCASGDSpec,
                                      DeathSpec,
                                      DeviceSpec,
@@ -68,7 +69,7 @@ from simulator.scenario.specs import (
 __all__ = ["DATA_SOURCES", "EVEN_SPLIT_PROTOCOLS", "LR_SCHEDULES", "MAX_THREADS", "PHASES",
            "PLACEMENTS", "PROTOCOLS", "REAL_DATA", "REAL_SHAPES", "SERVER_RULES", "SLICINGS",
            "SPLITS",
-           "WRITE_MODES", "ADMMSpec", "CommonSpec", "ConvoySpec", "DCASGDSpec",
+           "WRITE_MODES", "ADMMSpec", "BlockADMMSpec", "CommonSpec", "ConvoySpec", "DCASGDSpec",
            "DeathSpec",
            "DeviceSpec", "EpisodeSpec", "HardwareSpec", "InjectSpec", "InterferenceSpec",
            "MetricsSpec", "ParamServerSpec", "PassingSpec", "PauseSpec", "PipelineSpec",

@@ -13,7 +13,8 @@ __all__ = ["DATA_SOURCES", "EVEN_SPLIT_PROTOCOLS", "FILE_PROBLEMS", "FILE_SUFFIX
            "check_ints", "is_file"]
 
 PROTOCOLS = ("serial", "locked", "lockfree", "roundrobin", "minibatch", "paramserver",
-             "staleness_lr", "dcasgd", "admm", "sandblaster", "amp", "local")
+             "staleness_lr", "dcasgd", "admm", "sandblaster", "amp", "local",
+             "block_admm")
 WRITE_MODES = ("load_store", "atomic_add")
 LR_SCHEDULES = ("constant", "inv_sqrt", "inverse")
 SPLITS = ("shared", "even")

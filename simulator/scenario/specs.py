@@ -38,7 +38,7 @@ from simulator.scenario.base import (
 )
 from simulator.scenario.hardware import HardwareSpec
 
-__all__ = ["ADMMSpec", "DCASGDSpec", "DeathSpec", "DeviceSpec", "InjectSpec",
+__all__ = ["ADMMSpec", "BlockADMMSpec", "DCASGDSpec", "DeathSpec", "DeviceSpec", "InjectSpec",
            "MetricsSpec", "ParamServerSpec", "PauseSpec", "PipelineSpec", "ProblemSpec",
            "RunSpec", "SandblasterSpec", "Scenario", "StragglerSpec", "TimingSpec"]
 
@@ -455,6 +455,21 @@ class PipelineSpec:
 
 
 @dataclass(frozen=True)
+class BlockADMMSpec:
+    """Stochastic block ADMM (docs/semantics.md, Protocols): two stages joined by an auxiliary
+    variable per sample and its scaled dual, with penalty ``rho``; the auxiliary variable
+    steps by ``aux_lr``."""
+
+    rho: float = key(1.0, "penalty ρ of the coupling term", bounds="> 0")
+    aux_lr: float = key(0.3, "step size of the auxiliary variables' updates", bounds="> 0")
+
+    def __post_init__(self) -> None:
+        for name in ("rho", "aux_lr"):
+            value = getattr(self, name)
+            check(math.isfinite(value) and value > 0, name, value, "must be > 0")
+
+
+@dataclass(frozen=True)
 class StragglerSpec:
     """Thread ``thread`` runs ``factor`` times slower than its device."""
 
@@ -580,6 +595,7 @@ class Scenario:
                             "stages, gradients passed back)")
     local: PipelineSpec = key(PipelineSpec, "options of the local protocol (model-parallel "
                               "stages, each trained by its own local loss)")
+    block_admm: BlockADMMSpec = key(BlockADMMSpec, "options of the block_admm protocol")
 
     def __post_init__(self) -> None:
         check(len(self.devices) >= 1, "devices", [], "needs at least one device")
@@ -607,7 +623,7 @@ class Scenario:
             self._unmodelled("deaths", reason="sandblaster's units go to a coordinator that "
                              "waits for every one of a round: injected errors, drops, delays, "
                              "rounding and deaths are not modelled there")
-        if self.run.protocol in ("amp", "local"):
+        if self.run.protocol in ("amp", "local", "block_admm"):
             self._unmodelled(reason=f"{self.run.protocol}'s stages pass activations (and "
                              "gradients) to each other: injected errors, drops, delays and "
                              "rounding of their updates are not modelled")

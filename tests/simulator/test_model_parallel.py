@@ -1,8 +1,9 @@
-"""Model-parallel training: asynchronous model parallelism (``run.protocol = "amp"``) and
-layer-wise local parallelism (``"local"``). The stages' passes against the whole network's
-gradient, a two-stage pipeline's timeline worked by hand, one sample in flight against
-serial SGD and against greedy layer-wise SGD written out here, and what the pipeline does to
-each stage's gradients."""
+"""Model-parallel training: asynchronous model parallelism (``run.protocol = "amp"``),
+layer-wise local parallelism (``"local"``) and stochastic block ADMM (``"block_admm"``). The
+stages' passes against the whole model's gradient, a two-stage pipeline's timeline worked by
+hand, one sample in flight against serial SGD and against greedy layer-wise SGD written out
+here, what the pipeline does to each stage's gradients, and block ADMM reaching a convex
+problem's optimum."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from simulator.cli import main as asyngrad
 from simulator.engine import simulate
 from simulator.errors import ScenarioError, TraceError
 from simulator.problems import make_problem
+from simulator.problems.builtin import QuadraticProblem
 from simulator.replay import replay
 from simulator.rules import mean_step
 from simulator.schedule import explore
@@ -152,7 +154,9 @@ def test_a_slow_last_stage_idles_the_first():
                                         "inject.stragglers=[{thread=0, factor=1.5}]"),
                                    ("amp.update_every=2", "amp.max_active=3"),
                                    ("run.protocol=local", "local.update_every=2",
-                                    "inject.stragglers=[{thread=1, factor=3.0}]")])
+                                    "inject.stragglers=[{thread=1, factor=3.0}]"),
+                                   ("run.protocol=block_admm",
+                                    "inject.pauses=[{thread=0, start=2000, end=9000}]")])
 def test_the_pipelines_are_deterministic_with_and_without_lookahead(extra):
     s = scenario(*MLP, "run.updates=240", "metrics.exact=true", *extra)
     first, second, slow = simulate(s), simulate(s), simulate(s, lookahead=False)
@@ -173,7 +177,7 @@ def test_a_dead_stage_stalls_the_pipeline():
 
 
 @pytest.mark.parametrize(("override", "field"), [
-    ("problem.name=logistic", "problem.name"),
+    ("problem.name=sparse_logistic", "problem.name"),
     ("run.threads=3", "run.threads"),
     ("run.blocks=1", "run.blocks"),
     ("run.updates=201", "run.updates"),
@@ -246,3 +250,48 @@ def test_local_trains_the_network_with_biased_first_stage_gradients(tmp_path):
     relative = trace["delta_norm"] / trace["g_norm"]
     first, last = trace["thread"] == 0, trace["thread"] == 1
     assert np.median(relative[first]) > 0.1 > 10 * np.median(relative[last])
+
+
+def test_the_stages_of_a_linear_model_are_its_feature_halves():
+    """Logistic and least squares split their weights in two: amp with one sample in flight
+    is serial SGD on them too."""
+    for name in ("quadratic", "logistic"):
+        s = scenario(*MLP, f"problem.name={name}", "problem.dim=10", "run.updates=400",
+                     "amp.max_active=1")
+        problem = make_problem(s.problem)
+        trace = simulate(s, problem)
+        w = problem.initial()
+        first = trace["thread"] == 0
+        for z in trace["sample"][first][np.argsort(trace["thread_seq"][first])].tolist():
+            w -= s.run.lr * problem.grad(w, z)[0]
+        np.testing.assert_allclose(trace["w_final"], w, rtol=0, atol=1e-14)
+
+
+BLOCK = ("run.protocol=block_admm", "problem.name=quadratic", "problem.dim=10",
+         "problem.n_samples=200", "problem.l2=0", "run.threads=2", "run.blocks=2",
+         "metrics.exact=false")
+
+
+@pytest.mark.parametrize(("extra", "tolerance"), [
+    ((), 1e-6), (("inject.stragglers=[{thread=1, factor=3.0}]",), 1e-3)])
+def test_block_admm_reaches_a_convex_problems_optimum(extra, tolerance):
+    """Least squares that fit exactly (no noise, no l2: every sample's gradient vanishes at
+    w*): the two blocks, each stepping on its own samples with no message between them,
+    reach w* and the auxiliary variables meet stage 0's outputs; a block three times slower
+    gets there more slowly."""
+    rng = np.random.default_rng(0)
+    A = rng.standard_normal((200, 10))
+    w_true = rng.standard_normal(10)
+    problem = QuadraticProblem.from_arrays(A, A @ w_true, 0.0)
+    trace = simulate(scenario(*BLOCK, "run.updates=30000", *extra), problem)
+    assert np.linalg.norm(trace["w_final"] - w_true) < tolerance * np.linalg.norm(w_true)
+    assert trace["extra_aux_residual"][0] < tolerance
+
+
+def test_block_admm_refuses_more_than_two_stages_and_a_pipeline_key():
+    with pytest.raises(ScenarioError) as err:
+        simulate(scenario(*BLOCK, "run.threads=3", "run.blocks=3", "run.updates=20"))
+    assert err.value.field == "run.threads"
+    with pytest.raises(ScenarioError) as err:
+        simulate(scenario(*BLOCK, "run.updates=20", "inject.error=bounded"))
+    assert err.value.field == "inject.error"
