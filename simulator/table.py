@@ -1,4 +1,5 @@
-"""The Sync/Async × Sparse/Dense table of the AsynGrad talk, filled with measured numbers.
+"""The Sync/Async × Sparse/Dense table of the AsynGrad talk, filled with measured numbers, and
+a second table for the model-parallel protocols (:func:`pipeline_table`).
 
 Rows: synchronous (``locked``) and asynchronous lock-free (``lockfree``) training with k
 threads; columns: a sparse model (``sparse_logistic``, the Hogwild regime) and three dense
@@ -19,7 +20,8 @@ from simulator.metrics import summarize
 from simulator.problems import Problem, make_problem
 from simulator.scenario import Scenario, load_scenario
 
-__all__ = ["COLUMNS", "paper_table", "table_markdown"]
+__all__ = ["COLUMNS", "PIPELINE_ROWS", "paper_table", "pipeline_markdown", "pipeline_table",
+           "table_markdown"]
 
 COLUMNS: dict[str, tuple[str, ...]] = {
     "sparse": ("problem.name=sparse_logistic", "problem.dim=1000", "problem.density=0.01",
@@ -110,4 +112,59 @@ def table_markdown(cells: list[dict[str, Any]]) -> str:
     for row, label in (("sync", f"Sync (locked, k = {threads})"),
                        ("async", f"Async (lock-free, k = {threads})")):
         lines.append(f"| {label} | " + " | ".join(cell(row, c) for c in columns) + " |")
+    return "\n".join(lines) + "\n"
+
+
+#: The model-parallel table's rows: label and settings, on the mlp's two stages. The first is
+#: the baseline: synchronous model parallelism (one sample in the pipeline: every gradient
+#: is serial SGD's).
+PIPELINE_ROWS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("synchronous pipeline (amp, 1 sample in flight)", ("run.protocol=amp",
+                                                         "amp.max_active=1")),
+    ("amp (4 in flight)", ("run.protocol=amp", "amp.max_active=4")),
+    ("local (4 in flight)", ("run.protocol=local", "local.max_active=4")),
+    ("block_admm", ("run.protocol=block_admm",)),
+)
+#: An mlp whose two stages are about the same size (220 and 210 parameters), so a pipeline can
+#: keep both busy.
+_STAGED = ("problem.name=mlp", "problem.dim=10", "problem.hidden=20", "problem.classes=10",
+           "run.threads=2", "run.blocks=2", "metrics.curve_points=10")
+
+
+def pipeline_table(updates: int = 20_000, seed: int = 0,
+                   progress: Any = None) -> list[dict[str, Any]]:
+    """One row per model-parallel protocol on the ``mlp`` (``updates`` stage updates each):
+    its speed-up in simulated time over the synchronous pipeline, training and held-out
+    accuracy, final suboptimality, and per stage the mean staleness, the median ‖δ‖/‖g‖
+    on the stage's parameters and the share of time at work."""
+    base = [*_STAGED, f"run.updates={updates}", f"run.seed={seed}"]
+    problem = make_problem(load_scenario(None, base).problem)
+    cells: list[dict[str, Any]] = []
+    for label, settings in PIPELINE_ROWS:
+        s = _run(load_scenario(None, [*base, *settings]), problem)
+        if progress:
+            progress(1)
+        span = s["time"]["span_ns"]
+        cells.append({
+            "protocol": label, "speedup": (cells[0]["span_ns"] / span if cells else 1.0),
+            "span_ns": span, "accuracy": s["accuracy"], "held_out_accuracy": s["held_out"],
+            "suboptimality": s["loss"]["final_suboptimality"],
+            **{f"stage{st['stage']}_{key}": value for st in s["stages"]
+               for key, value in (("staleness", st["staleness_mean"]),
+                                  ("relative_error_p50", st["relative_error"]["p50"]),
+                                  ("utilisation", st["utilisation"]))}})
+    return cells
+
+
+def pipeline_markdown(cells: list[dict[str, Any]]) -> str:
+    """The model-parallel table as Markdown, a row per protocol."""
+    lines = ["| mlp 10-20-10, 2 stages | speed-up | accuracy (held out) | f − f* | stage 0: staleness, "
+             "median ‖δ‖/‖g‖, at work | stage 1: staleness, median ‖δ‖/‖g‖, at work |",
+             "|---|---:|---|---:|---|---|"]
+    for c in cells:
+        held = "" if c["held_out_accuracy"] is None else f" ({c['held_out_accuracy']:.3f})"
+        stages = [f"{c[f'stage{i}_staleness']:.2f}, {c[f'stage{i}_relative_error_p50']:.2g}, "
+                  f"{c[f'stage{i}_utilisation']:.0%}" for i in (0, 1)]
+        lines.append(f"| {c['protocol']} | {c['speedup']:.2f}× | {c['accuracy']:.3f}{held} | "
+                     f"{c['suboptimality']:.3g} | {stages[0]} | {stages[1]} |")
     return "\n".join(lines) + "\n"
