@@ -158,8 +158,9 @@ def pipeline_table(updates: int = 20_000, seed: int = 0,
 
 def pipeline_markdown(cells: list[dict[str, Any]]) -> str:
     """The model-parallel table as Markdown, a row per protocol."""
-    lines = ["| mlp 10-20-10, 2 stages | speed-up | accuracy (held out) | f − f* | stage 0: staleness, "
-             "median ‖δ‖/‖g‖, at work | stage 1: staleness, median ‖δ‖/‖g‖, at work |",
+    lines = ["| mlp 10-20-10, 2 stages | speed-up | accuracy (held out) | f − f* | stage 0: "
+             "staleness, median ‖δ‖/‖g‖, at work | stage 1: staleness, median ‖δ‖/‖g‖, at "
+             "work |",
              "|---|---:|---|---:|---|---|"]
     for c in cells:
         held = "" if c["held_out_accuracy"] is None else f" ({c['held_out_accuracy']:.3f})"
