@@ -90,21 +90,23 @@ def protocols(updates: int, repeats: int) -> None:
             sim.append(simulated(problem, overrides))
         b, m = statistics.median(base), statistics.median(sim)
         print(f"| {protocol} | {b * 1e6:.2f} | {m * 1e6:.2f} | {m / b:.2f} |", flush=True)
-    # amp on the mlp (default shape): a sample's gradient is its two stages' rows, 4 samples
-    # in the pipeline.
+    # The model-parallel protocols on the mlp (default shape): a sample's gradient is its two
+    # stages' rows (amp and local with 4 samples in flight; block_admm's stages each on
+    # samples of their own, two rows a sample's worth of work).
     staged = ["problem.name=mlp", "run.threads=2", "run.blocks=2"]
     mlp = make_problem(load_scenario(None, staged).problem)
     mlp.optimum()
     samples = np.random.default_rng(0).integers(0, mlp.n_samples, updates // 2)
-    overrides = [*staged, "run.protocol=amp", f"run.updates={2 * samples.size}",
-                 "metrics.exact=false", "metrics.curve_points=0"]
-    base, sim = [], []
-    for _ in range(repeats):
-        base.append(bare_sgd(mlp, samples, 0.02))
-        sim.append(2 * simulated(mlp, overrides))  # (per row: half a sample's gradient)
-    b, m = statistics.median(base), statistics.median(sim)
-    print(f"| amp (mlp, per sample: 2 stage rows) | {b * 1e6:.2f} | {m * 1e6:.2f} | "
-          f"{m / b:.2f} |", flush=True)
+    for protocol in ("amp", "local", "block_admm"):
+        overrides = [*staged, f"run.protocol={protocol}", f"run.updates={2 * samples.size}",
+                     "metrics.exact=false", "metrics.curve_points=0"]
+        base, sim = [], []
+        for _ in range(repeats):
+            base.append(bare_sgd(mlp, samples, 0.02))
+            sim.append(2 * simulated(mlp, overrides))  # (per row: half a sample's gradient)
+        b, m = statistics.median(base), statistics.median(sim)
+        print(f"| {protocol} (mlp, per sample: 2 stage rows) | {b * 1e6:.2f} | {m * 1e6:.2f} | "
+              f"{m / b:.2f} |", flush=True)
 
 
 # Controlled-schedule cases: (label, overrides, scheduler), on the default problem at d = 4
