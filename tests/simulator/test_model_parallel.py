@@ -76,6 +76,20 @@ def test_a_message_flies_for_the_links_latency():
     assert trace["write_end"].tolist() == [2500, 4100]
 
 
+def _entered(trace):
+    """The samples in the order they entered the pipeline (stage 0's rows)."""
+    first = trace["thread"] == 0
+    return trace["sample"][first][np.argsort(trace["thread_seq"][first])].tolist()
+
+
+def _serial_sgd(problem, trace, lr):
+    """Serial SGD from w_0 on the samples in the order they entered the pipeline."""
+    w = problem.initial()
+    for sample in _entered(trace):
+        w -= lr * problem.grad(w, sample)[0]
+    return w
+
+
 def test_one_sample_in_flight_is_serial_sgd():
     """With ``max_active = 1`` every stage's gradient is taken at the vector before the
     sample's first write: the run is serial SGD on the same samples (to rounding), stage 1's
@@ -84,12 +98,9 @@ def test_one_sample_in_flight_is_serial_sgd():
                  "problem.l2=0.001", "run.lr=0.05")
     problem = make_problem(s.problem)
     trace = simulate(s, problem)
-    w = problem.initial()
-    first = trace["thread"] == 0
-    for sample in trace["sample"][first][np.argsort(trace["thread_seq"][first])].tolist():
-        w -= s.run.lr * problem.grad(w, sample)[0]
-    np.testing.assert_allclose(trace["w_final"], w, rtol=0, atol=1e-13)
-    last = trace["thread"] == 1
+    np.testing.assert_allclose(trace["w_final"], _serial_sgd(problem, trace, s.run.lr),
+                               rtol=0, atol=1e-13)
+    first, last = trace["thread"] == 0, trace["thread"] == 1
     relative = trace["delta_norm"] / trace["g_norm"]
     assert relative[last].max() < 1e-9 and relative[first].min() > 1e-6
     assert set(trace["staleness"][last].tolist()) == {0}
@@ -104,8 +115,7 @@ def test_averaged_updates_are_minibatch_sgd_with_one_sample_in_flight():
     problem = make_problem(s.problem)
     trace = simulate(s, problem)
     assert trace["step"].max() == 100 and len(trace) == 200
-    first = trace["thread"] == 0
-    samples = trace["sample"][first][np.argsort(trace["thread_seq"][first])].tolist()
+    samples = _entered(trace)
     w = problem.initial()
     for a, b in zip(samples[::2], samples[1::2], strict=True):
         w -= mean_step([s.run.lr * problem.grad(w, a)[0], s.run.lr * problem.grad(w, b)[0]])
@@ -220,8 +230,7 @@ def test_local_with_one_sample_in_flight_is_greedy_layerwise_sgd():
     w = problem.initial()
     cut = hidden * (d_in + 1)
     head = w[cut:].copy()
-    first = trace["thread"] == 0
-    for z in trace["sample"][first][np.argsort(trace["thread_seq"][first])].tolist():
+    for z in _entered(trace):
         x, label = problem.X[z], problem.y[z]
         W1, b1 = w[:hidden * d_in].reshape(hidden, d_in), w[hidden * d_in:cut]
         W2, b2 = w[cut:cut + classes * hidden].reshape(classes, hidden), w[cut + classes * hidden:]
@@ -260,11 +269,8 @@ def test_the_stages_of_a_linear_model_are_its_feature_halves():
                      "amp.max_active=1")
         problem = make_problem(s.problem)
         trace = simulate(s, problem)
-        w = problem.initial()
-        first = trace["thread"] == 0
-        for z in trace["sample"][first][np.argsort(trace["thread_seq"][first])].tolist():
-            w -= s.run.lr * problem.grad(w, z)[0]
-        np.testing.assert_allclose(trace["w_final"], w, rtol=0, atol=1e-14)
+        np.testing.assert_allclose(trace["w_final"], _serial_sgd(problem, trace, s.run.lr),
+                                   rtol=0, atol=1e-14)
 
 
 BLOCK = ("run.protocol=block_admm", "problem.name=quadratic", "problem.dim=10",
