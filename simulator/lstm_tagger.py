@@ -19,6 +19,7 @@ Nonconvex: ``optimum()`` is a local estimate (L-BFGS from the seeded w_0, at mos
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -60,17 +61,15 @@ class LSTMTaggerProblem(TaggingProblem):
         wo[:] = rng.standard_normal(wo.shape) * scale
         return w
 
-    def _run(self, w: np.ndarray, rows: np.ndarray | slice,
-             backward: bool) -> tuple[float, np.ndarray | None, np.ndarray]:
-        """Mean over ``rows`` of the per-sequence losses (without the l2 term), its gradient
-        when ``backward``, and the logits (N, L, K)."""
-        emb, wx, wh, b, wo, bo = self._unpack(w)
-        tokens, tags = self.tokens[rows], self.tags[rows]
+    def _lstm(self, emb: np.ndarray, wx: np.ndarray, wh: np.ndarray, b: np.ndarray,
+              tokens: np.ndarray) -> tuple[list[np.ndarray], list[np.ndarray], list[Any],
+                                           list[np.ndarray]]:
+        """The LSTM over ``tokens`` (N, L): hidden states h_0..h_L and cells c_0..c_L (h_0 =
+        c_0 = 0), each step's gates and embedded inputs."""
         n, length = tokens.shape
         h = self.hidden
         hs, cs = [np.zeros((n, h))], [np.zeros((n, h))]
         gates, xs = [], []
-        logits = np.zeros((n, length, self.classes))
         for t in range(length):
             x = emb[tokens[:, t]]
             a = x @ wx.T + hs[-1] @ wh.T + b
@@ -81,7 +80,44 @@ class LSTMTaggerProblem(TaggingProblem):
             cs.append(c)
             gates.append((i, f, g, o))
             xs.append(x)
-            logits[:, t] = hs[-1] @ wo.T + bo
+        return hs, cs, gates, xs
+
+    def _bptt(self, run: tuple[list[np.ndarray], list[np.ndarray], list[Any],
+                               list[np.ndarray]], tokens: np.ndarray, wx: np.ndarray,
+              wh: np.ndarray, grads: tuple[np.ndarray, ...],
+              dh_out: Callable[[int, np.ndarray], np.ndarray]) -> None:
+        """Backpropagation through time of the LSTM ``run`` (:meth:`_lstm`) into ``grads`` =
+        (embeddings, input weights, recurrent weights, biases), with ``dh_out(t, h_t)`` the
+        gradient reaching h_t from above (called for t = L−1 … 0)."""
+        hs, cs, gates, xs = run
+        g_emb, g_wx, g_wh, g_b = grads
+        n, h = hs[0].shape
+        dh_next, dc_next = np.zeros((n, h)), np.zeros((n, h))
+        for t in reversed(range(len(gates))):
+            i, f, g, o = gates[t]
+            h_t, c_t, c_prev, h_prev = hs[t + 1], cs[t + 1], cs[t], hs[t]
+            dh = dh_out(t, h_t) + dh_next
+            tanh_c = np.tanh(c_t)
+            dc = dh * o * (1.0 - tanh_c * tanh_c) + dc_next
+            da = np.concatenate([dc * g * i * (1.0 - i), dc * c_prev * f * (1.0 - f),
+                                 dc * i * (1.0 - g * g), dh * tanh_c * o * (1.0 - o)], axis=1)
+            g_wx += da.T @ xs[t]
+            g_wh += da.T @ h_prev
+            g_b += da.sum(axis=0)
+            np.add.at(g_emb, tokens[:, t], da @ wx)
+            dh_next, dc_next = da @ wh, dc * f
+
+    def _run(self, w: np.ndarray, rows: np.ndarray | slice,
+             backward: bool) -> tuple[float, np.ndarray | None, np.ndarray]:
+        """Mean over ``rows`` of the per-sequence losses (without the l2 term), its gradient
+        when ``backward``, and the logits (N, L, K)."""
+        emb, wx, wh, b, wo, bo = self._unpack(w)
+        tokens, tags = self.tokens[rows], self.tags[rows]
+        n, length = tokens.shape
+        run = self._lstm(emb, wx, wh, b, tokens)
+        logits = np.zeros((n, length, self.classes))
+        for t in range(length):
+            logits[:, t] = run[0][t + 1] @ wo.T + bo
         top = logits.max(axis=2, keepdims=True)
         shifted = np.exp(logits - top)
         total = shifted.sum(axis=2, keepdims=True)
@@ -96,23 +132,62 @@ class LSTMTaggerProblem(TaggingProblem):
         np.put_along_axis(dz, tags[:, :, None],
                           np.take_along_axis(dz, tags[:, :, None], axis=2) - 1.0, axis=2)
         dz /= n * length  # mean over positions, then over sequences
-        dh_next, dc_next = np.zeros((n, h)), np.zeros((n, h))
-        for t in reversed(range(length)):
-            i, f, g, o = gates[t]
-            h_t, c_t, c_prev, h_prev = hs[t + 1], cs[t + 1], cs[t], hs[t]
+
+        def dh_out(t: int, h_t: np.ndarray) -> np.ndarray:
+            nonlocal g_wo, g_bo
             g_wo += dz[:, t].T @ h_t
             g_bo += dz[:, t].sum(axis=0)
-            dh = dz[:, t] @ wo + dh_next
-            tanh_c = np.tanh(c_t)
-            dc = dh * o * (1.0 - tanh_c * tanh_c) + dc_next
-            da = np.concatenate([dc * g * i * (1.0 - i), dc * c_prev * f * (1.0 - f),
-                                 dc * i * (1.0 - g * g), dh * tanh_c * o * (1.0 - o)], axis=1)
-            g_wx += da.T @ xs[t]
-            g_wh += da.T @ h_prev
-            g_b += da.sum(axis=0)
-            np.add.at(g_emb, tokens[:, t], da @ wx)
-            dh_next, dc_next = da @ wh, dc * f
+            return dz[:, t] @ wo
+
+        self._bptt(run, tokens, wx, wh, (g_emb, g_wx, g_wh, g_b), dh_out)
         return value, grad, logits
+
+    def stages(self) -> list[slice] | None:
+        """Two stages: the embeddings and the LSTM, then the output layer."""
+        c = self._cuts
+        return [slice(c[0], c[4]), slice(c[4], c[6])]
+
+    def stage_width(self, stage: int) -> int:
+        return self.tokens.shape[1] * self.hidden  # the hidden states of a sequence
+
+    def forward(self, stage: int, theta: np.ndarray, a: np.ndarray | None,
+                idx: int) -> tuple[np.ndarray, Any]:
+        h, c, classes = self.hidden, self._cuts, self.classes
+        if stage == 0:
+            tokens = self.tokens[idx:idx + 1]
+            run = self._lstm(theta[c[0]:c[1]].reshape(self.vocab, h),
+                             theta[c[1]:c[2]].reshape(4 * h, h),
+                             theta[c[2]:c[3]].reshape(4 * h, h), theta[c[3]:c[4]], tokens)
+            return np.concatenate(run[0][1:]), (run, tokens)  # (L, H): h_1 … h_L
+        assert a is not None
+        logits = a @ theta[:classes * h].reshape(classes, h).T + theta[classes * h:]
+        return logits, (a, logits)
+
+    def backward(self, stage: int, theta: np.ndarray, cache: Any, up: np.ndarray | None,
+                 idx: int) -> tuple[np.ndarray, np.ndarray | None]:
+        h, c, classes = self.hidden, self._cuts, self.classes
+        g = np.zeros_like(theta)
+        if stage == 0:
+            assert up is not None
+            run, tokens = cache
+            self._bptt(run, tokens, theta[c[1]:c[2]].reshape(4 * h, h),
+                       theta[c[2]:c[3]].reshape(4 * h, h),
+                       (g[c[0]:c[1]].reshape(self.vocab, h), g[c[1]:c[2]].reshape(4 * h, h),
+                        g[c[2]:c[3]].reshape(4 * h, h), g[c[3]:c[4]]),
+                       lambda t, _: up[t:t + 1])
+            back = None
+        else:
+            a, logits = cache
+            dz = np.exp(logits - logits.max(axis=1, keepdims=True))
+            dz /= dz.sum(axis=1, keepdims=True)
+            dz[np.arange(len(dz)), self.tags[idx]] -= 1.0
+            dz /= len(dz)  # the mean over positions
+            wo = theta[:classes * h].reshape(classes, h)
+            g[:classes * h] = (dz.T @ a).ravel()
+            g[classes * h:] = dz.sum(axis=0)
+            back = dz @ wo
+        g += self.l2 * theta
+        return g, back
 
     def _objective(self, w: np.ndarray, rows: slice,
                    backward: bool) -> tuple[float, np.ndarray | None]:

@@ -27,8 +27,9 @@ def _real(args: argparse.Namespace) -> int:
     check_out(args.out)
     if args.mode is None and args.backend != "ps":  # the scenario's protocol, where a mode runs it
         args.mode = (scenario.run.protocol if scenario.run.protocol in MODES else "lockfree")
-    if args.workers is None:
-        args.workers = 1 if args.mode == "serial" else 2
+    if args.workers is None:  # (a model-parallel mode: one process per stage)
+        args.workers = (1 if args.mode == "serial" else scenario.run.threads
+                        if args.mode in ("amp", "local") else 2)
     if args.backend == "ps":
         return _real_ps(args, scenario)
     if args.backend != "shm":
@@ -131,12 +132,13 @@ def add_commands(commands: Any) -> None:
     command = partial(subcommand, commands)
     real = command("real", "train with real lock-free worker processes", _real)
     real.add_argument("--workers", type=int, default=None,
-                      help="worker processes (default 2; 1 with --mode serial)")
+                      help="worker processes (default 2; 1 with --mode serial; amp and "
+                      "local: run.threads, one per stage)")
     real.add_argument("--mode", default=None,
                       help="lockfree, blocklock (a lock per block write), locked, serial, "
                       "minibatch (synchronous rounds), allreduce, roundrobin, staleness_lr, "
-                      "dcasgd or admm; default: run.protocol where it is one of these, else "
-                      "lockfree")
+                      "dcasgd, admm, amp or local (one process per stage); default: "
+                      "run.protocol where it is one of these, else lockfree")
     real.add_argument("--dtype", default="float32", help="float32 (default) or float64")
     real.add_argument("--timeout", type=float, default=None,
                       help="stop the run after this many seconds (partial results kept)")

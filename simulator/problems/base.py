@@ -180,15 +180,23 @@ class Problem(ABC):
 
     def local_head(self, stage: int) -> np.ndarray:
         """The initial parameters of the auxiliary head that gives a stage before the last
-        its own local loss (``local``: layer-wise local parallelism)."""
-        raise NotImplementedError
+        its own local loss (``local``: layer-wise local parallelism): a copy of the last
+        stage, where w_0 has it (the stage's activation goes through the head as it would
+        through the last stage; two stages, so the head is the next one's shape)."""
+        stages = self.stages()
+        assert stages is not None and stage == len(stages) - 2
+        return self.initial()[stages[-1]].copy()
 
     def local_backward(self, stage: int, theta: np.ndarray, head: np.ndarray, cache: Any,
-                       idx: int) -> tuple[np.ndarray, np.ndarray]:
-        """The gradients of stage ``stage``'s local loss of sample ``idx`` (its auxiliary
-        ``head`` on its forward's activation, plus the l2 term on ``theta``) with respect to
-        its parameters and to the head's: backpropagation truncated at the stage."""
-        raise NotImplementedError
+                       out: np.ndarray, idx: int) -> tuple[np.ndarray, np.ndarray]:
+        """The gradients of stage ``stage``'s local loss of sample ``idx``, f_idx with its
+        ``head`` in place of the last stage on its forward's activation ``out`` (and its
+        ``cache``), with respect to its parameters ``theta`` and to the head's (each with
+        its l2 term): backpropagation truncated at the stage."""
+        _, top = self.forward(stage + 1, head, out, idx)
+        g_head, back = self.backward(stage + 1, head, top, None, idx)
+        g, _ = self.backward(stage, theta, cache, back, idx)
+        return g, g_head
 
     def dense_grad(self, w: np.ndarray, idx: int) -> np.ndarray:
         """∇f_idx(w) as a full vector, whatever the support."""

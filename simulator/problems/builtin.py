@@ -500,26 +500,6 @@ class MLPProblem(LocalOptimumProblem):
             _axpy(theta, g, a=self.l2)
         return g, back
 
-    def local_head(self, stage: int) -> np.ndarray:
-        """A softmax layer on the hidden activation, shaped as the output layer and starting
-        where it starts (w_0's W2, b2)."""
-        return self.initial()[self._cuts[2]:].copy()
-
-    def local_backward(self, stage: int, theta: np.ndarray, head: np.ndarray, cache: Any,
-                       idx: int) -> tuple[np.ndarray, np.ndarray]:
-        """f's cross-entropy with the head (A, c) in place of the output layer, differentiated
-        with respect to the head and to (W1, b1); the l2 term on (W1, b1) only."""
-        _, hidden, classes = self.shape
-        h = cache[1]
-        A = head[:classes * hidden].reshape(classes, hidden)
-        dz = _softmax(A @ h + head[classes * hidden:])
-        dz[self._y[idx]] -= 1.0
-        g_head = np.empty_like(head)
-        np.multiply.outer(dz, h, out=g_head[:classes * hidden].reshape(classes, hidden))
-        g_head[classes * hidden:] = dz
-        g, _ = self.backward(0, theta, cache, A.T @ dz, idx)
-        return g, g_head
-
     def _batch(self, w: np.ndarray, X: np.ndarray | None = None,
                ) -> tuple[np.ndarray, np.ndarray]:
         """Hidden activations and logits of every row of ``X`` (default: the training data)."""

@@ -156,15 +156,14 @@ class Amp(Staged):
         """The problem's stages, and the samples the run takes through them.
 
         Raises:
-            ScenarioError: as ``Staged.bind``; a problem without local heads (``local``), or
-                updates that are not a whole number of each stage's writes.
+            ScenarioError: as ``Staged.bind``; more than two stages (``local``), or updates
+                that are not a whole number of each stage's writes.
         """
         super().bind(problem)
         run, n = self.scenario.run, len(self.stages)
-        if self.local and type(problem).local_head is Problem.local_head:
-            raise ScenarioError("problem.name", self.scenario.problem.name, "local trains "
-                                "each stage before the last by an auxiliary head's loss, "
-                                "which this problem has none of: use mlp")
+        if self.local and n != 2:
+            raise ScenarioError("run.threads", run.threads, "local's auxiliary head is a copy "
+                                "of the last stage: the problem must have two stages")
         per_stage = self.options.update_every * n
         if run.updates % per_stage:
             raise ScenarioError("run.updates", run.updates, f"counts every stage's gradients "
@@ -196,6 +195,7 @@ class Amp(Staged):
         self.heads = ([self.problem.local_head(s) for s in range(n - 1)] if self.local
                       else [])
         self.head_grads: list[list[np.ndarray]] = [[] for _ in range(n)]
+        self.out: dict[int, np.ndarray] = {}  # uid → its forward's activation (local)
         for _ in range(min(self.options.max_active, self.samples)):
             self._enter()
 
@@ -253,6 +253,8 @@ class Amp(Staged):
             u.start_completed = entry  # staleness counts from the sample's entry
             out, self.cache[u.uid] = problem.forward(
                 stage, engine.read_copy(stage)[stages[stage]], payload, sample)
+            if self.local:
+                self.out[u.uid] = out
             if not last:
                 yield from self._send(engine, stage, stage + 1, (FORWARD, out, [*trail, u]))
             if last or self.local:  # the backward now: from the loss, or its own loss
@@ -297,7 +299,7 @@ class Amp(Staged):
         theta, cache, up = engine.mem.w[part], self.cache.pop(u.uid), self.up.pop(u.uid)
         if self.local and stage < len(self.stages) - 1:
             g, head = self.problem.local_backward(stage, theta, self.heads[stage], cache,
-                                                  u.sample)
+                                                  self.out.pop(u.uid), u.sample)
             self.head_grads[stage].append(head)
             self.back[u.uid] = None
         else:
