@@ -8,10 +8,33 @@ block order (rank 0 first, which grants the gradients, then each shard server), 
 simulated pull or push moves its blocks, each shard a message of its own; each server
 serves the messages it receives one at a time, in arrival order, as the simulator's pool
 (``simulator.clock.Pool``) serves the transfers each of its servers receives. A shard
-server answers a pull with its shard and applies a push's part as it arrives: it decides
-nothing, so the options that decide on a push (a staleness limit, a rule, a schedule,
-rounds, injected errors, drops, delays, rounding, a lock-free server, rebalancing, a warm
-start) and accumulation are refused with a pool (``realrun.support``).
+server answers a pull with its shard and applies a push's part as it arrives; it decides
+nothing on a push. What the simulator's server decides on a push with a pool is decided
+where a real pool can decide it as the simulator does:
+
+* the injections are the trainer's (``realrun.ps.train``): it draws each update's delay,
+  error and drop from the simulator's injector stream of its thread, in the simulator's
+  order, adds the error to its gradient before it pushes, and sends a dropped push to every
+  server as a header alone (lost in transit: each server counts it as a version that changes
+  nothing and records an empty part);
+* a delayed pull (τ travels with it) gets from each server its shard as it was τ of that
+  server's versions back (clipped at them): every server counts a version per push it
+  receives, its part or a lost one's header, and keeps the shards of its last τ_max + 1
+  versions. With one trainer every server's versions are the simulator's completions (a
+  push reaches every server before its trainer's next pull), so the pulled vector is the
+  simulator's w τ completions back; with several, each shard is τ pushes back on its own
+  server, where the simulator's whole vector is as it was at one completion;
+* the learning-rate schedule's factor is the coordinating server's, at m = the pushes it
+  received + 1 when a push's shard 0 arrives (the simulator's server decides when a push's
+  first shard has arrived): it scales its own part and sends the factor back to the
+  trainer, which scales the other parts before it sends them;
+* ``write_bits``: each server rounds every value of its shard after it applied a part (a
+  sparse problem's untouched coordinates are 0 or rounded already: the simulator's rounding
+  of what the push stored).
+
+The options that decide on a push as a whole (a staleness limit, a rule, rounds, a
+lock-free server, rebalancing, a warm start) and accumulation are refused with a pool
+(``realrun.support``).
 
 Every server stamps its own pulls and pushes (``time.monotonic_ns``, one clock: the pool runs
 on one machine) and keeps the part of each push it applied. When the run ends the parent
@@ -19,10 +42,11 @@ merges them with the CPU workers' merge (``realrun.timeline.merge``): a push's r
 with its last shard's answer and it completes with its last shard's application, as a
 simulated update with a block per server; the serialized view, and so the loss curve, is
 rebuilt from the parts in each shard's order of application (``realrun.rebuild``), which
-is the servers' own order: the rebuilt final vector equals the servers' one (to the bit
-unless a server applied a part after the next server applied the next part of the same push:
-its stamps are then put in block order, as the trace's block durations need), and the
-summary's ``hardware_loss`` says how far apart they are. The pool is a local run's
+is the servers' own order: where a server stamped a part after the next server stamped the
+next part of the same push, its stamps are raised into block order, as the trace's block
+durations need, and the parts each server applied after it with them (``_raise``), so the
+rebuilt final vector equals the servers' one to the bit, rounded stores included (the
+summary's ``hardware_loss`` says how far apart they are). The pool is a local run's
 (``asyngrad real --backend ps --servers S``): the shard servers keep their records in
 shared memory the parent reads, also after a failure (a partial trace keeps the pushes
 every server applied).
@@ -31,6 +55,7 @@ every server applied).
 from __future__ import annotations
 
 import datetime
+import itertools
 import os
 import sys
 import time
@@ -43,13 +68,16 @@ from realrun.timeline import Measure, WorkerRecord, merge
 from realrun.worker import one_thread_each
 from simulator.memory import block_bounds
 from simulator.problems import Problem
+from simulator.rules import round_significand
 from simulator.scenario import Scenario, scenario_to_toml
 from simulator.trace import Trace
 
-__all__ = ["Applied", "ShardBuffers", "ShardServers", "pool_trace", "serve_shard",
-           "shard_main"]
+__all__ = ["Applied", "ShardBuffers", "ShardServers", "pool_trace", "round_stored",
+           "serve_shard", "shard_main"]
 
-PULL, PUSH, DONE = 1, 2, 3  # a shard server's messages: kind, sender rank
+# A shard server's messages: kind, sender rank, and a pull's injected delay τ (as drawn) or
+# whether a push is lost in transit (then no part follows).
+PULL, PUSH, DONE = 1, 2, 3
 POOL_GONE = 4  # a shard server's exit status when a receive failed or timed out
 
 
@@ -95,10 +123,26 @@ class ShardBuffers:
         return Applied(rows[0], rows[1], rows[2], rows[3], rows[4], self.parts[:n].numpy())
 
 
-def serve_shard(buffers: ShardBuffers, trainers: int, timeout: float) -> None:
+def round_stored(values: np.ndarray, bits: int) -> None:
+    """``inject.write_bits``: round stored ``values`` in place to ``bits`` significand bits,
+    in float64 whatever their dtype, as the simulator's memory rounds what a store left."""
+    if values.dtype == np.float64:
+        round_significand(values, bits)
+        return
+    rounded = values.astype(np.float64)
+    round_significand(rounded, bits)
+    np.copyto(values, rounded, casting="same_kind")
+
+
+def serve_shard(buffers: ShardBuffers, trainers: int, timeout: float, bits: int = 0,
+                max_delay: int = 0) -> None:
     """A shard server's loop (rank K + s of an initialised gloo group): answer each trainer's
-    pull with the shard, subtract each push's part as it arrives, and record it
-    (:class:`ShardBuffers`), until every trainer is done.
+    pull with the shard, subtract each push's part as it arrives (rounding the shard to
+    ``bits`` significand bits after it, ``inject.write_bits``; a lost push's header: nothing),
+    and record it (:class:`ShardBuffers`), until every trainer is done. Each push received
+    is a version; with injected delays (``max_delay`` > 0) it keeps the shards of its last
+    ``max_delay`` + 1 versions and answers a pull that asks for τ with the shard τ versions
+    back (clipped at its versions).
 
     Raises:
         RuntimeError: a receive or a send failed or timed out.
@@ -108,23 +152,35 @@ def serve_shard(buffers: ShardBuffers, trainers: int, timeout: float) -> None:
 
     w, rows, parts, count = buffers.w, buffers.rows, buffers.parts, buffers.count
     part = torch.zeros_like(w)
-    header = torch.zeros(2, dtype=torch.int64)
+    header = torch.zeros(3, dtype=torch.int64)
     wait = datetime.timedelta(seconds=timeout)
     pulled: dict[int, tuple[int, int]] = {}  # rank: its last pull's arrival and answer
     done: set[int] = set()
+    ring = w.repeat(max_delay + 1, 1) if max_delay else None  # ring[v mod H]: version v's
+    versions = 0
     while len(done) < trainers:
         work: Any = dist.irecv(header)
         work.wait(wait)
         kind, source, arrived = int(header[0]), int(header[1]), time.monotonic_ns()
         if kind == PULL:
-            work = dist.isend(w, source)
+            shard = w if ring is None else ring[
+                (versions - min(int(header[2]), versions)) % len(ring)]
+            work = dist.isend(shard, source)
             work.wait(wait)
             pulled[source] = (arrived, time.monotonic_ns())
         elif kind == PUSH:
-            work = dist.irecv(part, source)
-            work.wait(wait)
-            arrived = time.monotonic_ns()
-            w -= part
+            if header[2]:  # lost in transit: a version that changes nothing
+                part.zero_()
+            else:
+                work = dist.irecv(part, source)
+                work.wait(wait)
+                arrived = time.monotonic_ns()
+                w -= part
+                if bits:
+                    round_stored(w.numpy(), bits)
+            versions += 1
+            if ring is not None:
+                ring[versions % len(ring)] = w
             n = int(count[0])
             rows[n] = torch.tensor([source - 1, *pulled[source], arrived, time.monotonic_ns()])
             parts[n] = part
@@ -150,38 +206,45 @@ class ShardServers:
         """The size of shard 0 (the coordinating server's)."""
         return self.bounds[1]
 
-    def _each(self, kind: int, rank: int, vector: Any, receive: bool) -> None:
+    def _each(self, kind: int, rank: int, vector: Any, value: int, receive: bool) -> None:
         import torch
         import torch.distributed as dist
 
-        header = torch.tensor([kind, rank], dtype=torch.int64)
+        header = torch.tensor([kind, rank, value], dtype=torch.int64)
         for s, server in enumerate(self.ranks, start=1):
             dist.send(header, server)
+            if kind == PUSH and value:  # lost: the header alone
+                continue
             part = vector[self.bounds[s]:self.bounds[s + 1]]
             work: Any = dist.irecv(part, server) if receive else dist.isend(part, server)
             work.wait(self.timeout)
 
-    def pull(self, rank: int, w: Any) -> None:
-        """Pull every shard server's shard into its slice of ``w``, one after the other."""
-        self._each(PULL, rank, w, receive=True)
+    def pull(self, rank: int, w: Any, delay: int = 0) -> None:
+        """Pull every shard server's shard into its slice of ``w``, one after the other
+        (``delay``: the injected τ drawn for the pull; each server clips it at its
+        versions)."""
+        self._each(PULL, rank, w, delay, receive=True)
 
-    def push(self, rank: int, step: Any) -> None:
-        """Push every shard server its part of ``step``, one after the other."""
-        self._each(PUSH, rank, step, receive=False)
+    def push(self, rank: int, step: Any, lost: bool = False) -> None:
+        """Push every shard server its part of ``step``, one after the other (``lost``: a
+        push lost in transit, which every server counts as a version that changes
+        nothing)."""
+        self._each(PUSH, rank, step, int(lost), receive=False)
 
     def done(self, rank: int) -> None:
         import torch
         import torch.distributed as dist
 
-        header = torch.tensor([DONE, rank], dtype=torch.int64)
+        header = torch.tensor([DONE, rank, 0], dtype=torch.int64)
         for server in self.ranks:
             dist.send(header, server)
 
 
 def shard_main(shard: int, world: int, address: str, port: int, trainers: int,
                buffers: ShardBuffers, timeout: float,
-               group_timeout: datetime.timedelta) -> None:
-    """A spawned shard server: join the group, serve, leave; one line if a peer went."""
+               group_timeout: datetime.timedelta, bits: int = 0, max_delay: int = 0) -> None:
+    """A spawned shard server: join the group, serve (:func:`serve_shard`), leave; one line
+    if a peer went."""
     import signal
 
     import torch.distributed as dist
@@ -191,7 +254,7 @@ def shard_main(shard: int, world: int, address: str, port: int, trainers: int,
     dist.init_process_group("gloo", init_method=f"tcp://{address}:{port}",
                             rank=trainers + shard, world_size=world, timeout=group_timeout)
     try:
-        serve_shard(buffers, trainers, timeout)
+        serve_shard(buffers, trainers, timeout, bits, max_delay)
     except RuntimeError as err:
         print(f"asyngrad ps server {shard}: {str(err).strip().splitlines()[0][:200]}; "
               "exiting", file=sys.stderr)
@@ -202,19 +265,22 @@ def shard_main(shard: int, world: int, address: str, port: int, trainers: int,
 def pool_trace(problem: Problem, scenario: Scenario, shards: list[Applied],
                w_final: np.ndarray, samples: list[list[int]], grad_ns: list[list[int]],
                dtype: str, measure: bool, dead: list[int],
-               origin: int | None) -> tuple[Trace, dict[str, Any]]:
+               origin: int | None, scales: list[list[float]] | None = None,
+               injected: list[list[tuple[float, float, int]]] | None = None
+               ) -> tuple[Trace, dict[str, Any]]:
     """The run's trace, merged from every server's records (``shards``, in shard order) and
-    each trainer's ``samples`` and compute times per push, in its order; and what the
-    hardware lost (the rebuilt final vector against the servers' ``w_final``). ``origin``:
-    the trace's time 0 (the first pull's arrival where stalls count from it; None: the
-    first read's start)."""
+    each trainer's ``samples``, compute times, ``scales`` (the schedule's factor) and
+    ``injected`` (‖e‖, 1.0 if lost, τ) per push, in its order; and what the hardware lost
+    (the rebuilt final vector against the servers' ``w_final``, rounded as the servers
+    rounded their stores). ``origin``: the trace's time 0 (the first pull's arrival where
+    stalls count from it; None: the first read's start)."""
     servers = len(shards)
     bounds = block_bounds(problem.dim, servers)
-    records, steps = [], []
-    for thread, (drawn, spent) in enumerate(zip(samples, grad_ns, strict=True)):
+    timelines, steps = [], []
+    for thread, spent in enumerate(grad_ns):
         # Its pushes every server applied (a run that stopped may have left its last ones
         # on some servers only: left out, as pushes that never completed).
-        n = min(len(drawn), *(int((shard.thread == thread).sum()) for shard in shards))
+        n = min(len(spent), *(int((shard.thread == thread).sum()) for shard in shards))
         starts, copy_end, arrivals, store_end = (np.zeros((n, servers), dtype=np.int64)
                                                  for _ in range(4))
         step = np.zeros((n, problem.dim), dtype=dtype)
@@ -227,22 +293,77 @@ def pool_trace(problem: Problem, scenario: Scenario, shards: list[Applied],
         read_end = copy_end.max(axis=1)
         grad_end = np.maximum(np.minimum(read_end + np.asarray(spent[:n], dtype=np.int64),
                                          arrivals[:, 0]), read_end)
-        # The trainer's events in its order (its pull's start, each shard's answer, its
-        # compute's end, each part's application; then its next pull), each stamp raised to
-        # the latest before it: a server stamps a part's application after the send that
-        # carried it returned, so its next pull, or the next server, can stamp earlier.
-        events = np.concatenate([starts.min(axis=1)[:, None], copy_end, grad_end[:, None],
-                                 store_end], axis=1)
-        events = np.maximum.accumulate(events.ravel()).reshape(events.shape)
+        # The trainer's events in its order: its pull's start, each shard's answer, its
+        # compute's end, each part's application (then its next pull).
+        timelines.append(np.concatenate([starts.min(axis=1)[:, None], copy_end,
+                                         grad_end[:, None], store_end], axis=1))
+        steps.append(step)
+    _raise(timelines, shards)
+    records = []
+    for thread, events in enumerate(timelines):
+        n = len(events)
         copy_end, store_end = events[:, 1:servers + 1], events[:, servers + 2:]
         times = np.stack([events[:, 0], copy_end[:, -1], events[:, servers + 1],
                           store_end[:, -1]], axis=1)
-        records.append(WorkerRecord(times, copy_end, store_end, np.asarray(drawn[:n])))
-        steps.append(step)
+        records.append(WorkerRecord(
+            times, copy_end, store_end, np.asarray(samples[thread][:n]),
+            None if scales is None else np.asarray(scales[thread][:n], dtype=np.float64),
+            None if injected is None else np.asarray(injected[thread][:n],
+                                                     dtype=np.float64).reshape(n, 3)))
     metrics = scenario.metrics
     trace, loss = merge(records, problem.initial(), w_final, [], scenario_to_toml(scenario),
                         Measure(problem, scenario.run.lr, bounds, dtype, metrics.every,
-                                metrics.curve_points, 0, steps, exact=measure),
+                                metrics.curve_points, scenario.inject.write_bits, steps,
+                                exact=measure),
                         dead=dead, origin=origin)
     assert loss is not None
     return trace, loss
+
+
+def _raise(timelines: list[np.ndarray], shards: list[Applied], rounds: int = 100) -> None:
+    """Raise the stamps of every trainer's events (``timelines``, a row per push: pull start,
+    each shard's answer, compute end, each part's application) in place until each is at
+    least the latest before it in its trainer's order, and each part's application later
+    than the part its server applied before it (``shards``: each server's records, in its
+    order of application), which the trace's block durations and the rebuild's order need:
+    a server stamps an answer or an application after the send that carried it returned, so
+    the next server, or the trainer's next pull, can stamp earlier; raised, a part could
+    pass another one its server applied later, and the rebuild, which applies each shard's
+    parts in their stamps' order, would round them in another order than the server did (a
+    rounding step apart with ``write_bits``). Each sweep only raises, and they end once both
+    orders hold, which they do together in real time unless a server took a later message
+    first; after ``rounds`` sweeps the trainers' order alone is kept."""
+    servers = len(shards)
+    sizes = [len(events) for events in timelines]
+    starts = np.cumsum([0, *sizes])
+    flat = np.concatenate(timelines) if timelines else np.zeros((0, 2 * servers + 2), np.int64)
+    orders = []  # per server: the rows of the parts it applied, in its order
+    for shard in shards:
+        seq = np.zeros(len(shard.thread), dtype=np.int64)
+        for thread in range(len(timelines)):
+            mine = shard.thread == thread
+            seq[mine] = np.arange(int(mine.sum()))
+        kept = seq < np.asarray(sizes, dtype=np.int64)[shard.thread]
+        orders.append(starts[shard.thread[kept]] + seq[kept])
+    spans = list(itertools.pairwise(starts.tolist()))
+
+    def each_trainer() -> None:
+        for lo, hi in spans:
+            flat[lo:hi] = np.maximum.accumulate(flat[lo:hi].ravel()).reshape(hi - lo,
+                                                                             flat.shape[1])
+
+    for _ in range(rounds):
+        each_trainer()
+        moved = False
+        for s, rows in enumerate(orders):
+            column, k = servers + 2 + s, np.arange(len(rows))
+            applied = flat[rows, column]
+            raised = np.maximum.accumulate(applied - k) + k  # (strictly increasing)
+            if (raised != applied).any():
+                flat[rows, column], moved = raised, True
+        if not moved:
+            break
+    else:
+        each_trainer()
+    for events, (lo, hi) in zip(timelines, spans, strict=True):
+        events[:] = flat[lo:hi]

@@ -84,6 +84,14 @@ A trainer whose server is gone (a closed connection, or ``TRAINER_PATIENCE`` tim
 timeout) exits with one line and status ``SERVER_GONE`` (3) when spawned locally, 1 under
 torchrun.
 
+A pool of servers (``paramserver.servers`` S > 1, ``realrun.pool``) holds shard 0 here
+and each other shard on a shard server that decides nothing, so there the trainer draws its
+own delays, errors and drops (the same draws, ``_draw``, from the same stream, in the same
+order): it sends its pull's τ with the pull, adds the error to its gradient and sends each
+push's ‖e‖ and drop with it (a lost push as headers alone); this server answers with its
+shard τ versions back and takes the schedule's factor at m = the pushes it received + 1,
+which it sends the trainer back for the other shards' parts.
+
 Launch: ``asyngrad real SCENARIO --backend ps --workers K`` starts the server in that
 process and K trainer processes on loopback (``--servers S``: and S − 1 shard servers, a
 pool: ``realrun.pool``); on several machines each node runs
@@ -112,13 +120,21 @@ from typing import Any
 
 import numpy as np
 
-from realrun.pool import Applied, ShardBuffers, ShardServers, pool_trace, shard_main
+from realrun.pool import (
+    Applied,
+    ShardBuffers,
+    ShardServers,
+    pool_trace,
+    round_stored,
+    shard_main,
+)
 from realrun.runner import DTYPES, _one_of
 from realrun.support import recorded, refuse_unsupported
 from realrun.timeline import hardware_loss
 from realrun.worker import (
     Consensus,
     Slowed,
+    _injector,
     _Solver,
     another_problem,
     one_thread_each,
@@ -152,7 +168,10 @@ _POLL_S = 0.25  # how often a local server looks at its trainer processes
 #: and reports, not a healthy trainer that waited for its answer.
 TRAINER_PATIENCE = 2.0
 SERVER_GONE = 3  # a local trainer's exit status when it lost the server
-_HEADER = 4  # kind, sender rank, version read, gradients in the push; then samples, then ns
+# kind, sender rank, version read (a pull: the injected delay its trainer drew, with a pool),
+# gradients in the push; then per gradient (``accumulate`` slots each) its sample, its compute
+# time (ns) and, from a pool's trainer, its ‖e‖ (float64 bits) and whether it is lost
+_HEADER = 4
 DEFAULT_ADDR = "127.0.0.1"
 
 
@@ -258,12 +277,21 @@ class _Server:
     lock: Any = field(default_factory=contextlib.nullcontext)
     rebuilt: np.ndarray | None = None
     pooled: bool = False  # a pool's coordinating server: it holds shard 0, measures nothing
+    asked: dict[int, int] = field(default_factory=dict)  # a pool's: rank: τ its pull drew
     resume: dict[int, int] = field(default_factory=dict)  # rank: its pause's end (ns)
     consensus: _Consensus | None = None  # run.protocol = admm: the x_i, the residuals
 
 
 def _header_size(accumulate: int) -> int:
-    return _HEADER + 2 * accumulate
+    return _HEADER + 4 * accumulate
+
+
+def _carried(header: Any, n: int, accumulate: int) -> tuple[list[float], list[bool]]:
+    """What a pool's trainer drew for the ``n`` gradients of its push (``header``): each
+    one's ‖e‖ and whether its write is lost."""
+    at = _HEADER + 2 * accumulate
+    norms = header[at:at + n].numpy().copy().view(np.float64).tolist()
+    return norms, [bool(x) for x in header[at + accumulate:at + accumulate + n].tolist()]
 
 
 def _apart(scenario: Scenario) -> bool:
@@ -305,12 +333,9 @@ def serve(problem: Problem, scenario: Scenario, trainers: int, timeout: float,
                                      scenario.admm.rho)
     x_i = torch.zeros(problem.dim if admm else 0, dtype=torch.float64)  # (ADMM's, pushed)
     inject = scenario.inject
-    if inject.max_delay or inject.error != "none" or inject.drop or inject.write_bits:
-        from simulator.inject import Injector
-
-        state.injector = Injector(inject, scenario.run.seed, trainers,
-                                  problem.optimum()[0] if inject.error == "adversarial"
-                                  else np.zeros(problem.dim))
+    if pool is None:  # (a pool's trainers draw their own: ``train``)
+        state.injector = _injector(scenario, problem, trainers)
+    scheduled = scenario.run.lr_schedule in LR_FACTORS
     if inject.max_delay:
         state.ring = np.tile(state.w, (inject.max_delay + 1, 1))
     if options.lock_free and options.fraction == 0:  # (a round's mean is one write)
@@ -360,14 +385,20 @@ def serve(problem: Problem, scenario: Scenario, trainers: int, timeout: float,
                 break
             with state.lock:  # (a lock-free server's update threads count completions)
                 if kind == PULL:
+                    if pool is not None:
+                        state.asked[source] = int(header[2])
                     if state.t0 is None and (inject.pauses or inject.deaths):
                         state.t0 = arrived
                         state.stalls = [Slowed(inject, t, arrived) for t in range(trainers)]
                     _pull(state, source, arrived)
                 elif kind == PUSH:
                     n, ns = int(header[3]), _HEADER + options.accumulate
+                    norms, drops = (_carried(header, n, options.accumulate)
+                                    if pool is not None else ([], []))
+                    lost_push = bool(drops and drops[-1])  # (then no step follows)
                     try:
-                        receive(steps[:n * problem.dim] if apart else step, source)
+                        if not lost_push:
+                            receive(steps[:n * problem.dim] if apart else step, source)
                         if state.consensus is not None:
                             receive(x_i, source)
                     except RuntimeError as err:
@@ -378,8 +409,9 @@ def serve(problem: Problem, scenario: Scenario, trainers: int, timeout: float,
                                  [int(s) for s in header[_HEADER:_HEADER + n]],
                                  *state.pulled[source][:2], arrived,
                                  [int(t) for t in header[ns:ns + n]], int(header[2]),
-                                 step.numpy().astype(dtype) if not apart
-                                 else np.zeros(0, dtype))
+                                 np.zeros(0, dtype) if apart else np.zeros(size, dtype)
+                                 if lost_push else step.numpy().astype(dtype),
+                                 errors=norms, lost=drops)
                     if apart:
                         push.parts = list(steps[:n * problem.dim].numpy().astype(dtype)
                                           .reshape(n, problem.dim))
@@ -387,6 +419,8 @@ def serve(problem: Problem, scenario: Scenario, trainers: int, timeout: float,
                     state.seq[source] = push.seq + n
                     state.gradients += n
                     _push(state, push)
+                    if pool is not None and scheduled and not lost_push:
+                        _factor_back(state, push)
                     if progress:
                         progress(n)
                 elif kind == REFUSED:
@@ -548,7 +582,8 @@ class _PeerFailed(Exception):
 def _answer(state: _Server, source: int, arrived: int) -> None:
     """Send a trainer that pulled the version, the gradients it may compute (at most
     ``accumulate`` of the budget left; none for a retired trainer, and then no vector) and
-    the vector (with injected delays: as it was τ versions back, τ drawn now); a send waits
+    the vector (with injected delays: as it was τ versions back, τ drawn now, or by a pool's
+    trainer for its pull, clipped at the version); a send waits
     at most the receive timeout (gloo's sends wait for the receiver, so a hung trainer
     blocks them)."""
     import torch
@@ -564,7 +599,9 @@ def _answer(state: _Server, source: int, arrived: int) -> None:
         # (a lock-free server's vector changes under a send: one copy is sent and recorded)
         vector = state.w if state.appliers is None else state.w.copy()
         if state.ring is not None:  # an injected delay: the vector τ versions back
-            tau = min(state.injector.delay(source - 1), state.version)
+            drawn = (state.asked[source] if state.pooled
+                     else state.injector.delay(source - 1))
+            tau = min(drawn, state.version)
             if tau:
                 vector = state.ring[(state.version - tau) % len(state.ring)]
         tensors.append(torch.from_numpy(vector))
@@ -609,7 +646,7 @@ def _push(state: _Server, push: _Push) -> None:
     if not _kept(state, push):
         return
     state.w -= push.step
-    if state.injector is not None and state.injector.bits:
+    if state.scenario.inject.write_bits:
         _round_stored(state, push)
     _complete(state, [push])
 
@@ -706,54 +743,79 @@ def _subtract(w: np.ndarray, step: np.ndarray) -> None:
     np.subtract(w, step, out=w)
 
 
+def _draw(injector: Any, thread: int, g: np.ndarray, w_read: np.ndarray,
+          support: np.ndarray | None) -> tuple[np.ndarray, float, bool]:
+    """One gradient's injections, from ``thread``'s stream of the simulator's injector in
+    the simulator's order (``simulator.engine``: the error, then the drop): ``g`` (its
+    values over ``support``; None: dense) with its error added, computed at ``w_read``
+    (an adversarial error's), ‖e‖, and whether its write is lost. The one server draws them
+    as a push arrives (``_inject``), a pool's trainer as it computes (``_gradients``)."""
+    norm = 0.0
+    if injector.errors:
+        g, norm = injector.error(thread, g, w_read, support)
+    return g, norm, injector.dropped(thread)
+
+
 def _inject(state: _Server, push: _Push) -> None:
-    """Each gradient's injected error and drop, drawn from the trainer's thread's stream in
-    the simulator's order. An error is added to its gradient: the push's one, or, with
-    ``accumulate`` > 1, each of the gradients the trainer then sends apart (``push.parts``:
-    dense, as the simulator's accumulated gradients), whose mean is the push."""
-    injector, thread = state.injector, push.thread
+    """Each gradient's injected error and drop (:func:`_draw`). An error is added to its
+    gradient, lr·g / lr (g to rounding): the push's one, or, with ``accumulate`` > 1, each
+    of the gradients the trainer then sends apart (``push.parts``: dense, as the
+    simulator's accumulated gradients), whose mean is the push."""
+    injector, thread, lr = state.injector, push.thread, state.scenario.run.lr
+    w_read = state.sent.get(thread + 1, state.w)  # (only adversarial errors use it)
     if push.parts is not None:
-        lr = state.scenario.run.lr
-        w_read = state.sent.get(thread + 1, state.w)
         for part in push.parts:
-            g, norm = injector.error(thread, part.astype(np.float64) / lr, w_read, None)
+            g, norm, lost = _draw(injector, thread, part.astype(np.float64) / lr, w_read,
+                                  None)
             np.copyto(part, lr * g, casting="same_kind")
             push.errors.append(norm)
-            push.lost.append(injector.dropped(thread))
+            push.lost.append(lost)
         push.step, push.parts = mean_step(push.parts), None  # (the parts are not kept)
         return
     for sample in push.samples:
-        norm = 0.0
+        support = state.problem.support(sample) if injector.errors else None
+        g = push.step.astype(np.float64) / lr if injector.errors else push.step
+        g, norm, lost = _draw(injector, thread, g if support is None else g[support],
+                              w_read, support)
         if injector.errors:
-            support = state.problem.support(sample)
-            lr = state.scenario.run.lr
-            g = push.step.astype(np.float64) / lr
-            w_read = state.sent.get(thread + 1, state.w)  # (only adversarial errors use it)
             if support is None:
-                g, norm = injector.error(thread, g, w_read, None)
                 np.copyto(push.step, lr * g, casting="same_kind")
             else:
-                part, norm = injector.error(thread, g[support], w_read, support)
-                push.step[support] = lr * part
+                push.step[support] = lr * g
         push.errors.append(norm)
-        push.lost.append(injector.dropped(thread))
+        push.lost.append(lost)
 
 
 def _round_stored(state: _Server, push: _Push) -> None:
     """``inject.write_bits``: round the values the push stored (its samples' supports)."""
+    bits = state.scenario.inject.write_bits
     supports = [state.problem.support(s) for s in push.samples]
     if (state.scenario.paramserver.accumulate > 1 or state.consensus is not None
-            or any(s is None for s in supports)):
+            or state.pooled or any(s is None for s in supports)):
         # dense: every value (accumulated pushes are, as the simulator's: errors reach every
-        # coordinate; an ADMM push moves every coordinate)
-        rounded = state.w.astype(np.float64)
-        state.injector.quantize(rounded)
-        np.copyto(state.w, rounded, casting="same_kind")
+        # coordinate; an ADMM push moves every coordinate; a pool's shard: as every shard
+        # server rounds its own, ``realrun.pool``)
+        round_stored(state.w, bits)
         return
     touched = np.unique(np.concatenate([s for s in supports if s is not None]))
-    values = state.w[touched].astype(np.float64)
-    state.injector.quantize(values)
+    values = state.w[touched]
+    round_stored(values, bits)
     state.w[touched] = values
+
+
+def _factor_back(state: _Server, push: _Push) -> None:
+    """A pool's schedule: send the trainer the factor its push took here, on shard 0's part
+    (the coordinating server's, at m = the pushes it received + 1), for the parts it sends
+    the shard servers."""
+    import torch
+    import torch.distributed as dist
+
+    try:
+        work: Any = dist.isend(torch.tensor([push.scale], dtype=torch.float64),
+                               push.thread + 1)
+        work.wait(state.wait)
+    except RuntimeError as err:
+        raise _PeerFailed(push.thread + 1, err, "took no factor for its push") from None
 
 
 def _factor(state: _Server) -> float:
@@ -930,7 +992,13 @@ def train(problem: Problem, scenario: Scenario, rank: int, trainers: int, timeou
           dtype: str = "float32") -> None:
     """A trainer's loop (rank ≥ 1 of an initialised gloo group): pull, compute the gradients
     the server granted, push their mean step (under ADMM: solve, push, send x_i), until a
-    pull is granted none; then say done. Raises RuntimeError when the server is gone."""
+    pull is granted none; then say done. On a pool (``paramserver.servers`` > 1) it goes
+    shard by shard and draws its own injections from its thread's stream in the simulator's
+    order: each update's τ before its first pull (sent with it, and with every shard's;
+    a paused pull pulls again with it), then its gradient's error and drop (:func:`_draw`),
+    which it sends with the push (a lost push: headers alone); with a schedule it waits for
+    the factor the coordinating server gave shard 0's part and scales the other parts by
+    it. Raises RuntimeError when the server is gone."""
     import torch
     import torch.distributed as dist
 
@@ -951,14 +1019,23 @@ def train(problem: Problem, scenario: Scenario, rank: int, trainers: int, timeou
     wait = datetime.timedelta(seconds=timeout)
     shards = (ShardServers(trainers, options.servers, problem.dim, wait)
               if options.servers > 1 else None)  # a pool: shard 0 on rank 0, then these
+    # A pool's trainer draws its own injections (the one server draws them itself).
+    injector = None if shards is None else _injector(scenario, problem, trainers)
+    scheduled = shards is not None and scenario.run.lr_schedule in LR_FACTORS
+    factor = torch.zeros(1, dtype=torch.float64)
+    slots = options.accumulate  # (the header's, per gradient)
+    delay: int | None = None
 
     def receive(tensor: Any) -> None:
         work: Any = dist.irecv(tensor, 0)
         work.wait(wait)
 
     while True:
+        if delay is None:  # drawn as the simulator's read starts, once per update
+            delay = (injector.delay(rank - 1) if injector is not None and injector.max_delay
+                     else 0)
         header.zero_()
-        header[:2] = torch.tensor([PULL, rank])
+        header[:3] = torch.tensor([PULL, rank, delay])
         dist.send(header, 0)
         receive(reply)
         granted, hold = int(reply[1]), int(reply[2])
@@ -969,19 +1046,32 @@ def train(problem: Problem, scenario: Scenario, rank: int, trainers: int, timeou
             break
         receive(w if shards is None else w[:shards.first])
         if shards is not None:
-            shards.pull(rank, w)
+            shards.pull(rank, w, delay)
+        delay = None
         local = w.numpy().astype(np.float64)
-        drawn, pushed, spent = (_gradients(problem, scenario, local, granted, stream, straggles)
-                                if solver is None else _solve(solver, local, stream, straggles))
+        drawn, pushed, spent, norms, lost = (
+            _gradients(problem, scenario, local, granted, stream, straggles, injector,
+                       rank - 1)
+            if solver is None else _solve(solver, local, stream, straggles))
         step = torch.from_numpy(pushed).to(torch_dtype)
         header.zero_()
         header[:_HEADER + granted] = torch.tensor([PUSH, rank, int(reply[0]), granted, *drawn])
-        ns = _HEADER + options.accumulate
-        header[ns:ns + granted] = torch.tensor(spent)
+        at = _HEADER + slots
+        header[at:at + granted] = torch.tensor(spent)
+        if norms:  # (a pool's trainer's draws)
+            header[at + slots:at + slots + granted] = torch.from_numpy(
+                np.asarray(norms, dtype=np.float64).view(np.int64))
+            header[at + 2 * slots:at + 2 * slots + granted] = torch.tensor(lost)
+        dropped = bool(lost and lost[-1])  # lost in transit: no step goes anywhere
         dist.send(header, 0)
-        dist.send(step if shards is None else step[:shards.first], 0)
+        if not dropped:
+            dist.send(step if shards is None else step[:shards.first], 0)
         if shards is not None:
-            shards.push(rank, step)
+            if scheduled and not dropped:  # the factor shard 0's part took
+                receive(factor)
+                rest = step.numpy()[shards.first:]
+                rest *= float(factor[0])
+            shards.push(rank, step, dropped)
         if solver is not None:  # its x_i, for the server's residuals
             dist.send(torch.from_numpy(solver.x), 0)
     header.zero_()
@@ -992,29 +1082,46 @@ def train(problem: Problem, scenario: Scenario, rank: int, trainers: int, timeou
 
 
 def _gradients(problem: Problem, scenario: Scenario, local: np.ndarray, granted: int,
-               stream: Any, straggles: Slowed) -> tuple[list[int], np.ndarray, list[int]]:
+               stream: Any, straggles: Slowed, injector: Any = None, thread: int = 0
+               ) -> tuple[list[int], np.ndarray, list[int], list[float], list[bool]]:
     """The ``granted`` gradients' samples, the push (their mean step, or with errors their
-    steps apart: ``_apart``) and each one's compute time: each step lr·g at ``local``, as
-    the simulator's update computes it."""
-    drawn, steps, spent = [], [], []
+    steps apart: ``_apart``), each one's compute time and, with a pool trainer's
+    ``injector``, each one's ‖e‖ and drop (:func:`_draw`, from ``thread``'s stream): each
+    step lr·g at ``local`` (g with its error over its support), as the simulator's update
+    computes it."""
+    drawn, steps, spent, norms, lost = [], [], [], [], []
+    lr = scenario.run.lr
     for _ in range(granted):
         began = time.monotonic_ns()
         drawn.append(int(stream.take()))
-        steps.append(scenario.run.lr * problem.dense_grad(local, drawn[-1]))
+        if injector is None:
+            steps.append(lr * problem.dense_grad(local, drawn[-1]))
+        else:
+            g, support = problem.grad(local, drawn[-1])
+            g, norm, dropped = _draw(injector, thread, g, local, support)
+            g *= lr  # (a new array: the problem's, or g + e)
+            if support is not None:
+                g, values = np.zeros(problem.dim), g
+                g[support] = values
+            steps.append(g)
+            norms.append(norm)
+            lost.append(dropped)
         straggles.stretch(began)  # a straggler's compute takes factor times as long
         spent.append(time.monotonic_ns() - began)
-    return drawn, np.concatenate(steps) if _apart(scenario) else mean_step(steps), spent
+    return (drawn, np.concatenate(steps) if _apart(scenario) else mean_step(steps), spent,
+            norms, lost)
 
 
-def _solve(solver: _Solver, z: np.ndarray, stream: Any,
-           straggles: Slowed) -> tuple[list[int], np.ndarray, list[int]]:
+def _solve(solver: _Solver, z: np.ndarray, stream: Any, straggles: Slowed
+           ) -> tuple[list[int], np.ndarray, list[int], list[float], list[bool]]:
     """ADMM's one update at the pulled ``z``: the row's sample (the first local one), the
-    push (``simulator.rules.admm_push``, in place on the solver's x_i and u_i) and the
-    solve's compute time (a straggler's stretched, as a CPU worker's solve)."""
+    push (``simulator.rules.admm_push``, in place on the solver's x_i and u_i), the solve's
+    compute time (a straggler's stretched, as a CPU worker's solve) and no draws (the
+    server draws an ADMM push's)."""
     began = time.monotonic_ns()
     step, sample = solver.push(z, int(stream.take()))  # (the stream's: an empty shard's)
     straggles.stretch(began)
-    return [sample], step, [time.monotonic_ns() - began]
+    return [sample], step, [time.monotonic_ns() - began], [], []
 
 
 @dataclass(frozen=True)
@@ -1213,9 +1320,11 @@ class _Pool:
         # A shard server hears nothing from a paused trainer (the coordinating server
         # answers its pulls): its receives wait out every pause besides the timeout.
         patience = timeout + sum(p.end - p.start for p in scenario.inject.pauses) / 1e9
+        inject = scenario.inject
         return cls(shards, [context.Process(target=shard_main, daemon=True, args=(
             s, world, address, port, trainers, buffers[s - 1], patience,
-            _group_timeout(patience))) for s in range(1, servers)], buffers)
+            _group_timeout(patience), inject.write_bits, inject.max_delay))
+            for s in range(1, servers)], buffers)
 
     def trace(self, state: _Server, measure: bool, dtype: str, failed: bool
               ) -> tuple[Trace, dict[str, Any], dict[str, Any] | None]:
@@ -1238,14 +1347,20 @@ class _Pool:
                         column("arrival"), column("write_end"),
                         np.asarray([p.step for p in pushes]).reshape(len(pushes),
                                                                      state.w.size))
-        threads = range(state.trainers)
+
+        def each(value: Callable[[_Push], Any]) -> list[list[Any]]:  # per thread, its order
+            return [[value(p) for p in pushes if p.thread == t] for t in range(state.trainers)]
+
         return *pool_trace(state.problem, state.scenario,
                           [first, *(b.applied() for b in self.buffers)],
                           np.concatenate([state.w, *(b.w.numpy() for b in self.buffers)])
                           .astype(np.float64),
-                          [[p.samples[0] for p in pushes if p.thread == t] for t in threads],
-                          [[p.grad_ns[0] for p in pushes if p.thread == t] for t in threads],
-                          dtype, measure, sorted(state.dead), state.t0), stopped
+                          each(lambda p: p.samples[0]), each(lambda p: p.grad_ns[0]),
+                          dtype, measure, sorted(state.dead), state.t0,
+                          each(lambda p: p.scale),
+                          each(lambda p: (p.errors[0] if p.errors else 0.0,
+                                          float(p.lost[0]) if p.lost else 0.0, p.delay))
+                          ), stopped
 
 
 def _dead_server(processes: list[Any]) -> dict[str, Any] | None:

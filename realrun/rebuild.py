@@ -206,7 +206,8 @@ def rebuild(problem: Problem, lr: float, bounds: list[int], dtype: str, every: i
     samples whose mean step row i's stores subtracted (a synchronous round: its writer's row
     holds the round's mean step; the other members' rows store nothing and are not
     measured, as in the simulator). ``exact`` false: the loss curve alone, no row measured
-    (updates that are not SGD steps: ADMM's pushes).
+    (updates that are not SGD steps: ADMM's pushes, each of which moves every coordinate, so
+    ``bits`` rounds a store's whole block, as the workers' dense pushes stored it).
     """
     n = len(store_end)
     w = problem.initial().astype(dtype)
@@ -230,7 +231,8 @@ def rebuild(problem: Problem, lr: float, bounds: list[int], dtype: str, every: i
         lo, hi = bounds[block], bounds[block + 1]
         w[lo:hi] -= steps[int(thread[row])][int(seq[row]), lo:hi]
         if bits and not (dropped is not None and dropped[row]):
-            _round_touched(w, lo, hi, problem.support(int(samples[row])), bits)
+            _round_touched(w, lo, hi, problem.support(int(samples[row])) if exact else None,
+                           bits)
         remaining[row] -= 1
         if remaining[row] == 0:
             completed += 1

@@ -49,8 +49,8 @@ _SIMULATED_MACHINE = ("describes the simulated machine; a real run has the hardw
 _NO_INJECTION = {"ps": "the parameter server injects every fault but into rounds",
                  "cuda": "CUDA and thread workers inject stragglers, pauses and deaths, not "
                  "into their updates (simulate it)",
-                 "admm": "real ADMM workers inject delays, stragglers, pauses and deaths, "
-                 "not into their pushes (simulate it)",
+                 "admm": "real ADMM workers inject delays, drops, rounded stores and stalls, "
+                 "no errors (the simulator's admm adds none to its local solves)",
                  "ps-admm": "the parameter server's ADMM injects delays, drops, rounded "
                  "stores and stalls, no errors (the simulator's admm adds none to its local "
                  "solves)"}
@@ -83,7 +83,9 @@ SUPPORT: tuple[tuple[str, str, str], ...] = (
     ("`run.lr_schedule`", "honoured: the factor at m = the updates a worker sees completed "
      "when its write begins, + 1 (a round's: exact)",
      "honoured: the server's factor at m = the versions applied when a push arrives + 1 (a "
-     "round's: when it closes), as the simulator's server takes it"),
+     "round's: when it closes), as the simulator's server takes it; with a pool the "
+     "coordinating server's, at m = the pushes it received + 1 when a push's shard 0 "
+     "arrives, sent back to the trainer, which scales the other shards' parts by it"),
     ("`run.split`", "recorded: `even`", "refused unless `shared`"),
     ("`[hardware.sweeping_reads]`", "recorded: set (dense), unset (sparse, `minibatch`, "
      "`roundrobin`); a "
@@ -105,14 +107,19 @@ SUPPORT: tuple[tuple[str, str, str], ...] = (
      "history of the last completions' vectors); `pauses` honoured before an "
      "update's read; `stragglers` honoured: each phase takes `factor` (>= 1) times as long (a "
      "read's copy and a write's stores at its end); `deaths` honoured: the worker stops "
-     "before its first update after its time (not with `roundrobin`); in rounds "
+     "before its first update after its time (with `roundrobin` it keeps its turn for good, "
+     "as the simulator's dead thread does: every other worker stops there, every write "
+     "before that turn made, and the run ends early; one stopped that way with a death of "
+     "its own is dead too); in rounds "
      "(`minibatch`, `allreduce`) all of these as the simulator's minibatch: τ counts rounds, "
      "a round's one write (worker 0's; the simulator's: the last to arrive) is lost where "
      "its writer's draw drops it and stretched where its writer straggles, and a death "
      "leaves the dead worker's round waiting for good: every other worker stops there and "
      "the run ends early (one with a death of its own is dead too); with `--measure` on a "
-     "sparse problem `write_bits` refused; under `admm` only "
-     "delays, stragglers, pauses and deaths; torch workers (CUDA, `--launch threads`) run "
+     "sparse problem `write_bits` refused; under `admm` delays, drops, `write_bits` (every "
+     "value: a push is dense; the dual residual's Δz is what the rounded stores changed, a "
+     "dropped push's 0), stragglers, pauses and deaths, `error` refused (the simulator's "
+     "admm adds none to its local solves); torch workers (CUDA, `--launch threads`) run "
      "stragglers, pauses and deaths the same way, no other injection (a "
      "field that injects nothing, such as `error_bound` without an `error`, is accepted)",
      "`delay`, `error` (with `accumulate` > 1 the trainers send each gradient apart), `drop` "
@@ -125,7 +132,12 @@ SUPPORT: tuple[tuple[str, str, str], ...] = (
      "no gradients (the push in flight lands, as on CPU workers); these not with rounds; "
      "`stragglers` honoured by the trainer: its gradients take `factor` (>= 1) times as long "
      "(the simulator's straggler is slower in its compute and memory phases, not its link; "
-     "the pull's and push's copies are the server's); under `admm` the same delays, drops, "
+     "the pull's and push's copies are the server's); with a pool (`paramserver.servers` > "
+     "1) `delay`, `error`, `drop` and `write_bits` as well, drawn by the trainer from the "
+     "same stream in the same order: each server answers a pull with its shard τ of its "
+     "versions back (a version: a push it received), a lost push is a header to every "
+     "server, which counts it as a version that changes nothing, and each server rounds "
+     "its own stores; under `admm` the same delays, drops, "
      "`write_bits` (every value: a push is dense), pauses, deaths and stragglers (the local "
      "solve takes `factor` times as long), `error` refused"),
     ("`[paramserver]`", "inert", "honoured (`rule`: on each push the server keeps, as it "
@@ -136,9 +148,9 @@ SUPPORT: tuple[tuple[str, str, str], ...] = (
      "serving one message at a time; S > 1, a pool on one machine (`--servers S`): shard 0 "
      "on the coordinating server, each other shard on a server process of its own, every "
      "trainer pulling and pushing shard by shard, each server serving its messages one at "
-     "a time; with a pool every other `[paramserver]` option, `run.lr_schedule`, `delay`, "
-     "`error`, `drop` and `write_bits` refused (a shard server decides nothing on a push), "
-     "not under torchrun); under `admm` refused unless default"),
+     "a time; with a pool every other `[paramserver]` option refused (a shard server "
+     "decides nothing on a push), not under torchrun); under `admm` refused unless "
+     "default"),
     ("`[dcasgd]`", "honoured with `dcasgd`, else inert",
      "honoured with `paramserver.rule = dcasgd`, else inert"),
     ("`[admm]`", "honoured with `admm` (CPU worker processes), else inert",
@@ -233,7 +245,7 @@ def _unsupported(scenario: Scenario, backend: str, mode: str) -> tuple[str, Any,
             or _changed("hardware", hardware, HardwareSpec())
             or _devices(scenario)
             or _injected(scenario.inject, *_injections(backend, mode))
-            or _stalls(scenario.inject, mode))
+            or _stalls(scenario.inject))
 
 
 def _changed(section: str, spec: Any, default: Any,
@@ -262,19 +274,16 @@ def _devices(scenario: Scenario) -> tuple[str, Any, str] | None:
 #: The injections CPU worker processes run: delays, errors, drops and rounded stores, which
 #: the simulator's injector draws update by update (``realrun.worker._injector``; delays read
 #: ``realrun.worker.History``); stragglers, pauses and deaths (``realrun.worker.Slowed``),
-#: in rounds too (``realrun.worker.Rounds``); under ADMM delays and those three.
+#: in rounds and turns too (``realrun.worker.Rounds``, ``realrun.worker.Turns``); under ADMM
+#: (CPU workers and the server) all but errors, which the simulator's admm does not add.
 STALLS = ("stragglers", "pauses", "deaths")
 DELAYS = ("delay", "delay_dist", "delay_max")
 VALUE_INJECTIONS = (*DELAYS, "error", "drop", "write_bits", *STALLS)
+ADMM_INJECTIONS = (*DELAYS, "drop", "write_bits", *STALLS)
 
 
-def _stalls(inject: InjectSpec, mode: str) -> tuple[str, Any, str] | None:
-    """A fault real workers cannot run: a death under turns (the simulator's roundrobin
-    stalls for good waiting for the dead worker's turn and ends the run; real turns would
-    wait until the timeout), or a straggler faster than its core."""
-    if inject.deaths and mode == "roundrobin":
-        return ("inject.deaths", [dataclasses.asdict(d) for d in inject.deaths],
-                "a fixed turn order waits for a dead worker for good")
+def _stalls(inject: InjectSpec) -> tuple[str, Any, str] | None:
+    """A fault real workers cannot run: a straggler faster than its core."""
     for i, straggler in enumerate(inject.stragglers):
         if straggler.factor < 1:
             return (f"inject.stragglers.{i}.factor", straggler.factor,
@@ -283,42 +292,33 @@ def _stalls(inject: InjectSpec, mode: str) -> tuple[str, Any, str] | None:
 
 
 #: What a pool's shard servers cannot do: each applies the parts it receives as they arrive
-#: and decides nothing (``realrun.pool``).
+#: and decides nothing on a push (``realrun.pool``; the trainer draws the injections, the
+#: coordinating server gives the schedule's factor).
 _POOL_DECIDES = ("a pool's shard servers apply each push's part as it arrives and decide "
                  "nothing on it (paramserver.servers > 1)")
 
 
 def _pooled(scenario: Scenario) -> tuple[str, Any, str] | None:
-    """What a pool of parameter servers (``paramserver.servers`` > 1) refuses."""
-    run, options, inject = scenario.run, scenario.paramserver, scenario.inject
+    """What a pool of parameter servers (``paramserver.servers`` > 1) refuses: another
+    number of blocks than servers, and every other ``[paramserver]`` option."""
+    run, options = scenario.run, scenario.paramserver
     if run.blocks != options.servers:
         return ("run.blocks", run.blocks, f"each of the {options.servers} real servers "
                 "holds one shard: run.blocks must equal paramserver.servers")
-    found = _changed("paramserver", dataclasses.replace(options, servers=0),
-                     ParamServerSpec(), _POOL_DECIDES)
-    if found is not None:
-        return found
-    if run.lr_schedule != "constant":
-        return "run.lr_schedule", run.lr_schedule, _POOL_DECIDES
-    if inject.max_delay:
-        name = "delay" if inject.delay_dist == "fixed" else "delay_max"
-        return f"inject.{name}", getattr(inject, name), _POOL_DECIDES
-    for name in ("error", "drop", "write_bits"):
-        if getattr(inject, name) != getattr(InjectSpec(), name):
-            return f"inject.{name}", getattr(inject, name), _POOL_DECIDES
-    return None
+    return _changed("paramserver", dataclasses.replace(options, servers=0),
+                    ParamServerSpec(), _POOL_DECIDES)
 
 
 def _injections(backend: str, mode: str) -> tuple[tuple[str, ...], str]:
     """The injections ``backend`` runs in ``mode``, and why it runs no others."""
     if backend == "ps":
         if mode == "admm":  # (an error would change a gradient the local solve never adds)
-            return (*DELAYS, "drop", "write_bits", *STALLS), _NO_INJECTION["ps-admm"]
+            return ADMM_INJECTIONS, _NO_INJECTION["ps-admm"]
         return VALUE_INJECTIONS, _NO_INJECTION[backend]
     if backend != "shm":
         return STALLS, _NO_INJECTION[backend]
     if mode == "admm":
-        return (*DELAYS, *STALLS), _NO_INJECTION["admm"]
+        return ADMM_INJECTIONS, _NO_INJECTION["admm"]
     return VALUE_INJECTIONS, ""
 
 

@@ -7,10 +7,10 @@ Hogwild! update); ``blocklock`` holds one lock per block across that block's rea
 (no store is lost, reads stay unlocked and can tear); ``locked`` holds one lock across the whole
 update; ``minibatch`` runs synchronous rounds (:class:`Rounds`: each worker leaves its step
 in a slot, worker 0 subtracts the round's mean step once all have, nobody reads until it
-has); ``admm`` runs asynchronous consensus ADMM (:class:`Consensus`). Every timestamp comes
-from
-``time.monotonic_ns()`` (one clock for all processes) and goes into preallocated shared
-buffers: no locks, no I/O, no allocation of records inside the loop.
+has); ``admm`` runs asynchronous consensus ADMM (:class:`Consensus`); ``roundrobin`` takes
+turns (:class:`Turns`). Every timestamp comes from ``time.monotonic_ns()`` (one clock for all
+processes) and goes into preallocated shared buffers: no locks, no I/O, no allocation of
+records inside the loop.
 """
 
 from __future__ import annotations
@@ -140,7 +140,13 @@ class Turns:
     workers' first reads (a = min(k, T)), then worker r's i-th write is turn a + i·a + r and
     holds on through the read of its next update (a worker with no next update leaves the
     rotation), so every read is the vector right after the reader's own write and, from the
-    a-th update on, every gradient is applied a − 1 updates late."""
+    a-th update on, every gradient is applied a − 1 updates late.
+
+    A worker that dies (``[[inject.deaths]]``, before its next update, so holding the turn of
+    its last write; before its first: the turn of its first read) keeps its place for good,
+    as the simulator's dead thread does: every other worker's wait sees its status and stops
+    there (:class:`Stalled`, as a round's members do), with every write before the dead
+    worker's turn made, and the run ends early."""
 
     turn: Any  # (1,) int64 shared: the turns passed
     active: int  # a: the workers that make updates
@@ -155,7 +161,13 @@ class Consensus:
     the gradient phase) and adds its push to z under a lock per block (the write: an atomic
     add, as the simulator's). Its x_r, published in ``xs[r]`` once the solve ends, lets the
     writer of each push compute the residuals after it (``simulator.rules.admm_residuals``,
-    outside the timed phases), with Δz = the push itself."""
+    outside the timed phases), with Δz = the push itself.
+
+    ``[inject]`` as in the simulator's admm, drawn from the worker's thread's stream like
+    every other mode's: a delay (z pulled τ pushes back, :class:`History`), a dropped push
+    (its time passes, z keeps its value, x_r and u_r move on: Δz = 0) and rounded stores
+    (every coordinate of the push; Δz = what the rounded stores changed); no error (the
+    simulator's admm adds none to its local solves)."""
 
     xs: Any  # (workers, d) float64 shared: each worker's local copy x_r
 
@@ -253,12 +265,13 @@ class _Solver:
         straggler's stretch), when the simulator's thread sets it."""
         np.copyto(self.row, self.x)
 
-    def residuals(self, z: np.ndarray, step: np.ndarray) -> tuple[float, float]:
-        """The primal and dual residuals just after this worker's push of ``step``."""
+    def residuals(self, z: np.ndarray, moved: np.ndarray | None) -> tuple[float, float]:
+        """The primal and dual residuals just after this worker's push moved z by ``moved``
+        (its push, or what its rounded stores changed; None: it was dropped, Δz = 0)."""
         from simulator.rules import admm_residuals
 
-        return admm_residuals(self.xs, z, np.asarray(step, dtype=np.float64),
-                              self.options.rho)
+        moved = np.zeros(z.size) if moved is None else np.asarray(moved, dtype=np.float64)
+        return admm_residuals(self.xs, z, moved, self.options.rho)
 
 
 # With more workers than CPUs a waiting worker looks this many times (about 1 µs each),
@@ -506,7 +519,8 @@ class _Barrier:
         nobody subtracts alone).
 
         Raises:
-            Stalled: a worker died (``wait`` says so): the round waits for it for good."""
+            Stalled: a worker died (``wait`` says so): the round waits for it for good (or
+                Died, :func:`_stalled`)."""
         from simulator.rules import mean_step
 
         rounds, flags, slots = self.rounds, self.flags, self.slots
@@ -537,17 +551,18 @@ class _AllReduce:
     m, for the last round). Two marks travel with each round's sum: whether worker 0's
     write is dropped (its draw decides the round's, on every replica) and how many members
     died before it. A sum waits up to 120 s, plus ``paused_ns`` (the injected pauses, for
-    which the others wait)."""
+    which the others wait). ``mortal``: this worker has a death of its own
+    (:func:`_stalled`)."""
 
     def __init__(self, rounds: Rounds, rank: int, workers: int, w: np.ndarray,
-                 paused_ns: int = 0) -> None:
+                 paused_ns: int = 0, mortal: bool = False) -> None:
         import datetime
 
         import torch.distributed as dist
 
         dist.init_process_group("gloo", init_method=rounds.group, rank=rank, world_size=workers,
                                 timeout=datetime.timedelta(seconds=120 + paused_ns / 1e9))
-        self.rounds, self.rank, self.dist = rounds, rank, dist
+        self.rounds, self.rank, self.dist, self.mortal = rounds, rank, dist, mortal
         self.dim, self.dtype = w.size, w.dtype
         self.last = dist.new_group(list(range(rounds.last))) if rounds.last else None
 
@@ -570,11 +585,12 @@ class _AllReduce:
         0's write is ``dropped``); the factor on lr and the step subtracted.
 
         Raises:
-            Stalled: a member died before the round: it waits for it for good."""
+            Stalled: a member died before the round: it waits for it for good (Died:
+                this worker has a death of its own, :func:`_stalled`)."""
         rounds, flags = self.rounds, self.rounds.flags.numpy()
         total = self._sum(i, step, dropped and self.rank == 0, False)
         if total[-1]:
-            raise Stalled
+            raise _stalled(self.mortal)
         members = len(flags) - 1 if i < rounds.full else rounds.last
         mean = total[:-2]
         mean /= members
@@ -596,29 +612,46 @@ class _AllReduce:
         self._sum(i, np.zeros(self.dim), False, True)
 
 
-def _stalls(status: np.ndarray, gone: Callable[[], bool]) -> Callable[[], bool]:
-    """The test of a barrier's waits: ``gone``, and whether a worker died (``status``):
-    its round would wait for it for good.
+def _stalls(status: np.ndarray, gone: Callable[[], bool],
+            mortal: bool) -> Callable[[], bool]:
+    """The test of the waits of a barrier or of turns: ``gone``, and whether a worker died
+    (``status``): its round or its turn would be waited for for good.
 
-    The test raises Stalled."""
+    The test raises what :func:`_stalled` says (``mortal``: the waiting worker has a death
+    of its own)."""
 
     def wait() -> bool:
         if (status == STATUS_DEAD).any():
-            raise Stalled
+            raise _stalled(mortal)
         return gone()
 
     return wait
+
+
+def _stalled(mortal: bool) -> Exception:
+    """What stops a worker that waits for a dead one for good (its round or its turn):
+    Died where it has a death of its own (``mortal``), however late (the simulator's
+    waiting thread is killed when its death comes), else Stalled."""
+    return Died() if mortal else Stalled()
+
+
+def _deaths(inject: Any, rank: int) -> list[int]:
+    """The times (ns from the start) of worker ``rank``'s deaths: its own, and the run's one
+    device's."""
+    return [d.at for d in inject.deaths if d.thread == rank or d.device >= 0]
 
 
 def _rounder(rounds: Rounds, rank: int, workers: int, w: np.ndarray, status: np.ndarray,
              gone: Callable[[], bool], inject: Any) -> _Barrier | _AllReduce:
     """The write phase of the rounds: an all-reduce into this worker's replica ``w`` (with
     :attr:`Rounds.group`), else the barrier, whose waits stop once a worker died
-    (``status``)."""
+    (``status``); either stops as :func:`_stalled` says where a round waits for a dead
+    member."""
+    mortal = bool(_deaths(inject, rank))
     if rounds.group is not None:
         return _AllReduce(rounds, rank, workers, w,
-                          sum(p.end - p.start for p in inject.pauses))
-    return _Barrier(rounds, rank, _stalls(status, gone))
+                          sum(p.end - p.start for p in inject.pauses), mortal)
+    return _Barrier(rounds, rank, _stalls(status, gone, mortal))
 
 
 def _round_stores(w: np.ndarray, shared: np.ndarray, ops: list[Any],
@@ -737,8 +770,8 @@ class Slowed:
         factors = [s.factor for s in inject.stragglers if s.thread == rank]
         self.factor = math.prod(factors) if factors else 1.0
         self.last = [0, 0]  # the previous copy's and store's ns (read, write)
-        deaths = [origin + d.at for d in inject.deaths if d.thread == rank or d.device >= 0]
-        self.death = min(deaths) if deaths else None
+        deaths = _deaths(inject, rank)
+        self.death = origin + min(deaths) if deaths else None
 
     @property
     def active(self) -> bool:
@@ -804,14 +837,19 @@ def _until(deadline: int) -> None:
 
 def _write_injected(w: np.ndarray, ops: list[Any], step: np.ndarray, block_locks: Any,
                     stored: Callable[[int], None] | None,
-                    quantize: Callable[[np.ndarray], None] | None, dropped: bool) -> None:
+                    quantize: Callable[[np.ndarray], None] | None, dropped: bool,
+                    moved: np.ndarray | None = None) -> None:
     """A write under ``[inject]`` (and every round's, :func:`_round_stores`): a dropped one
     stores nothing (its blocks are stamped as the simulator times them: the write's time
     passes); a rounded one rounds each block's values after its store
-    (``inject.write_bits``, as the simulator's memory does)."""
+    (``inject.write_bits``, as the simulator's memory does). ``moved``, if given, gets what
+    each stored block's values lost (the step as stored: rounded; ADMM's Δz), taken under
+    the block's lock."""
     for block, index, values, _ in ops:
         if not dropped:
             with block_locks[block] if block_locks is not None else contextlib.nullcontext():
+                if moved is not None:
+                    moved[index] = w[index]
                 w[index] -= step[values]
                 if quantize is not None:
                     if isinstance(index, slice):
@@ -820,6 +858,8 @@ def _write_injected(w: np.ndarray, ops: list[Any], step: np.ndarray, block_locks
                         rounded = w[index]
                         quantize(rounded)
                         w[index] = rounded
+                if moved is not None:
+                    moved[index] -= w[index]
         if stored is not None:
             stored(block)
 
@@ -875,6 +915,10 @@ def _loop(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any,
     scales = None if buffers.scales is None else buffers.scales[spec.rank].numpy()
     seen, scale = 0, 1.0
     turn = None if turns is None else turns.turn.numpy()
+    # A turn's wait stops for good once a worker died: it keeps its place (Turns).
+    waits = (gone if turns is None
+             else _stalls(buffers.status.numpy(), gone, bool(_deaths(scenario.inject,
+                                                                     spec.rank))))
     injector = _injector(scenario, problem, spec.workers)
     injected = None if buffers.injected is None else buffers.injected[spec.rank].numpy()
     quantize = None if injector is None or not injector.bits else injector.quantize
@@ -886,6 +930,8 @@ def _loop(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any,
     solver = (None if consensus is None
               else _Solver(consensus, scenario, problem, spec.rank, spec.workers))
     residuals = None if buffers.residuals is None else buffers.residuals[spec.rank].numpy()
+    # ADMM's Δz where its stores are rounded: what they changed (not the push itself).
+    moved = None if solver is None or quantize is None else np.zeros(problem.dim, w.dtype)
     problem.grad(local, 0)  # warm up (first-call costs stay out of the timed loop)
     touch_records(buffers, spec.rank)
     pin(spec)
@@ -897,7 +943,9 @@ def _loop(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any,
     for i in range(spec.quota):
         sample = int(stream.take())
         ops = dense if dense is not None else block_ops(bounds, problem.support(sample))
-        if slow is not None:  # (before any lock or turn: a death must hold neither)
+        # (Before any lock, which a death must not hold; taking turns, a worker holds the
+        # one of its last write here, and its death keeps it for good: Turns.)
+        if slow is not None:
             try:
                 slow.hold()
             except Died:
@@ -907,7 +955,7 @@ def _loop(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any,
         if lock is not None:
             lock.acquire()
         if turn is not None and i == 0:  # later reads hold the turn of the write before
-            _await(turn, 1, spec.rank, turns.nap, gone)  # type: ignore[union-attr]
+            _await(turn, 1, spec.rank, turns.nap, waits)  # type: ignore[union-attr]
         if past is not None:  # the gradient sees w as it was τ completions before
             drawn = injector.delay(spec.rank)  # type: ignore[union-attr]
             delay, counted = past.load(local, drawn)
@@ -935,14 +983,14 @@ def _loop(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any,
         else:
             step, support = ((problem.dense_grad(local, sample), None) if rounds is not None
                              else problem.grad(local, sample))
-            if injector is not None:  # the simulator's draws, in its order (error, then drop)
-                if injector.errors:
-                    step, error_norm = injector.error(spec.rank, step, local, support)
-                dropped = injector.dropped(spec.rank)
+            if injector is not None and injector.errors:
+                step, error_norm = injector.error(spec.rank, step, local, support)
             if rounded is None:
                 step *= lr
             else:
                 step = np.multiply(step, lr, out=rounded[: step.size], casting="same_kind")
+        if injector is not None:  # the simulator's draws, in its order (error, then drop)
+            dropped = injector.dropped(spec.rank)
         if slow is not None:
             slow.stretch(began)
         if solver is not None:
@@ -950,22 +998,18 @@ def _loop(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any,
         grad_end()
         if turn is not None:
             a = turns.active  # type: ignore[union-attr]
-            _await(turn, 1, a + i * a + spec.rank, turns.nap, gone)  # type: ignore[union-attr]
+            _await(turn, 1, a + i * a + spec.rank, turns.nap,  # type: ignore[union-attr]
+                   waits)
         if rule is not None:
             step, scale = rule(step, support, local, seen - delay)  # (τ counts a delay)
         if slow is not None and rounder is None:  # (in a round: its writer's stores)
             began = slow.before(1)
         if rounder is not None:
-            try:
-                scale, step = rounder.write(i, step, dropped, store,  # type: ignore[arg-type]
-                                            schedule)
-            except Stalled:  # for good: a death of its own comes while it waits
-                if slowed.death is not None:
-                    raise Died from None
-                raise
+            scale, step = rounder.write(i, step, dropped, store,  # type: ignore[arg-type]
+                                        schedule)
         elif dropped or quantize is not None:
             _write_injected(w, ops, step, block_locks, stored if stamp else None,
-                            None if dropped else quantize, dropped)
+                            None if dropped else quantize, dropped, moved)
         else:
             for block, index, values, _ in ops:
                 if block_locks is None:
@@ -991,8 +1035,9 @@ def _loop(spec: WorkerSpec, buffers: Buffers, lock: Any, block_locks: Any,
             scales[i] = scale
         if injected is not None:
             injected[i] = (error_norm, float(dropped), delay)
-        if residuals is not None:
-            residuals[i] = solver.residuals(w, step)  # type: ignore[union-attr]
+        if residuals is not None:  # (Δz: the push, what its rounded stores moved, or none)
+            residuals[i] = solver.residuals(  # type: ignore[union-attr]
+                w, None if dropped else step if moved is None else moved)
         if steps is not None:  # (a dropped write subtracted nothing: its row stays 0)
             if not dropped:
                 steps[i, slice(None) if support is None else support] = step

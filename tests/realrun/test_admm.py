@@ -123,7 +123,6 @@ def test_the_merge_puts_each_push_s_residuals_on_its_row():
 @pytest.mark.parametrize(("kwargs", "override", "match"), [
     ({"launch": "threads"}, (), "CPU worker processes"),
     ({}, ("inject.error=noise",), "inject.error"),
-    ({}, ("inject.drop=0.1",), "inject.drop"),
 ])
 def test_admm_refuses_what_it_does_not_run(kwargs, override, match):
     s = scenario(*TINY, "run.updates=40", *override)

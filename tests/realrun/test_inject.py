@@ -68,8 +68,6 @@ def test_lock_free_workers_draw_each_threads_injections():
 @pytest.mark.parametrize("overrides, mode, kwargs, named", [
     (("inject.stragglers=[{thread=1, factor=0.5}]",), "lockfree", {},
      r"inject\.stragglers\.0\.factor"),
-    (("run.protocol=roundrobin", "inject.deaths=[{thread=0, at=5}]"), "roundrobin", {},
-     "inject.deaths"),
     (("inject.drop=0.1",), "lockfree", {"launch": "threads"}, "inject"),
 ])
 def test_injections_real_workers_do_not_run_are_refused(overrides, mode, kwargs, named):

@@ -43,7 +43,8 @@ def test_one_trainer_on_a_pool_is_the_simulators_pool_to_the_bit(servers):
 
 def test_three_trainers_on_two_servers_rebuild_the_servers_vector_exactly():
     """Three trainers, two servers, measure mode: the serialized view rebuilt from every
-    server's parts in their order of application ends at the servers' own vector; every
+    server's parts in their order of application ends at the servers' own vector, to the
+    bit (each server's parts keep their order when stamps are raised); every
     push completes at its last shard's application, so the trace's steps are 1..T and each
     row's staleness counts the pushes that completed between its read's start and its own
     completion (recounted here from the times); it converges. (A push with staleness 0 can
@@ -53,8 +54,7 @@ def test_three_trainers_on_two_servers_rebuild_the_servers_vector_exactly():
     run = run_ps(s, 3, "float64", timeout=60, measure=True)
     trace = run.trace
     assert run.failure is None and len(trace) == 900
-    assert run.hardware_loss["rebuilt_vs_real_norm"] <= 1e-12 * np.linalg.norm(
-        trace["w_final"] - trace["w0"])
+    assert run.hardware_loss["rebuilt_vs_real_norm"] == 0
     assert sorted(trace["step"].tolist()) == list(range(1, 901))
     assert set(trace["thread"].tolist()) == {0, 1, 2}
     for a, b in (("read_start", "read_end"), ("read_end", "grad_end"),
@@ -134,13 +134,12 @@ def test_a_dead_shard_server_stops_the_run_and_keeps_what_every_server_applied()
 
 
 def test_a_pool_refuses_what_its_servers_cannot_decide():
+    """A shard per server, and none of the options that decide on a push as a whole (the
+    schedule and the injections run: tests/realrun/test_ps_pool_inject.py)."""
     for extra, field in ((("run.blocks=3",), "run.blocks"),
                          (("paramserver.staleness_limit=2",), "paramserver.staleness_limit"),
                          (("paramserver.accumulate=2",), "paramserver.accumulate"),
-                         (("run.lr_schedule=inverse",), "run.lr_schedule"),
-                         (("inject.drop=0.1",), "inject.drop"),
-                         (("inject.delay_dist=uniform", "inject.delay_max=3"),
-                          "inject.delay_max")):
+                         (("paramserver.rule=staleness_lr",), "paramserver.rule")):
         s = scenario(*TINY, "run.protocol=paramserver", "run.blocks=2",
                      "paramserver.servers=2", *extra)
         with pytest.raises(ScenarioError, match=field.replace(".", r"\.")):

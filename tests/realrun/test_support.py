@@ -39,8 +39,6 @@ REFUSED = [
     (("--mode", "allreduce"), ("run.protocol=minibatch",
                                "inject.stragglers=[{thread=1, factor=0.5}]"),
      "inject.stragglers.0.factor = 0.5", "shm"),
-    (("--mode", "roundrobin"), ("run.protocol=roundrobin", "inject.deaths=[{thread=0, at=5}]"),
-     "inject.deaths = [{'thread': 0", "shm"),
     (("--backend", "ps"), ("inject.deaths=[{thread=1, at=5}]", "paramserver.rebalance=2"),
      "inject.deaths = [{'thread': 1", "ps"),
     (("--backend", "ps"), ("inject.drop=0.2", "paramserver.fraction=1"), "inject.drop = 0.2",
@@ -57,7 +55,7 @@ REFUSED = [
      "shm"),
     (("--mode", "locked"), "run.protocol=dcasgd", "run.protocol = 'dcasgd'", "shm"),
     (("--mode", "lockfree"), "run.protocol=admm", "run.protocol = 'admm'", "shm"),
-    ((), ("run.protocol=admm", "inject.write_bits=8"), "inject.write_bits = 8", "shm"),
+    ((), ("run.protocol=admm", "inject.error=noise"), "inject.error = 'noise'", "shm"),
     ((), "run.protocol=paramserver", "run.protocol = 'paramserver'", "shm"),
     (("--mode", "locked"), "run.protocol=serial", "run.protocol = 'serial'", "shm"),
     (("--backend", "ps"), "run.protocol=minibatch", "run.protocol = 'minibatch'", "ps"),
@@ -203,16 +201,22 @@ def test_what_a_backend_runs_is_accepted_and_recorded():
                                "ps", "paramserver")
     support.refuse_unsupported(scenario("inject.error_bound=0.5", "inject.drop=0.1",
                                         "inject.delay=2"), "ps", "paramserver")
-    # CPU workers run delays, errors, drops and rounded stores, rounds too; ADMM delays and
-    # stalls only.
+    # CPU workers run delays, errors, drops and rounded stores, rounds and turns too (deaths
+    # included); ADMM all but errors, on CPU workers as on the server.
     support.refuse_unsupported(scenario("inject.error=noise", "inject.error_bound=0.5",
                                         "inject.drop=0.1", "inject.write_bits=8",
                                         "inject.delay=3"), "shm", "lockfree")
-    support.refuse_unsupported(scenario("inject.pauses=[{thread=0, start=1, end=9}]",
-                                        "inject.delay=3"), "shm", "admm")
-    with pytest.raises(ScenarioError, match=r"^inject\.drop = 0\.1: real ADMM"):
-        support.refuse_unsupported(scenario("inject.delay=3", "inject.drop=0.1"), "shm",
-                                   "admm")
+    support.refuse_unsupported(scenario("run.protocol=roundrobin", "inject.drop=0.1",
+                                        "inject.deaths=[{thread=0, at=5}]"), "shm",
+                               "roundrobin")
+    admm = ("inject.pauses=[{thread=0, start=1, end=9}]", "inject.delay=3",
+            "inject.drop=0.1", "inject.write_bits=8", "inject.deaths=[{thread=1, at=5}]")
+    for backend in ("shm", "ps"):
+        support.refuse_unsupported(scenario("run.protocol=admm", *admm), backend, "admm")
+    with pytest.raises(ScenarioError, match=r"^inject\.error = 'noise': real ADMM workers "
+                       r".*no errors .*refused by the shm backend$"):
+        support.refuse_unsupported(scenario("inject.drop=0.1", "inject.error=noise",
+                                            "inject.error_bound=0.1"), "shm", "admm")
     for mode in ("minibatch", "allreduce"):
         support.refuse_unsupported(scenario("inject.drop=0.1", "inject.delay=2",
                                             "inject.error=noise", "inject.error_bound=0.5",
