@@ -309,9 +309,12 @@ def refuse_unscheduled(scenario: Scenario) -> None:
                 raise ScenarioError(f"hardware.{table}", plain(spec), "under a scheduler the "
                                     "schedule is the timing: hardware timing models do not "
                                     f"apply{hint}")
-    if scenario.run.protocol == "amp":
-        raise ScenarioError("run.protocol", "amp", "under a scheduler the schedule is the "
-                            "timing: amp's stages, driven by their messages, are not scheduled")
+    from simulator.protocols import PROTOCOLS
+
+    if PROTOCOLS[scenario.run.protocol].owns_loop:
+        raise ScenarioError("run.protocol", scenario.run.protocol, "under a scheduler the "
+                            "schedule is the timing: model-parallel stages, which run loops "
+                            "of their own, are not scheduled")
     if scenario.run.protocol == "paramserver" and scenario.paramserver.servers:
         raise ScenarioError("paramserver.servers", scenario.paramserver.servers,
                             "under a scheduler the schedule is the timing: servers' queues "

@@ -76,9 +76,9 @@ class Engine:
     ``discard``. Its ``ledger`` (``simulator.ledger``)
     keeps the completions and the trace rows; set ``ledger.progress`` to follow a run.
     A protocol that owns its threads' loop (model-parallel stages) drives the same phases
-    itself: ``begin`` an update, ``read``, ``gradient`` and ``write`` it (each sits out what
-    holds the thread and spends the update's durations), ``wait`` for an event, and
-    complete it through ``ledger``.
+    itself: ``begin`` an update, spend its ``idle`` work, ``hold`` before each phase (sit out
+    what holds the thread), ``read``, ``gradient`` and ``write`` it, ``wait`` for an event,
+    and complete it through ``ledger``. (``active`` then holds a stage's latest update.)
 
     ``choose`` puts a scheduler in place of durations (``simulator.schedule``). A caller
     that runs one scenario many times passes it written as TOML (``text``) and says it has
@@ -215,8 +215,7 @@ class Engine:
         self._advance, self.advance, self._spent = clocks.advance, clocks.spend, clocks.spent
         self.skip_holds, self.catch_up, self._hold_point = (clocks.skip_holds, clocks.catch_up,
                                                             clocks.hold_point)
-        self._uninterrupted, self._gate = clocks.uninterrupted, clocks.gate
-        self.wait = clocks.gate
+        self._uninterrupted, self.wait = clocks.uninterrupted, clocks.gate
         # Threads that wait for a core or a bus start a phase once they hold them.
         self._pooled, self._seize = clocks.pooled, clocks.seize
 
@@ -267,7 +266,7 @@ class Engine:
             u = self._begin(thread, seq)
             seq += 1
             if u.idle_ns or reshaped:
-                yield from self._idle(thread, u)
+                yield from self.idle(thread, u)
             if points or gated:
                 yield from self._enter(thread, u, protocol.before_read if gated else None,
                                        again=True)
@@ -321,7 +320,7 @@ class Engine:
             if event is None:
                 return
             waits = not event.triggered
-            yield from self._gate(thread, event)
+            yield from self.wait(thread, event)
             if not (waits and self._points[thread]):
                 return
             yield from self._hold_point(thread)
@@ -356,7 +355,13 @@ class Engine:
         self.active[thread] = u
         return u
 
-    def _idle(self, thread: int, u: Update) -> Generator[Any, Any, None]:
+    def hold(self, thread: int) -> Generator[Any, Any, None]:
+        """Before a phase: sit out what holds the thread (a pause, a time slice), on simpy's
+        clock, where anything can hold it."""
+        if self._points[thread]:
+            yield from self._hold_point(thread)
+
+    def idle(self, thread: int, u: Update) -> Generator[Any, Any, None]:
         """Local work before the update (sampling, bookkeeping)."""
         if self._reshaped[thread]:
             u.idle_ns = self._durations(thread, IDLE, u, [u.idle_ns])[0]

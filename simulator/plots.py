@@ -14,6 +14,7 @@ from matplotlib.figure import Figure
 
 from simulator.metrics import (
     ERROR_THRESHOLD,
+    busy_intervals,
     error_mask,
     error_rate,
     finite_mask,
@@ -35,7 +36,8 @@ def timeline_figure(trace: Trace, window: int | None = None,
     per thread), so individual interleavings stay readable on long runs. ``lanes`` names the
     lanes (default: ``thread i``).
     """
-    threads = int(trace["thread"].max()) + 1 if len(trace) else 1
+    threads = (len(lanes) if lanes is not None
+               else int(trace["thread"].max()) + 1 if len(trace) else 1)
     fig = Figure(figsize=(11, 1.2 + 0.45 * threads), layout="constrained")
     draw_timeline(fig.add_subplot(), trace, window, lanes)
     fig.legend(loc="outside lower center", ncol=5, frameon=False)
@@ -45,7 +47,8 @@ def timeline_figure(trace: Trace, window: int | None = None,
 def draw_timeline(ax: Axes, trace: Trace, window: int | None = None,
                   lanes: Sequence[str] | None = None) -> None:
     """The timeline of :func:`timeline_figure` on ``ax``."""
-    threads = int(trace["thread"].max()) + 1 if len(trace) else 1
+    threads = (len(lanes) if lanes is not None
+               else int(trace["thread"].max()) + 1 if len(trace) else 1)
     steps = trace.source == "scheduled"  # controlled schedules count steps, not ns
     # Start once every thread is running (real workers start at different times).
     begin = 0 if steps else max((int(trace["read_start"][trace["thread"] == t].min())
@@ -78,8 +81,6 @@ def utilisation_figure(trace: Trace, threads: int, lanes: Sequence[str],
                        windows: int = 60) -> Figure:
     """A pipeline's utilisation: for each stage (thread), the share of each of ``windows``
     equal spans of the run that it spent at work (``simulator.metrics.busy_intervals``)."""
-    from simulator.metrics import busy_intervals
-
     fig = Figure(figsize=(9, 3.6), layout="constrained")
     ax = fig.add_subplot()
     start = int(trace["read_start"].min()) if len(trace) else 0

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from simulator.errors import AsyngradError
+from simulator.errors import AsyngradError, ScenarioError
 from simulator.fidelity.common import common_fits
 from simulator.fidelity.contention import contention, per_thread
 from simulator.fidelity.convoys import fit_convoys, forms_convoys, probed_meetings, usable_convoys
@@ -182,6 +182,22 @@ def _check_repeats(loaded: list[tuple[Path, Trace, Scenario]], speeds: str) -> N
                             "changes between runs: --episodes fits that)")
 
 
+def _check_staged(scenario: Scenario) -> None:
+    """Refuse a model-parallel run: its stages' phases are forwards and backwards of shares
+    of the model, which the data-parallel timing model does not describe.
+
+    Raises:
+        ScenarioError: naming run.protocol.
+    """
+    from simulator.protocols import PROTOCOLS
+
+    protocol = scenario.run.protocol
+    if protocol in PROTOCOLS and PROTOCOLS[protocol].owns_loop:
+        raise ScenarioError("run.protocol", protocol, "a model-parallel run's phases are "
+                            "its stages' forwards and backwards, which calibrate does not fit "
+                            "(simulate the scenario with its own timing)")
+
+
 def calibrate(run_dir: str | Path | list[str | Path], pool: bool = False, cores: int = 0,
               quantum: int = 0, slicing: str = "per_core",
               convoys: str = "auto", common: str = "off",
@@ -214,12 +230,14 @@ def calibrate(run_dir: str | Path | list[str | Path], pool: bool = False, cores:
 
     Raises:
         AsyngradError: not a run directory, an unreadable trace, fewer than 2 updates,
-            repeats of different problems, block or worker counts, or ``speeds`` with repeats.
+            repeats of different problems, block or worker counts, ``speeds`` with repeats,
+            or a model-parallel run.
     """
     paths = [Path(d) for d in (run_dir if isinstance(run_dir, list) else [run_dir])]
     loaded = [(path, *read_run(path)) for path in paths]
     _check_repeats(loaded, speeds)
     scenario = loaded[0][2]
+    _check_staged(scenario)
     episode = fit_episodes([trace for _, trace, _ in loaded], episodes)
     apart = _PER_WORKER if not pool and any(  # each worker on a device of its own
         np.unique(trace["thread"]).size > 1 for _, trace, _ in loaded) else None

@@ -180,12 +180,13 @@ class Problem(ABC):
 
     def local_head(self, stage: int) -> np.ndarray:
         """The initial parameters of the auxiliary head that gives a stage before the last
-        its own local loss (``local``: layer-wise local parallelism): a copy of the last
-        stage, where w_0 has it (the stage's activation goes through the head as it would
-        through the last stage; two stages, so the head is the next one's shape)."""
+        its own local loss (``local``: layer-wise local parallelism): the last stage's shape
+        (the stage's activation goes through the head as it would through the last stage;
+        two stages), at zero: a head of its own, not the last stage (a copy of it would get
+        the last stage's own updates, and the local loss would be the loss)."""
         stages = self.stages()
         assert stages is not None and stage == len(stages) - 2
-        return self.initial()[stages[-1]].copy()
+        return np.zeros(stages[-1].stop - stages[-1].start)
 
     def local_backward(self, stage: int, theta: np.ndarray, head: np.ndarray, cache: Any,
                        out: np.ndarray, idx: int) -> tuple[np.ndarray, np.ndarray]:

@@ -90,7 +90,8 @@ class Staged(Protocol):
         stages = problem.stages()
         if stages is None:
             raise ScenarioError("problem.name", scenario.problem.name, f"{self.name} trains a "
-                                "model stage by stage: use mlp, logistic or quadratic")
+                                "model stage by stage: use mlp, lstm_tagger, logistic or "
+                                "quadratic")
         n = len(stages)
         for field, value, what in (("run.threads", run.threads, "a thread per stage"),
                                    ("run.blocks", run.blocks, "a block per stage's "
@@ -127,12 +128,13 @@ class Staged(Protocol):
         self.ops = [[engine.dense_ops[s]] for s in range(len(self.stages))]
 
     def _start(self, engine: Engine, stage: int, seq: int, sample: int,
-               forward: bool) -> Update:
+               forward: bool, share: float = 0.0) -> Update:
         """A stage's update of ``sample``: its durations drawn, its gradient work its share of
-        the drawn gradient's; with ``forward`` a third of that in its read (the forward
-        pass), the rest its gradient phase (the backward)."""
+        the drawn gradient's (plus ``share``: an auxiliary head's); with ``forward`` a third
+        of that in its read (the forward pass), the rest its gradient phase (the
+        backward)."""
         u = engine.begin(stage, seq, sample, self.ops[stage], [self.fractions[stage]])
-        work = int(u.grad_ns * self.fractions[stage] + 0.5)
+        work = int(u.grad_ns * (self.fractions[stage] + share) + 0.5)
         ahead = work // 3 if forward else 0
         u.read_ns = [u.read_ns[0] + ahead]
         u.grad_ns = work - ahead
@@ -162,8 +164,8 @@ class Amp(Staged):
         super().bind(problem)
         run, n = self.scenario.run, len(self.stages)
         if self.local and n != 2:
-            raise ScenarioError("run.threads", run.threads, "local's auxiliary head is a copy "
-                                "of the last stage: the problem must have two stages")
+            raise ScenarioError("run.threads", run.threads, "local's auxiliary head has the "
+                                "last stage's shape: the problem must have two stages")
         per_stage = self.options.update_every * n
         if run.updates % per_stage:
             raise ScenarioError("run.updates", run.updates, f"counts every stage's gradients "
@@ -179,12 +181,16 @@ class Amp(Staged):
         self.env = engine.env
         scenario, n = self.scenario, len(self.stages)
         self.inbox = [simpy.Store(engine.env) for _ in range(n)]
-        # What a message from each stage takes to arrive: latency + coordinates / bandwidth.
-        self.flight = []
+        # What a message from each stage takes to arrive: latency + coordinates / bandwidth;
+        # an activation forward (stage s's width), a gradient back (the width of the stage
+        # before), a free place (latency only).
+        self.ahead, self.behind, self.latency = [], [], []
         for s in range(n):
             latency, per_coord = link_of(scenario.devices[scenario.device_of(s)])
-            width = self.problem.stage_width(s) if s < n - 1 else 0
-            self.flight.append(latency + int(width * per_coord + 0.5))
+            self.latency.append(latency)
+            for flights, other in ((self.ahead, s), (self.behind, s - 1)):
+                width = self.problem.stage_width(other) if 0 <= other < n - 1 else 0
+                flights.append(latency + int(width * per_coord + 0.5))
         self.entered = 0
         self.cache: dict[int, Any] = {}  # uid → its forward's cache
         self.up: dict[int, np.ndarray | None] = {}  # uid → the gradient it received
@@ -214,13 +220,14 @@ class Amp(Staged):
             self._enter()
         else:
             self.entered += 1
-            yield from self._send(engine, stage, 0, (FORWARD, None, []))
+            yield from self._send(engine, stage, 0, (FORWARD, None, []),
+                                  self.latency[stage])
 
     def _send(self, engine: Engine, stage: int, to: int, message: tuple[Any, ...],
-              ) -> Generator[Any, Any, None]:
-        """Send ``message`` from ``stage`` (at its clock) to stage ``to``'s inbox."""
+              flight: int) -> Generator[Any, Any, None]:
+        """Send ``message`` from ``stage`` (at its clock) to stage ``to``'s inbox, where it
+        arrives ``flight`` ns later."""
         yield from engine.catch_up(stage)
-        flight = self.flight[stage]
         if flight:
             self.env.timeout(flight).callbacks.append(lambda _: self._deliver(to, message))
         else:
@@ -247,16 +254,21 @@ class Amp(Staged):
                 sample, entry = engine.source.next_sample(0), engine.completed
             else:
                 sample, entry = trail[0].sample, trail[0].start_completed
-            u = self._start(engine, stage, seq, sample, forward=True)
+            u = self._start(engine, stage, seq, sample, forward=True,
+                            share=self.fractions[-1] if self.local and not last else 0.0)
             seq += 1
+            if u.idle_ns:
+                yield from engine.idle(stage, u)
+            yield from engine.hold(stage)
             yield from engine.read(stage, u)
             u.start_completed = entry  # staleness counts from the sample's entry
             out, self.cache[u.uid] = problem.forward(
                 stage, engine.read_copy(stage)[stages[stage]], payload, sample)
-            if self.local:
+            if self.local and not last:
                 self.out[u.uid] = out
             if not last:
-                yield from self._send(engine, stage, stage + 1, (FORWARD, out, [*trail, u]))
+                yield from self._send(engine, stage, stage + 1, (FORWARD, out, [*trail, u]),
+                                      self.ahead[stage])
             if last or self.local:  # the backward now: from the loss, or its own loss
                 done += 1
                 yield from self._backward(engine, u, None, [] if self.local else trail)
@@ -267,10 +279,12 @@ class Amp(Staged):
         among the gradients to average); the gradient it sends back to ``trail``'s last."""
         stage = u.thread
         self.up[u.uid] = up
+        yield from engine.hold(stage)
         yield from engine.gradient(stage, u)
         back = self.back.pop(u.uid)
         if trail:
-            yield from self._send(engine, stage, stage - 1, (BACKWARD, back, trail))
+            yield from self._send(engine, stage, stage - 1, (BACKWARD, back, trail),
+                                  self.behind[stage])
         every = self.options.update_every
         if every > 1:
             pending = self.pending[stage]
@@ -280,6 +294,7 @@ class Amp(Staged):
             else:
                 u.role, u.group, self.pending[stage] = GROUPED, pending, []
         if u.role != MEMBER:
+            yield from engine.hold(stage)
             yield from engine.write(stage, u)
             if u.role == GROUPED:
                 engine.ledger.complete_group(u)
@@ -310,7 +325,8 @@ class Amp(Staged):
 class Local(Amp):
     """Layer-wise local parallelism (Laskin et al. 2020): the same stages and forward
     messages, no backward ones; each stage before the last trains on its own local loss, an
-    auxiliary head on its activation (``Problem.local_head``), the last on the loss."""
+    auxiliary head on its activation (``Problem.local_head``, its work charged to the
+    stage), the last on the loss, and its backward frees the sample's place."""
 
     name = "local"
     local = True
@@ -369,9 +385,11 @@ class BlockADMM(Staged):
             u = self._start(engine, thread, seq, engine.source.next_sample(thread),
                             forward=False)
             seq += 1
-            yield from engine.read(thread, u)
-            yield from engine.gradient(thread, u)
-            yield from engine.write(thread, u)
+            if u.idle_ns:
+                yield from engine.idle(thread, u)
+            for phase in (engine.read, engine.gradient, engine.write):
+                yield from engine.hold(thread)
+                yield from phase(thread, u)
             engine.ledger.complete(u)
 
     def compute(self, engine: Engine, u: Update, local: np.ndarray) -> np.ndarray:

@@ -14,7 +14,8 @@ import pytest
 
 from simulator.cli import main as asyngrad
 from simulator.engine import simulate
-from simulator.errors import ScenarioError, TraceError
+from simulator.errors import ScenarioError
+from simulator.fidelity.calibrate import calibrate
 from simulator.problems import make_problem
 from simulator.problems.builtin import QuadraticProblem
 from simulator.replay import replay
@@ -73,14 +74,19 @@ def test_a_two_stage_pipeline_follows_the_hand_worked_timeline():
     assert samples[0] == samples[1] and samples[2] == samples[3]  # each sample's two rows
 
 
-def test_a_message_flies_for_the_links_latency():
+def test_a_message_flies_for_the_links_latency_and_bandwidth():
     """One sample in flight, a 1000 ns latency: stage 1's forward starts 1000 ns after stage
-    0's ends (300), and stage 0's backward 1000 ns after stage 1's ends (2700)."""
+    0's ends (300), and stage 0's backward 1000 ns after stage 1's ends (2700). At 0.08
+    bytes/ns each of the 3 hidden coordinates takes 100 ns more, both ways."""
     trace = simulate(scenario(*MLP, *SMALL, *TIMED, "run.updates=2", "amp.max_active=1",
                               "devices=[{name='d', latency=1000}]"))
     assert trace["read_start"].tolist() == [1300, 0]
     assert trace["grad_start"].tolist() == [1700, 3500]
     assert trace["write_end"].tolist() == [2500, 4100]
+    slow = simulate(scenario(*MLP, *SMALL, *TIMED, "run.updates=2", "amp.max_active=1",
+                             "devices=[{name='d', latency=1000, bandwidth=0.08}]"))
+    assert slow["read_start"].tolist() == [1600, 0]
+    assert slow["grad_start"].tolist() == [2000, 4100]
 
 
 def _entered(trace):
@@ -210,12 +216,42 @@ def test_the_pipelines_refuse_what_their_stages_cannot_run(override, field, prot
     assert err.value.field == field
 
 
-def test_amp_is_neither_replayed_nor_scheduled():
-    s = scenario(*MLP, "run.updates=20")
+@pytest.mark.parametrize("protocol", ["amp", "local", "block_admm"])
+def test_the_stages_are_neither_replayed_scheduled_nor_calibrated(tmp_path, protocol):
+    s = scenario(*MLP, "run.updates=20", f"run.protocol={protocol}")
     with pytest.raises(ScenarioError, match="simulate its scenario again"):
         replay(simulate(s))
-    with pytest.raises((ScenarioError, TraceError), match="not scheduled"):
+    with pytest.raises(ScenarioError, match="not scheduled"):
         explore(s, "random", runs=1, objective="grad_error")
+    out = tmp_path / "run"
+    assert asyngrad(["simulate", *(a for o in (*MLP, "run.updates=20",
+                                               f"run.protocol={protocol}")
+                                   for a in ("--set", o)), "--out", str(out), "--quiet"]) == 0
+    with pytest.raises(ScenarioError, match="calibrate does not fit"):
+        calibrate(out)
+
+
+def test_pauses_and_idle_work_come_before_a_stages_phases():
+    """A stage paused for the run's first millisecond starts its first read after it (its
+    row says so, and its staleness counts from there); local work before each update
+    (``timing.idle``) takes its time."""
+    for protocol in ("amp", "block_admm"):
+        trace = simulate(scenario(*MLP, *SMALL, *TIMED, "run.updates=8",
+                                  f"run.protocol={protocol}",
+                                  "inject.pauses=[{thread=1, start=0, end=1000000}]"))
+        assert trace["read_start"][trace["thread"] == 1].min() >= 1_000_000
+    plain = simulate(scenario(*MLP, *SMALL, *TIMED, "run.updates=8", "amp.max_active=1"))
+    idle = simulate(scenario(*MLP, *SMALL, *TIMED, "run.updates=8", "amp.max_active=1",
+                             "timing.idle.mean=5000"))
+    assert idle["write_end"].max() == plain["write_end"].max() + 4 * 2 * 5000
+
+
+def test_a_dead_last_stage_still_writes_its_run_directory(tmp_path):
+    out = tmp_path / "run"
+    assert asyngrad(["simulate", *(a for o in (*LOCAL, "run.updates=40",
+                                               "inject.deaths=[{thread=1, at=0}]")
+                                   for a in ("--set", o)), "--out", str(out), "--quiet"]) == 0
+    assert (out / "timeline.png").is_file() and (out / "pipeline.png").is_file()
 
 
 def _softmax(z):
@@ -225,9 +261,10 @@ def _softmax(z):
 
 def test_local_with_one_sample_in_flight_is_greedy_layerwise_sgd():
     """``local`` with one sample in flight, written out here: for each sample, the hidden
-    layer steps on the loss of its auxiliary head (a copy of the output layer starting where
-    w_0 has it, with its own l2 term) with backpropagation stopped there, the head steps
-    with it, and the output layer steps on the loss from the same hidden activation."""
+    layer steps on the loss of its auxiliary head (shaped as the output layer, starting at
+    zero, with its own l2 term) with backpropagation stopped there, the head steps with it,
+    and the output layer steps on the loss from the same hidden activation: not serial
+    SGD."""
     s = scenario(*LOCAL, "run.updates=400", "local.max_active=1", "problem.l2=0.001",
                  "run.lr=0.05")
     problem = make_problem(s.problem)
@@ -236,7 +273,7 @@ def test_local_with_one_sample_in_flight_is_greedy_layerwise_sgd():
     lr, l2 = s.run.lr, s.problem.l2
     w = problem.initial()
     cut = hidden * (d_in + 1)
-    head = w[cut:].copy()
+    head = np.zeros(classes * (hidden + 1))
     for z in _entered(trace):
         x, label = problem.X[z], problem.y[z]
         W1, b1 = w[:hidden * d_in].reshape(hidden, d_in), w[hidden * d_in:cut]
@@ -253,6 +290,8 @@ def test_local_with_one_sample_in_flight_is_greedy_layerwise_sgd():
         head -= lr * (np.concatenate([np.outer(p, h).ravel(), p]) + l2 * head)
         w -= lr * step
     np.testing.assert_allclose(trace["w_final"], w, rtol=0, atol=1e-12)
+    serial = _serial_sgd(problem, trace, lr)  # (another training: the head is its own)
+    assert np.abs(trace["w_final"][:cut] - serial[:cut]).max() > 1e-3
 
 
 def test_local_trains_the_network_with_biased_first_stage_gradients(tmp_path):
