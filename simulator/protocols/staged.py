@@ -184,10 +184,12 @@ class Amp(Staged):
         # What a message from each stage takes to arrive: latency + coordinates / bandwidth;
         # an activation forward (stage s's width), a gradient back (the width of the stage
         # before), a free place (latency only).
-        self.ahead, self.behind, self.latency = [], [], []
+        self.ahead: list[int] = []
+        self.behind: list[int] = []
+        self.token: list[int] = []
         for s in range(n):
             latency, per_coord = link_of(scenario.devices[scenario.device_of(s)])
-            self.latency.append(latency)
+            self.token.append(latency)
             for flights, other in ((self.ahead, s), (self.behind, s - 1)):
                 width = self.problem.stage_width(other) if 0 <= other < n - 1 else 0
                 flights.append(latency + int(width * per_coord + 0.5))
@@ -221,7 +223,7 @@ class Amp(Staged):
         else:
             self.entered += 1
             yield from self._send(engine, stage, 0, (FORWARD, None, []),
-                                  self.latency[stage])
+                                  self.token[stage])
 
     def _send(self, engine: Engine, stage: int, to: int, message: tuple[Any, ...],
               flight: int) -> Generator[Any, Any, None]:
