@@ -28,12 +28,27 @@ where a real pool can decide it as the simulator does:
   received + 1 when a push's shard 0 arrives (the simulator's server decides when a push's
   first shard has arrived): it scales its own part and sends the factor back to the
   trainer, which scales the other parts before it sends them;
+* the staleness limit and the update rule are the coordinating server's too, with the
+  push's staleness τ when its shard 0 arrives (the pushes it received since the trainer's
+  pull, plus the pull's injected τ: the simulator's server decides at a push's first
+  shard's arrival, with the completions since its read): a discarded push goes to every
+  shard server as a header alone, which is no version (the simulator's discarded push
+  stores nothing and completes nothing: an empty part in the records, flagged, and a row
+  with ``step`` 0); ``staleness_lr``'s factor 1/τ goes back to the trainer with the
+  schedule's, and the trainer scales the other parts by the one, then the other, as the
+  simulator scales the whole push; ``dcasgd``'s correction λ·g⊙g⊙(w_now − w_read) is
+  elementwise, so each server compensates its own part (``simulator.rules.dc_step``, at
+  the rate the push took: lr times the schedule's factor, which travels with the part)
+  towards its shard as the part arrives from the shard it answered that trainer's pull
+  with (kept per trainer, float64). With one trainer that is the simulator's whole
+  vector then, element by element; with several, each shard's w_now is its own server's
+  when the part arrives, where the simulator's is the whole vector at shard 0's arrival;
 * ``write_bits``: each server rounds every value of its shard after it applied a part (a
   sparse problem's untouched coordinates are 0 or rounded already: the simulator's rounding
   of what the push stored).
 
-The options that decide on a push as a whole (a staleness limit, a rule, rounds, a
-lock-free server, rebalancing, a warm start) and accumulation are refused with a pool
+The options that decide on several pushes together or hold pulls back (rounds, a lock-free
+server, rebalancing, a warm start) and accumulation are refused with a pool
 (``realrun.support``).
 
 Every server stamps its own pulls and pushes (``time.monotonic_ns``, one clock: the pool runs
@@ -68,16 +83,19 @@ from realrun.timeline import Measure, WorkerRecord, merge
 from realrun.worker import one_thread_each
 from simulator.memory import block_bounds
 from simulator.problems import Problem
-from simulator.rules import round_significand
+from simulator.rules import dc_step, round_significand
 from simulator.scenario import Scenario, scenario_to_toml
 from simulator.trace import Trace
 
-__all__ = ["Applied", "ShardBuffers", "ShardServers", "pool_trace", "round_stored",
-           "serve_shard", "shard_main"]
+__all__ = ["DISCARDED", "KEPT", "LOST", "Applied", "ShardBuffers", "ShardServers",
+           "pool_trace", "round_stored", "serve_shard", "shard_main"]
 
-# A shard server's messages: kind, sender rank, and a pull's injected delay τ (as drawn) or
-# whether a push is lost in transit (then no part follows).
+# A shard server's messages: kind, sender rank, a pull's injected delay τ (as drawn) or what
+# becomes of a push (``KEPT``: its part follows; ``LOST`` in transit, ``DISCARDED`` by the
+# coordinating server: no part follows), and the factor on lr a kept push took (float64
+# bits: DC-ASGD's rate).
 PULL, PUSH, DONE = 1, 2, 3
+KEPT, LOST, DISCARDED = 0, 1, 2
 POOL_GONE = 4  # a shard server's exit status when a receive failed or timed out
 
 
@@ -85,7 +103,8 @@ POOL_GONE = 4  # a shard server's exit status when a receive failed or timed out
 class Applied:
     """One server's pushes, in the order it applied them: the trainer (thread), when the
     pull the push was computed on arrived and was answered, when the push arrived and was
-    applied (ns), and the part of the step it subtracted (rows)."""
+    applied (ns), the part of the step it subtracted (rows) and whether the coordinating
+    server discarded the push (its part is empty and it is no version)."""
 
     thread: np.ndarray
     pull_arrival: np.ndarray
@@ -93,14 +112,15 @@ class Applied:
     arrival: np.ndarray
     applied: np.ndarray
     parts: np.ndarray
+    discarded: np.ndarray
 
 
 @dataclass(frozen=True)
 class ShardBuffers:
     """A shard server's records, in shared memory that the parent reads when the run ends
     (whatever it wrote by then, if it was stopped): per push it applied, ``rows`` (thread,
-    pull arrival, pull answer, push arrival, applied: ns) and ``parts`` (the part it
-    subtracted); ``count`` the pushes written; ``w`` the shard itself, which it updates in
+    pull arrival, pull answer, push arrival, applied: ns; discarded) and ``parts`` (the part
+    it subtracted); ``count`` the pushes written; ``w`` the shard itself, which it updates in
     place."""
 
     rows: Any
@@ -113,14 +133,15 @@ class ShardBuffers:
         import torch
 
         w = torch.from_numpy(shard.copy())
-        return cls(torch.zeros((pushes, 5), dtype=torch.int64).share_memory_(),
+        return cls(torch.zeros((pushes, 6), dtype=torch.int64).share_memory_(),
                    torch.zeros((pushes, w.numel()), dtype=w.dtype).share_memory_(),
                    torch.zeros(1, dtype=torch.int64).share_memory_(), w.share_memory_())
 
     def applied(self) -> Applied:
         n = int(self.count[0])
         rows = self.rows[:n].numpy().T
-        return Applied(rows[0], rows[1], rows[2], rows[3], rows[4], self.parts[:n].numpy())
+        return Applied(rows[0], rows[1], rows[2], rows[3], rows[4], self.parts[:n].numpy(),
+                       rows[5].astype(bool))
 
 
 def round_stored(values: np.ndarray, bits: int) -> None:
@@ -135,14 +156,17 @@ def round_stored(values: np.ndarray, bits: int) -> None:
 
 
 def serve_shard(buffers: ShardBuffers, trainers: int, timeout: float, bits: int = 0,
-                max_delay: int = 0) -> None:
+                max_delay: int = 0, dc: tuple[float, float] | None = None) -> None:
     """A shard server's loop (rank K + s of an initialised gloo group): answer each trainer's
     pull with the shard, subtract each push's part as it arrives (rounding the shard to
-    ``bits`` significand bits after it, ``inject.write_bits``; a lost push's header: nothing),
-    and record it (:class:`ShardBuffers`), until every trainer is done. Each push received
-    is a version; with injected delays (``max_delay`` > 0) it keeps the shards of its last
-    ``max_delay`` + 1 versions and answers a pull that asks for τ with the shard τ versions
-    back (clipped at its versions).
+    ``bits`` significand bits after it, ``inject.write_bits``; a lost or discarded push's
+    header: nothing), and record it (:class:`ShardBuffers`), until every trainer is done.
+    Each push received is a version, but a discarded one; with injected delays
+    (``max_delay`` > 0) it keeps the shards of its last ``max_delay`` + 1 versions and
+    answers a pull that asks for τ with the shard τ versions back (clipped at its
+    versions). ``dc`` (lr, λ): ``paramserver.rule = "dcasgd"``, each part compensated
+    towards the shard now from the one its trainer's pull was answered with
+    (``simulator.rules.dc_step``, at lr times the factor the push took).
 
     Raises:
         RuntimeError: a receive or a send failed or timed out.
@@ -152,9 +176,11 @@ def serve_shard(buffers: ShardBuffers, trainers: int, timeout: float, bits: int 
 
     w, rows, parts, count = buffers.w, buffers.rows, buffers.parts, buffers.count
     part = torch.zeros_like(w)
-    header = torch.zeros(3, dtype=torch.int64)
+    header = torch.zeros(4, dtype=torch.int64)
     wait = datetime.timedelta(seconds=timeout)
     pulled: dict[int, tuple[int, int]] = {}  # rank: its last pull's arrival and answer
+    sent: dict[int, np.ndarray] = {}  # dcasgd: rank: the shard its last pull got (float64)
+    work_arrays = (np.zeros(w.numel()), np.zeros(w.numel()))  # (dc_step's)
     done: set[int] = set()
     ring = w.repeat(max_delay + 1, 1) if max_delay else None  # ring[v mod H]: version v's
     versions = 0
@@ -165,28 +191,47 @@ def serve_shard(buffers: ShardBuffers, trainers: int, timeout: float, bits: int 
         if kind == PULL:
             shard = w if ring is None else ring[
                 (versions - min(int(header[2]), versions)) % len(ring)]
+            if dc is not None:
+                sent[source] = shard.numpy().astype(np.float64)
             work = dist.isend(shard, source)
             work.wait(wait)
             pulled[source] = (arrived, time.monotonic_ns())
         elif kind == PUSH:
-            if header[2]:  # lost in transit: a version that changes nothing
+            fate = int(header[2])
+            if fate != KEPT:  # lost in transit (a version that changes nothing), or discarded
                 part.zero_()
             else:
                 work = dist.irecv(part, source)
                 work.wait(wait)
                 arrived = time.monotonic_ns()
+                if dc is not None:
+                    _compensate(part.numpy(), w.numpy(), sent[source], dc,
+                                header[3:].numpy().view(np.float64)[0], work_arrays)
                 w -= part
                 if bits:
                     round_stored(w.numpy(), bits)
-            versions += 1
-            if ring is not None:
-                ring[versions % len(ring)] = w
+            if fate != DISCARDED:
+                versions += 1
+                if ring is not None:
+                    ring[versions % len(ring)] = w
             n = int(count[0])
-            rows[n] = torch.tensor([source - 1, *pulled[source], arrived, time.monotonic_ns()])
+            rows[n] = torch.tensor([source - 1, *pulled[source], arrived, time.monotonic_ns(),
+                                    int(fate == DISCARDED)])
             parts[n] = part
             count[0] = n + 1
         elif kind == DONE:
             done.add(source)
+
+
+def _compensate(part: np.ndarray, w: np.ndarray, read: np.ndarray, dc: tuple[float, float],
+                scale: float, work: tuple[np.ndarray, np.ndarray]) -> None:
+    """DC-ASGD on a shard server: ``part`` (in place) compensated towards its shard ``w``
+    from ``read``, the shard its trainer pulled, at lr·``scale`` (the rate the push took),
+    λ = ``dc[1]``: the simulator's ``dc_step`` on these coordinates, which is elementwise."""
+    lr, lam = dc
+    compensated = dc_step(part.astype(np.float64), lr * scale, w.astype(np.float64), read,
+                          lam, work)
+    np.copyto(part, compensated, casting="same_kind")
 
 
 class ShardServers:
@@ -206,14 +251,16 @@ class ShardServers:
         """The size of shard 0 (the coordinating server's)."""
         return self.bounds[1]
 
-    def _each(self, kind: int, rank: int, vector: Any, value: int, receive: bool) -> None:
+    def _each(self, kind: int, rank: int, vector: Any, value: int, receive: bool,
+              scale: float = 1.0) -> None:
         import torch
         import torch.distributed as dist
 
-        header = torch.tensor([kind, rank, value], dtype=torch.int64)
+        header = torch.tensor([kind, rank, value,
+                               int(np.float64(scale).view(np.int64))], dtype=torch.int64)
         for s, server in enumerate(self.ranks, start=1):
             dist.send(header, server)
-            if kind == PUSH and value:  # lost: the header alone
+            if kind == PUSH and value != KEPT:  # lost or discarded: the header alone
                 continue
             part = vector[self.bounds[s]:self.bounds[s + 1]]
             work: Any = dist.irecv(part, server) if receive else dist.isend(part, server)
@@ -225,24 +272,26 @@ class ShardServers:
         versions)."""
         self._each(PULL, rank, w, delay, receive=True)
 
-    def push(self, rank: int, step: Any, lost: bool = False) -> None:
-        """Push every shard server its part of ``step``, one after the other (``lost``: a
-        push lost in transit, which every server counts as a version that changes
-        nothing)."""
-        self._each(PUSH, rank, step, int(lost), receive=False)
+    def push(self, rank: int, step: Any, fate: int = KEPT, scale: float = 1.0) -> None:
+        """Push every shard server its part of ``step``, one after the other; ``fate``
+        ``LOST``: lost in transit, which every server counts as a version that changes
+        nothing; ``DISCARDED`` by the coordinating server: no version. ``scale``: the factor
+        on lr the push took (DC-ASGD's rate on the shard servers)."""
+        self._each(PUSH, rank, step, fate, receive=False, scale=scale)
 
     def done(self, rank: int) -> None:
         import torch
         import torch.distributed as dist
 
-        header = torch.tensor([DONE, rank, 0], dtype=torch.int64)
+        header = torch.tensor([DONE, rank, 0, 0], dtype=torch.int64)
         for server in self.ranks:
             dist.send(header, server)
 
 
 def shard_main(shard: int, world: int, address: str, port: int, trainers: int,
                buffers: ShardBuffers, timeout: float,
-               group_timeout: datetime.timedelta, bits: int = 0, max_delay: int = 0) -> None:
+               group_timeout: datetime.timedelta, bits: int = 0, max_delay: int = 0,
+               dc: tuple[float, float] | None = None) -> None:
     """A spawned shard server: join the group, serve (:func:`serve_shard`), leave; one line
     if a peer went."""
     import signal
@@ -254,7 +303,7 @@ def shard_main(shard: int, world: int, address: str, port: int, trainers: int,
     dist.init_process_group("gloo", init_method=f"tcp://{address}:{port}",
                             rank=trainers + shard, world_size=world, timeout=group_timeout)
     try:
-        serve_shard(buffers, trainers, timeout, bits, max_delay)
+        serve_shard(buffers, trainers, timeout, bits, max_delay, dc)
     except RuntimeError as err:
         print(f"asyngrad ps server {shard}: {str(err).strip().splitlines()[0][:200]}; "
               "exiting", file=sys.stderr)
@@ -269,14 +318,15 @@ def pool_trace(problem: Problem, scenario: Scenario, shards: list[Applied],
                injected: list[list[tuple[float, float, int]]] | None = None
                ) -> tuple[Trace, dict[str, Any]]:
     """The run's trace, merged from every server's records (``shards``, in shard order) and
-    each trainer's ``samples``, compute times, ``scales`` (the schedule's factor) and
-    ``injected`` (‖e‖, 1.0 if lost, τ) per push, in its order; and what the hardware lost
-    (the rebuilt final vector against the servers' ``w_final``, rounded as the servers
-    rounded their stores). ``origin``: the trace's time 0 (the first pull's arrival where
+    each trainer's ``samples``, compute times, ``scales`` (the factor on lr: the schedule's,
+    a rule's) and ``injected`` (‖e‖, 1.0 if lost, τ) per push, in its order (a push the
+    coordinating server discarded: a row with ``step`` 0 that stores nothing); and what the
+    hardware lost (the rebuilt final vector against the servers' ``w_final``, rounded as the
+    servers rounded their stores). ``origin``: the trace's time 0 (the first pull's arrival where
     stalls count from it; None: the first read's start)."""
     servers = len(shards)
     bounds = block_bounds(problem.dim, servers)
-    timelines, steps = [], []
+    timelines, steps, discarded = [], [], []
     for thread, spent in enumerate(grad_ns):
         # Its pushes every server applied (a run that stopped may have left its last ones
         # on some servers only: left out, as pushes that never completed).
@@ -289,6 +339,8 @@ def pool_trace(problem: Problem, scenario: Scenario, shards: list[Applied],
             starts[:, s], copy_end[:, s] = shard.pull_arrival[mine], shard.pull_answer[mine]
             arrivals[:, s], store_end[:, s] = shard.arrival[mine], shard.applied[mine]
             step[:, bounds[s]:bounds[s + 1]] = shard.parts[mine]
+            if s == 0:  # (the coordinating server's decision)
+                discarded.append(shard.discarded[mine])
         # Its compute, from the last shard's answer, ends by its first part's arrival.
         read_end = copy_end.max(axis=1)
         grad_end = np.maximum(np.minimum(read_end + np.asarray(spent[:n], dtype=np.int64),
@@ -305,11 +357,14 @@ def pool_trace(problem: Problem, scenario: Scenario, shards: list[Applied],
         copy_end, store_end = events[:, 1:servers + 1], events[:, servers + 2:]
         times = np.stack([events[:, 0], copy_end[:, -1], events[:, servers + 1],
                           store_end[:, -1]], axis=1)
+        # A discarded push's write ends with its last header's arrival and stores nothing.
+        store_end = np.where(discarded[thread][:, None], -1, store_end)
         records.append(WorkerRecord(
             times, copy_end, store_end, np.asarray(samples[thread][:n]),
             None if scales is None else np.asarray(scales[thread][:n], dtype=np.float64),
             None if injected is None else np.asarray(injected[thread][:n],
-                                                     dtype=np.float64).reshape(n, 3)))
+                                                     dtype=np.float64).reshape(n, 3),
+            discarded=discarded[thread]))
     metrics = scenario.metrics
     trace, loss = merge(records, problem.initial(), w_final, [], scenario_to_toml(scenario),
                         Measure(problem, scenario.run.lr, bounds, dtype, metrics.every,

@@ -89,8 +89,12 @@ and each other shard on a shard server that decides nothing, so there the traine
 own delays, errors and drops (the same draws, ``_draw``, from the same stream, in the same
 order): it sends its pull's τ with the pull, adds the error to its gradient and sends each
 push's ‖e‖ and drop with it (a lost push as headers alone); this server answers with its
-shard τ versions back and takes the schedule's factor at m = the pushes it received + 1,
-which it sends the trainer back for the other shards' parts.
+shard τ versions back and decides on each push as its shard 0 arrives, as the simulator's
+pool decides at a push's first shard: the schedule's factor at m = the pushes it received +
+1, the staleness limit and the rule with the push's staleness then (``_kept``), and sends
+the trainer its decision for the other shards' parts (``_decision_back``: a discarded push
+goes to them as headers alone, ``staleness_lr``'s factor scales them, and DC-ASGD
+compensates each on its own server, ``realrun.pool``).
 
 Launch: ``asyngrad real SCENARIO --backend ps --workers K`` starts the server in that
 process and K trainer processes on loopback (``--servers S``: and S − 1 shard servers, a
@@ -121,6 +125,9 @@ from typing import Any
 import numpy as np
 
 from realrun.pool import (
+    DISCARDED,
+    KEPT,
+    LOST,
     Applied,
     ShardBuffers,
     ShardServers,
@@ -196,6 +203,9 @@ class _Push:
     member: bool = False  # applied by a round another push closed
     closed: int = 0  # when the round this push closed closed (its arrival, or a trainer's end)
     scale: float = 1.0  # the factor on lr the server's rule gave it (``paramserver.rule``)
+    scheduled: float = 1.0  # the schedule's factor in ``scale`` (``run.lr_schedule``)
+    ruled: float = 1.0  # ``staleness_lr``'s factor in ``scale``
+    discarded: bool = False  # too stale (``paramserver.staleness_limit``)
     delay: int = 0  # the injected delay of its pull: it got the vector τ versions back
     errors: list[float] = field(default_factory=list)  # per gradient: ‖e‖ injected
     parts: list[np.ndarray] | None = None  # errors with accumulate > 1: each gradient's step
@@ -335,7 +345,7 @@ def serve(problem: Problem, scenario: Scenario, trainers: int, timeout: float,
     inject = scenario.inject
     if pool is None:  # (a pool's trainers draw their own: ``train``)
         state.injector = _injector(scenario, problem, trainers)
-    scheduled = scenario.run.lr_schedule in LR_FACTORS
+    decided = pool is not None and _decided(scenario)
     if inject.max_delay:
         state.ring = np.tile(state.w, (inject.max_delay + 1, 1))
     if options.lock_free and options.fraction == 0:  # (a round's mean is one write)
@@ -419,8 +429,8 @@ def serve(problem: Problem, scenario: Scenario, trainers: int, timeout: float,
                     state.seq[source] = push.seq + n
                     state.gradients += n
                     _push(state, push)
-                    if pool is not None and scheduled and not lost_push:
-                        _factor_back(state, push)
+                    if decided and not lost_push:
+                        _decision_back(state, push)
                     if progress:
                         progress(n)
                 elif kind == REFUSED:
@@ -732,6 +742,7 @@ def _kept(state: _Server, push: _Push) -> bool:
     if too_stale(state.version - push.version + push.delay,
                  state.scenario.paramserver.staleness_limit):
         push.write_end = max(push.arrival, time.monotonic_ns() if state.appliers else 0)
+        push.discarded = True
         return False
     _scheduled(state, push)
     _rule(state, push)
@@ -803,19 +814,30 @@ def _round_stored(state: _Server, push: _Push) -> None:
     state.w[touched] = values
 
 
-def _factor_back(state: _Server, push: _Push) -> None:
-    """A pool's schedule: send the trainer the factor its push took here, on shard 0's part
-    (the coordinating server's, at m = the pushes it received + 1), for the parts it sends
-    the shard servers."""
+def _decided(scenario: Scenario) -> bool:
+    """Whether a pool's coordinating server decides on each push for its other parts (the
+    staleness limit, a rule, the schedule: ``_decision_back``)."""
+    options = scenario.paramserver
+    return bool(options.staleness_limit or options.rule != "none"
+                or scenario.run.lr_schedule in LR_FACTORS)
+
+
+def _decision_back(state: _Server, push: _Push) -> None:
+    """A pool's decision on a push, made here when its shard 0 arrived (the staleness limit,
+    the schedule's factor at m = the pushes received + 1, the rule with the push's
+    staleness then), sent to the trainer for the parts it sends the shard servers: the
+    schedule's factor, ``staleness_lr``'s, 1.0 if discarded, and the factor on lr the push
+    took (DC-ASGD's rate)."""
     import torch
     import torch.distributed as dist
 
+    decision = torch.tensor([push.scheduled, push.ruled, float(push.discarded), push.scale],
+                            dtype=torch.float64)
     try:
-        work: Any = dist.isend(torch.tensor([push.scale], dtype=torch.float64),
-                               push.thread + 1)
+        work: Any = dist.isend(decision, push.thread + 1)
         work.wait(state.wait)
     except RuntimeError as err:
-        raise _PeerFailed(push.thread + 1, err, "took no factor for its push") from None
+        raise _PeerFailed(push.thread + 1, err, "took no decision on its push") from None
 
 
 def _factor(state: _Server) -> float:
@@ -831,6 +853,7 @@ def _scheduled(state: _Server, push: _Push) -> None:
     if factor != 1.0:
         push.step *= factor
         push.scale *= factor
+        push.scheduled = factor
 
 
 def _rule(state: _Server, push: _Push) -> None:
@@ -843,6 +866,7 @@ def _rule(state: _Server, push: _Push) -> None:
         if scale != 1.0:
             push.scale *= scale
             push.step *= scale
+            push.ruled = scale
     elif rule == "dcasgd":
         if state.work is None:
             state.work = (np.zeros(state.w.size), np.zeros(state.w.size))
@@ -996,9 +1020,11 @@ def train(problem: Problem, scenario: Scenario, rank: int, trainers: int, timeou
     shard by shard and draws its own injections from its thread's stream in the simulator's
     order: each update's τ before its first pull (sent with it, and with every shard's;
     a paused pull pulls again with it), then its gradient's error and drop (:func:`_draw`),
-    which it sends with the push (a lost push: headers alone); with a schedule it waits for
-    the factor the coordinating server gave shard 0's part and scales the other parts by
-    it. Raises RuntimeError when the server is gone."""
+    which it sends with the push (a lost push: headers alone); with a schedule, a staleness
+    limit or a rule it waits for the coordinating server's decision on shard 0's part and
+    carries it to the other parts (a discarded push: headers alone; the schedule's factor,
+    then ``staleness_lr``'s, scale them; the factor on lr goes with them for DC-ASGD).
+    Raises RuntimeError when the server is gone."""
     import torch
     import torch.distributed as dist
 
@@ -1021,8 +1047,8 @@ def train(problem: Problem, scenario: Scenario, rank: int, trainers: int, timeou
               if options.servers > 1 else None)  # a pool: shard 0 on rank 0, then these
     # A pool's trainer draws its own injections (the one server draws them itself).
     injector = None if shards is None else _injector(scenario, problem, trainers)
-    scheduled = shards is not None and scenario.run.lr_schedule in LR_FACTORS
-    factor = torch.zeros(1, dtype=torch.float64)
+    decided = shards is not None and _decided(scenario)
+    decision = torch.zeros(4, dtype=torch.float64)
     slots = options.accumulate  # (the header's, per gradient)
     delay: int | None = None
 
@@ -1067,11 +1093,15 @@ def train(problem: Problem, scenario: Scenario, rank: int, trainers: int, timeou
         if not dropped:
             dist.send(step if shards is None else step[:shards.first], 0)
         if shards is not None:
-            if scheduled and not dropped:  # the factor shard 0's part took
-                receive(factor)
+            fate, scale = LOST if dropped else KEPT, 1.0
+            if decided and not dropped:  # what the coordinating server decided at shard 0
+                receive(decision)
+                scheduled, ruled, discarded, scale = decision.tolist()
+                fate = DISCARDED if discarded else KEPT
                 rest = step.numpy()[shards.first:]
-                rest *= float(factor[0])
-            shards.push(rank, step, dropped)
+                rest *= scheduled  # (then the rule's factor, as the simulator scales a push)
+                rest *= ruled
+            shards.push(rank, step, fate, scale)
         if solver is not None:  # its x_i, for the server's residuals
             dist.send(torch.from_numpy(solver.x), 0)
     header.zero_()
@@ -1321,9 +1351,11 @@ class _Pool:
         # answers its pulls): its receives wait out every pause besides the timeout.
         patience = timeout + sum(p.end - p.start for p in scenario.inject.pauses) / 1e9
         inject = scenario.inject
+        dc = ((scenario.run.lr, scenario.dcasgd.lam)
+              if scenario.paramserver.rule == "dcasgd" else None)
         return cls(shards, [context.Process(target=shard_main, daemon=True, args=(
             s, world, address, port, trainers, buffers[s - 1], patience,
-            _group_timeout(patience), inject.write_bits, inject.max_delay))
+            _group_timeout(patience), inject.write_bits, inject.max_delay, dc))
             for s in range(1, servers)], buffers)
 
     def trace(self, state: _Server, measure: bool, dtype: str, failed: bool
@@ -1339,14 +1371,17 @@ class _Pool:
                 process.terminate()
                 process.join(2.0)
         stopped = None if failed else _dead_server(self.processes)
-        pushes = [p for p in state.pushes if p.applied]  # (in their order of application)
+        # (in their order of application; a discarded one, as it arrived, with no part)
+        pushes = [p for p in state.pushes if p.applied or p.discarded]
+
         def column(name: str) -> np.ndarray:
             return np.asarray([getattr(p, name) for p in pushes], dtype=np.int64)
 
         first = Applied(column("thread"), column("read_start"), column("read_end"),
                         column("arrival"), column("write_end"),
-                        np.asarray([p.step for p in pushes]).reshape(len(pushes),
-                                                                     state.w.size))
+                        np.asarray([np.zeros_like(p.step) if p.discarded else p.step
+                                    for p in pushes]).reshape(len(pushes), state.w.size),
+                        column("discarded").astype(bool))
 
         def each(value: Callable[[_Push], Any]) -> list[list[Any]]:  # per thread, its order
             return [[value(p) for p in pushes if p.thread == t] for t in range(state.trainers)]

@@ -217,6 +217,10 @@ def rebuild(problem: Problem, lr: float, bounds: list[int], dtype: str, every: i
     remaining = (store_end >= 0).sum(axis=1)
     measurements: list[Measurement | None] = [None] * n
     completed = computed = 0  # completions, and the gradients they applied
+    # Rows a server discarded (no stores, outside rounds) count among the gradients computed
+    # by the completions after them, as the simulator's rows do.
+    skipped = (np.cumsum(remaining == 0) if groups is None
+               else np.zeros(n, dtype=np.int64))
     anchors: list[int] = []
     if reads is not None and times is not None:
         anchors = quiet_reads(*times.T).tolist()[::-1]  # popped from the end, earliest first
@@ -242,10 +246,14 @@ def rebuild(problem: Problem, lr: float, bounds: list[int], dtype: str, every: i
                                               [int(samples[row])] if groups is None
                                               else groups[row], int(write_end[row]),
                                               1.0 if scales is None else float(scales[row]),
-                                              n=computed)
-    if groups is not None:  # a round's members stored nothing: the writer's row measures it
-        measurements = [UNMEASURED if m is None and not (store_end[i] >= 0).any() else m
-                        for i, m in enumerate(measurements)]
+                                              n=computed + int(skipped[row]))
+    if n and skipped[-1]:  # the curve ends with every row, discarded ones included
+        view.finish(completed, w.astype(np.float64), int(write_end.max()),
+                    computed + int(skipped[-1]))
+    # A row that stored nothing is not measured: a round's member (its writer's row measures
+    # the round) or a push a server discarded.
+    measurements = [UNMEASURED if m is None and not (store_end[i] >= 0).any() else m
+                    for i, m in enumerate(measurements)]
     assert all(m is not None for m in measurements)
     return Rebuild([m for m in measurements if m is not None], view.curve,
                    w.astype(np.float64), seen)

@@ -148,9 +148,13 @@ SUPPORT: tuple[tuple[str, str, str], ...] = (
      "serving one message at a time; S > 1, a pool on one machine (`--servers S`): shard 0 "
      "on the coordinating server, each other shard on a server process of its own, every "
      "trainer pulling and pushing shard by shard, each server serving its messages one at "
-     "a time; with a pool every other `[paramserver]` option refused (a shard server "
-     "decides nothing on a push), not under torchrun); under `admm` refused unless "
-     "default"),
+     "a time; with a pool `staleness_limit` and `rule` decided by the coordinating server "
+     "when a push's shard 0 arrives, with its staleness then, and sent back to the trainer "
+     "(a discarded push: a header to every shard server, no version; `staleness_lr`'s "
+     "factor scales the other parts; `dcasgd`: each server compensates its own part towards "
+     "its shard from the one that trainer pulled), every other `[paramserver]` option "
+     "refused (a shard server decides nothing on a push), not under torchrun); under "
+     "`admm` refused unless default"),
     ("`[dcasgd]`", "honoured with `dcasgd`, else inert",
      "honoured with `paramserver.rule = dcasgd`, else inert"),
     ("`[admm]`", "honoured with `admm` (CPU worker processes), else inert",
@@ -293,20 +297,23 @@ def _stalls(inject: InjectSpec) -> tuple[str, Any, str] | None:
 
 #: What a pool's shard servers cannot do: each applies the parts it receives as they arrive
 #: and decides nothing on a push (``realrun.pool``; the trainer draws the injections, the
-#: coordinating server gives the schedule's factor).
+#: coordinating server decides the staleness limit, the rule's factor and the schedule's
+#: at shard 0 and the trainer carries them to the other parts).
 _POOL_DECIDES = ("a pool's shard servers apply each push's part as it arrives and decide "
                  "nothing on it (paramserver.servers > 1)")
 
 
 def _pooled(scenario: Scenario) -> tuple[str, Any, str] | None:
     """What a pool of parameter servers (``paramserver.servers`` > 1) refuses: another
-    number of blocks than servers, and every other ``[paramserver]`` option."""
+    number of blocks than servers, and every ``[paramserver]`` option but the staleness
+    limit and the rule (decided at shard 0's arrival, as the simulator's pool decides
+    them)."""
     run, options = scenario.run, scenario.paramserver
     if run.blocks != options.servers:
         return ("run.blocks", run.blocks, f"each of the {options.servers} real servers "
                 "holds one shard: run.blocks must equal paramserver.servers")
-    return _changed("paramserver", dataclasses.replace(options, servers=0),
-                    ParamServerSpec(), _POOL_DECIDES)
+    return _changed("paramserver", dataclasses.replace(
+        options, servers=0, staleness_limit=0, rule="none"), ParamServerSpec(), _POOL_DECIDES)
 
 
 def _injections(backend: str, mode: str) -> tuple[tuple[str, ...], str]:

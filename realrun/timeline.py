@@ -45,6 +45,8 @@ class WorkerRecord:
     scales: np.ndarray | None = None  # the factor on lr each update applied (None: 1)
     injected: np.ndarray | None = None  # (n, 3): ‖e‖ injected, 1.0 if dropped, delay τ
     residuals: np.ndarray | None = None  # admm (n, 2): primal and dual after each push
+    # (n,): a server discarded the update (it stores nothing, completes nothing: step 0)
+    discarded: np.ndarray | None = None
 
 
 def _stacked(records: list[WorkerRecord]) -> dict[str, np.ndarray]:
@@ -61,6 +63,9 @@ def _stacked(records: list[WorkerRecord]) -> dict[str, np.ndarray]:
                                     else r.injected for r in records]),
         "residuals": np.concatenate([np.full((len(r.samples), 2), np.nan)
                                      if r.residuals is None else r.residuals
+                                     for r in records]),
+        "discarded": np.concatenate([np.zeros(len(r.samples), dtype=bool)
+                                     if r.discarded is None else r.discarded
                                      for r in records]),
     }
 
@@ -120,14 +125,14 @@ def merge(records: list[WorkerRecord], w0: np.ndarray, w_final: np.ndarray,
     uid = np.empty(len(rel), dtype=np.int64)
     uid[start_order] = np.arange(len(rel))
     order = np.lexsort((data["thread"], writes, rel[:, 3]))  # completion order
-    position = np.empty(len(rel), dtype=np.int64)
-    position[order] = np.arange(len(rel))
-    if not rounds:
-        completed = position + 1
+    kept = ~data["discarded"]
+    if not rounds:  # completions by each row's write end, its own if kept
+        completed = np.empty(len(rel), dtype=np.int64)
+        completed[order] = np.cumsum(kept[order])
     nan = np.full(len(rel), np.nan)
     columns = {
         "uid": uid, "thread": data["thread"], "thread_seq": data["thread_seq"],
-        "sample": data["samples"], "step": completed,
+        "sample": data["samples"], "step": np.where(kept, completed, 0),
         "read_start": rel[:, 0], "read_end": rel[:, 1],
         "grad_start": rel[:, 1], "grad_end": rel[:, 2], "write_start": write_start,
         "write_end": rel[:, 3], "grad_ns": rel[:, 2] - rel[:, 1],

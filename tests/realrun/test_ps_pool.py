@@ -134,12 +134,13 @@ def test_a_dead_shard_server_stops_the_run_and_keeps_what_every_server_applied()
 
 
 def test_a_pool_refuses_what_its_servers_cannot_decide():
-    """A shard per server, and none of the options that decide on a push as a whole (the
-    schedule and the injections run: tests/realrun/test_ps_pool_inject.py)."""
+    """A shard per server, and none of the options that decide on several pushes or hold
+    pulls back (the schedule and the injections run: tests/realrun/test_ps_pool_inject.py;
+    the staleness limit and the rules: tests/realrun/test_ps_pool_rules.py)."""
     for extra, field in ((("run.blocks=3",), "run.blocks"),
-                         (("paramserver.staleness_limit=2",), "paramserver.staleness_limit"),
+                         (("paramserver.warm_start=5",), "paramserver.warm_start"),
                          (("paramserver.accumulate=2",), "paramserver.accumulate"),
-                         (("paramserver.rule=staleness_lr",), "paramserver.rule")):
+                         (("paramserver.rebalance=1.5",), "paramserver.rebalance")):
         s = scenario(*TINY, "run.protocol=paramserver", "run.blocks=2",
                      "paramserver.servers=2", *extra)
         with pytest.raises(ScenarioError, match=field.replace(".", r"\.")):

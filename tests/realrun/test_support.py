@@ -12,6 +12,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+import realrun.pool as pool
 import realrun.ps as ps
 import realrun.runner as runner
 import simulator.protocols.paramserver as sim_paramserver
@@ -250,6 +251,20 @@ def test_the_real_server_and_the_simulator_share_their_rules():
     assert sim_rounds.round_quota is rules.round_quota
     for name in ("too_stale", "warmed_up", "retirements"):
         assert getattr(sim_paramserver, name) is getattr(rules, name), name
+    assert pool.dc_step is rules.dc_step  # (a pool's shard servers compensate their parts)
+
+
+def test_a_pool_takes_the_staleness_limit_and_the_rules_and_refuses_the_rest():
+    """A pool's coordinating server decides the staleness limit and either rule at shard 0;
+    the options that decide on several pushes or hold pulls back are refused, named."""
+    base = ("run.protocol=paramserver", "run.blocks=2", "paramserver.servers=2")
+    for rule in ("staleness_lr", "dcasgd"):
+        support.refuse_unsupported(scenario(*base, "paramserver.staleness_limit=3",
+                                            f"paramserver.rule={rule}"), "ps", "paramserver")
+    for option in ("paramserver.warm_start=5", "paramserver.accumulate=2",
+                   "paramserver.rebalance=1.5", "paramserver.fraction=0.5"):
+        with pytest.raises(ScenarioError, match=re.escape(option.split("=")[0])):
+            support.refuse_unsupported(scenario(*base, option), "ps", "paramserver")
 
 
 def test_a_round_of_25_trainers_at_fraction_056_closes_at_14_on_both_paths(monkeypatch):
