@@ -34,6 +34,7 @@ from realrun.host.probe import (
 )
 from realrun.records import compiled
 from realrun.support import (
+    PIPELINE_MODES,
     ROUND_MODES,
     recorded,
     refuse_torch_injections,
@@ -65,10 +66,10 @@ from simulator.problems import Problem, make_problem
 from simulator.scenario import Scenario, scenario_to_toml
 from simulator.trace import Trace
 
-__all__ = ["MODES", "RealRun", "run_real"]
+__all__ = ["MODES", "Driven", "RealRun", "drive", "run_real"]
 
 MODES = ("lockfree", "blocklock", "locked", "serial", "minibatch", "allreduce", "roundrobin",
-         "staleness_lr", "dcasgd", "admm")
+         "staleness_lr", "dcasgd", "admm", "amp", "local")
 DTYPES = ("float32", "float64")
 LAUNCHES = ("processes", "threads")
 # Measured with bench/gpu.py (bench/README.md): the faster way to run CUDA workers.
@@ -277,7 +278,8 @@ def run_real(scenario: Scenario, workers: int, mode: str, dtype: str = "float32"
     this process (on CUDA, each on its own stream; None: processes on the CPU,
     ``CUDA_LAUNCH`` on CUDA). Each update is one gradient. On the CPU with processes and
     shared parameters, workers run the problem's numpy code (``realrun.worker``); otherwise
-    its torch loss by autograd.
+    its torch loss by autograd. ``amp`` and ``local`` run a model's stages, one CPU process
+    each (``realrun.pipeline``).
     ``measure_every = n`` turns on measure mode: workers also store their steps (one vector per
     update) and the parent rebuilds the serialized view, measuring every n-th completion.
     ``problem`` reuses a prebuilt problem in the parent (its optimum is computed once); workers
@@ -309,6 +311,9 @@ def run_real(scenario: Scenario, workers: int, mode: str, dtype: str = "float32"
         raise ScenarioError("--timeout", timeout, "must be > 0 seconds")
     if measure_every is not None and measure_every < 1:
         raise ScenarioError("--measure-every", measure_every, "must be >= 1")
+    if mode in PIPELINE_MODES:
+        return _pipeline(scenario, workers, mode, dtype, timeout, progress, on_start,
+                         measure_every, problem, device, launch, pattern, pin, probe, notice)
     if launch is None:
         launch = "processes" if device == "cpu" else CUDA_LAUNCH
     _one_of("--launch", launch, LAUNCHES)
@@ -376,9 +381,57 @@ def run_real(scenario: Scenario, workers: int, mode: str, dtype: str = "float32"
     processes = _workers(buffers, workers, quotas, toml, mode, scenario.run.blocks,
                          device if torch_path else None, launch, cpus, problem.fingerprint(),
                          rounds, turns, consensus, history)
+    probes: tuple[dict[str, Any] | None, ...] = (None, None, None)
+
+    def probing(pids: list[int]) -> dict[str, Any] | None:
+        nonlocal probes
+        _stage("probing", pids)
+        probes = _probe(cpus, workers, problem, buffers.w.element_size())
+        return _failure(buffers, processes)  # a worker that died meanwhile
+
+    completions = scenario.run.updates if rounds is None else max(quotas)
+    run = drive(buffers, processes, scenario.run.updates, timeout, progress, on_start, notice,
+                curve_every(completions, scenario.metrics.curve_points), rounds,
+                probing if probe else None)
+    failure, snapshots = run.failure, run.snapshots
+    latency, shared_write, meetings = probes
+    if latency is not None and failure is None:
+        latency["after_ns"] = line_latency_ns(latency["cpus"])
+    trace, lost = _trace(buffers, workers, scenario, problem, w_star, snapshots, toml, dtype,
+                         measure_every, rounds, sorted(run.dead))
+    return RealRun(scenario, problem, trace, workers, mode, dtype, run.seconds, failure,
+                   lost, measure_every, device, launch, pattern, cpus,
+                   "c" if compiled() and not torch_path else "python", latency, shared_write,
+                   meetings, run.start_seconds, time.monotonic() - run.stopped)
+
+
+@dataclass
+class Driven:
+    """What :func:`drive` saw of a run's workers: the failure that stopped them (None:
+    finished), the loss curve's snapshots of the shared vector (at least w_0), the workers an
+    injected death stopped, and its times (``time.monotonic()`` seconds)."""
+
+    failure: dict[str, Any] | None
+    snapshots: list[tuple[int, int, np.ndarray]]
+    dead: set[int]
+    start_seconds: float  # from the call to the common start (spawn, set-up, probes)
+    seconds: float  # from the common start to the workers' stop
+    stopped: float  # when the workers were stopped
+
+
+def drive(buffers: Buffers, processes: list[Any], total: int, timeout: float | None,
+          progress: Callable[[int], object] | None,
+          on_start: Callable[[list[int]], object] | None,
+          notice: Callable[[str], object] | None, every: int, rounds: Rounds | None = None,
+          ready: Callable[[list[int]], dict[str, Any] | None] | None = None) -> Driven:
+    """Start the worker ``processes`` (not started; ``on_start`` gets their pids), wait until
+    each is set up (``ready``, if given, then runs while they wait asleep and may return a
+    failure), post the common start and watch them (:func:`_watch`: ``total`` rows,
+    a snapshot every ``every`` completions) until they finish, one fails, the ``timeout``
+    passes or a KeyboardInterrupt comes; then stop every one of them, whatever happened
+    (``notice`` hears why)."""
     called = started = time.monotonic()
     snapshots: list[tuple[int, int, np.ndarray]] = []
-    probes: tuple[dict[str, Any] | None, ...] = (None, None, None)
     failure = None
     dead: set[int] = set()  # workers an injected death stopped (their status says so)
     try:
@@ -392,18 +445,13 @@ def run_real(scenario: Scenario, workers: int, mode: str, dtype: str = "float32"
         failure = _start_together(buffers, processes, timeout, started)
         if failure is None:
             _stage("ready", pids)
-            if probe:  # the workers wait asleep: the probes run alone
-                _stage("probing", pids)
-                probes = _probe(cpus, workers, problem, buffers.w.element_size())
-                failure = _failure(buffers, processes)  # a worker that died meanwhile
+            if ready is not None:  # the workers wait asleep: it runs alone
+                failure = ready(pids)
         if failure is None:
             started = _post_start(buffers, snapshots)
             _stage("running", pids)
-            completions = scenario.run.updates if rounds is None else max(quotas)
-            failure = _watch(buffers, processes, scenario.run.updates, timeout, started,
-                             progress, snapshots,
-                             curve_every(completions, scenario.metrics.curve_points), rounds,
-                             dead)
+            failure = _watch(buffers, processes, total, timeout, started, progress, snapshots,
+                             every, rounds, dead)
     except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM where the caller made it one
         failure = {"worker": None,
                    "reason": f"interrupted ({err.args[0] if err.args else 'Ctrl-C'})"}
@@ -415,17 +463,40 @@ def run_real(scenario: Scenario, workers: int, mode: str, dtype: str = "float32"
     start_seconds = (started if snapshots else stopped) - called
     if not snapshots:  # stopped before the start: the curve is w_0 alone
         snapshots.append((0, time.monotonic_ns(), _host(buffers.w)))
-    latency, shared_write, meetings = probes
-    if latency is not None and failure is None:
-        latency["after_ns"] = line_latency_ns(latency["cpus"])
     if failure is not None and notice:
         notice(f"merging the {int(buffers.progress.sum()):,} updates done")
-    trace, lost = _trace(buffers, workers, scenario, problem, w_star, snapshots, toml, dtype,
-                         measure_every, rounds, sorted(dead))
-    return RealRun(scenario, problem, trace, workers, mode, dtype, stopped - started, failure,
-                   lost, measure_every, device, launch, pattern, cpus,
-                   "c" if compiled() and not torch_path else "python", latency, shared_write,
-                   meetings, start_seconds, time.monotonic() - stopped)
+    return Driven(failure, snapshots, dead, start_seconds, stopped - started, stopped)
+
+
+def _pipeline(scenario: Scenario, workers: int, mode: str, dtype: str,
+              timeout: float | None, progress: Callable[[int], object] | None,
+              on_start: Callable[[list[int]], object] | None, measure_every: int | None,
+              problem: Problem | None, device: str, launch: str | None, pattern: str,
+              pin: bool, probe: bool, notice: Callable[[str], object] | None) -> RealRun:
+    """A model-parallel run (``amp``, ``local``): one CPU process per stage
+    (``realrun.pipeline``), once the flags and the scenario are checked.
+
+    Raises:
+        ScenarioError: a flag the stage processes do not take, --workers other than
+            run.threads, or a scenario field they do not honour (``realrun.support``, then
+            ``realrun.pipeline.run_pipeline``)."""
+    from realrun.pipeline import run_pipeline
+
+    if scenario.run.protocol != mode:
+        raise ScenarioError("--mode", mode, f"a model-parallel mode runs run.protocol = {mode}")
+    for flag, value, default in (("--device", device, "cpu"), ("--launch", launch, None),
+                                 ("--pattern", pattern, "shared"),
+                                 ("--probe", "on" if probe else None, None),
+                                 ("--measure", None if measure_every is None else "on",
+                                  None)):
+        if value != default and not (flag == "--launch" and value == "processes"):
+            raise ScenarioError(flag, value, f"{mode} runs one CPU process per stage, "
+                                "unmeasured (simulate it for exact gradient errors)")
+    if workers != scenario.run.threads:
+        raise ScenarioError("--workers", workers, f"{mode} runs one process per stage: "
+                            f"must equal run.threads ({scenario.run.threads})")
+    refuse_unsupported(scenario, "shm", mode)
+    return run_pipeline(scenario, dtype, timeout, progress, on_start, problem, pin, notice)
 
 
 def _stage(stage: str, pids: list[int]) -> None:

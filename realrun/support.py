@@ -36,11 +36,17 @@ PROTOCOL_OF = {"lockfree": "lockfree", "blocklock": "lockfree", "locked": "locke
                "serial": "serial", "minibatch": "minibatch", "allreduce": "minibatch",
                "roundrobin": "roundrobin",
                "staleness_lr": "staleness_lr",
-               "dcasgd": "dcasgd", "admm": "admm", "paramserver": "paramserver"}
+               "dcasgd": "dcasgd", "admm": "admm", "paramserver": "paramserver",
+               "amp": "amp", "local": "local"}
 #: Lock-free modes whose workers apply an update rule when their write begins.
 RULE_MODES = ("staleness_lr", "dcasgd")
 #: Modes whose workers take their updates in synchronous rounds.
 ROUND_MODES = ("minibatch", "allreduce")
+#: Model-parallel modes: one CPU process per stage (``realrun.pipeline``), which keep the
+#: simulator's split and write mode (each stage alone writes its block).
+PIPELINE_MODES = ("amp", "local")
+#: The injections stage processes run (``realrun.worker.Slowed``'s stretch of each phase).
+PIPELINE_INJECTIONS = ("stragglers",)
 #: Real-run modes whose writes are atomic per block (a lock per block write; ADMM's pushes).
 ATOMIC_MODES = ("blocklock", "admm")
 
@@ -53,7 +59,9 @@ _NO_INJECTION = {"ps": "the parameter server injects every fault but into rounds
                  "no errors (the simulator's admm adds none to its local solves)",
                  "ps-admm": "the parameter server's ADMM injects delays, drops, rounded "
                  "stores and stalls, no errors (the simulator's admm adds none to its local "
-                 "solves)"}
+                 "solves)",
+                 "pipeline": "stage processes inject stragglers, not into their messages or "
+                 "updates (simulate it)"}
 #: Why the ps backend's ADMM refuses every ``[paramserver]`` option.
 _NO_SERVER_OPTIONS = ("the simulator's admm has no server options: each push is applied "
                       "whole, as it arrives (run.protocol = admm)")
@@ -64,12 +72,15 @@ SUPPORT: tuple[tuple[str, str, str], ...] = (
     ("`run.protocol`", "recorded: the mode's (`lockfree`, `locked`, `serial`; on CPU worker "
      "processes also `minibatch` (`--mode minibatch`: a barrier in shared memory; "
      "`--mode allreduce`: a torch.distributed all-reduce), `roundrobin`, `staleness_lr`, "
-     "`dcasgd` and `admm`; on torch workers (CUDA, threads) also `staleness_lr`); another "
-     "non-default one refused",
+     "`dcasgd` and `admm`; on torch workers (CUDA, threads) also `staleness_lr`); `amp` "
+     "and `local` with `--mode` their own (`realrun.pipeline`: one CPU process per stage, "
+     "pipes between neighbours); another non-default one refused",
      "recorded: `paramserver`, or `admm` where `run.protocol = \"admm\"`; another "
      "non-default one refused"),
-    ("`run.threads`", "recorded: `--workers`", "recorded: `--workers` (trainers)"),
-    ("`run.updates`", "honoured: gradients computed (one per update), T split evenly",
+    ("`run.threads`", "recorded: `--workers` (`amp`, `local`: refused unless the stages, "
+     "one process each)", "recorded: `--workers` (trainers)"),
+    ("`run.updates`", "honoured: gradients computed (one per update), T split evenly (`amp`, "
+     "`local`: (stage, sample) rows, as the simulator counts them)",
      "honoured: gradients computed (the server hands out the budget; `accumulate` n pushes "
      "n at a time); under `admm` pushes, each one row and one local solve of "
      "`admm.local_steps` gradients, as the simulator's admm counts them"),
@@ -77,7 +88,7 @@ SUPPORT: tuple[tuple[str, str, str], ...] = (
     ("`run.blocks`", "honoured", "refused unless 1 (the server holds one shard), or with a "
      "pool of S servers unless S (one shard each)"),
     ("`run.write_mode`", "recorded: `atomic_add` for `blocklock` and `admm`, else "
-     "`load_store`; "
+     "`load_store` (`amp`, `local`: as set, inert: each stage alone writes its block); "
      "`atomic_add` refused with `lockfree` (under `locked` and `serial` one update writes at "
      "a time, so both modes store the same values)", "inert (pushes are applied whole)"),
     ("`run.lr_schedule`", "honoured: the factor at m = the updates a worker sees completed "
@@ -86,15 +97,17 @@ SUPPORT: tuple[tuple[str, str, str], ...] = (
      "round's: when it closes), as the simulator's server takes it; with a pool the "
      "coordinating server's, at m = the pushes it received + 1 when a push's shard 0 "
      "arrives, sent back to the trainer, which scales the other shards' parts by it"),
-    ("`run.split`", "recorded: `even`", "refused unless `shared`"),
+    ("`run.split`", "recorded: `even` (`amp`, `local`: refused unless `shared`)",
+     "refused unless `shared`"),
     ("`[hardware.sweeping_reads]`", "recorded: set (dense), unset (sparse, `minibatch`, "
-     "`roundrobin`); a "
+     "`roundrobin`, `amp`, `local`); a "
      "`lead` or `tail` other than 0 refused", "recorded: unset; as for shm"),
     ("`run.store_grain`, `run.placement`", "refused unless default", "refused unless default"),
     ("`[timing]`, `[[devices]]` (but a device's `name`), the other `[hardware.*]` tables",
      "refused unless default", "refused unless default"),
     ("`metrics.exact`, `metrics.every`", "recorded: `--measure` measures every "
-     "`metrics.every`-th update, `--measure-every N` every N-th",
+     "`metrics.every`-th update, `--measure-every N` every N-th (`amp`, `local`: refused; "
+     "`metrics.exact` recorded false)",
      "recorded: as for shm"),
     ("`metrics.curve_points`", "honoured with `--measure` (the simulator's checkpoints); "
      "without: copies of the live vector, at most one per 10 ms poll, each once T / "
@@ -119,7 +132,9 @@ SUPPORT: tuple[tuple[str, str, str], ...] = (
      "sparse problem `write_bits` refused; under `admm` delays, drops, `write_bits` (every "
      "value: a push is dense; the dual residual's Δz is what the rounded stores changed, a "
      "dropped push's 0), stragglers, pauses and deaths, `error` refused (the simulator's "
-     "admm adds none to its local solves); torch workers (CUDA, `--launch threads`) run "
+     "admm adds none to its local solves); under `amp` and `local` `stragglers` honoured "
+     "(each of a stage's forwards, backwards and writes takes `factor` (>= 1) times as "
+     "long), every other injection refused; torch workers (CUDA, `--launch threads`) run "
      "stragglers, pauses and deaths the same way, no other injection (a "
      "field that injects nothing, such as `error_bound` without an `error`, is accepted)",
      "`delay`, `error` (with `accumulate` > 1 the trainers send each gradient apart), `drop` "
@@ -157,6 +172,9 @@ SUPPORT: tuple[tuple[str, str, str], ...] = (
      "`admm` refused unless default"),
     ("`[dcasgd]`", "honoured with `dcasgd`, else inert",
      "honoured with `paramserver.rule = dcasgd`, else inert"),
+    ("`[amp]`, `[local]`", "honoured with `amp`, `local` (`max_active`: at most that many "
+     "samples in the pipeline, refused where their messages would not fit in a pipe between "
+     "stages; `update_every`), else inert", "inert"),
     ("`[admm]`", "honoured with `admm` (CPU worker processes), else inert",
      "honoured with `run.protocol = \"admm\"` (each trainer sends its x_i with its push; "
      "the server keeps every x_i and computes the residuals after each push), else inert"),
@@ -192,6 +210,8 @@ def _unsupported(scenario: Scenario, backend: str, mode: str) -> tuple[str, Any,
             else "it runs on the parameter server: asyngrad real --backend ps"
             if run.protocol == "paramserver"
             else "no real backend runs it yet (simulate it)" if run.protocol == "sandblaster"
+            else f"one process per stage: --mode {run.protocol}"
+            if run.protocol in PIPELINE_MODES
             else f"this backend runs {protocol} (--mode {mode})")
     if run.write_mode == "atomic_add" and mode in ("lockfree", *RULE_MODES) and backend != "ps":
         return ("run.write_mode", run.write_mode, f"--mode {mode} writes in place "
@@ -324,6 +344,8 @@ def _injections(backend: str, mode: str) -> tuple[tuple[str, ...], str]:
         return VALUE_INJECTIONS, _NO_INJECTION[backend]
     if backend != "shm":
         return STALLS, _NO_INJECTION[backend]
+    if mode in PIPELINE_MODES:
+        return PIPELINE_INJECTIONS, _NO_INJECTION["pipeline"]
     if mode == "admm":
         return ADMM_INJECTIONS, _NO_INJECTION["admm"]
     return VALUE_INJECTIONS, ""
@@ -387,13 +409,14 @@ def recorded(scenario: Scenario, mode: str, workers: int, sparse: bool,
                  f"metrics.exact={'true' if measure_every is not None else 'false'}",
                  f"metrics.every={every}"]
     server = backend == "ps" or mode == "paramserver"
-    if not server:
+    staged = mode in PIPELINE_MODES  # (the simulator's split and write mode)
+    if not server and not staged:
         overrides += ["run.split=even", "run.write_mode="
                       f"{'atomic_add' if mode in ATOMIC_MODES else 'load_store'}"]
     # No read overlaps a write in rounds (the barrier) or turns, nor a pull a push on the
     # server.
     sweeps = (SweepingReadsSpec()
-              if not server and mode not in ("roundrobin", *ROUND_MODES)
+              if not server and mode not in ("roundrobin", *ROUND_MODES, *PIPELINE_MODES)
               and (not sparse or mode == "admm") else None)  # (ADMM moves every coordinate)
     scenario = with_overrides(scenario, overrides)
     return dataclasses.replace(scenario, hardware=dataclasses.replace(

@@ -1,0 +1,554 @@
+"""Model-parallel real runs: asynchronous model parallelism (``amp``, AMPNet) and layer-wise
+local parallelism (``local``), one worker process per stage, as the simulator's protocols
+(``simulator.protocols.staged``) state them.
+
+Stage s's process owns block s of the shared vector (its parameters, ``Problem.stages``):
+it alone writes it. Stages talk through one-way pipes between neighbours, each with one
+writer and one reader (so a stage killed at any point holds no lock the others wait for):
+forward activations to the next stage, for ``amp`` the gradient with respect to its input
+back to the previous one, for ``local`` the last stage's "a place is free" to the first. A
+stage takes its messages one at a time in the order they were sent (each carries its
+``monotonic_ns`` send stamp; the simulator's order of arrival when messages fly for no
+time); the first stage's own entries (the first ``max_active`` places, and under ``amp``
+each place its backward frees) are messages it sends itself.
+
+The math is the simulator's: ``Problem.forward``, ``backward``, ``local_head`` and
+``local_backward``, and ``simulator.rules.mean_step`` for ``update_every`` gradients
+written as their mean (and a head's step); the first stage draws its samples from the
+simulator's stream of thread 0 (``simulator.timing.sample_stream``). A row is a (stage,
+sample): its forward is the READ phase (θ_s in float64 and the forward pass), its backward
+the GRADIENT phase (θ_s as it is then, ``up`` the gradient received), then its WRITE (a
+group's members write nothing: theirs ends with their writer's). Each stage stamps its rows
+with ``monotonic_ns`` into preallocated shared buffers (``realrun.runner``'s, plus the
+gradient's and the write's starts and the time the row's sample entered the pipeline: its
+first stage's forward start), and the parent builds the trace with the one builder
+(``simulator.trace.TraceBuilder``): completions are write ends in time order, a row's
+``seen`` the completions that ended by its sample's entry (the simulator's staleness counts
+from there). The parent starts, watches and stops the stages as every real run's
+(``realrun.runner.drive``): a stage that dies, the timeout or Ctrl-C stops them all, with the
+partial trace kept.
+
+With one sample in the pipeline every step is the simulator's to rounding (``amp``: serial
+SGD; ``local``: greedy layer-wise SGD; tested against ``simulate`` of the recorded
+scenario). Not measured: the serialized view's δ is not rebuilt (``measured`` false;
+``--measure`` refused). Injections: stragglers (each of a stage's phases takes ``factor``
+times as long, as ``realrun.worker.Slowed`` stretches them); every other one is refused.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import heapq
+import time
+import tomllib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from realrun.support import PIPELINE_MODES, refuse_unsupported
+from realrun.worker import (
+    START,
+    STATUS_DONE,
+    Buffers,
+    Slowed,
+    WorkerSpec,
+    die_with_parent,
+    one_thread_each,
+    pin,
+    pinned_cpus,
+    record_failure,
+    same_problem,
+    touch_records,
+    wait_for_release,
+    wait_for_start,
+)
+from simulator.errors import ScenarioError
+from simulator.problems import Problem, make_problem
+from simulator.protocols import make_protocol
+from simulator.scenario import Scenario, scenario_to_toml, with_overrides
+from simulator.trace import RECORD, Trace, TraceBuilder
+
+if TYPE_CHECKING:
+    from realrun.runner import RealRun
+
+__all__ = ["Links", "run_pipeline", "stage_main"]
+
+# A message's kind, as the simulator's stages send them (a forward message without an
+# activation, to the first stage: a sample may enter).
+FORWARD, BACKWARD = 0, 1
+# Per row, besides realrun.runner's four stamps: the gradient's start, the write's start and
+# when the row's sample entered the pipeline (its first stage's forward start).
+GRAD_START, WRITE_START, ENTERED = 0, 1, 2
+# A message's pickled size beyond its activation's 8 bytes per coordinate (measured: 187).
+_MESSAGE_BYTES = 512
+_WAIT_S = 0.05  # a stage waiting for a message looks at its parent this often
+
+
+@dataclass(frozen=True)
+class Links:
+    """A stage's ends of the pipes (``multiprocessing`` connections): the readers it takes
+    its messages from, and the writers to the next stage, the previous one and the first."""
+
+    inbox: list[Any]
+    ahead: Any = None  # forward activations (not the last stage)
+    behind: Any = None  # amp: gradients back (not the first stage)
+    first: Any = None  # local, last stage: a place is free
+
+
+def run_pipeline(scenario: Scenario, dtype: str = "float32", timeout: float | None = None,
+                 progress: Callable[[int], object] | None = None,
+                 on_start: Callable[[list[int]], object] | None = None,
+                 problem: Problem | None = None, pin_cpus: bool = False,
+                 notice: Callable[[str], object] | None = None) -> RealRun:
+    """Train ``scenario``'s problem stage by stage as its ``run.protocol`` (``amp`` or
+    ``local``) says, one process per stage; returns the run (a ``realrun.runner.RealRun``,
+    failed or not; its ``mode`` the protocol). ``progress`` hears rows as they complete,
+    ``on_start`` gets the stages' pids, ``pin_cpus`` pins stage s to a CPU of its own
+    (``realrun.worker.pinned_cpus``), ``notice`` hears what the parent does once the run is
+    stopped; ``problem`` reuses a prebuilt problem in the parent.
+
+    The fields every real backend refuses (a simulated machine: ``[timing]``, devices ...)
+    are ``realrun.runner.run_real``'s check (``realrun.support``); this checks what the
+    stages run.
+
+    Raises:
+        ScenarioError: another protocol, an unknown dtype, timeout <= 0, what the
+            simulator's protocol refuses (a problem without stages, threads or blocks other
+            than its stages, ``run.updates`` not a multiple of stages × update_every, a
+            split or a hardware model), an injection other than stragglers (or one faster
+            than its core), or more samples in flight than the pipes between stages hold
+            (``max_active``).
+    """
+    import torch
+
+    from realrun.runner import (
+        DTYPES,
+        RealRun,
+        _allocate,
+        _check_buffers,
+        _one_of,
+        curve_every,
+        drive,
+    )
+
+    protocol = scenario.run.protocol
+    _one_of("run.protocol", protocol, PIPELINE_MODES)
+    _one_of("--dtype", dtype, DTYPES)
+    if timeout is not None and not timeout > 0:
+        raise ScenarioError("--timeout", timeout, "must be > 0 seconds")
+    refuse_unsupported(scenario, "shm", protocol)
+    problem = problem if problem is not None else make_problem(scenario.problem)
+    stages = _stages(scenario, problem)
+    scenario = with_overrides(scenario, ["metrics.exact=false"])  # δ is not rebuilt
+    options = scenario.local if protocol == "local" else scenario.amp
+    samples = scenario.run.updates // stages
+    context = torch.multiprocessing.get_context("spawn")
+    links = _links(context, stages, protocol, options.max_active,
+                   _message_bytes(problem, stages))
+    _check_buffers(scenario, problem, scenario.run.updates, dtype, False, True)
+    w_star, _ = problem.optimum()
+    buffers = _allocate(problem.dim, stages, stages, samples, dtype, False, "cpu", False,
+                        True, scaled=True)
+    buffers.w.copy_(torch.as_tensor(problem.initial()))
+    begun = torch.full((stages, samples, 3), -1, dtype=torch.int64).share_memory_()
+    toml = scenario_to_toml(scenario)
+    cpus = pinned_cpus(stages) if pin_cpus else None
+    processes = [context.Process(target=stage_main, args=(
+        WorkerSpec(s, stages, samples, toml, -1 if cpus is None else cpus[s],
+                   problem.fingerprint()), buffers, begun, links[s]), daemon=True)
+        for s in range(stages)]
+    run = drive(buffers, processes, scenario.run.updates, timeout, progress, on_start, notice,
+                curve_every(scenario.run.updates, scenario.metrics.curve_points))
+    finished = time.monotonic()
+    trace = _trace(buffers, begun.numpy(), options.update_every, problem, w_star,
+                   run.snapshots, toml)
+    return RealRun(scenario, problem, trace, stages, protocol, dtype, run.seconds,
+                   run.failure, cpus=cpus, start_seconds=run.start_seconds,
+                   finish_seconds=time.monotonic() - finished)
+
+
+def _stages(scenario: Scenario, problem: Problem) -> int:
+    """The problem's stages, checked as the simulator's protocol checks them.
+
+    Raises:
+        ScenarioError: as ``Amp.bind``."""
+    make_protocol(scenario.run.protocol, scenario).bind(problem)
+    return len(problem.stages() or [])
+
+
+def _message_bytes(problem: Problem, stages: int) -> int:
+    """The largest message a stage sends, pickled (an activation, or a gradient as wide)."""
+    widths = [problem.stage_width(s) for s in range(stages - 1)]
+    return 8 * max(widths, default=0) + _MESSAGE_BYTES
+
+
+def _links(context: Any, stages: int, protocol: str, max_active: int,
+           message: int) -> list[Links]:
+    """The pipes between the stages: forward from each to the next; under ``amp`` back from
+    each to the previous; under ``local`` from the last to the first. Every sample in
+    flight has at most one message on its way, so at most ``max_active`` messages of up to
+    ``message`` bytes wait in a pipe: each is made to hold that much, and a send never
+    blocks (two stages each blocked on the other's full pipe would wait for ever).
+
+    Raises:
+        ScenarioError: naming ``protocol``.max_active, where a pipe cannot be made to hold
+            that much (Linux: ``/proc/sys/fs/pipe-max-size``, 1 MiB by default)."""
+    local = protocol == "local"
+    inbox: list[list[Any]] = [[] for _ in range(stages)]
+    out: list[dict[str, Any]] = [{} for _ in range(stages)]
+
+    def pipe(sender: int, receiver: int, name: str) -> None:
+        reader, writer = context.Pipe(duplex=False)
+        _hold(writer, max_active, message, protocol)
+        inbox[receiver].append(reader)
+        out[sender][name] = writer
+
+    for s in range(stages - 1):
+        pipe(s, s + 1, "ahead")
+        if not local:
+            pipe(s + 1, s, "behind")
+    if local and stages > 1:
+        pipe(stages - 1, 0, "first")
+    return [Links(inbox[s], **out[s]) for s in range(stages)]
+
+
+def _hold(writer: Any, max_active: int, message: int, section: str) -> None:
+    """Make the pipe of ``writer`` hold ``max_active`` messages of ``message`` bytes (a
+    pipe holds 64 KiB unless made larger, on Linux).
+
+    Raises:
+        ScenarioError: naming ``section``.max_active, where it cannot."""
+    most, size = max_active * message, 65536
+    if most > size:
+        with contextlib.suppress(OSError, AttributeError):
+            size = fcntl.fcntl(writer.fileno(), fcntl.F_SETPIPE_SZ, most)
+    if most > size:
+        raise ScenarioError(f"{section}.max_active", max_active,
+                            f"its samples' messages (up to {most} bytes) would not fit in a "
+                            f"pipe between stages ({size} bytes): fewer samples in flight")
+
+
+# -- a stage's process ----------------------------------------------------------------------
+
+def stage_main(spec: WorkerSpec, buffers: Buffers, begun: Any, links: Links) -> None:
+    """Stage ``spec.rank``: set up, wait for the common start, take and answer messages until
+    it has written every sample's gradient, then wait for the release; on any exception
+    record it and exit with status 1 (as ``realrun.worker.worker_main``). Ignores SIGINT:
+    the parent decides how to stop."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    gone = die_with_parent()
+    try:
+        _Stage(spec, buffers, begun, links, gone).run()
+        buffers.status[spec.rank] = STATUS_DONE
+        wait_for_release(buffers, gone)
+    except BaseException as err:  # every failure, SystemExit included, must reach the parent
+        record_failure(buffers, spec.rank, err)
+        raise SystemExit(1) from None
+
+
+class _Inbox:
+    """A stage's messages in the order they were sent: the next message of each pipe, and
+    the ones it sends itself (``put``), taken by their send stamps."""
+
+    def __init__(self, readers: list[Any], gone: Callable[[], bool]) -> None:
+        self.readers, self.gone = readers, gone
+        self.heads: list[tuple[int, int, Any]] = []  # (sent, tie, message), a heap
+        self.waiting = [False] * len(readers)  # whether the reader's next one is in heads
+        self.tie = 0
+
+    def put(self, message: tuple[Any, ...], sent: int) -> None:
+        self.tie += 1
+        heapq.heappush(self.heads, (sent, self.tie, (-1, message)))
+
+    def take(self) -> tuple[Any, ...]:
+        """The earliest sent message; waits for one.
+
+        Raises:
+            SystemExit: the parent is gone."""
+        from multiprocessing.connection import wait
+
+        while True:
+            for k, reader in enumerate(self.readers):
+                if not self.waiting[k] and reader.poll():
+                    sent, message = reader.recv()
+                    self.waiting[k] = True
+                    self.tie += 1
+                    heapq.heappush(self.heads, (sent, self.tie, (k, message)))
+            if self.heads:
+                _, _, (k, message) = heapq.heappop(self.heads)
+                if k >= 0:
+                    self.waiting[k] = False
+                return message
+            if not wait(self.readers, _WAIT_S) and self.gone():
+                raise SystemExit("the parent is gone")
+
+
+class _Stage:
+    """One stage's loop, as ``simulator.protocols.staged.Amp``'s ``loop`` and
+    ``_backward`` run it."""
+
+    def __init__(self, spec: WorkerSpec, buffers: Buffers, begun: Any, links: Links,
+                 gone: Callable[[], bool]) -> None:
+        from simulator.rules import LR_FACTORS
+        from simulator.scenario import scenario_from_dict
+        from simulator.timing import sample_stream
+
+        scenario = scenario_from_dict(tomllib.loads(spec.scenario_toml))
+        self.problem = problem = make_problem(scenario.problem)
+        same_problem(problem, spec.fingerprint, f"stage {spec.rank}")
+        one_thread_each()  # after the problem: the pools its libraries loaded are limited too
+        self.spec, self.buffers, self.links, self.gone = spec, buffers, links, gone
+        self.stage, stages = spec.rank, spec.workers
+        self.last = self.stage == stages - 1
+        self.local = scenario.run.protocol == "local"
+        options = scenario.local if self.local else scenario.amp
+        self.every, self.max_active = options.update_every, options.max_active
+        self.part = (problem.stages() or [])[self.stage]
+        self.w = buffers.w.numpy()
+        size = self.part.stop - self.part.start
+        single = self.w.dtype != np.float64
+        self.copy = np.zeros(size) if single else None
+        self.rounded = np.zeros(size, dtype=self.w.dtype) if single else None
+        self.lr, self.schedule = scenario.run.lr, LR_FACTORS.get(scenario.run.lr_schedule)
+        self.stream = (sample_stream(scenario.run.seed, stages, 0, problem.n_samples)
+                       if self.stage == 0 else None)
+        self.inject = scenario.inject
+        self.head = (problem.local_head(self.stage) if self.local and not self.last else None)
+        self.head_grads: list[np.ndarray] = []
+        rank = self.stage
+        self.times, self.begun = buffers.times[rank].numpy(), begun[rank].numpy()
+        self.copy_end, self.store_end = (buffers.copy_end[rank].numpy(),
+                                         buffers.store_end[rank].numpy())
+        self.samples, self.scales = buffers.samples[rank].numpy(), buffers.scales[rank].numpy()
+        self.progress = buffers.progress.numpy()
+        self.rows: dict[int, tuple[Any, np.ndarray, int]] = {}  # seq → forward's
+        self.pending: list[tuple[int, np.ndarray]] = []  # (seq, lr·g) to average
+        self.inbox = _Inbox(links.inbox, gone)
+        self._warm_up()
+
+    def _warm_up(self) -> None:
+        """Every stage's passes once on w_0 (first-call costs stay out of the timed loop)."""
+        problem, w = self.problem, self.problem.initial()
+        parts, a, caches, outs = problem.stages() or [], None, [], []
+        for s, part in enumerate(parts):
+            a, cache = problem.forward(s, w[part], a, 0)
+            caches.append(cache)
+            outs.append(a)
+        up = None
+        for s in reversed(range(len(parts))):
+            _, up = problem.backward(s, w[parts[s]], caches[s], up, 0)
+        if self.head is not None:
+            problem.local_backward(self.stage, w[self.part], self.head, caches[self.stage],
+                                   outs[self.stage], 0)
+
+    def run(self) -> None:
+        """Forwards and backwards, in the order their messages were sent, until the stage
+        has written every sample's gradient."""
+        touch_records(self.buffers, self.stage)
+        self.begun += 0  # its pages mapped before the start (touch_records)
+        pin(self.spec)
+        wait_for_start(self.buffers, self.stage, self.gone)
+        slowed = Slowed(self.inject, self.stage, int(self.buffers.control.numpy()[START]))
+        self.slow = slowed if slowed.factor > 1 else None
+        samples, seq, done = self.spec.quota, 0, 0
+        self.entered = min(self.max_active, samples)  # samples let into the pipeline
+        if self.stage == 0:
+            for _ in range(self.entered):
+                self.inbox.put((FORWARD, None, -1, -1, []), 0)
+        while done < samples:
+            kind, payload, sample, entered, seqs = self.inbox.take()
+            if kind == BACKWARD:
+                self._backward(seqs[-1], payload, seqs[:-1])
+                done += 1
+                continue
+            self._forward(seq, payload, sample, entered, seqs)  # (and its backward, there)
+            seq += 1
+            done += self.last or self.local
+
+    def _forward(self, i: int, a: np.ndarray | None, sample: int, entered: int,
+                 seqs: list[int]) -> None:
+        """Row ``i``: the READ phase (θ_s's copy and the forward pass), the activation sent
+        on; the last stage's backward (or, under ``local``, every stage's) right after."""
+        began = time.monotonic_ns()
+        if self.stage == 0:  # the sample enters: drawn now, from thread 0's stream
+            sample, entered = int(self.stream.take()), began  # type: ignore[union-attr]
+        theta = self._theta()
+        out, cache = self.problem.forward(self.stage, theta, a, sample)
+        if self.slow is not None:
+            self.slow.stretch(began)
+        end = time.monotonic_ns()
+        self.times[i, 0], self.times[i, 1] = began, end
+        self.copy_end[i, self.stage] = end  # the block's copy ends with the read, as simulated
+        self.begun[i, ENTERED], self.samples[i] = entered, sample
+        if not self.last:
+            self._send(self.links.ahead, (FORWARD, out, sample, entered, [*seqs, i]))
+        self.rows[i] = (cache, out, sample)
+        if self.last or self.local:
+            self._backward(i, None, [] if self.local else seqs)
+
+    def _backward(self, i: int, up: np.ndarray | None, seqs: list[int]) -> None:
+        """Row ``i``'s GRADIENT phase from the gradient ``up`` it received, with θ_s as it is
+        now; the gradient with respect to its input sent back to ``seqs``' last; its write (or
+        its place among the gradients to average); then, where the sample leaves the
+        pipeline, the next one's entry."""
+        problem, stage = self.problem, self.stage
+        cache, out, sample = self.rows.pop(i)
+        began = time.monotonic_ns()
+        theta = self._theta()
+        if self.head is not None:
+            g, head = problem.local_backward(stage, theta, self.head, cache, out, sample)
+            self.head_grads.append(head)
+            back = None
+        else:
+            g, back = problem.backward(stage, theta, cache, up, sample)
+        g *= self.lr  # (a new array: the step, as the simulator's lr·g)
+        if self.slow is not None:
+            self.slow.stretch(began)
+        self.times[i, 2], self.begun[i, GRAD_START] = time.monotonic_ns(), began
+        if seqs:
+            self._send(self.links.behind, (BACKWARD, back, sample, -1, seqs))
+        self.pending.append((i, g))
+        if len(self.pending) == self.every:
+            self._write()
+        if stage == (self.spec.workers - 1 if self.local else 0):
+            self._free()
+
+    def _write(self) -> None:
+        """The WRITE of the pending gradients' mean step (``simulator.rules.mean_step``; a
+        learning-rate schedule's factor at the completions counted + 1), and the head's step
+        with it; the group's rows recorded, its members' writes ending with it."""
+        from simulator.rules import mean_step
+
+        began = time.monotonic_ns()
+        rows = [i for i, _ in self.pending]
+        step = (self.pending[0][1] if self.every == 1
+                else mean_step([s for _, s in self.pending]))
+        scale = 1.0
+        if self.schedule is not None:
+            scale = self.schedule(int(self.progress.sum()) // self.every + 1)
+            step = step * scale
+        if self.rounded is not None:  # one same-dtype subtraction, as realrun.worker's
+            np.copyto(self.rounded, step, casting="same_kind")
+            step = self.rounded
+        self.w[self.part] -= step
+        if self.slow is not None:
+            self.slow.stretch(began)
+        end = time.monotonic_ns()
+        if self.head is not None:  # the head's step, as the stage's (local)
+            self.head -= self.lr * scale * mean_step(self.head_grads)
+            self.head_grads.clear()
+        writer = rows[-1]
+        for i in rows:
+            self.times[i, 3] = end
+            self.begun[i, WRITE_START] = began if i == writer else end
+            self.store_end[i, self.stage] = end if i == writer else -1
+            self.scales[i] = scale if i == writer else 1.0
+        self.pending.clear()
+        # Counted last, once its rows are whole (the parent reads that many).
+        self.progress[self.stage] += len(rows)
+
+    def _free(self) -> None:
+        """A sample left the pipeline here: the next one enters (the first stage's own
+        message, or one sent to it)."""
+        if self.entered == self.spec.quota:
+            return
+        self.entered += 1
+        message: tuple[Any, ...] = (FORWARD, None, -1, -1, [])
+        if self.stage == 0:
+            self.inbox.put(message, time.monotonic_ns())
+        else:
+            self._send(self.links.first, message)
+
+    def _theta(self) -> np.ndarray:
+        """θ_s as it is now, in float64: the shared block itself, or its copy into the
+        stage's one buffer (a forward's cache holds none of it: the simulator's read copy is
+        overwritten by the next read too). Allocating a copy per pass made a 131,584-value
+        stage's backward 5 times as long (its heap trimmed and faulted in again)."""
+        if self.copy is None:
+            return self.w[self.part]
+        np.copyto(self.copy, self.w[self.part])
+        return self.copy
+
+    def _send(self, link: Any, message: tuple[Any, ...]) -> None:
+        link.send((time.monotonic_ns(), message))
+
+
+# -- the trace -------------------------------------------------------------------------------
+
+def _trace(buffers: Buffers, begun: np.ndarray, every: int, problem: Problem,
+           w_star: np.ndarray, snapshots: list[tuple[int, int, np.ndarray]],
+           toml: str) -> Trace:
+    """The trace of the rows the stages completed, through the one builder: rows in
+    completion order (a group's members just before their writer), each row's ``seen`` the
+    completions that ended by its sample's entry, one block operation per row (its stage's
+    block); the loss curve from the parent's snapshots (taken every so many rows: a stage
+    counts its rows a group at a time, so rows / ``every`` completions) and the final
+    vector."""
+    from realrun.runner import _host
+
+    stages = int(buffers.progress.numel())
+    counts = [int(buffers.progress[s]) for s in range(stages)]
+    times = np.concatenate([buffers.times[s, :n].numpy() for s, n in enumerate(counts)])
+    extra = np.concatenate([begun[s, :n] for s, n in enumerate(counts)])
+    thread = np.concatenate([np.full(n, s) for s, n in enumerate(counts)]).astype(np.int64)
+    seq = np.concatenate([np.arange(n) for n in counts]).astype(np.int64)
+    writer = np.concatenate([buffers.store_end[s, :n, s].numpy() >= 0
+                             for s, n in enumerate(counts)])
+    origin = int(times[:, 0].min()) if len(times) else 0
+    rel, extra = times - origin, extra - origin
+    write_end = rel[:, 3]
+    order = np.lexsort((thread, writer, write_end))  # completion order
+    # Completion t of each writer, by its write's end; a member takes its group's writer's.
+    step = np.zeros(len(rel), dtype=np.int64)
+    written = order[writer[order]]
+    step[written] = np.arange(1, written.size + 1)
+    first = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+    step = step[first[thread] + (seq // every) * every + every - 1]
+    ends = np.sort(write_end[writer])
+    seen = np.searchsorted(ends, extra[:, ENTERED], side="right")
+    write_start = np.where(writer, extra[:, WRITE_START], write_end)
+    columns = {
+        "uid": np.argsort(np.lexsort((thread, rel[:, 0]))), "thread": thread,
+        "thread_seq": seq, "sample": np.concatenate(
+            [buffers.samples[s, :n].numpy() for s, n in enumerate(counts)]),
+        "step": step, "read_start": rel[:, 0], "read_end": rel[:, 1],
+        "grad_start": extra[:, GRAD_START], "grad_end": rel[:, 2],
+        "write_start": write_start, "write_end": write_end,
+        "grad_ns": rel[:, 2] - extra[:, GRAD_START],
+        # A stage does no local work before a forward: it waits for its messages, which the
+        # simulator's pipeline models as such (its timing.idle is 0).
+        "idle_ns": np.zeros(len(rel)), "seen": seen, "completed": step,
+        "overwrote": np.zeros(len(rel)), "delay": np.zeros(len(rel)),
+        "error_norm": np.zeros(len(rel)), "dropped": np.zeros(len(rel), dtype=bool),
+        "lr_scale": np.concatenate([buffers.scales[s, :n].numpy()
+                                    for s, n in enumerate(counts)]),
+        "measured": np.zeros(len(rel), dtype=bool),
+        **{name: np.full(len(rel), np.nan) for name in ("s_norm", "g_norm", "delta_norm",
+                                                        "delta_dot")}}
+    records = {name: np.asarray(columns[name])[order] for name in RECORD}
+    ops = {"block": thread[order], "read_ns": (rel[:, 1] - rel[:, 0])[order],
+           "write_ns": np.where(writer, write_end - write_start, 0)[order],
+           "copied": rel[order, 1], "stored": np.where(writer, write_end, -1)[order]}
+    builder = TraceBuilder()
+    builder.extend(records, np.ones(len(rel), dtype=np.int64), ops)
+    w_final = _host(buffers.w)
+    done = int(written.size)
+    finished = int(buffers.progress.sum()) == buffers.times.shape[0] * buffers.times.shape[1]
+    last = int(times[:, 3].max()) if finished and len(times) else time.monotonic_ns()
+    points = [(t // every, stamp, w) for t, stamp, w in snapshots]
+    points.append((done, max(last, points[-1][1]), w_final))
+    t = np.asarray([p[0] for p in points], dtype=np.int64)
+    curve = {"curve_t": t,
+             "curve_time": np.asarray([max(p[1] - origin, 0) for p in points],
+                                      dtype=np.int64),
+             "curve_loss": np.asarray([problem.full_loss(p[2]) for p in points]),
+             "curve_dist2": np.asarray([float((p[2] - w_star) @ (p[2] - w_star))
+                                        for p in points]),
+             "curve_n": np.searchsorted(np.sort(step), t, side="right").astype(np.int64)}
+    return builder.build(toml, problem.initial(), w_final, curve,
+                         extras={"dead_threads": np.zeros(0, dtype=np.int64)}, source="real")
