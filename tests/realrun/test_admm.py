@@ -132,11 +132,13 @@ def test_admm_refuses_what_it_does_not_run(kwargs, override, match):
 
 def test_a_straggler_pushes_as_often_but_slower():
     """Stalls run under ADMM as under every mode (``[[inject.stragglers]]``): the slow
-    worker's gradient phase (its local solve) takes about ``factor`` times as long."""
+    worker's gradient phase (its local solve) takes about ``factor`` times as long (within
+    what another process on a core of its own does to the fast worker's: a factor of 5
+    gives 2 to 8)."""
     s = scenario(*TINY, "run.updates=200", "admm.local_steps=4",
-                 "inject.stragglers=[{thread=1, factor=3.0}]")
+                 "inject.stragglers=[{thread=1, factor=5.0}]")
     real = run_real(s, 2, "admm", dtype="float64", timeout=120)
     assert real.failure is None
     trace = real.trace
     solve = [np.median(trace["grad_ns"][trace["thread"] == r]) for r in (0, 1)]
-    assert 2.0 < solve[1] / solve[0] < 4.5, solve
+    assert 2.0 < solve[1] / solve[0] < 8.0, solve
