@@ -107,10 +107,10 @@ def test_a_dead_worker_is_killed_and_the_run_goes_on_without_it(launch):
     made = np.bincount(trace["thread"], minlength=2)
     assert made[0] == 20000 and 0 < made[1] < 20000
     # Nothing of worker 1 starts after its death; only the update in flight ends after it
-    # (soon, in a process; a thread can wait out the interpreter's 5 ms switch interval).
+    # (counted, not timed: a loaded machine can deschedule a process for milliseconds, and
+    # a thread can wait out the interpreter's 5 ms switch interval).
     assert trace["read_start"][trace["thread"] == 1].max() < 5_000_000
-    if launch is None:
-        assert trace["write_end"][trace["thread"] == 1].max() < 5_200_000
+    assert (trace["write_end"][trace["thread"] == 1] >= 5_000_000).sum() <= 1
 
 
 @pytest.mark.parametrize("launch", [None, "threads"])
