@@ -152,6 +152,12 @@ class LSTMTaggerProblem(TaggingProblem):
 
     def forward(self, stage: int, theta: np.ndarray, a: np.ndarray | None,
                 idx: int) -> tuple[np.ndarray, Any]:
+        return self._pass(stage, theta, a, idx)[0], a  # (the cache: the stage's input)
+
+    def _pass(self, stage: int, theta: np.ndarray, a: np.ndarray | None,
+              idx: int) -> tuple[np.ndarray, Any]:
+        """The stage's forward pass: its activation and what differentiating it needs (the
+        LSTM's run and the tokens; the input and the logits)."""
         h, c, classes = self.hidden, self._cuts, self.classes
         if stage == 0:
             tokens = self.tokens[idx:idx + 1]
@@ -169,7 +175,7 @@ class LSTMTaggerProblem(TaggingProblem):
         g = np.zeros_like(theta)
         if stage == 0:
             assert up is not None
-            run, tokens = cache
+            run, tokens = self._pass(0, theta, None, idx)[1]  # recomputed at θ now
             self._bptt(run, tokens, theta[c[1]:c[2]].reshape(4 * h, h),
                        theta[c[2]:c[3]].reshape(4 * h, h),
                        (g[c[0]:c[1]].reshape(self.vocab, h), g[c[1]:c[2]].reshape(4 * h, h),
@@ -177,7 +183,7 @@ class LSTMTaggerProblem(TaggingProblem):
                        lambda t, _: up[t:t + 1])
             back = None
         else:
-            a, logits = cache
+            a, logits = self._pass(1, theta, cache, idx)[1]
             dz = np.exp(logits - logits.max(axis=1, keepdims=True))
             dz /= dz.sum(axis=1, keepdims=True)
             dz[np.arange(len(dz)), self.tags[idx]] -= 1.0

@@ -164,18 +164,22 @@ class Problem(ABC):
                 idx: int) -> tuple[np.ndarray, Any]:
         """Stage ``stage``'s forward pass of sample ``idx`` with its parameters ``theta`` from
         the previous stage's activation ``a`` (None for the first stage, which reads the
-        sample): its activation, and what its backward pass needs (the cache)."""
+        sample): its activation, and its cache, what its backward pass recomputes the
+        forward from (the stage's input)."""
         raise NotImplementedError
 
     def backward(self, stage: int, theta: np.ndarray, cache: Any, up: np.ndarray | None,
                  idx: int) -> tuple[np.ndarray, np.ndarray | None]:
-        """Stage ``stage``'s backward pass of sample ``idx``: from its forward's ``cache`` and
-        the gradient ``up`` of the loss with respect to its activation (None for the last
-        stage, which takes it from the loss), with its parameters ``theta`` now (the l2 term
-        and the gradient passed back use them), the gradient of f_idx with respect to
-        ``theta`` and with respect to its input activation (None for the first stage). With
-        ``theta`` the forward's and every stage's ``up`` its backward's, the stages'
-        gradients together are ``grad``."""
+        """Stage ``stage``'s backward pass of sample ``idx``: its forward recomputed from the
+        ``cache`` at ``theta``, its parameters now, and differentiated, from the gradient
+        ``up`` of the loss with respect to its activation (None for the last stage, which
+        takes it from the loss): the gradient of f_idx with respect to ``theta`` (its l2
+        term included) and with respect to the stage's input activation (None for the first
+        stage). A stage whose parameters changed since its forward differentiates them as
+        they are now, activations included: no weight stashing, one rule for every problem
+        (autograd recomputes a torch module's stage the same way). With ``theta`` the
+        forward's and every stage's ``up`` its backward's, the stages' gradients together
+        are ``grad``."""
         raise NotImplementedError
 
     def local_head(self, stage: int) -> np.ndarray:

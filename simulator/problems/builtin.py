@@ -45,11 +45,14 @@ class _FeatureStages:
                 idx: int) -> tuple[np.ndarray, Any]:
         part = self._row(idx)[self.stages()[stage]]  # type: ignore[index]
         score = np.array([float(part @ theta) + (0.0 if a is None else float(a[0]))])
-        return score, score
+        return score, a
 
     def backward(self, stage: int, theta: np.ndarray, cache: Any, up: np.ndarray | None,
                  idx: int) -> tuple[np.ndarray, np.ndarray | None]:
-        slope = self._slope(float(cache[0]), idx) if up is None else float(up[0])
+        if up is None:  # the last stage: the slope at its score, recomputed at θ now
+            slope = self._slope(float(self.forward(stage, theta, cache, idx)[0][0]), idx)
+        else:
+            slope = float(up[0])
         g = slope * self._row(idx)[self.stages()[stage]]  # type: ignore[index]
         g += self.l2 * theta
         return g, (np.array([slope]) if stage > 0 else None)
@@ -474,23 +477,24 @@ class MLPProblem(LocalOptimumProblem):
             x = self.X[idx]
             h = np.tanh(theta[:hidden * d_in].reshape(hidden, d_in) @ x
                         + theta[hidden * d_in:])
-            return h, (x, h)
+            return h, x
         assert a is not None
         z = theta[:classes * hidden].reshape(classes, hidden) @ a + theta[classes * hidden:]
-        return z, (a, z)
+        return z, a
 
     def backward(self, stage: int, theta: np.ndarray, cache: Any, up: np.ndarray | None,
                  idx: int) -> tuple[np.ndarray, np.ndarray | None]:
         d_in, hidden, classes = self.shape
         g = np.empty_like(theta)
+        out, _ = self.forward(stage, theta, cache if stage else None, idx)  # at θ now
         if stage == 0:  # (up: the gradient with respect to h)
-            x, h = cache
+            x, h = cache, out
             da = up * (1.0 - h * h)
             np.multiply.outer(da, x, out=g[:hidden * d_in].reshape(hidden, d_in))
             g[hidden * d_in:] = da
             back = None
         else:
-            a, z = cache
+            a, z = cache, out
             dz = _softmax(z)
             dz[self._y[idx]] -= 1.0
             np.multiply.outer(dz, a, out=g[:classes * hidden].reshape(classes, hidden))

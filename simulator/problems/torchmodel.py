@@ -31,11 +31,13 @@ import dataclasses
 import hashlib
 import importlib
 import importlib.util
+import itertools
 import math
 import random
 import sys
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +52,7 @@ from simulator.problems.base import (
     holdout_split,
 )
 
-__all__ = ["TorchProblem", "from_spec", "load_factory"]
+__all__ = ["SplitError", "TorchProblem", "from_spec", "load_factory"]
 
 BATCHES = 0xBA7C  # the minibatch shuffle's random stream, apart from the holdout split's
 CHUNK = 4096  # rows per forward pass when the whole data set is evaluated
@@ -103,10 +105,13 @@ class TorchProblem(LocalOptimumProblem):
     minibatches), or ``held`` gives held-out ``(X, y)``; ``convex`` says f is convex (then
     w* is found by Newton-CG and the checks read c and q at w*), else it is treated as a
     nonconvex network (w* a local minimum from w_0, the checks report convexity as not shown).
+    ``split_at`` cuts an ``nn.Sequential`` into stages for the model-parallel protocols: the
+    names of the children where the stages after the first start (``stages``).
 
     Raises:
         ValueError: data that does not fit the model (lengths, NaN, a loss that is not a
-            scalar mean over rows), in one sentence.
+            scalar mean over rows), in one sentence; :class:`SplitError` for a
+            ``split_at`` that does not cut the model into stages.
     """
 
     name = "torch"
@@ -114,7 +119,8 @@ class TorchProblem(LocalOptimumProblem):
     def __init__(self, model: Any, loss_fn: Callable[[Any, Any], Any], X: Any,
                  y: Any = None, *, l2: float = 0.0, batch: int = 1, holdout: float = 0.0,
                  seed: int = 0, convex: bool = False,
-                 held: tuple[Any, Any] | None = None, label: str = "") -> None:
+                 held: tuple[Any, Any] | None = None, label: str = "",
+                 split_at: Sequence[str] = ()) -> None:
         import torch
 
         if not isinstance(model, torch.nn.Module):
@@ -161,6 +167,8 @@ class TorchProblem(LocalOptimumProblem):
         # would be kept at that transform's level and fail every later call.
         self._parts = self._split()
         self._check_loss()
+        self.seed, self.split_at = seed, tuple(split_at)
+        self._cut = _Stages(self, self.split_at) if self.split_at else None
         self.spec_key = self._content_key()
         self.caches_optimum = self.spec_key is not None  # (LocalOptimumProblem: by default)
 
@@ -303,6 +311,65 @@ class TorchProblem(LocalOptimumProblem):
         # A convex problem: Newton-CG to the global minimum; a network: L-BFGS from w_0.
         return Problem._solve(self) if self.convex else super()._solve()
 
+    # -- model-parallel stages (``split_at``) --------------------------------------------------
+
+    def stages(self) -> list[slice] | None:
+        return None if self._cut is None else list(self._cut.slices)
+
+    def stage_width(self, stage: int) -> int:
+        assert self._cut is not None
+        return self._cut.widths[stage]
+
+    def forward(self, stage: int, theta: np.ndarray, a: np.ndarray | None,
+                idx: int) -> tuple[np.ndarray, Any]:
+        """The stage's children run at ``theta`` on its input (the batch's rows for the
+        first stage), without autograd: its output, and its input as the cache."""
+        import torch
+
+        assert self._cut is not None
+        with torch.no_grad():
+            out = self._cut.run(stage, _flat(theta), self._input(stage, a, idx))
+        return out.numpy(), a
+
+    def backward(self, stage: int, theta: np.ndarray, cache: Any, up: np.ndarray | None,
+                 idx: int) -> tuple[np.ndarray, np.ndarray | None]:
+        """The stage's children run again at ``theta`` on its input (``cache``) and
+        differentiated by reverse-mode autograd: from the loss of its output for the last
+        stage, from ``up`` for the others; λθ added."""
+        import torch
+
+        assert self._cut is not None
+        flat = _flat(theta).requires_grad_()
+        x = self._input(stage, cache, idx)
+        if stage:
+            x = x.clone().requires_grad_()
+        out = self._cut.run(stage, flat, x)
+        if up is None:
+            value, grad_out = self.loss_fn(out, self._batch(idx)[1]), None
+        else:
+            value, grad_out = out, torch.as_tensor(up)
+        grads = torch.autograd.grad(value, [flat, x] if stage else [flat], grad_out,
+                                    allow_unused=True)
+        g = (grads[0] if grads[0] is not None else torch.zeros_like(flat)).numpy()
+        back = None
+        if stage:
+            back = (grads[1] if grads[1] is not None else torch.zeros_like(x)).numpy()
+        return self._with_l2(g, theta), back
+
+    def local_head(self, stage: int) -> np.ndarray:
+        """The auxiliary head of ``local``: the last stage's children re-initialised by their
+        own ``reset_parameters`` (torch's default initialisation) under torch's generator
+        seeded from ``seed`` (a parameter no module re-initialises starts at zero). A head
+        at zero would stall a head of several layers (no gradient reaches its first), and
+        one equal to w_0's last stage would take the last stage's own steps."""
+        assert self._cut is not None and stage == len(self._cut.slices) - 2
+        return self._cut.fresh_last(self.seed)
+
+    def _input(self, stage: int, a: Any, idx: int) -> Any:
+        import torch
+
+        return self._batch(idx)[0] if stage == 0 else torch.as_tensor(a)
+
     def torch_loss(self, w: Any, idx: int) -> Any:
         module, X, y = self._device(w)
         a = idx * self.batch
@@ -374,14 +441,121 @@ class TorchProblem(LocalOptimumProblem):
         spec itself where it names this problem's factory; else one naming this problem as
         built in Python, which no later command can rebuild (a replay of the run refuses it
         in one line, instead of rebuilding the scenario's other problem)."""
-        if spec.name == "torch" and spec.model == self.label:
+        if spec.name == "torch" and spec.model == self.label and (
+                tuple(spec.split_at) == self.split_at):
             return spec
         defaults = {item.name: item.default for item in dataclasses.fields(spec)}
         unset = {k: defaults[k] for k in ("data", "target", "dim", "n_samples", "density",
                                           "hidden", "classes", "length", "holdout")}
         return dataclasses.replace(spec, name="torch", batch=self.batch, l2=self.l2,
+                                   split_at=self.split_at,
                                    model=self.label or f"<built in Python: "
                                    f"{type(self.module).__name__}>", **unset)
+
+
+class SplitError(ValueError):
+    """A ``split_at`` that does not cut the model into stages (``problem.split_at``)."""
+
+
+HEAD = 0x4EAD  # the auxiliary head's initialisation stream (``local``)
+
+
+class _Stages:
+    """An ``nn.Sequential`` cut before the children ``split_at`` names: each stage is a
+    ``Sequential`` of its children (the model's own modules), its parameters a contiguous
+    slice of w (``named_parameters`` follows the children's order).
+
+    Raises:
+        SplitError: a model that is not an ``nn.Sequential``; a name that is not a child, is
+            the first or comes out of order; a stage with no parameter to train; a
+            parameter shared by two stages; a child whose output is not one tensor.
+    """
+
+    def __init__(self, problem: TorchProblem, split_at: tuple[str, ...]) -> None:
+        import torch
+
+        model = problem.module
+        if not isinstance(model, torch.nn.Sequential):
+            raise SplitError(f"cuts an nn.Sequential (its forward runs its children in "
+                             f"order); the model is a {type(model).__name__}")
+        children = [name for name, _ in model.named_children()]
+        for name in split_at:
+            if name not in children:
+                raise SplitError(f"names {name!r}, not a child of the model (its children: "
+                                 f"{', '.join(children)})")
+        starts = [children.index(name) for name in split_at]
+        if starts[0] == 0:
+            raise SplitError(f"names {split_at[0]!r}, the model's first child: name the "
+                             "children where the stages after the first start")
+        if starts != sorted(set(starts)):
+            raise SplitError("must name children in their order in the model, each once")
+        cuts = [0, *starts, len(children)]
+        groups = [children[a:b] for a, b in itertools.pairwise(cuts)]
+        self.modules = [torch.nn.Sequential(OrderedDict((c, model.get_submodule(c))
+                                                        for c in group)) for group in groups]
+        owner = {c: s for s, group in enumerate(groups) for c in group}
+        # The vector's parameters, in order, by stage: each stage's a contiguous run.
+        of_stage = [owner[name.split(".", 1)[0]] for name in problem._names]
+        by_param: dict[int, int] = {}
+        for name, p in model.named_parameters(remove_duplicate=False):
+            stage = owner[name.split(".", 1)[0]]
+            if by_param.setdefault(id(p), stage) != stage:
+                raise SplitError(f"cuts through a parameter two stages share ({name}, tied "
+                                 f"weights): each stage's parameters must be its own")
+        for s, group in enumerate(groups):
+            if s not in of_stage:
+                raise SplitError(f"leaves stage {s} ({', '.join(group)}) with no parameter "
+                                 "to train: cut where every stage has some")
+        self.names = [[n for n, o in zip(problem._names, of_stage, strict=True) if o == s]
+                      for s in range(len(groups))]
+        self.shapes = [[problem._shapes[problem._names.index(n)] for n in names]
+                       for names in self.names]
+        self.sizes = [[problem._sizes[problem._names.index(n)] for n in names]
+                      for names in self.names]
+        bounds = np.cumsum([0, *(sum(sizes) for sizes in self.sizes)]).tolist()
+        self.slices = [slice(a, b) for a, b in itertools.pairwise(bounds)]
+        self.tied = problem._tied
+        self.widths = self._widths(problem, groups)
+
+    def run(self, stage: int, theta: Any, x: Any) -> Any:
+        """Stage ``stage``'s children at the flat parameters ``theta`` on ``x``."""
+        params = {name: part.view(shape) for name, shape, part in
+                  zip(self.names[stage], self.shapes[stage],
+                      theta.split(self.sizes[stage]), strict=True)}
+        return torch_func().functional_call(self.modules[stage], params, (x,),
+                                            tie_weights=self.tied)
+
+    def _widths(self, problem: TorchProblem, groups: list[list[str]]) -> list[int]:
+        """Coordinates of each stage's output for the first sample, from w_0; every output
+        must be one tensor."""
+        import torch
+
+        widths, x = [], problem._batch(0)[0]
+        with torch.no_grad():
+            for s, part in enumerate(self.slices):
+                x = self.run(s, _flat(problem._w0[part]), x)
+                if not isinstance(x, torch.Tensor):
+                    raise SplitError(f"stage {s} ({', '.join(groups[s])}) returns a "
+                                     f"{type(x).__name__}: a stage must pass one tensor on")
+                widths.append(int(x.numel()))
+        return widths
+
+    def fresh_last(self, seed: int) -> np.ndarray:
+        """The last stage's parameters re-initialised (``TorchProblem.local_head``)."""
+        import torch
+
+        head = copy.deepcopy(self.modules[-1])
+        reset: set[int] = set()
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(int(np.random.default_rng([seed, HEAD]).integers(2 ** 62)))
+            for module in head.modules():
+                reset_parameters = getattr(module, "reset_parameters", None)
+                if callable(reset_parameters):
+                    reset_parameters()
+                    reset.update(id(p) for p in module.parameters(recurse=False))
+        values = [p.detach().reshape(-1) if id(p) in reset else torch.zeros(p.numel())
+                  for p in (head.get_parameter(name) for name in self.names[-1])]
+        return torch.cat(values).to(torch.float64).numpy().copy()
 
 
 def torch_func() -> Any:
@@ -546,9 +720,11 @@ def from_spec(spec: Any) -> TorchProblem:
                                  "scored (set one or the other)")
             return TorchProblem(model, loss, X, y, l2=spec.l2, batch=spec.batch,
                                 holdout=spec.holdout, seed=spec.seed, label=spec.model,
-                                **options)
+                                split_at=spec.split_at, **options)
     except ScenarioError:
         raise
+    except SplitError as err:
+        raise ScenarioError("problem.split_at", list(spec.split_at), str(err)) from None
     except ValueError as err:
         raise ScenarioError("problem.model", spec.model, str(err)) from None
     except (Exception, SystemExit) as err:  # the user's code failed: one line

@@ -23,14 +23,14 @@ in order of arrival:
   its activation from the one it received, which it sends on (the update's READ phase: the
   read of θ_s's block and the forward's compute, a third of the stage's gradient work);
 * under ``amp``, a sample's **backward** message (for the last stage: right after its
-  forward): the stage computes the gradient of its parameters from its forward's
-  activations and the gradient it received, with θ_s as it is now (the GRADIENT phase, two
-  thirds of its gradient work), sends the gradient with respect to its input back, and
-  writes −lr·g into its block (the WRITE phase; every ``update_every`` gradients as their
-  mean). The first stage's backward frees the sample's place, and the next sample enters.
-  Under ``local`` every stage takes its backward right after its forward, from its own
-  auxiliary head's loss (``Problem.local_head``, ``local_backward``; the last stage from
-  the loss), and the last stage's write frees the place.
+  forward): the stage computes the gradient of its parameters from the gradient it received,
+  its forward recomputed from its input at θ_s as it is now (``Problem.backward``; the
+  GRADIENT phase, two thirds of its gradient work), sends the gradient with respect to its
+  input back, and writes −lr·g into its block (the WRITE phase; every ``update_every``
+  gradients as their mean). The first stage's backward frees the sample's place, and the
+  next sample enters. Under ``local`` every stage takes its backward right after its
+  forward, from its own auxiliary head's loss (``Problem.local_head``, ``local_backward``;
+  the last stage from the loss), and the last stage's write frees the place.
 
 A message from a stage flies for its device's link latency plus its activation's
 coordinates over the link's bandwidth, without holding the stage. The row's staleness counts
@@ -90,8 +90,8 @@ class Staged(Protocol):
         stages = problem.stages()
         if stages is None:
             raise ScenarioError("problem.name", scenario.problem.name, f"{self.name} trains a "
-                                "model stage by stage: use mlp, lstm_tagger, logistic or "
-                                "quadratic")
+                                "model stage by stage: use mlp, lstm_tagger, logistic, "
+                                "quadratic, or torch with problem.split_at")
         n = len(stages)
         for field, value, what in (("run.threads", run.threads, "a thread per stage"),
                                    ("run.blocks", run.blocks, "a block per stage's "
@@ -310,8 +310,9 @@ class Amp(Staged):
             yield from self._free(engine, stage)
 
     def compute(self, engine: Engine, u: Update, local: np.ndarray) -> np.ndarray:
-        """−(the step): lr times the gradient of the stage's parameters, from its forward's
-        activations, the gradient it received and its parameters now (only it writes them)."""
+        """−(the step): lr times the gradient of the stage's parameters, from the gradient it
+        received and its forward recomputed from its input at its parameters now (only it
+        writes them)."""
         stage, part = u.thread, self.stages[u.thread]
         theta, cache, up = engine.mem.w[part], self.cache.pop(u.uid), self.up.pop(u.uid)
         if self.local and stage < len(self.stages) - 1:
@@ -365,10 +366,10 @@ class BlockADMM(Staged):
         super().setup(engine)
         problem, first = self.problem, self.stages[0]
         w0 = engine.mem.w[first]
-        self.h = np.stack([problem.forward(0, w0, None, i)[0]
-                           for i in range(problem.n_samples)])
-        self.z = self.h.copy()
-        self.u = np.zeros_like(self.h)
+        # One array per sample (a torch model's last minibatch can be shorter).
+        self.h = [problem.forward(0, w0, None, i)[0] for i in range(problem.n_samples)]
+        self.z = [h.copy() for h in self.h]
+        self.u = [np.zeros_like(h) for h in self.h]
         self.rho, self.aux_lr = self.options.rho, self.options.aux_lr
         self.mem = engine.mem
 
@@ -376,9 +377,9 @@ class BlockADMM(Staged):
         """``aux_residual``: the root mean square over samples of z_i − h(θ_0; x_i) at the
         run's end (the coupling's primal residual; θ_0 as the run left it)."""
         theta = self.mem.w[self.stages[0]]
-        h = np.stack([self.problem.forward(0, theta, None, i)[0]
-                      for i in range(self.problem.n_samples)])
-        return {"aux_residual": np.array([math.sqrt(float(np.mean((self.z - h) ** 2)))])}
+        gap = np.concatenate([(z - self.problem.forward(0, theta, None, i)[0]).ravel()
+                              for i, z in enumerate(self.z)])
+        return {"aux_residual": np.array([math.sqrt(float(np.mean(gap ** 2)))])}
 
     def loop(self, engine: Engine, thread: int) -> Generator[Any, Any, None]:
         """Stage ``thread``: its samples, one update each, while the run has updates left."""

@@ -74,7 +74,9 @@ class ProblemSpec:
     the samples, so ``dim``, ``n_samples``, ``density``, ``hidden``, ``classes`` and ``length``
     stay unset; ``batch`` rows make one sample (a minibatch per update), ``holdout`` keeps a
     seeded share of the rows out of training, ``seed`` seeds the model's initial parameters,
-    the split and the minibatches, and ``l2`` adds (λ/2)‖w‖².
+    the split and the minibatches, and ``l2`` adds (λ/2)‖w‖². ``split_at`` names the
+    children of an ``nn.Sequential`` model where its stages after the first start, for the
+    model-parallel protocols.
 
     ``data`` may name a file (``path.csv``, ``path.npz``, ``path.svm``;
     ``simulator.problems.files``) for ``quadratic``, ``logistic`` (two classes, the larger
@@ -95,6 +97,9 @@ class ProblemSpec:
     n_samples: int = key(1000, "training samples (a real data set: the whole set)",
                          bounds=">= 1")
     batch: int = key(1, "rows in one sample, a minibatch per update (torch)", bounds=">= 1")
+    split_at: tuple[str, ...] = key((), "a torch nn.Sequential's children each stage after "
+                                    "the first starts at (model-parallel protocols: amp, "
+                                    "local, block_admm)")
     l2: float = key(0.01, "L2 regularisation weight λ", bounds=">= 0")
     density: float = key(0.01, "share of features a sample has (sparse_logistic)",
                          bounds="(0, 1]")
@@ -135,6 +140,9 @@ class ProblemSpec:
                "holdout", self.holdout, "splits a real data set or a torch problem's data; "
                "synthetic problems draw their own held-out samples")
         check(self.batch >= 1, "batch", self.batch, "must be >= 1")
+        check(not self.split_at or self.name == "torch", "split_at", list(self.split_at),
+              "splits a torch model into stages (problem.name = torch); the built-in "
+              "problems have theirs")
         check(self.batch == 1 or self.name == "torch", "batch", self.batch,
                "minibatches serve problem.name = torch; the built-in problems take one "
                "sample per update")

@@ -219,3 +219,31 @@ def test_the_lstm_taggers_stages_run_as_simulated():
     assert run.failure is None, run.failure
     _complete(run.trace, 100)
     _same_rows_and_vector(run.trace, simulate(run.scenario, run.problem))
+
+
+def test_a_torch_sequential_split_into_three_stages_runs_as_simulated():
+    """A user's ``nn.Sequential`` cut into three stages (``problem.split_at``: a small
+    convolutional network on minibatches of 8 digits): three stage processes, each its own
+    children, pass a minibatch's activations forward and their gradients back; with one
+    minibatch in flight every row and the final vector are the simulation's (to 1e-12), and
+    under ``local`` (its mlp twin, two stages, three minibatches in flight) to the bit."""
+    from tests.simulator.problems import torch_models
+
+    models = torch_models.__file__
+    run = run_pipeline(scenario("run.protocol=amp", "problem.name=torch",
+                                f"problem.model={models}:convnet_sequential",
+                                "problem.split_at=['3', '6']", "problem.batch=8",
+                                "run.threads=3", "run.blocks=3", "run.updates=90",
+                                "amp.max_active=1", "run.lr=0.05"), "float64", TIMEOUT)
+    assert run.failure is None, run.failure
+    trace = run.trace
+    assert len(trace) == 90 and sorted(set(trace["thread"].tolist())) == [0, 1, 2]
+    _same_rows_and_vector(trace, simulate(run.scenario, run.problem))
+    local = run_pipeline(scenario("run.protocol=local", "problem.name=torch",
+                                  f"problem.model={models}:mlp", "problem.split_at=['2']",
+                                  "run.threads=2", "run.blocks=2", "run.updates=400",
+                                  "local.max_active=3", "run.lr=0.05"), "float64", TIMEOUT)
+    assert local.failure is None, local.failure
+    _complete(local.trace, 200)
+    simulated = simulate(with_overrides(local.scenario, ["local.max_active=1"]), local.problem)
+    assert np.array_equal(local.trace["w_final"], simulated["w_final"])

@@ -122,3 +122,25 @@ def per_process():
 
     X = torch.as_tensor(np.random.default_rng(os.getpid()).standard_normal((20, 3)))
     return torch.nn.Linear(3, 2), torch.nn.functional.cross_entropy, X, (X[:, 0] > 0).long()
+
+
+def convnet_sequential():
+    """A small convolutional network on 120 of scikit-learn's 8x8 digits as one
+    ``nn.Sequential`` (split into stages by ``problem.split_at``): conv 1->4, ReLU, pool,
+    flatten, linear 64->12, ReLU, linear 12->10, log-softmax; the mean NLL."""
+    from sklearn.datasets import load_digits
+
+    data = load_digits()
+    X = (data.images[:120] / 16.0)[:, None, :, :]
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(1, 4, kernel_size=3, padding=1), torch.nn.ReLU(),
+        torch.nn.MaxPool2d(2), torch.nn.Flatten(), torch.nn.Linear(64, 12), torch.nn.ReLU(),
+        torch.nn.Linear(12, 10), torch.nn.LogSoftmax(dim=1))
+    return model, torch.nn.functional.nll_loss, X, data.target[:120]
+
+
+def recurrent_sequential():
+    """An ``nn.LSTM`` inside an ``nn.Sequential``: its output is a tuple, no stage's."""
+    X = torch.randn(20, 5, 3)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.LSTM(4, 4, batch_first=True))
+    return model, lambda out, y: ((out[0][:, -1, 0] - y) ** 2).mean(), X, torch.randn(20)
