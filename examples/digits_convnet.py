@@ -12,7 +12,16 @@ Run from the repository root (``problem.model`` is a path relative to the workin
 
     asyngrad simulate examples/digits_convnet.toml --out runs/convnet
     asyngrad real examples/digits_convnet.toml --out runs/convnet-real --workers 2
+
+:func:`make_stages` returns the same network as an ``nn.Sequential`` (same layers, same
+initial parameters), which ``problem.split_at`` cuts into model-parallel stages
+(``examples/digits_pipeline.toml``)::
+
+    asyngrad simulate examples/digits_pipeline.toml --out runs/pipeline
+    asyngrad real examples/digits_pipeline.toml --out runs/pipeline-real
 """
+
+from collections import OrderedDict
 
 import numpy as np
 import torch
@@ -52,3 +61,20 @@ def make() -> tuple[nn.Module, object, np.ndarray, np.ndarray]:
     digits: ``(model, loss_fn, X, y)``."""
     X, y = digits()
     return DigitsConvNet(), F.nll_loss, X, y
+
+
+def make_stages() -> tuple[nn.Module, object, np.ndarray, np.ndarray]:
+    """:func:`make`'s network written as an ``nn.Sequential`` with named children (its layers
+    made in the same order, so from the same seed the same initial parameters), the loss and
+    the digits. ``problem.split_at = ["fc1"]`` cuts it into the convolutions and the
+    classifier."""
+    X, y = digits()
+    conv1 = nn.Conv2d(1, 8, kernel_size=3, padding=1)
+    conv2 = nn.Conv2d(8, 16, kernel_size=3, padding=1)
+    fc1, fc2 = nn.Linear(16 * 2 * 2, 32), nn.Linear(32, 10)
+    model = nn.Sequential(OrderedDict([
+        ("conv1", conv1), ("relu1", nn.ReLU()), ("pool1", nn.MaxPool2d(2)),
+        ("conv2", conv2), ("relu2", nn.ReLU()), ("pool2", nn.MaxPool2d(2)),
+        ("flatten", nn.Flatten()), ("fc1", fc1), ("relu3", nn.ReLU()), ("fc2", fc2),
+        ("log_softmax", nn.LogSoftmax(dim=1))]))
+    return model, F.nll_loss, X, y

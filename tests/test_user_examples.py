@@ -28,7 +28,8 @@ from simulator.scenario import load_scenario, scenario_from_dict  # noqa: E402
 REPO_ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO_ROOT / "examples"
 # The user-model examples and their scenario names (examples/ holds others too).
-NAMES = {"digits_convnet": "digits-convnet", "lstm_tagger": "lstm-tagger-torch"}
+NAMES = {"digits_convnet": "digits-convnet", "lstm_tagger": "lstm-tagger-torch",
+         "digits_pipeline": "digits-pipeline"}
 SCENARIOS = [EXAMPLES / f"{stem}.toml" for stem in NAMES]
 L2 = 0.01
 
@@ -56,7 +57,7 @@ def _simulate(path: Path, out: Path, *overrides: str) -> dict:
 
 
 @pytest.mark.parametrize("path", [pytest.param(p, marks=pytest.mark.slow)
-                                  if p.stem == "digits_convnet" else p for p in SCENARIOS],
+                                  if p.stem.startswith("digits") else p for p in SCENARIOS],
                          ids=lambda p: p.stem)
 def test_example_scenario_runs(path, tmp_path, monkeypatch):
     """Each example scenario loads (named after its file) and ``asyngrad simulate`` runs it
@@ -182,6 +183,23 @@ def test_the_convnet_gradient_against_finite_differences():
     for idx in (0, 17, problem.n_samples - 1):
         slope = (problem.loss(w + h * v, idx) - problem.loss(w - h * v, idx)) / (2 * h)
         assert problem.grad(w, idx)[0] @ v == pytest.approx(slope, rel=1e-6)
+
+
+def test_the_convnet_as_stages_is_the_same_network_cut_before_its_classifier():
+    """``make_stages`` is ``make``'s network as an ``nn.Sequential``: from the same seed the
+    same w_0 and per-sample gradients (bit for bit); the pipeline example cuts it into the
+    convolutions (1,248 parameters) and the classifier (2,410), passing a minibatch's 64
+    features a row."""
+    spec = {"batch": 16, "holdout": 0.2, "l2": 1e-4}
+    whole = _torch_problem("digits_convnet.py:make", **spec)
+    staged = _torch_problem("digits_convnet.py:make_stages", split_at=["fc1"], **spec)
+    assert np.array_equal(staged.initial(), whole.initial())
+    w = whole.initial()
+    for idx in (0, 40):
+        assert np.array_equal(staged.grad(w, idx)[0], whole.grad(w, idx)[0])
+    assert staged.stages() == [slice(0, 1248), slice(1248, 3658)]
+    assert staged.stage_width(0) == 16 * 64
+    assert load_scenario(EXAMPLES / "digits_pipeline.toml").problem.split_at == ("fc1",)
 
 
 @pytest.mark.slow
