@@ -25,14 +25,17 @@ first stage's forward start), and the parent builds the trace with the one build
 (``simulator.trace.TraceBuilder``): completions are write ends in time order, a row's
 ``seen`` the completions that ended by its sample's entry (the simulator's staleness counts
 from there). The parent starts, watches and stops the stages as every real run's
-(``realrun.runner.drive``): a stage that dies, the timeout or Ctrl-C stops them all, with the
-partial trace kept.
+(``realrun.runner.drive``): a stage that fails, the timeout or Ctrl-C stops them all, with
+the partial trace kept.
 
 With one sample in the pipeline every step is the simulator's to rounding (``amp``: serial
 SGD; ``local``: greedy layer-wise SGD; tested against ``simulate`` of the recorded
 scenario). Not measured: the serialized view's δ is not rebuilt (``measured`` false;
-``--measure`` refused). Injections: stragglers (each of a stage's phases takes ``factor``
-times as long, as ``realrun.worker.Slowed`` stretches them); every other one is refused.
+``--measure`` refused). Injections, with ``realrun.worker.Slowed``: stragglers (each of a
+stage's phases takes ``factor`` times as long), pauses (a stage starts no phase inside its
+window) and deaths (the stage stops before its next phase; the others stop once no message
+can come, :meth:`_Inbox.stalled`, and the run ends early, as simulated); every other one is
+refused.
 """
 
 from __future__ import annotations
@@ -51,9 +54,12 @@ import numpy as np
 from realrun.support import PIPELINE_MODES, refuse_unsupported
 from realrun.worker import (
     START,
+    STATUS_DEAD,
     STATUS_DONE,
     Buffers,
+    Died,
     Slowed,
+    Stalled,
     WorkerSpec,
     die_with_parent,
     one_thread_each,
@@ -84,7 +90,11 @@ FORWARD, BACKWARD = 0, 1
 GRAD_START, WRITE_START, ENTERED = 0, 1, 2
 # A message's pickled size beyond its activation's 8 bytes per coordinate (measured: 187).
 _MESSAGE_BYTES = 512
-_WAIT_S = 0.05  # a stage waiting for a message looks at its parent this often
+_WAIT_S = 0.05  # a stage waiting for a message looks at its parent (and for a stall) this often
+# ``Links.flow``, a row per stage r: word s < stages counts the messages stage s sent to r
+# (written by s alone), then the messages r took and whether r waits with none to take (a
+# stall's test: ``_Inbox.stalled``).
+TAKEN, IDLE = -2, -1
 
 
 @dataclass(frozen=True)
@@ -96,6 +106,7 @@ class Links:
     ahead: Any = None  # forward activations (not the last stage)
     behind: Any = None  # amp: gradients back (not the first stage)
     first: Any = None  # local, last stage: a place is free
+    flow: Any = None  # the messages each stage sent to each and took, and its IDLE (shared)
 
 
 def run_pipeline(scenario: Scenario, dtype: str = "float32", timeout: float | None = None,
@@ -118,9 +129,9 @@ def run_pipeline(scenario: Scenario, dtype: str = "float32", timeout: float | No
         ScenarioError: another protocol, an unknown dtype, timeout <= 0, what the
             simulator's protocol refuses (a problem without stages, threads or blocks other
             than its stages, ``run.updates`` not a multiple of stages × update_every, a
-            split or a hardware model), an injection other than stragglers (or one faster
-            than its core), or more samples in flight than the pipes between stages hold
-            (``max_active``).
+            split or a hardware model), an injection other than stragglers, pauses and
+            deaths (or a straggler faster than its core), or more samples in flight than the
+            pipes between stages hold (``max_active``).
     """
     import torch
 
@@ -164,7 +175,7 @@ def run_pipeline(scenario: Scenario, dtype: str = "float32", timeout: float | No
                 curve_every(scenario.run.updates, scenario.metrics.curve_points))
     finished = time.monotonic()
     trace = _trace(buffers, begun.numpy(), options.update_every, problem, w_star,
-                   run.snapshots, toml)
+                   run.snapshots, toml, sorted(run.dead))
     return RealRun(scenario, problem, trace, stages, protocol, dtype, run.seconds,
                    run.failure, cpus=cpus, start_seconds=run.start_seconds,
                    finish_seconds=time.monotonic() - finished)
@@ -196,6 +207,8 @@ def _links(context: Any, stages: int, protocol: str, max_active: int,
     Raises:
         ScenarioError: naming ``protocol``.max_active, where a pipe cannot be made to hold
             that much (Linux: ``/proc/sys/fs/pipe-max-size``, 1 MiB by default)."""
+    import torch
+
     local = protocol == "local"
     inbox: list[list[Any]] = [[] for _ in range(stages)]
     out: list[dict[str, Any]] = [{} for _ in range(stages)]
@@ -212,7 +225,8 @@ def _links(context: Any, stages: int, protocol: str, max_active: int,
             pipe(s + 1, s, "behind")
     if local and stages > 1:
         pipe(stages - 1, 0, "first")
-    return [Links(inbox[s], **out[s]) for s in range(stages)]
+    flow = torch.zeros((stages, stages + 2), dtype=torch.int64).share_memory_()
+    return [Links(inbox[s], **out[s], flow=flow) for s in range(stages)]
 
 
 def _hold(writer: Any, max_active: int, message: int, section: str) -> None:
@@ -246,6 +260,9 @@ def stage_main(spec: WorkerSpec, buffers: Buffers, begun: Any, links: Links) -> 
         _Stage(spec, buffers, begun, links, gone).run()
         buffers.status[spec.rank] = STATUS_DONE
         wait_for_release(buffers, gone)
+    except (Died, Stalled) as stop:  # an injected death; or a pipeline a dead stage stalled
+        buffers.status[spec.rank] = STATUS_DEAD if isinstance(stop, Died) else STATUS_DONE
+        wait_for_release(buffers, gone)
     except BaseException as err:  # every failure, SystemExit included, must reach the parent
         record_failure(buffers, spec.rank, err)
         raise SystemExit(1) from None
@@ -253,10 +270,15 @@ def stage_main(spec: WorkerSpec, buffers: Buffers, begun: Any, links: Links) -> 
 
 class _Inbox:
     """A stage's messages in the order they were sent: the next message of each pipe, and
-    the ones it sends itself (``put``), taken by their send stamps."""
+    the ones it sends itself (``put``), taken by their send stamps. It counts what it takes
+    in its row of ``flow`` (the senders count what they send there) and says there when it
+    waits with nothing to take (``IDLE``), so that a stage can tell a pipeline a dead stage
+    stalled (:meth:`stalled`)."""
 
-    def __init__(self, readers: list[Any], gone: Callable[[], bool]) -> None:
+    def __init__(self, readers: list[Any], gone: Callable[[], bool], flow: np.ndarray,
+                 stage: int, status: np.ndarray) -> None:
         self.readers, self.gone = readers, gone
+        self.flow, self.stage, self.status = flow, stage, status
         self.heads: list[tuple[int, int, Any]] = []  # (sent, tie, message), a heap
         self.waiting = [False] * len(readers)  # whether the reader's next one is in heads
         self.tie = 0
@@ -269,13 +291,17 @@ class _Inbox:
         """The earliest sent message; waits for one.
 
         Raises:
-            SystemExit: the parent is gone."""
+            SystemExit: the parent is gone.
+            Stalled: no message can come any more (:meth:`stalled`)."""
         from multiprocessing.connection import wait
 
+        mine = self.flow[self.stage]
         while True:
             for k, reader in enumerate(self.readers):
                 if not self.waiting[k] and reader.poll():
+                    mine[IDLE] = 0  # (before the count: see ``stalled``)
                     sent, message = reader.recv()
+                    mine[TAKEN] += 1
                     self.waiting[k] = True
                     self.tie += 1
                     heapq.heappush(self.heads, (sent, self.tie, (k, message)))
@@ -284,8 +310,30 @@ class _Inbox:
                 if k >= 0:
                     self.waiting[k] = False
                 return message
-            if not wait(self.readers, _WAIT_S) and self.gone():
-                raise SystemExit("the parent is gone")
+            mine[IDLE] = 1
+            if not wait(self.readers, _WAIT_S):
+                if self.gone():
+                    raise SystemExit("the parent is gone")
+                if self.stalled():
+                    raise Stalled
+
+    def stalled(self) -> bool:
+        """Whether a stage died and no message can come any more: every stage is dead,
+        done, or waiting with nothing to take, and every message sent to a stage not dead
+        was taken (the counts read before and after the flags, and unchanged: a stage clears
+        its ``IDLE`` before it counts a message taken, so one that took a message while the
+        flags were read shows either as not idle or in the counts). The simulator's dead
+        stage stalls its pipeline for good, and its run ends there."""
+        status = self.status.copy()
+        dead = status == STATUS_DEAD
+        if not dead.any():
+            return False
+        before = self.flow.copy()
+        quiet = all(int(status[s]) in (STATUS_DONE, STATUS_DEAD) or self.flow[s, IDLE]
+                    for s in range(len(status)))
+        unchanged = bool((before[:, :IDLE] == self.flow[:, :IDLE]).all())
+        waiting = before[~dead, :TAKEN].sum(axis=1) - before[~dead, TAKEN]
+        return quiet and unchanged and not waiting.any()
 
 
 class _Stage:
@@ -328,7 +376,9 @@ class _Stage:
         self.progress = buffers.progress.numpy()
         self.rows: dict[int, tuple[Any, np.ndarray, int]] = {}  # seq → forward's
         self.pending: list[tuple[int, np.ndarray]] = []  # (seq, lr·g) to average
-        self.inbox = _Inbox(links.inbox, gone)
+        self.flow = links.flow.numpy()
+        self.inbox = _Inbox(links.inbox, gone, self.flow, self.stage,
+                            buffers.status.numpy())
         self._warm_up()
 
     def _warm_up(self) -> None:
@@ -355,6 +405,7 @@ class _Stage:
         wait_for_start(self.buffers, self.stage, self.gone)
         slowed = Slowed(self.inject, self.stage, int(self.buffers.control.numpy()[START]))
         self.slow = slowed if slowed.factor > 1 else None
+        self.held = slowed if slowed.windows or slowed.death is not None else None
         samples, seq, done = self.spec.quota, 0, 0
         self.entered = min(self.max_active, samples)  # samples let into the pipeline
         if self.stage == 0:
@@ -374,6 +425,7 @@ class _Stage:
                  seqs: list[int]) -> None:
         """Row ``i``: the READ phase (θ_s's copy and the forward pass), the activation sent
         on; the last stage's backward (or, under ``local``, every stage's) right after."""
+        self._hold()
         began = time.monotonic_ns()
         if self.stage == 0:  # the sample enters: drawn now, from thread 0's stream
             sample, entered = int(self.stream.take()), began  # type: ignore[union-attr]
@@ -386,7 +438,8 @@ class _Stage:
         self.copy_end[i, self.stage] = end  # the block's copy ends with the read, as simulated
         self.begun[i, ENTERED], self.samples[i] = entered, sample
         if not self.last:
-            self._send(self.links.ahead, (FORWARD, out, sample, entered, [*seqs, i]))
+            self._send(self.links.ahead, self.stage + 1,
+                       (FORWARD, out, sample, entered, [*seqs, i]))
         self.rows[i] = (cache, out, sample)
         if self.last or self.local:
             self._backward(i, None, [] if self.local else seqs)
@@ -397,6 +450,7 @@ class _Stage:
         its place among the gradients to average); then, where the sample leaves the
         pipeline, the next one's entry."""
         problem, stage = self.problem, self.stage
+        self._hold()
         cache, out, sample = self.rows.pop(i)
         began = time.monotonic_ns()
         theta = self._theta()
@@ -411,7 +465,7 @@ class _Stage:
             self.slow.stretch(began)
         self.times[i, 2], self.begun[i, GRAD_START] = time.monotonic_ns(), began
         if seqs:
-            self._send(self.links.behind, (BACKWARD, back, sample, -1, seqs))
+            self._send(self.links.behind, self.stage - 1, (BACKWARD, back, sample, -1, seqs))
         self.pending.append((i, g))
         if len(self.pending) == self.every:
             self._write()
@@ -424,6 +478,7 @@ class _Stage:
         with it; the group's rows recorded, its members' writes ending with it."""
         from simulator.rules import mean_step
 
+        self._hold()
         began = time.monotonic_ns()
         rows = [i for i, _ in self.pending]
         step = (self.pending[0][1] if self.every == 1
@@ -452,6 +507,16 @@ class _Stage:
         # Counted last, once its rows are whole (the parent reads that many).
         self.progress[self.stage] += len(rows)
 
+    def _hold(self) -> None:
+        """Before a phase: wait out a pause window the clock is in (``[[inject.pauses]]``),
+        and stop once the stage's death has come (``[[inject.deaths]]``), as the simulator's
+        stage does before each of its phases.
+
+        Raises:
+            Died: the stage's death has come."""
+        if self.held is not None:
+            self.held.hold()
+
     def _free(self) -> None:
         """A sample left the pipeline here: the next one enters (the first stage's own
         message, or one sent to it)."""
@@ -462,7 +527,7 @@ class _Stage:
         if self.stage == 0:
             self.inbox.put(message, time.monotonic_ns())
         else:
-            self._send(self.links.first, message)
+            self._send(self.links.first, 0, message)
 
     def _theta(self) -> np.ndarray:
         """θ_s as it is now, in float64: the shared block itself, or its copy into the
@@ -474,7 +539,8 @@ class _Stage:
         np.copyto(self.copy, self.w[self.part])
         return self.copy
 
-    def _send(self, link: Any, message: tuple[Any, ...]) -> None:
+    def _send(self, link: Any, to: int, message: tuple[Any, ...]) -> None:
+        self.flow[to, self.stage] += 1  # (counted before it can be taken)
         link.send((time.monotonic_ns(), message))
 
 
@@ -482,13 +548,13 @@ class _Stage:
 
 def _trace(buffers: Buffers, begun: np.ndarray, every: int, problem: Problem,
            w_star: np.ndarray, snapshots: list[tuple[int, int, np.ndarray]],
-           toml: str) -> Trace:
+           toml: str, dead: list[int]) -> Trace:
     """The trace of the rows the stages completed, through the one builder: rows in
     completion order (a group's members just before their writer), each row's ``seen`` the
     completions that ended by its sample's entry, one block operation per row (its stage's
     block); the loss curve from the parent's snapshots (taken every so many rows: a stage
     counts its rows a group at a time, so rows / ``every`` completions) and the final
-    vector."""
+    vector; ``dead``: the stages an injected death stopped."""
     from realrun.runner import _host
 
     stages = int(buffers.progress.numel())
@@ -551,4 +617,5 @@ def _trace(buffers: Buffers, begun: np.ndarray, every: int, problem: Problem,
                                         for p in points]),
              "curve_n": np.searchsorted(np.sort(step), t, side="right").astype(np.int64)}
     return builder.build(toml, problem.initial(), w_final, curve,
-                         extras={"dead_threads": np.zeros(0, dtype=np.int64)}, source="real")
+                         extras={"dead_threads": np.asarray(dead, dtype=np.int64)},
+                         source="real")

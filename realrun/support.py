@@ -45,8 +45,9 @@ ROUND_MODES = ("minibatch", "allreduce")
 #: Model-parallel modes: one CPU process per stage (``realrun.pipeline``), which keep the
 #: simulator's split and write mode (each stage alone writes its block).
 PIPELINE_MODES = ("amp", "local")
-#: The injections stage processes run (``realrun.worker.Slowed``'s stretch of each phase).
-PIPELINE_INJECTIONS = ("stragglers",)
+#: The injections stage processes run (``realrun.worker.Slowed``: each phase stretched, held
+#: in a pause, or the stage stopped by its death).
+PIPELINE_INJECTIONS = ("stragglers", "pauses", "deaths")
 #: Real-run modes whose writes are atomic per block (a lock per block write; ADMM's pushes).
 ATOMIC_MODES = ("blocklock", "admm")
 
@@ -60,8 +61,8 @@ _NO_INJECTION = {"ps": "the parameter server injects every fault but into rounds
                  "ps-admm": "the parameter server's ADMM injects delays, drops, rounded "
                  "stores and stalls, no errors (the simulator's admm adds none to its local "
                  "solves)",
-                 "pipeline": "stage processes inject stragglers, not into their messages or "
-                 "updates (simulate it)"}
+                 "pipeline": "stage processes inject stragglers, pauses and deaths, not into "
+                 "their messages or updates (simulate it)"}
 #: Why the ps backend's ADMM refuses every ``[paramserver]`` option.
 _NO_SERVER_OPTIONS = ("the simulator's admm has no server options: each push is applied "
                       "whole, as it arrives (run.protocol = admm)")
@@ -132,10 +133,13 @@ SUPPORT: tuple[tuple[str, str, str], ...] = (
      "sparse problem `write_bits` refused; under `admm` delays, drops, `write_bits` (every "
      "value: a push is dense; the dual residual's Δz is what the rounded stores changed, a "
      "dropped push's 0), stragglers, pauses and deaths, `error` refused (the simulator's "
-     "admm adds none to its local solves); under `amp` and `local` `stragglers` honoured "
-     "(each of a stage's forwards, backwards and writes takes `factor` (>= 1) times as "
-     "long), every other injection refused; torch workers (CUDA, `--launch threads`) run "
-     "stragglers, pauses and deaths the same way, no other injection (a "
+     "admm adds none to its local solves); under `amp` and `local` `stragglers` (each of "
+     "a stage's forwards, backwards and writes takes `factor` (>= 1) times as long), "
+     "`pauses` (a stage starts none of them in its window) and `deaths` (the stage stops "
+     "before its next one; the others stop once no message can come, and the run ends "
+     "early, as simulated) honoured, every other injection refused; torch workers (CUDA, "
+     "`--launch threads`) run stragglers, pauses and deaths the same way, no other "
+     "injection (a "
      "field that injects nothing, such as `error_bound` without an `error`, is accepted)",
      "`delay`, `error` (with `accumulate` > 1 the trainers send each gradient apart), `drop` "
      "and `write_bits` honoured, drawn by the "

@@ -179,8 +179,7 @@ def test_a_killed_stage_ends_the_run_cleanly(problem):
 
 @pytest.mark.parametrize(("override", "field"), [
     ("inject.delay=2", "inject.delay"),
-    ("inject.pauses=[{thread=1, start=0, end=1000}]", "inject.pauses"),
-    ("inject.deaths=[{thread=1, at=1000}]", "inject.deaths"),
+    ("inject.drop=0.1", "inject.drop"),
     ("inject.stragglers=[{thread=1, factor=0.5}]", "inject.stragglers.0.factor"),
     ("run.threads=3", "run.threads"),
     ("run.updates=201", "run.updates"),
@@ -192,6 +191,48 @@ def test_what_the_stages_do_not_run_is_refused_before_they_start(override, field
         run_pipeline(scenario("run.protocol=amp", *STAGED, "run.updates=200", override),
                      on_start=pids.extend)
     assert err.value.field == field and not pids
+
+
+@pytest.mark.parametrize("protocol", ["amp", "local"])
+def test_a_dead_stage_stalls_the_pipeline_and_the_run_ends_early(problem, protocol):
+    """``[[inject.deaths]]``: stage 1 stops 5 ms after the start, before its next phase. The
+    run is no failure and ends early, long before its timeout: stage 0 stops once no
+    message can come (under ``amp`` it writes no sample stage 1 did not pass back, one of
+    which stage 1 may not have written: it sends a gradient back before its write; under
+    ``local`` at most the samples that were in flight more), the trace names stage 1 dead
+    (``extra_dead_threads``), and its rows are whole. The simulation of the scenario stalls
+    the same way."""
+    quota = 200_000
+    run = _run(problem, protocol, f"run.updates={2 * quota}", f"{protocol}.max_active=4",
+               "inject.deaths=[{thread=1, at=5000000}]")
+    trace = run.trace
+    assert trace["extra_dead_threads"].tolist() == [1]
+    made = np.bincount(trace["thread"], minlength=2)
+    assert 0 < made[1] < quota
+    if protocol == "amp":
+        assert made[0] <= made[1] + 1
+    else:
+        assert made[1] <= made[0] <= made[1] + 4
+    assert trace["read_start"][trace["thread"] == 1].max() < 5_000_000 + 2_000_000
+    assert np.all(np.diff(trace["step"]) >= 0)
+    simulated = simulate(run.scenario, problem)
+    assert simulated["extra_dead_threads"].tolist() == [1] and len(simulated) < 2 * quota
+
+
+def test_a_paused_stage_starts_no_phase_in_its_window(problem):
+    """``[[inject.pauses]]``: stage 0 starts no forward, backward or write 20-30 ms after the
+    start (the trace's clock starts at the first forward, a little later), while the last
+    stage goes on with the samples that were in flight; the run completes."""
+    run = _run(problem, "amp", "run.updates=8000", "amp.max_active=4",
+               "inject.pauses=[{thread=0, start=20000000, end=30000000}]")
+    trace = run.trace
+    assert len(trace) == 8000
+    mine = trace["thread"] == 0
+    began = np.sort(np.concatenate([trace[c][mine] for c in ("read_start", "grad_start",
+                                                               "write_start")]))
+    gap = int(np.argmax(np.diff(began)))
+    assert began[gap + 1] - began[gap] >= 9_000_000  # the window, less the clock's offset
+    assert began[gap] < 21_000_000 and began[gap + 1] >= 29_000_000
 
 
 @pytest.mark.skipif("amp" not in support.PROTOCOL_OF,
