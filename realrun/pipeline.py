@@ -30,8 +30,8 @@ the partial trace kept.
 
 With one sample in the pipeline every step is the simulator's to rounding (``amp``: serial
 SGD; ``local``: greedy layer-wise SGD; tested against ``simulate`` of the recorded
-scenario). Not measured: the serialized view's δ is not rebuilt (``measured`` false;
-``--measure`` refused). Injections, with ``realrun.worker.Slowed``: stragglers (each of a
+scenario). Measure mode keeps each write's step and rebuilds the serialized view from them
+(:func:`_rebuilt`). Injections, with ``realrun.worker.Slowed``: stragglers (each of a
 stage's phases takes ``factor`` times as long), pauses (a stage starts no phase inside its
 window) and deaths (the stage stops before its next phase; the others stop once no message
 can come, :meth:`_Inbox.stalled`, and the run ends early, as simulated); every other one is
@@ -51,7 +51,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from realrun.support import PIPELINE_MODES, refuse_unsupported
+from realrun.support import PIPELINE_MODES, recorded, refuse_unsupported
+from realrun.timeline import hardware_loss
 from realrun.worker import (
     START,
     STATUS_DEAD,
@@ -74,7 +75,7 @@ from realrun.worker import (
 from simulator.errors import ScenarioError
 from simulator.problems import Problem, make_problem
 from simulator.protocols import make_protocol
-from simulator.scenario import Scenario, scenario_to_toml, with_overrides
+from simulator.scenario import Scenario, scenario_to_toml
 from simulator.trace import RECORD, Trace, TraceBuilder
 
 if TYPE_CHECKING:
@@ -113,13 +114,16 @@ def run_pipeline(scenario: Scenario, dtype: str = "float32", timeout: float | No
                  progress: Callable[[int], object] | None = None,
                  on_start: Callable[[list[int]], object] | None = None,
                  problem: Problem | None = None, pin_cpus: bool = False,
-                 notice: Callable[[str], object] | None = None) -> RealRun:
+                 notice: Callable[[str], object] | None = None,
+                 measure_every: int | None = None) -> RealRun:
     """Train ``scenario``'s problem stage by stage as its ``run.protocol`` (``amp`` or
     ``local``) says, one process per stage; returns the run (a ``realrun.runner.RealRun``,
     failed or not; its ``mode`` the protocol). ``progress`` hears rows as they complete,
     ``on_start`` gets the stages' pids, ``pin_cpus`` pins stage s to a CPU of its own
     (``realrun.worker.pinned_cpus``), ``notice`` hears what the parent does once the run is
-    stopped; ``problem`` reuses a prebuilt problem in the parent.
+    stopped; ``problem`` reuses a prebuilt problem in the parent. ``measure_every = n``: the
+    stages also keep their steps, and the parent rebuilds the serialized view from them and
+    measures every n-th completion's δ on its stage (:func:`_rebuilt`).
 
     The fields every real backend refuses (a simulated machine: ``[timing]``, devices ...)
     are ``realrun.runner.run_real``'s check (``realrun.support``); this checks what the
@@ -153,32 +157,43 @@ def run_pipeline(scenario: Scenario, dtype: str = "float32", timeout: float | No
     refuse_unsupported(scenario, "shm", protocol)
     problem = problem if problem is not None else make_problem(scenario.problem)
     stages = _stages(scenario, problem)
-    scenario = with_overrides(scenario, ["metrics.exact=false"])  # δ is not rebuilt
+    if measure_every is not None and measure_every < 1:
+        raise ScenarioError("--measure-every", measure_every, "must be >= 1")
+    scenario = recorded(scenario, protocol, stages, problem.sparse, measure_every)
     options = scenario.local if protocol == "local" else scenario.amp
     samples = scenario.run.updates // stages
     context = torch.multiprocessing.get_context("spawn")
     links = _links(context, stages, protocol, options.max_active,
                    _message_bytes(problem, stages))
-    _check_buffers(scenario, problem, scenario.run.updates, dtype, False, True)
+    _check_buffers(scenario, problem, scenario.run.updates, dtype, measure_every is not None,
+                   True)
     w_star, _ = problem.optimum()
     buffers = _allocate(problem.dim, stages, stages, samples, dtype, False, "cpu", False,
                         True, scaled=True)
     buffers.w.copy_(torch.as_tensor(problem.initial()))
     begun = torch.full((stages, samples, 3), -1, dtype=torch.int64).share_memory_()
+    # Measure mode: write k of stage s keeps its step in row k, on the stage's coordinates.
+    steps = (torch.zeros((samples // options.update_every, problem.dim),
+                         dtype=torch.float64).share_memory_()
+             if measure_every is not None else None)
     toml = scenario_to_toml(scenario)
     cpus = pinned_cpus(stages) if pin_cpus else None
     processes = [context.Process(target=stage_main, args=(
         WorkerSpec(s, stages, samples, toml, -1 if cpus is None else cpus[s],
-                   problem.fingerprint()), buffers, begun, links[s]), daemon=True)
+                   problem.fingerprint()), buffers, begun, links[s], steps), daemon=True)
         for s in range(stages)]
     run = drive(buffers, processes, scenario.run.updates, timeout, progress, on_start, notice,
                 curve_every(scenario.run.updates, scenario.metrics.curve_points))
     finished = time.monotonic()
-    trace = _trace(buffers, begun.numpy(), options.update_every, problem, w_star,
-                   run.snapshots, toml, sorted(run.dead))
+    rebuilt = None if steps is None else (scenario, steps.numpy(), dtype)
+    trace, w_rebuilt = _trace(buffers, begun.numpy(), options.update_every, problem, w_star,
+                              run.snapshots, toml, sorted(run.dead), rebuilt)
+    loss = None if w_rebuilt is None else hardware_loss(
+        w_rebuilt, trace["w_final"], problem.initial(), "rebuilt")
     return RealRun(scenario, problem, trace, stages, protocol, dtype, run.seconds,
                    run.failure, cpus=cpus, start_seconds=run.start_seconds,
-                   finish_seconds=time.monotonic() - finished)
+                   finish_seconds=time.monotonic() - finished, measure_every=measure_every,
+                   hardware_loss=loss)
 
 
 def _stages(scenario: Scenario, problem: Problem) -> int:
@@ -247,17 +262,19 @@ def _hold(writer: Any, max_active: int, message: int, section: str) -> None:
 
 # -- a stage's process ----------------------------------------------------------------------
 
-def stage_main(spec: WorkerSpec, buffers: Buffers, begun: Any, links: Links) -> None:
+def stage_main(spec: WorkerSpec, buffers: Buffers, begun: Any, links: Links,
+               steps: Any = None) -> None:
     """Stage ``spec.rank``: set up, wait for the common start, take and answer messages until
     it has written every sample's gradient, then wait for the release; on any exception
     record it and exit with status 1 (as ``realrun.worker.worker_main``). Ignores SIGINT:
-    the parent decides how to stop."""
+    the parent decides how to stop. ``steps`` (measure mode): where it keeps each write's
+    step."""
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     gone = die_with_parent()
     try:
-        _Stage(spec, buffers, begun, links, gone).run()
+        _Stage(spec, buffers, begun, links, gone, steps).run()
         buffers.status[spec.rank] = STATUS_DONE
         wait_for_release(buffers, gone)
     except (Died, Stalled) as stop:  # an injected death; or a pipeline a dead stage stalled
@@ -341,7 +358,7 @@ class _Stage:
     ``_backward`` run it."""
 
     def __init__(self, spec: WorkerSpec, buffers: Buffers, begun: Any, links: Links,
-                 gone: Callable[[], bool]) -> None:
+                 gone: Callable[[], bool], steps: Any = None) -> None:
         from simulator.rules import LR_FACTORS
         from simulator.scenario import scenario_from_dict
         from simulator.timing import sample_stream
@@ -376,6 +393,8 @@ class _Stage:
         self.progress = buffers.progress.numpy()
         self.rows: dict[int, tuple[Any, np.ndarray, int]] = {}  # seq → forward's
         self.pending: list[tuple[int, np.ndarray]] = []  # (seq, lr·g) to average
+        self.steps = None if steps is None else steps.numpy()  # measure mode: each write's
+        self.writes = 0
         self.flow = links.flow.numpy()
         self.inbox = _Inbox(links.inbox, gone, self.flow, self.stage,
                             buffers.status.numpy())
@@ -491,6 +510,9 @@ class _Stage:
             np.copyto(self.rounded, step, casting="same_kind")
             step = self.rounded
         self.w[self.part] -= step
+        if self.steps is not None:  # (after the store: the step as subtracted, exactly)
+            self.steps[self.writes, self.part] = step
+        self.writes += 1
         if self.slow is not None:
             self.slow.stretch(began)
         end = time.monotonic_ns()
@@ -548,13 +570,17 @@ class _Stage:
 
 def _trace(buffers: Buffers, begun: np.ndarray, every: int, problem: Problem,
            w_star: np.ndarray, snapshots: list[tuple[int, int, np.ndarray]],
-           toml: str, dead: list[int]) -> Trace:
+           toml: str, dead: list[int],
+           rebuilt: tuple[Scenario, np.ndarray, str] | None = None,
+           ) -> tuple[Trace, np.ndarray | None]:
     """The trace of the rows the stages completed, through the one builder: rows in
     completion order (a group's members just before their writer), each row's ``seen`` the
     completions that ended by its sample's entry, one block operation per row (its stage's
     block); the loss curve from the parent's snapshots (taken every so many rows: a stage
     counts its rows a group at a time, so rows / ``every`` completions) and the final
-    vector; ``dead``: the stages an injected death stopped."""
+    vector; ``dead``: the stages an injected death stopped. ``rebuilt`` (measure mode: the
+    scenario, the stages' steps and the run's dtype): the measured rows and the exact loss
+    curve of :func:`_rebuilt` instead, and the rebuilt final vector with the trace."""
     from realrun.runner import _host
 
     stages = int(buffers.progress.numel())
@@ -596,6 +622,12 @@ def _trace(buffers: Buffers, begun: np.ndarray, every: int, problem: Problem,
         "measured": np.zeros(len(rel), dtype=bool),
         **{name: np.full(len(rel), np.nan) for name in ("s_norm", "g_norm", "delta_norm",
                                                         "delta_dot")}}
+    w_rebuilt = None
+    if rebuilt is not None:
+        scenario, steps, dtype = rebuilt
+        w_rebuilt, measured, exact_curve = _rebuilt(
+            scenario, problem, steps, dtype, order, writer, thread, seq, columns, every, first)
+        columns.update(measured)
     records = {name: np.asarray(columns[name])[order] for name in RECORD}
     ops = {"block": thread[order], "read_ns": (rel[:, 1] - rel[:, 0])[order],
            "write_ns": np.where(writer, write_end - write_start, 0)[order],
@@ -616,6 +648,47 @@ def _trace(buffers: Buffers, begun: np.ndarray, every: int, problem: Problem,
              "curve_dist2": np.asarray([float((p[2] - w_star) @ (p[2] - w_star))
                                         for p in points]),
              "curve_n": np.searchsorted(np.sort(step), t, side="right").astype(np.int64)}
+    if rebuilt is not None:
+        curve = exact_curve
     return builder.build(toml, problem.initial(), w_final, curve,
                          extras={"dead_threads": np.asarray(dead, dtype=np.int64)},
-                         source="real")
+                         source="real"), w_rebuilt
+
+
+def _rebuilt(scenario: Scenario, problem: Problem, steps: np.ndarray, dtype: str,
+             order: np.ndarray, writer: np.ndarray, thread: np.ndarray, seq: np.ndarray,
+             columns: dict[str, Any], every: int,
+             first: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray],
+                                         dict[str, np.ndarray]]:
+    """Measure mode: the serialized view rebuilt from w_0 by every write's step, in
+    completion order and in the run's dtype, as the stage subtracted it (each stage alone
+    writes its block, so nothing can be lost: the rebuilt vector is the real one), measured
+    by the simulator's :class:`~simulator.view.SerializedView` as the simulator's stages are:
+    every ``metrics.every``-th completion's δ on its stage's block, against the exact
+    gradient of its samples there at w_{t−1}, on the group's writer row (its members
+    unmeasured); and the loss curve at the simulator's checkpoints. Returns the rebuilt final
+    vector, the measured columns (by row, as ``columns``) and the curve."""
+    from simulator.view import UNMEASURED, SerializedView
+
+    parts, rows = problem.stages() or [], len(thread)
+    view = SerializedView(problem, scenario.run.lr, problem.initial(), scenario.run.updates,
+                          True, scenario.metrics.every, scenario.metrics.curve_points)
+    w = problem.initial().astype(dtype)
+    measures = [UNMEASURED] * rows
+    t = n = 0
+    samples, scales, ends = columns["sample"], columns["lr_scale"], columns["write_end"]
+    for j in order.tolist():
+        n += 1
+        if not writer[j]:
+            continue
+        stage, k = int(thread[j]), int(seq[j]) // every
+        part = parts[stage]
+        w[part] -= steps[k, part].astype(dtype)
+        t += 1
+        group = samples[first[stage] + k * every:first[stage] + (k + 1) * every].tolist()
+        measures[j] = view.complete(t, w.astype(np.float64), group, int(ends[j]),
+                                    float(scales[j]), n, part)
+    view.finish(t, w.astype(np.float64), int(ends.max()) if rows else 0, n)
+    measured = {name: np.asarray([getattr(m, name) for m in measures])
+                for name in ("measured", "s_norm", "g_norm", "delta_norm", "delta_dot")}
+    return w.astype(np.float64), measured, view.curve_arrays()

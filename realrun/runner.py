@@ -486,17 +486,15 @@ def _pipeline(scenario: Scenario, workers: int, mode: str, dtype: str,
         raise ScenarioError("--mode", mode, f"a model-parallel mode runs run.protocol = {mode}")
     for flag, value, default in (("--device", device, "cpu"), ("--launch", launch, None),
                                  ("--pattern", pattern, "shared"),
-                                 ("--probe", "on" if probe else None, None),
-                                 ("--measure", None if measure_every is None else "on",
-                                  None)):
+                                 ("--probe", "on" if probe else None, None)):
         if value != default and not (flag == "--launch" and value == "processes"):
-            raise ScenarioError(flag, value, f"{mode} runs one CPU process per stage, "
-                                "unmeasured (simulate it for exact gradient errors)")
+            raise ScenarioError(flag, value, f"{mode} runs one CPU process per stage")
     if workers != scenario.run.threads:
         raise ScenarioError("--workers", workers, f"{mode} runs one process per stage: "
                             f"must equal run.threads ({scenario.run.threads})")
     refuse_unsupported(scenario, "shm", mode)
-    return run_pipeline(scenario, dtype, timeout, progress, on_start, problem, pin, notice)
+    return run_pipeline(scenario, dtype, timeout, progress, on_start, problem, pin, notice,
+                        measure_every)
 
 
 def _stage(stage: str, pids: list[int]) -> None:

@@ -107,8 +107,8 @@ SUPPORT: tuple[tuple[str, str, str], ...] = (
     ("`[timing]`, `[[devices]]` (but a device's `name`), the other `[hardware.*]` tables",
      "refused unless default", "refused unless default"),
     ("`metrics.exact`, `metrics.every`", "recorded: `--measure` measures every "
-     "`metrics.every`-th update, `--measure-every N` every N-th (`amp`, `local`: refused; "
-     "`metrics.exact` recorded false)",
+     "`metrics.every`-th update, `--measure-every N` every N-th (`amp`, `local`: each "
+     "measured row's δ on its stage, from the stages' steps)",
      "recorded: as for shm"),
     ("`metrics.curve_points`", "honoured with `--measure` (the simulator's checkpoints); "
      "without: copies of the live vector, at most one per 10 ms poll, each once T / "
