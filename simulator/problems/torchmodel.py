@@ -167,6 +167,8 @@ class TorchProblem(LocalOptimumProblem):
         # would be kept at that transform's level and fail every later call.
         self._parts = self._split()
         self._check_loss()
+        if isinstance(split_at, str):
+            raise SplitError(f"is the string {split_at!r}: a list of child names is needed")
         self.seed, self.split_at = seed, tuple(split_at)
         self._cut = _Stages(self, self.split_at) if self.split_at else None
         self.spec_key = self._content_key()
@@ -322,28 +324,31 @@ class TorchProblem(LocalOptimumProblem):
 
     def forward(self, stage: int, theta: np.ndarray, a: np.ndarray | None,
                 idx: int) -> tuple[np.ndarray, Any]:
-        """The stage's children run at ``theta`` on its input (the batch's rows for the
-        first stage), without autograd: its output, and its input as the cache."""
+        """The stage's children run at ``theta`` on a copy of its input (the batch's rows for
+        the first stage; a copy, so that an in-place first child writes into neither the
+        message nor the data), without autograd: its output, and its input as the cache."""
         import torch
 
         assert self._cut is not None
         with torch.no_grad():
             out = self._cut.run(stage, _flat(theta), self._input(stage, a, idx))
-        return out.numpy(), a
+        # (the last stage's output goes to the loss alone, and may be a tuple)
+        return out.numpy() if isinstance(out, torch.Tensor) else np.empty(0), a
 
     def backward(self, stage: int, theta: np.ndarray, cache: Any, up: np.ndarray | None,
                  idx: int) -> tuple[np.ndarray, np.ndarray | None]:
-        """The stage's children run again at ``theta`` on its input (``cache``) and
-        differentiated by reverse-mode autograd: from the loss of its output for the last
-        stage, from ``up`` for the others; λθ added."""
+        """The stage's children run again at ``theta`` on a copy of its input (``cache``;
+        the gradient taken with respect to the input, a leaf, through the copy, which an
+        in-place first child may change) and differentiated by reverse-mode autograd: from
+        the loss of its output for the last stage, from ``up`` for the others; λθ added."""
         import torch
 
         assert self._cut is not None
         flat = _flat(theta).requires_grad_()
         x = self._input(stage, cache, idx)
         if stage:
-            x = x.clone().requires_grad_()
-        out = self._cut.run(stage, flat, x)
+            x.requires_grad_()
+        out = self._cut.run(stage, flat, x.clone() if stage else x)
         if up is None:
             value, grad_out = self.loss_fn(out, self._batch(idx)[1]), None
         else:
@@ -366,9 +371,10 @@ class TorchProblem(LocalOptimumProblem):
         return self._cut.fresh_last(self.seed)
 
     def _input(self, stage: int, a: Any, idx: int) -> Any:
+        """A copy of the stage's input: the batch's rows, or the activation ``a``."""
         import torch
 
-        return self._batch(idx)[0] if stage == 0 else torch.as_tensor(a)
+        return (self._batch(idx)[0] if stage == 0 else torch.as_tensor(a)).clone()
 
     def torch_loss(self, w: Any, idx: int) -> Any:
         module, X, y = self._device(w)
@@ -466,9 +472,12 @@ class _Stages:
     slice of w (``named_parameters`` follows the children's order).
 
     Raises:
-        SplitError: a model that is not an ``nn.Sequential``; a name that is not a child, is
-            the first or comes out of order; a stage with no parameter to train; a
-            parameter shared by two stages; a child whose output is not one tensor.
+        SplitError: a model that is not an ``nn.Sequential`` running its children in order
+            (a subclass with a ``forward`` of its own, or hooks on the model); a name that
+            is not a child, is the first or comes out of order; a parameter on the
+            ``Sequential`` itself; a stage with no parameter to train; a parameter two
+            stages share (a module used in both); a stage before the last whose output is
+            not one tensor.
     """
 
     def __init__(self, problem: TorchProblem, split_at: tuple[str, ...]) -> None:
@@ -478,7 +487,15 @@ class _Stages:
         if not isinstance(model, torch.nn.Sequential):
             raise SplitError(f"cuts an nn.Sequential (its forward runs its children in "
                              f"order); the model is a {type(model).__name__}")
-        children = [name for name, _ in model.named_children()]
+        if type(model).forward is not torch.nn.Sequential.forward:
+            raise SplitError(f"cuts an nn.Sequential whose forward runs its children in "
+                             f"order; {type(model).__name__} has a forward of its own")
+        if model._forward_hooks or model._forward_pre_hooks:
+            raise SplitError("cuts the model's children apart: the hooks on the model itself "
+                             "would not run")
+        # Every child as the forward runs it, a module used twice under each of its names
+        # (``named_children`` lists a module once).
+        children = list(model._modules)
         for name in split_at:
             if name not in children:
                 raise SplitError(f"names {name!r}, not a child of the model (its children: "
@@ -494,14 +511,21 @@ class _Stages:
         self.modules = [torch.nn.Sequential(OrderedDict((c, model.get_submodule(c))
                                                         for c in group)) for group in groups]
         owner = {c: s for s, group in enumerate(groups) for c in group}
-        # The vector's parameters, in order, by stage: each stage's a contiguous run.
-        of_stage = [owner[name.split(".", 1)[0]] for name in problem._names]
         by_param: dict[int, int] = {}
         for name, p in model.named_parameters(remove_duplicate=False):
-            stage = owner[name.split(".", 1)[0]]
-            if by_param.setdefault(id(p), stage) != stage:
+            child = name.split(".", 1)[0]
+            if child not in owner:
+                raise SplitError(f"cannot place the model's own parameter {name!r} (on the "
+                                 "Sequential itself, not a child) in a stage")
+            if by_param.setdefault(id(p), owner[child]) != owner[child]:
                 raise SplitError(f"cuts through a parameter two stages share ({name}, tied "
-                                 f"weights): each stage's parameters must be its own")
+                                 f"weights or a module used in both): each stage's "
+                                 f"parameters must be its own")
+        # The vector's parameters, in order, by stage: each stage's a contiguous run.
+        of_stage = [owner[name.split(".", 1)[0]] for name in problem._names]
+        if of_stage != sorted(of_stage):
+            raise SplitError("leaves a stage's parameters apart in w (registered out of the "
+                             "children's order)")
         for s, group in enumerate(groups):
             if s not in of_stage:
                 raise SplitError(f"leaves stage {s} ({', '.join(group)}) with no parameter "
@@ -526,19 +550,20 @@ class _Stages:
                                             tie_weights=self.tied)
 
     def _widths(self, problem: TorchProblem, groups: list[list[str]]) -> list[int]:
-        """Coordinates of each stage's output for the first sample, from w_0; every output
-        must be one tensor."""
+        """Coordinates of each stage's output for the first sample, from w_0 (the last
+        stage's, which goes to the loss, 0); every stage before the last must pass one
+        tensor on."""
         import torch
 
-        widths, x = [], problem._batch(0)[0]
+        widths, x = [], problem._batch(0)[0].clone()
         with torch.no_grad():
-            for s, part in enumerate(self.slices):
+            for s, part in enumerate(self.slices[:-1]):
                 x = self.run(s, _flat(problem._w0[part]), x)
                 if not isinstance(x, torch.Tensor):
                     raise SplitError(f"stage {s} ({', '.join(groups[s])}) returns a "
                                      f"{type(x).__name__}: a stage must pass one tensor on")
                 widths.append(int(x.numel()))
-        return widths
+        return [*widths, 0]
 
     def fresh_last(self, seed: int) -> np.ndarray:
         """The last stage's parameters re-initialised (``TorchProblem.local_head``)."""
@@ -547,7 +572,9 @@ class _Stages:
         head = copy.deepcopy(self.modules[-1])
         reset: set[int] = set()
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(int(np.random.default_rng([seed, HEAD]).integers(2 ** 62)))
+            # (the CPU generator alone: fork_rng restores no other device's)
+            torch.default_generator.manual_seed(
+                int(np.random.default_rng([seed, HEAD]).integers(2 ** 62)))
             for module in head.modules():
                 reset_parameters = getattr(module, "reset_parameters", None)
                 if callable(reset_parameters):
@@ -706,7 +733,8 @@ def from_spec(spec: Any) -> TorchProblem:
 
     Raises:
         ScenarioError: naming problem.model, for a factory that cannot be found, raises, or
-            returns what is not a model, a loss and data that fit it.
+            returns what is not a model, a loss and data that fit it; naming
+            problem.split_at, for stages that cannot be cut (:class:`SplitError`).
     """
     factory = load_factory(spec.model)
     try:

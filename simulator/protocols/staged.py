@@ -88,6 +88,10 @@ class Staged(Protocol):
         """
         scenario, run = self.scenario, self.scenario.run
         stages = problem.stages()
+        if stages is None and problem.name == "torch":
+            raise ScenarioError("problem.split_at", [], f"{self.name} trains a model stage by "
+                                "stage: name the children of its nn.Sequential where the "
+                                "stages after the first start")
         if stages is None:
             raise ScenarioError("problem.name", scenario.problem.name, f"{self.name} trains a "
                                 "model stage by stage: use mlp, lstm_tagger, logistic, "

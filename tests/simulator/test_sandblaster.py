@@ -175,3 +175,25 @@ def test_every_round_is_a_serial_lbfgs_step(problem_settings):
     for _ in range(12):
         descent = descent - s.run.lr * problem.full_grad(descent)
     assert np.abs(trace["w_final"] - descent).max() > 1e-3  # (not gradient descent)
+
+
+def test_sandblaster_takes_a_torch_models_full_gradient_in_work_units():
+    """``sandblaster`` on a torch model: its first round's six work units over the 15
+    minibatches (chunks of 3 and 2) add up to ∇f(w_0) exactly (to 1e-12), so the round's step
+    is −lr·∇f(w_0) (no L-BFGS pair yet)."""
+    pytest.importorskip("torch")
+    from pathlib import Path
+
+    from simulator.scenario import scenario_from_dict
+    from tests.simulator.problems import torch_models
+
+    s = scenario_from_dict({
+        "problem": {"name": "torch", "model": f"{Path(torch_models.__file__)}:"
+                    "convnet_sequential", "batch": 8, "l2": 0.001},
+        "run": {"protocol": "sandblaster", "threads": 3, "updates": 6, "lr": 0.5},
+        "sandblaster": {"units": 6}})
+    convnet = make_problem(s.problem)
+    trace = simulate(s, problem=convnet)
+    w0 = convnet.initial()
+    np.testing.assert_allclose(trace["w_final"], w0 - 0.5 * convnet.full_grad(w0), rtol=0,
+                               atol=1e-12)

@@ -107,7 +107,7 @@ def test_a_three_stage_convnets_stages_compose_its_gradient(convnet):
     whole model's gradient (to 1e-12); the widths are one minibatch's activations."""
     parts = convnet.stages()
     assert [p.stop - p.start for p in parts] == [40, 64 * 12 + 12, 12 * 10 + 10]
-    assert [convnet.stage_width(s) for s in range(3)] == [8 * 64, 8 * 12, 8 * 10]
+    assert [convnet.stage_width(s) for s in range(3)] == [8 * 64, 8 * 12, 0]  # (the loss's)
     w = convnet.initial() + 0.05 * np.random.default_rng(2).standard_normal(convnet.dim)
     for idx in (0, 14):
         a, caches = None, []
@@ -173,8 +173,11 @@ def test_local_heads_are_the_last_stages_modules_initialised_afresh():
     ("mlp", ["0"], "the model's first child"),
     ("mlp", ["2", "1"], "in their order in the model"),
     ("mlp", ["1", "2"], "leaves stage 1 (1) with no parameter to train"),
-    ("tied", ["2"], "two stages share (2.weight, tied weights)"),
-    ("recurrent_sequential", ["1"], "stage 1 (1) returns a tuple"),
+    ("tied", ["2"], "two stages share (2.weight, tied weights"),
+    ("reused_linear", ["3"], "two stages share (3.weight, tied weights or a module used in"),
+    ("recurrent_middle", ["1", "2"], "stage 1 (1) returns a tuple"),
+    ("residual_sequential", ["2"], "Residual has a forward of its own"),
+    ("scaled_sequential", ["2"], "the model's own parameter 'scale'"),
 ])
 def test_splits_that_cannot_be_made_are_one_line_naming_problem_split_at(factory, split_at,
                                                                           words):
@@ -182,6 +185,43 @@ def test_splits_that_cannot_be_made_are_one_line_naming_problem_split_at(factory
         make_problem(scenario_from_dict({"problem": _problem(factory, split_at)}).problem)
     assert str(err.value).startswith("problem.split_at")
     assert words in str(err.value)
+
+
+def test_split_at_from_python_is_a_list_of_names():
+    """``TorchProblem(..., split_at="2")`` is refused: a string is not a list of names."""
+    from simulator.problems.torchmodel import SplitError, TorchProblem
+
+    model, loss, X, y = torch_models.mlp()
+    with pytest.raises(SplitError, match="is the string '2': a list of child names"):
+        TorchProblem(model, loss, X, y, split_at="2")
+
+
+@pytest.mark.parametrize("factory, split_at", [
+    ("reused_activation", ["2"]), ("reused_activation", ["4"]), ("inplace_sequential", ["1"]),
+    ("inplace_sequential", ["2"]), ("recurrent_sequential", ["1"])])
+def test_stages_compose_the_gradient_of_odd_sequentials(factory, split_at):
+    """A module used twice (one Tanh after two layers), an in-place ReLU starting a stage
+    (it writes into a copy: neither the message nor the data changes) and a last stage that
+    returns a tuple to the loss (an ``nn.LSTM``): the stages' passes compose the whole
+    model's gradient (to 1e-12), and the forward leaves its input as it was."""
+    problem = make_problem(scenario_from_dict({"problem": _problem(factory, split_at)})
+                           .problem)
+    parts, n = problem.stages(), len(split_at) + 1
+    w = problem.initial() + 0.1 * np.random.default_rng(3).standard_normal(problem.dim)
+    for idx in (0, 5):
+        a, caches = None, []
+        for s, part in enumerate(parts):
+            given = None if a is None else a.copy()
+            a, cache = problem.forward(s, w[part], a, idx)
+            if given is not None:
+                assert np.array_equal(caches[-1][1], given)
+            caches.append((cache, a))
+        up, grads = None, []
+        for s in reversed(range(n)):
+            g, up = problem.backward(s, w[parts[s]], caches[s][0], up, idx)
+            grads.insert(0, g)
+        np.testing.assert_allclose(np.concatenate(grads), problem.grad(w, idx)[0],
+                                   rtol=1e-12, atol=1e-14)
 
 
 def test_split_at_serves_torch_problems_and_the_cli_runs_one(tmp_path, capsys):
@@ -202,19 +242,6 @@ def test_split_at_serves_torch_problems_and_the_cli_runs_one(tmp_path, capsys):
     bad = tmp_path / "bad"
     assert asyngrad(["simulate", "--out", str(bad), *common]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "problem.split_at" in err[0]
+    assert len(err) == 1 and "error: problem.split_at = []: amp trains" in err[0]
     assert not bad.exists()
 
-
-def test_sandblaster_takes_a_torch_models_full_gradient_in_work_units(convnet):
-    """``sandblaster`` on a torch model: its first round's six work units over the 15
-    minibatches (chunks of 3 and 2) add up to ∇f(w_0) exactly (to 1e-12), so the round's step
-    is −lr·∇f(w_0) (no L-BFGS pair yet)."""
-    s = scenario_from_dict({
-        "problem": _problem("convnet_sequential", ["3", "6"], batch=8, l2=0.001),
-        "run": {"protocol": "sandblaster", "threads": 3, "updates": 6, "lr": 0.5},
-        "sandblaster": {"units": 6}})
-    trace = simulate(s, problem=convnet)
-    w0 = convnet.initial()
-    np.testing.assert_allclose(trace["w_final"], w0 - 0.5 * convnet.full_grad(w0), rtol=0,
-                               atol=1e-12)

@@ -144,3 +144,65 @@ def recurrent_sequential():
     X = torch.randn(20, 5, 3)
     model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.LSTM(4, 4, batch_first=True))
     return model, lambda out, y: ((out[0][:, -1, 0] - y) ** 2).mean(), X, torch.randn(20)
+
+
+class _First(torch.nn.Module):
+    """The first item of a tuple (an ``nn.LSTM``'s output sequence)."""
+
+    def forward(self, x):
+        return x[0][:, -1, :]
+
+
+def recurrent_middle():
+    """An ``nn.LSTM`` between two layers, its tuple taken apart by the next child: cut after
+    it, a stage would pass a tuple on."""
+    X = torch.randn(20, 5, 3)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.LSTM(4, 4, batch_first=True),
+                                _First(), torch.nn.Linear(4, 1))
+    return model, lambda out, y: ((out[:, 0] - y) ** 2).mean(), X, torch.randn(20)
+
+
+def reused_activation():
+    """One Tanh object after each of two layers (a module used twice)."""
+    act = torch.nn.Tanh()
+    X = torch.randn(30, 5)
+    model = torch.nn.Sequential(torch.nn.Linear(5, 6), act, torch.nn.Linear(6, 6), act,
+                                torch.nn.Linear(6, 3))
+    return model, torch.nn.functional.cross_entropy, X, (X[:, 0] > 0).long()
+
+
+def reused_linear():
+    """One Linear layer used twice, in what would be two stages."""
+    layer = torch.nn.Linear(6, 6)
+    X = torch.randn(30, 6)
+    model = torch.nn.Sequential(layer, torch.nn.Tanh(), torch.nn.Identity(), layer)
+    return model, torch.nn.functional.mse_loss, X, torch.sin(X)
+
+
+def inplace_sequential():
+    """A ReLU that works in place, where a stage may start."""
+    X = torch.randn(30, 5)
+    model = torch.nn.Sequential(torch.nn.Linear(5, 6), torch.nn.ReLU(inplace=True),
+                                torch.nn.Linear(6, 3))
+    return model, torch.nn.functional.cross_entropy, X, (X[:, 1] > 0).long()
+
+
+class Residual(torch.nn.Sequential):
+    """A Sequential whose forward adds its input back: not its children in order."""
+
+    def forward(self, x):
+        return super().forward(x) + x[:, :3]
+
+
+def residual_sequential():
+    X = torch.randn(30, 5)
+    model = Residual(torch.nn.Linear(5, 6), torch.nn.Tanh(), torch.nn.Linear(6, 3))
+    return model, torch.nn.functional.mse_loss, X, torch.zeros(30, 3)
+
+
+def scaled_sequential():
+    """A parameter registered on the Sequential itself."""
+    X = torch.randn(30, 5)
+    model = torch.nn.Sequential(torch.nn.Linear(5, 6), torch.nn.Tanh(), torch.nn.Linear(6, 3))
+    model.register_parameter("scale", torch.nn.Parameter(torch.ones(1)))
+    return model, torch.nn.functional.cross_entropy, X, (X[:, 0] > 0).long()
