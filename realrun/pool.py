@@ -45,10 +45,23 @@ where a real pool can decide it as the simulator does:
   when the part arrives, where the simulator's is the whole vector at shard 0's arrival;
 * ``write_bits``: each server rounds every value of its shard after it applied a part (a
   sparse problem's untouched coordinates are 0 or rounded already: the simulator's rounding
-  of what the push stored).
+  of what the push stored);
+* a warm start and rebalancing are the coordinating server's, which answers every pull
+  first, by the one server's code (``realrun.ps._warming``, ``realrun.ps._rebalance``):
+  during a warm start of W it holds the other trainers' pulls back until trainer 0 pulls
+  after its W-th completion, or is done. It counts a push when its shard 0 arrives, and
+  trainer 0 pulls again only once every shard server has taken its push's last part (gloo
+  sends data only to a receive its receiver posted), which the server applies before it
+  serves a later message: so every released pull reads every shard after the W-th
+  completion, as the simulator's pool releases them at the W-th completion (its last
+  shard's). Rebalancing
+  retires a trainer by the simulator's rule (``simulator.rules.retirements``), on each
+  trainer's mean time per gradient from its pull's arrival to its push's shard 0
+  application (the simulator's ends at its last shard's), and answers its next pull with
+  no gradients, so it tells every server it is done (``extra_retired_threads``).
 
-The options that decide on several pushes together or hold pulls back (rounds, a lock-free
-server, rebalancing, a warm start) and accumulation are refused with a pool
+The options that decide on several pushes together (rounds, a lock-free server) and
+accumulation (a merged row per push: ``pool_trace``) are refused with a pool
 (``realrun.support``).
 
 Every server stamps its own pulls and pushes (``time.monotonic_ns``, one clock: the pool runs
@@ -69,6 +82,7 @@ every server applied).
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import itertools
 import os
@@ -315,15 +329,17 @@ def pool_trace(problem: Problem, scenario: Scenario, shards: list[Applied],
                w_final: np.ndarray, samples: list[list[int]], grad_ns: list[list[int]],
                dtype: str, measure: bool, dead: list[int],
                origin: int | None, scales: list[list[float]] | None = None,
-               injected: list[list[tuple[float, float, int]]] | None = None
-               ) -> tuple[Trace, dict[str, Any]]:
+               injected: list[list[tuple[float, float, int]]] | None = None,
+               retired: list[int] | None = None) -> tuple[Trace, dict[str, Any]]:
     """The run's trace, merged from every server's records (``shards``, in shard order) and
     each trainer's ``samples``, compute times, ``scales`` (the factor on lr: the schedule's,
     a rule's) and ``injected`` (‖e‖, 1.0 if lost, τ) per push, in its order (a push the
     coordinating server discarded: a row with ``step`` 0 that stores nothing); and what the
     hardware lost (the rebuilt final vector against the servers' ``w_final``, rounded as the
     servers rounded their stores). ``origin``: the trace's time 0 (the first pull's arrival where
-    stalls count from it; None: the first read's start)."""
+    stalls count from it; None: the first read's start). ``retired``: the trainers the
+    coordinating server retired (``paramserver.rebalance``: ``extra_retired_threads``, as
+    the simulator's paramserver records them)."""
     servers = len(shards)
     bounds = block_bounds(problem.dim, servers)
     timelines, steps, discarded = [], [], []
@@ -372,7 +388,9 @@ def pool_trace(problem: Problem, scenario: Scenario, shards: list[Applied],
                                 exact=measure),
                         dead=dead, origin=origin)
     assert loss is not None
-    return trace, loss
+    arrays = {**trace.arrays,
+              "extra_retired_threads": np.asarray(retired or [], dtype=np.int64)}
+    return dataclasses.replace(trace, arrays=arrays), loss
 
 
 def _raise(timelines: list[np.ndarray], shards: list[Applied], rounds: int = 100) -> None:

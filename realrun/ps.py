@@ -94,7 +94,10 @@ pool decides at a push's first shard: the schedule's factor at m = the pushes it
 1, the staleness limit and the rule with the push's staleness then (``_kept``), and sends
 the trainer its decision for the other shards' parts (``_decision_back``: a discarded push
 goes to them as headers alone, ``staleness_lr``'s factor scales them, and DC-ASGD
-compensates each on its own server, ``realrun.pool``).
+compensates each on its own server, ``realrun.pool``). A warm start and rebalancing run
+here, as on the one server (this server answers every pull first); a warm start ends
+when trainer 0 pulls after its W-th completion, whose parts every shard server then has
+(``_completed_everywhere``).
 
 Launch: ``asyngrad real SCENARIO --backend ps --workers K`` starts the server in that
 process and K trainer processes on loopback (``--servers S``: and S − 1 shard servers, a
@@ -288,6 +291,9 @@ class _Server:
     rebuilt: np.ndarray | None = None
     pooled: bool = False  # a pool's coordinating server: it holds shard 0, measures nothing
     asked: dict[int, int] = field(default_factory=dict)  # a pool's: rank: τ its pull drew
+    # a pool's: the versions when trainer 0 last pulled, which every server has applied
+    # (its pushes reached every shard server before that pull; a warm start counts these)
+    landed: int = 0
     resume: dict[int, int] = field(default_factory=dict)  # rank: its pause's end (ns)
     consensus: _Consensus | None = None  # run.protocol = admm: the x_i, the residuals
 
@@ -397,10 +403,14 @@ def serve(problem: Problem, scenario: Scenario, trainers: int, timeout: float,
                 if kind == PULL:
                     if pool is not None:
                         state.asked[source] = int(header[2])
+                        if source == 1:
+                            state.landed = state.version
                     if state.t0 is None and (inject.pauses or inject.deaths):
                         state.t0 = arrived
                         state.stalls = [Slowed(inject, t, arrived) for t in range(trainers)]
                     _pull(state, source, arrived)
+                    if pool is not None and source == 1:  # (a warm start may end now)
+                        _release(state)
                 elif kind == PUSH:
                     n, ns = int(header[3]), _HEADER + options.accumulate
                     norms, drops = (_carried(header, n, options.accumulate)
@@ -565,9 +575,22 @@ def _stalled(state: _Server, source: int, arrived: int) -> bool:
 
 
 def _warming(state: _Server) -> bool:
-    """Whether the warm start holds every trainer but the first back."""
-    return 1 not in state.done and not warmed_up(state.version,
+    """Whether the warm start holds every trainer but the first back: until trainer 0
+    finished, or W of its pushes completed (``simulator.rules.warmed_up``, the simulator's
+    completions; on a pool, on every server: :func:`_completed_everywhere`)."""
+    return 1 not in state.done and not warmed_up(_completed_everywhere(state),
                                                  state.scenario.paramserver.warm_start)
+
+
+def _completed_everywhere(state: _Server) -> int:
+    """The versions every server has applied: the one server's own; a pool's coordinating
+    server counts a push when its shard 0 arrives, before its other parts reach their
+    servers, so there those counted when trainer 0 last pulled (``landed``: it pulls after
+    its push's last part was received, and a shard server serves a released trainer's pull
+    after that part). During a warm start trainer 0 alone pushes, so the pool releases the
+    others when trainer 0 pulls after its W-th completion, whose parts every shard server
+    then has, as the simulator's pool releases them at that completion (its last shard)."""
+    return state.landed if state.scenario.paramserver.servers > 1 else state.version
 
 
 def _release(state: _Server) -> None:
@@ -1394,8 +1417,8 @@ class _Pool:
                           dtype, measure, sorted(state.dead), state.t0,
                           each(lambda p: p.scale),
                           each(lambda p: (p.errors[0] if p.errors else 0.0,
-                                          float(p.lost[0]) if p.lost else 0.0, p.delay))
-                          ), stopped
+                                          float(p.lost[0]) if p.lost else 0.0, p.delay)),
+                          state.retired), stopped
 
 
 def _dead_server(processes: list[Any]) -> dict[str, Any] | None:

@@ -171,9 +171,13 @@ SUPPORT: tuple[tuple[str, str, str], ...] = (
      "when a push's shard 0 arrives, with its staleness then, and sent back to the trainer "
      "(a discarded push: a header to every shard server, no version; `staleness_lr`'s "
      "factor scales the other parts; `dcasgd`: each server compensates its own part towards "
-     "its shard from the one that trainer pulled), every other `[paramserver]` option "
-     "refused (a shard server decides nothing on a push), not under torchrun); under "
-     "`admm` refused unless default"),
+     "its shard from the one that trainer pulled); `warm_start` and `rebalance` run by the "
+     "coordinating server, which answers every pull first (a warm start ends when trainer 0 "
+     "pulls after its W-th completion, whose parts every shard server then has; "
+     "rebalancing times each push from its pull's arrival to its shard 0's application); "
+     "`accumulate` refused (the pool's trace is merged a row per push), every other "
+     "`[paramserver]` option refused (a shard server decides nothing on a push), not under "
+     "torchrun); under `admm` refused unless default"),
     ("`[dcasgd]`", "honoured with `dcasgd`, else inert",
      "honoured with `paramserver.rule = dcasgd`, else inert"),
     ("`[amp]`, `[local]`", "honoured with `amp`, `local` (`max_active`: at most that many "
@@ -322,22 +326,35 @@ def _stalls(inject: InjectSpec) -> tuple[str, Any, str] | None:
 #: What a pool's shard servers cannot do: each applies the parts it receives as they arrive
 #: and decides nothing on a push (``realrun.pool``; the trainer draws the injections, the
 #: coordinating server decides the staleness limit, the rule's factor and the schedule's
-#: at shard 0 and the trainer carries them to the other parts).
+#: at shard 0 and the trainer carries them to the other parts; it holds pulls back for a
+#: warm start and retires trainers, which no shard server needs to know).
 _POOL_DECIDES = ("a pool's shard servers apply each push's part as it arrives and decide "
                  "nothing on it (paramserver.servers > 1)")
+#: Why a pool refuses ``accumulate``: its trace is merged a row per push (``realrun.pool
+#: .pool_trace``), where an accumulated push is n rows of one completion.
+_POOL_ROWS = ("a pool's trace is merged with one row per push, and an accumulated push is "
+              "n gradients of one completion (paramserver.servers > 1)")
+#: The ``[paramserver]`` options a pool honours: the coordinating server decides them alone.
+_POOL_OPTIONS = ("servers", "staleness_limit", "rule", "warm_start", "rebalance",
+                 "rebalance_after")
 
 
 def _pooled(scenario: Scenario) -> tuple[str, Any, str] | None:
     """What a pool of parameter servers (``paramserver.servers`` > 1) refuses: another
-    number of blocks than servers, and every ``[paramserver]`` option but the staleness
-    limit and the rule (decided at shard 0's arrival, as the simulator's pool decides
-    them)."""
+    number of blocks than servers, and every ``[paramserver]`` option but
+    :data:`_POOL_OPTIONS` (the staleness limit and the rule decided at shard 0's arrival,
+    as the simulator's pool decides them; a warm start and rebalancing by the coordinating
+    server, which answers the pulls)."""
     run, options = scenario.run, scenario.paramserver
     if run.blocks != options.servers:
         return ("run.blocks", run.blocks, f"each of the {options.servers} real servers "
                 "holds one shard: run.blocks must equal paramserver.servers")
+    if options.accumulate != 1:
+        return "paramserver.accumulate", options.accumulate, _POOL_ROWS
+    default = ParamServerSpec()
     return _changed("paramserver", dataclasses.replace(
-        options, servers=0, staleness_limit=0, rule="none"), ParamServerSpec(), _POOL_DECIDES)
+        options, **{name: getattr(default, name) for name in _POOL_OPTIONS}), default,
+        _POOL_DECIDES)
 
 
 def _injections(backend: str, mode: str) -> tuple[tuple[str, ...], str]:
