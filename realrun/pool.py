@@ -60,15 +60,21 @@ where a real pool can decide it as the simulator does:
   application (the simulator's ends at its last shard's), and answers its next pull with
   no gradients, so it tells every server it is done (``extra_retired_threads``).
 
-The options that decide on several pushes together (rounds, a lock-free server) and
-accumulation (a merged row per push: ``pool_trace``) are refused with a pool
-(``realrun.support``).
+* accumulation (``accumulate`` n) is the one server's: the coordinating server grants at
+  most n gradients per pull, the trainer computes them at the pulled vector (dense, each
+  with its own draws) and pushes their mean shard by shard; a push the budget left short
+  of n is dropped by the coordinating server and goes to every shard server as a header
+  alone, which is no version (the simulator never pushes the gradients left pending).
+
+The options that decide on several pushes together (rounds, a lock-free server) are
+refused with a pool (``realrun.support``).
 
 Every server stamps its own pulls and pushes (``time.monotonic_ns``, one clock: the pool runs
 on one machine) and keeps the part of each push it applied. When the run ends the parent
 merges them with the CPU workers' merge (``realrun.timeline.merge``): a push's read ends
 with its last shard's answer and it completes with its last shard's application, as a
-simulated update with a block per server; the serialized view, and so the loss curve, is
+simulated update with a block per server (an accumulated push is a row per gradient, as
+the simulator's group: ``pool_trace``); the serialized view, and so the loss curve, is
 rebuilt from the parts in each shard's order of application (``realrun.rebuild``), which
 is the servers' own order: where a server stamped a part after the next server stamped the
 next part of the same push, its stamps are raised into block order, as the trace's block
@@ -326,27 +332,31 @@ def shard_main(shard: int, world: int, address: str, port: int, trainers: int,
 
 
 def pool_trace(problem: Problem, scenario: Scenario, shards: list[Applied],
-               w_final: np.ndarray, samples: list[list[int]], grad_ns: list[list[int]],
-               dtype: str, measure: bool, dead: list[int],
+               w_final: np.ndarray, samples: list[list[list[int]]],
+               grad_ns: list[list[list[int]]], dtype: str, measure: bool, dead: list[int],
                origin: int | None, scales: list[list[float]] | None = None,
-               injected: list[list[tuple[float, float, int]]] | None = None,
+               injected: list[list[list[tuple[float, float, int]]]] | None = None,
                retired: list[int] | None = None) -> tuple[Trace, dict[str, Any]]:
     """The run's trace, merged from every server's records (``shards``, in shard order) and
-    each trainer's ``samples``, compute times, ``scales`` (the factor on lr: the schedule's,
-    a rule's) and ``injected`` (‖e‖, 1.0 if lost, τ) per push, in its order (a push the
-    coordinating server discarded: a row with ``step`` 0 that stores nothing); and what the
-    hardware lost (the rebuilt final vector against the servers' ``w_final``, rounded as the
-    servers rounded their stores). ``origin``: the trace's time 0 (the first pull's arrival where
-    stalls count from it; None: the first read's start). ``retired``: the trainers the
-    coordinating server retired (``paramserver.rebalance``: ``extra_retired_threads``, as
-    the simulator's paramserver records them)."""
+    each trainer's pushes, in its order: per push its gradients' ``samples`` and compute
+    times, its ``scales`` (the factor on lr: the schedule's, a rule's) and per gradient
+    ``injected`` (‖e‖, 1.0 if lost, τ) (a push the coordinating server discarded, or one
+    the budget left short of ``accumulate`` gradients: rows with ``step`` 0 that store
+    nothing); and what the hardware lost (the rebuilt final vector against the servers'
+    ``w_final``, rounded as the servers rounded their stores). A push of n gradients is n
+    rows, as the simulator's accumulated group: its first reads, each computes after the
+    one before it, its last writes the push and the others share its completion
+    (``realrun.timeline.merge``'s members). ``origin``: the trace's time 0 (the first
+    pull's arrival where stalls count from it; None: the first read's start).
+    ``retired``: the trainers the coordinating server retired (``paramserver.rebalance``:
+    ``extra_retired_threads``, as the simulator's paramserver records them)."""
     servers = len(shards)
     bounds = block_bounds(problem.dim, servers)
-    timelines, steps, discarded = [], [], []
-    for thread, spent in enumerate(grad_ns):
+    timelines, steps, discarded, spent = [], [], [], []
+    for thread, pushed in enumerate(grad_ns):
         # Its pushes every server applied (a run that stopped may have left its last ones
         # on some servers only: left out, as pushes that never completed).
-        n = min(len(spent), *(int((shard.thread == thread).sum()) for shard in shards))
+        n = min(len(pushed), *(int((shard.thread == thread).sum()) for shard in shards))
         starts, copy_end, arrivals, store_end = (np.zeros((n, servers), dtype=np.int64)
                                                  for _ in range(4))
         step = np.zeros((n, problem.dim), dtype=dtype)
@@ -359,38 +369,83 @@ def pool_trace(problem: Problem, scenario: Scenario, shards: list[Applied],
                 discarded.append(shard.discarded[mine])
         # Its compute, from the last shard's answer, ends by its first part's arrival.
         read_end = copy_end.max(axis=1)
-        grad_end = np.maximum(np.minimum(read_end + np.asarray(spent[:n], dtype=np.int64),
-                                         arrivals[:, 0]), read_end)
+        spent.append([np.cumsum(ns, dtype=np.int64) for ns in pushed[:n]])
+        total = np.asarray([ends[-1] for ends in spent[-1]], dtype=np.int64)
+        grad_end = np.maximum(np.minimum(read_end + total, arrivals[:, 0]), read_end)
         # The trainer's events in its order: its pull's start, each shard's answer, its
         # compute's end, each part's application (then its next pull).
         timelines.append(np.concatenate([starts.min(axis=1)[:, None], copy_end,
                                          grad_end[:, None], store_end], axis=1))
         steps.append(step)
     _raise(timelines, shards)
-    records = []
-    for thread, events in enumerate(timelines):
-        n = len(events)
-        copy_end, store_end = events[:, 1:servers + 1], events[:, servers + 2:]
-        times = np.stack([events[:, 0], copy_end[:, -1], events[:, servers + 1],
-                          store_end[:, -1]], axis=1)
-        # A discarded push's write ends with its last header's arrival and stores nothing.
-        store_end = np.where(discarded[thread][:, None], -1, store_end)
-        records.append(WorkerRecord(
-            times, copy_end, store_end, np.asarray(samples[thread][:n]),
-            None if scales is None else np.asarray(scales[thread][:n], dtype=np.float64),
-            None if injected is None else np.asarray(injected[thread][:n],
-                                                     dtype=np.float64).reshape(n, 3),
-            discarded=discarded[thread]))
+    records = [_gradient_rows(events, discarded[thread], spent[thread], samples[thread],
+                              None if scales is None else scales[thread],
+                              None if injected is None else injected[thread])
+               for thread, events in enumerate(timelines)]
+    # Each row's step (the rebuild's): a push's on its writer's row, 0 on its members'.
+    rows = [np.cumsum([len(ends) for ends in pushes], dtype=np.int64) - 1
+            for pushes in spent]
+    row_steps = []
+    for step, last, record in zip(steps, rows, records, strict=True):
+        full = np.zeros((len(record.samples), problem.dim), dtype=dtype)
+        full[last] = step
+        row_steps.append(full)
     metrics = scenario.metrics
     trace, loss = merge(records, problem.initial(), w_final, [], scenario_to_toml(scenario),
                         Measure(problem, scenario.run.lr, bounds, dtype, metrics.every,
-                                metrics.curve_points, scenario.inject.write_bits, steps,
+                                metrics.curve_points, scenario.inject.write_bits, row_steps,
                                 exact=measure),
                         dead=dead, origin=origin)
     assert loss is not None
     arrays = {**trace.arrays,
               "extra_retired_threads": np.asarray(retired or [], dtype=np.int64)}
     return dataclasses.replace(trace, arrays=arrays), loss
+
+
+def _gradient_rows(events: np.ndarray, discarded: np.ndarray, spent: list[np.ndarray],
+                   samples: list[list[int]], scales: list[float] | None,
+                   injected: list[list[tuple[float, float, int]]] | None) -> WorkerRecord:
+    """One trainer's rows, a gradient each, from its pushes' ``events`` (raised: pull start,
+    each shard's answer, compute end, each part's application): a push's first gradient
+    reads (its shards' answers), each gradient computes from the end of the one before it
+    (``spent``: the compute times summed, placed in the push's window, the last ending with
+    the push's compute), and its last one writes (each part's application; a discarded
+    push's write ends with its last header's arrival and stores nothing), the others are
+    the push's members (``realrun.timeline.merge``)."""
+    servers = (events.shape[1] - 2) // 2
+    read_end, grad_end = events[:, servers], events[:, servers + 1]
+    copy_end, store_end = events[:, 1:servers + 1], events[:, servers + 2:]
+    times, copies, stores = [], [], []
+    for i, ends in enumerate(spent):
+        k = len(ends)
+        computed = np.minimum(read_end[i] + ends, grad_end[i])
+        computed[-1] = grad_end[i]
+        begun = np.concatenate([[read_end[i]], computed[:-1]])
+        times.append(np.stack([np.concatenate([[events[i, 0]], begun[1:]]), begun, computed,
+                               np.full(k, store_end[i, -1])], axis=1))
+        copies.append(np.full((k, servers), -1, dtype=np.int64))
+        copies[-1][0] = copy_end[i]
+        stores.append(np.full((k, servers), -1, dtype=np.int64))
+        if not discarded[i]:
+            stores[-1][-1] = store_end[i]
+    sizes = [len(ends) for ends in spent]
+    last = np.cumsum(sizes, dtype=np.int64) - 1
+    member = np.ones(int(sum(sizes)), dtype=bool)
+    member[last] = False
+    scale = None
+    if scales is not None:
+        scale = np.ones(member.size)
+        scale[last] = scales[:len(sizes)]
+    return WorkerRecord(
+        np.concatenate(times) if times else np.zeros((0, 4), dtype=np.int64),
+        np.concatenate(copies) if copies else np.zeros((0, servers), dtype=np.int64),
+        np.concatenate(stores) if stores else np.zeros((0, servers), dtype=np.int64),
+        np.asarray([s for pushed in samples[:len(sizes)] for s in pushed], dtype=np.int64),
+        scale,
+        None if injected is None else np.asarray(
+            [row for pushed in injected[:len(sizes)] for row in pushed],
+            dtype=np.float64).reshape(-1, 3),
+        discarded=np.repeat(discarded, sizes), member=member)
 
 
 def _raise(timelines: list[np.ndarray], shards: list[Applied], rounds: int = 100) -> None:

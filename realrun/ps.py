@@ -97,7 +97,9 @@ goes to them as headers alone, ``staleness_lr``'s factor scales them, and DC-ASG
 compensates each on its own server, ``realrun.pool``). A warm start and rebalancing run
 here, as on the one server (this server answers every pull first); a warm start ends
 when trainer 0 pulls after its W-th completion, whose parts every shard server then has
-(``_completed_everywhere``).
+(``_completed_everywhere``). Accumulation too: this server grants the gradients and drops
+a push short of ``accumulate`` of them, which the trainer sends the shard servers as a
+header alone (its errors are its own, so it sends their mean, never the steps apart).
 
 Launch: ``asyngrad real SCENARIO --backend ps --workers K`` starts the server in that
 process and K trainer processes on loopback (``--servers S``: and S − 1 shard servers, a
@@ -139,7 +141,7 @@ from realrun.pool import (
     shard_main,
 )
 from realrun.runner import DTYPES, _one_of
-from realrun.support import recorded, refuse_unsupported
+from realrun.support import recorded, refuse_unmeasurable, refuse_unsupported
 from realrun.timeline import hardware_loss
 from realrun.worker import (
     Consensus,
@@ -208,7 +210,8 @@ class _Push:
     scale: float = 1.0  # the factor on lr the server's rule gave it (``paramserver.rule``)
     scheduled: float = 1.0  # the schedule's factor in ``scale`` (``run.lr_schedule``)
     ruled: float = 1.0  # ``staleness_lr``'s factor in ``scale``
-    discarded: bool = False  # too stale (``paramserver.staleness_limit``)
+    # too stale (``paramserver.staleness_limit``), or short of ``accumulate`` gradients
+    discarded: bool = False
     delay: int = 0  # the injected delay of its pull: it got the vector τ versions back
     errors: list[float] = field(default_factory=list)  # per gradient: ‖e‖ injected
     parts: list[np.ndarray] | None = None  # errors with accumulate > 1: each gradient's step
@@ -311,9 +314,11 @@ def _carried(header: Any, n: int, accumulate: int) -> tuple[list[float], list[bo
 
 
 def _apart(scenario: Scenario) -> bool:
-    """Whether trainers send each gradient's step apart (the server injects errors into
-    each of several accumulated gradients) rather than their mean."""
-    return scenario.inject.error != "none" and scenario.paramserver.accumulate > 1
+    """Whether trainers send each gradient's step apart (the one server injects errors into
+    each of several accumulated gradients; a pool's trainer adds its own) rather than their
+    mean."""
+    return (scenario.inject.error != "none" and scenario.paramserver.accumulate > 1
+            and _servers(scenario) == 1)
 
 
 def serve(problem: Problem, scenario: Scenario, trainers: int, timeout: float,
@@ -395,10 +400,14 @@ def serve(problem: Problem, scenario: Scenario, trainers: int, timeout: float,
                 break
             kind, source, arrived = int(header[0]), int(header[1]), time.monotonic_ns()
             heard[source] = arrived
-            if (kind == PULL and state.appliers is not None
-                    and not state.appliers.settle(source - 1, timeout)):
-                failure = _applier_failure(state.appliers, source, timeout)
-                break
+            if kind == PULL and state.appliers is not None:
+                if not state.appliers.settle(source - 1, timeout):
+                    failure = _applier_failure(state.appliers, source, timeout)
+                    break
+                # Held until its trainer's pushes were applied, the pull starts now, as a
+                # pull a warm start or a round released (a simulated thread reads after its
+                # write ends).
+                arrived = time.monotonic_ns()
             with state.lock:  # (a lock-free server's update threads count completions)
                 if kind == PULL:
                     if pool is not None:
@@ -439,8 +448,8 @@ def serve(problem: Problem, scenario: Scenario, trainers: int, timeout: float,
                     state.seq[source] = push.seq + n
                     state.gradients += n
                     _push(state, push)
-                    if decided and not lost_push:
-                        _decision_back(state, push)
+                    if decided and not lost_push and n == options.accumulate:
+                        _decision_back(state, push)  # (a short push's fate is known)
                     if progress:
                         progress(n)
                 elif kind == REFUSED:
@@ -660,6 +669,7 @@ def _push(state: _Server, push: _Push) -> None:
         _inject(state, push)
     if len(push.samples) < options.accumulate:  # gradients the budget left unpushed
         push.write_end = push.arrival
+        push.discarded = True  # (never applied: a pool's shard servers got a header alone)
         return
     if options.fraction > 0:
         push.rounds = True
@@ -1116,8 +1126,11 @@ def train(problem: Problem, scenario: Scenario, rank: int, trainers: int, timeou
         if not dropped:
             dist.send(step if shards is None else step[:shards.first], 0)
         if shards is not None:
-            fate, scale = LOST if dropped else KEPT, 1.0
-            if decided and not dropped:  # what the coordinating server decided at shard 0
+            # (short of accumulate gradients: dropped by rank 0, a header alone elsewhere)
+            fate = (DISCARDED if granted < options.accumulate else LOST if dropped
+                    else KEPT)
+            scale = 1.0
+            if decided and fate == KEPT:  # what the coordinating server decided at shard 0
                 receive(decision)
                 scheduled, ruled, discarded, scale = decision.tolist()
                 fate = DISCARDED if discarded else KEPT
@@ -1149,8 +1162,10 @@ def _gradients(problem: Problem, scenario: Scenario, local: np.ndarray, granted:
         drawn.append(int(stream.take()))
         if injector is None:
             steps.append(lr * problem.dense_grad(local, drawn[-1]))
-        else:
-            g, support = problem.grad(local, drawn[-1])
+        else:  # (dense with accumulate > 1, as the simulator's accumulated gradients)
+            g, support = ((problem.dense_grad(local, drawn[-1]), None)
+                          if scenario.paramserver.accumulate > 1
+                          else problem.grad(local, drawn[-1]))
             g, norm, dropped = _draw(injector, thread, g, local, support)
             g *= lr  # (a new array: the problem's, or g + e)
             if support is not None:
@@ -1287,6 +1302,8 @@ def run_ps(scenario: Scenario, trainers: int, dtype: str = "float32",
     timeout = 60.0 if timeout is None else timeout
     scenario = _ps_scenario(scenario, trainers, measure, timeout)
     problem = problem if problem is not None else make_problem(scenario.problem)
+    if measure:
+        refuse_unmeasurable(scenario, "paramserver", problem.sparse)
     problem.optimum()
     address = os.environ.get("MASTER_ADDR", DEFAULT_ADDR)
     port = int(os.environ.get("MASTER_PORT", 0)) or free_port()
@@ -1394,7 +1411,8 @@ class _Pool:
                 process.terminate()
                 process.join(2.0)
         stopped = None if failed else _dead_server(self.processes)
-        # (in their order of application; a discarded one, as it arrived, with no part)
+        # (in their order of application; a discarded one, or one short of ``accumulate``
+        # gradients, as it arrived, with no part)
         pushes = [p for p in state.pushes if p.applied or p.discarded]
 
         def column(name: str) -> np.ndarray:
@@ -1413,11 +1431,12 @@ class _Pool:
                           [first, *(b.applied() for b in self.buffers)],
                           np.concatenate([state.w, *(b.w.numpy() for b in self.buffers)])
                           .astype(np.float64),
-                          each(lambda p: p.samples[0]), each(lambda p: p.grad_ns[0]),
+                          each(lambda p: p.samples), each(lambda p: p.grad_ns),
                           dtype, measure, sorted(state.dead), state.t0,
                           each(lambda p: p.scale),
-                          each(lambda p: (p.errors[0] if p.errors else 0.0,
-                                          float(p.lost[0]) if p.lost else 0.0, p.delay)),
+                          each(lambda p: [(p.errors[j] if p.errors else 0.0,
+                                           float(p.lost[j]) if p.lost else 0.0, p.delay)
+                                          for j in range(len(p.samples))]),
                           state.retired), stopped
 
 

@@ -205,9 +205,11 @@ def rebuild(problem: Problem, lr: float, bounds: list[int], dtype: str, every: i
     (nothing for a ``dropped`` write), as the workers stored them. ``groups[i]``: the
     samples whose mean step row i's stores subtracted (a synchronous round: its writer's row
     holds the round's mean step; the other members' rows store nothing and are not
-    measured, as in the simulator). ``exact`` false: the loss curve alone, no row measured
-    (updates that are not SGD steps: ADMM's pushes, each of which moves every coordinate, so
-    ``bits`` rounds a store's whole block, as the workers' dense pushes stored it).
+    measured, as in the simulator; an accumulated push's rows, whose last stores their mean
+    step; empty: a discarded row, in no group). ``exact`` false: the loss curve alone, no
+    row measured (updates that are not SGD steps: ADMM's pushes, each of which moves every
+    coordinate, so ``bits`` rounds a store's whole block, as the workers' dense pushes stored
+    it).
     """
     n = len(store_end)
     w = problem.initial().astype(dtype)
@@ -217,10 +219,10 @@ def rebuild(problem: Problem, lr: float, bounds: list[int], dtype: str, every: i
     remaining = (store_end >= 0).sum(axis=1)
     measurements: list[Measurement | None] = [None] * n
     completed = computed = 0  # completions, and the gradients they applied
-    # Rows a server discarded (no stores, outside rounds) count among the gradients computed
-    # by the completions after them, as the simulator's rows do.
-    skipped = (np.cumsum(remaining == 0) if groups is None
-               else np.zeros(n, dtype=np.int64))
+    # Rows a server discarded (no stores, in no group: an empty one) count among the
+    # gradients computed by the completions after them, as the simulator's rows do.
+    skipped = np.cumsum((remaining == 0) if groups is None
+                        else (remaining == 0) & np.asarray([not g for g in groups], bool))
     anchors: list[int] = []
     if reads is not None and times is not None:
         anchors = quiet_reads(*times.T).tolist()[::-1]  # popped from the end, earliest first

@@ -141,7 +141,8 @@ SUPPORT: tuple[tuple[str, str, str], ...] = (
      "`--launch threads`) run stragglers, pauses and deaths the same way, no other "
      "injection (a "
      "field that injects nothing, such as `error_bound` without an `error`, is accepted)",
-     "`delay`, `error` (with `accumulate` > 1 the trainers send each gradient apart), `drop` "
+     "`delay`, `error` (with `accumulate` > 1 the trainers send the one server each gradient "
+     "apart), `drop` "
      "and `write_bits` honoured, drawn by the "
      "server from the simulator's injector stream of the trainer's thread in its order: a "
      "pull is answered with the vector τ versions back, a push's gradient gets its error, a "
@@ -175,7 +176,9 @@ SUPPORT: tuple[tuple[str, str, str], ...] = (
      "coordinating server, which answers every pull first (a warm start ends when trainer 0 "
      "pulls after its W-th completion, whose parts every shard server then has; "
      "rebalancing times each push from its pull's arrival to its shard 0's application); "
-     "`accumulate` refused (the pool's trace is merged a row per push), every other "
+     "`accumulate` n: the trainer pushes the mean of n gradients shard by shard (with "
+     "errors: each gradient's own, dense), a push the budget left short is dropped by the "
+     "coordinating server and a header to every shard server, no version; every other "
      "`[paramserver]` option refused (a shard server decides nothing on a push), not under "
      "torchrun); under `admm` refused unless default"),
     ("`[dcasgd]`", "honoured with `dcasgd`, else inert",
@@ -330,13 +333,11 @@ def _stalls(inject: InjectSpec) -> tuple[str, Any, str] | None:
 #: warm start and retires trainers, which no shard server needs to know).
 _POOL_DECIDES = ("a pool's shard servers apply each push's part as it arrives and decide "
                  "nothing on it (paramserver.servers > 1)")
-#: Why a pool refuses ``accumulate``: its trace is merged a row per push (``realrun.pool
-#: .pool_trace``), where an accumulated push is n rows of one completion.
-_POOL_ROWS = ("a pool's trace is merged with one row per push, and an accumulated push is "
-              "n gradients of one completion (paramserver.servers > 1)")
-#: The ``[paramserver]`` options a pool honours: the coordinating server decides them alone.
+#: The ``[paramserver]`` options a pool honours: the coordinating server decides them alone
+#: (``accumulate``: the trainer computes and pushes n gradients, the coordinating server
+#: grants them and drops a push the budget left short, a header alone to the others).
 _POOL_OPTIONS = ("servers", "staleness_limit", "rule", "warm_start", "rebalance",
-                 "rebalance_after")
+                 "rebalance_after", "accumulate")
 
 
 def _pooled(scenario: Scenario) -> tuple[str, Any, str] | None:
@@ -344,13 +345,12 @@ def _pooled(scenario: Scenario) -> tuple[str, Any, str] | None:
     number of blocks than servers, and every ``[paramserver]`` option but
     :data:`_POOL_OPTIONS` (the staleness limit and the rule decided at shard 0's arrival,
     as the simulator's pool decides them; a warm start and rebalancing by the coordinating
-    server, which answers the pulls)."""
+    server, which answers the pulls; accumulation by the trainers and the coordinating
+    server, which hands out the gradients)."""
     run, options = scenario.run, scenario.paramserver
     if run.blocks != options.servers:
         return ("run.blocks", run.blocks, f"each of the {options.servers} real servers "
                 "holds one shard: run.blocks must equal paramserver.servers")
-    if options.accumulate != 1:
-        return "paramserver.accumulate", options.accumulate, _POOL_ROWS
     default = ParamServerSpec()
     return _changed("paramserver", dataclasses.replace(
         options, **{name: getattr(default, name) for name in _POOL_OPTIONS}), default,
@@ -375,7 +375,8 @@ def _injections(backend: str, mode: str) -> tuple[tuple[str, ...], str]:
 def refuse_unmeasurable(scenario: Scenario, mode: str, sparse: bool) -> None:
     """Refuse what measure mode's rebuild (``realrun.rebuild``) cannot replay as ``mode``'s
     workers stored it: rounded stores of rounds on a ``sparse`` problem (a round stores
-    every coordinate, the rebuild rounds those of its writer's sample).
+    every coordinate, the rebuild rounds those of its writer's sample), and of a pool's
+    accumulated pushes (``paramserver``: its servers round their whole shards).
 
     Raises:
         ScenarioError: naming inject.write_bits.
@@ -385,6 +386,13 @@ def refuse_unmeasurable(scenario: Scenario, mode: str, sparse: bool) -> None:
                             "measure mode's rebuild rounds a store over its sample's "
                             "coordinates, where a round's (dense) write rounds every one (run "
                             "without --measure, or simulate it); refused by the shm backend")
+    options = scenario.paramserver
+    if (mode == "paramserver" and options.servers > 1 and options.accumulate > 1 and sparse
+            and scenario.inject.write_bits):
+        raise ScenarioError("inject.write_bits", scenario.inject.write_bits,
+                            "measure mode's rebuild rounds an accumulated push's stores over "
+                            "its last sample's coordinates, where a pool's servers round "
+                            "their whole shards (run without --measure, or simulate it)")
 
 
 def refuse_torch_injections(inject: InjectSpec) -> None:

@@ -47,6 +47,10 @@ class WorkerRecord:
     residuals: np.ndarray | None = None  # admm (n, 2): primal and dual after each push
     # (n,): a server discarded the update (it stores nothing, completes nothing: step 0)
     discarded: np.ndarray | None = None
+    # (n,): a gradient accumulated into a push (``paramserver.accumulate``) that a later row,
+    # its worker's next one that is no member, writes: it reads only if it is its push's
+    # first, stores nothing and shares the push's completion
+    member: np.ndarray | None = None
 
 
 def _stacked(records: list[WorkerRecord]) -> dict[str, np.ndarray]:
@@ -67,7 +71,21 @@ def _stacked(records: list[WorkerRecord]) -> dict[str, np.ndarray]:
         "discarded": np.concatenate([np.zeros(len(r.samples), dtype=bool)
                                      if r.discarded is None else r.discarded
                                      for r in records]),
+        "member": np.concatenate([np.zeros(len(r.samples), dtype=bool)
+                                  if r.member is None else r.member for r in records]),
     }
+
+
+def _pushes(member: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per row (stacked: each worker's rows in order, one after the other), the first and
+    the last row of its push: a push is a run of ``member`` rows and the row that writes
+    them (a worker's last row is never a member)."""
+    rows = np.arange(member.size)
+    first = np.ones(member.size, dtype=bool)
+    first[1:] = ~member[:-1]
+    reader = np.maximum.accumulate(np.where(first, rows, 0)) if rows.size else rows
+    writer = np.minimum.accumulate(np.where(member, rows.size, rows)[::-1])[::-1]
+    return reader, writer
 
 
 @dataclass(frozen=True)
@@ -99,7 +117,12 @@ def merge(records: list[WorkerRecord], w0: np.ndarray, w_final: np.ndarray,
     block store (its write end). ``rounds``: synchronous rounds (``realrun.worker.Rounds``),
     each worker's i-th update in round i, whose one writer stored the blocks; the round is
     completion i + 1 for every member, and the others' empty writes sit at its end (as the
-    simulator's minibatch records them), before the writer's row. ``dead``: the workers an
+    simulator's minibatch records them), before the writer's row. A worker's ``member`` rows
+    are gradients accumulated into a push (``paramserver.accumulate``, a pool's trainer) with
+    the next row that is none, which alone stores (the push's mean step): they share its
+    completion and its read's count of completions before it, their writes are empty at its
+    end, before its row, and its measured δ is against the mean gradient of the push's
+    samples (as the simulator's group). ``dead``: the workers an
     injected death killed (``extra_dead_threads``, as the simulator records it). ADMM's
     residuals after each push are recorded in completion order (``extra_primal_residual``,
     ``extra_dual_residual``, as the simulator's ``admm``). ``origin``: the time that is the
@@ -113,12 +136,16 @@ def merge(records: list[WorkerRecord], w0: np.ndarray, w_final: np.ndarray,
     rel = times - origin
     # As in the simulator, a read ends with its last block copy and a write with its last
     # block store (the timestamps taken after each loop come a few ns later).
+    member = data["member"]
+    reader, writer = _pushes(member)
     if len(rel):  # (a round's member stored nothing: its write end is the round's, below)
-        rel[:, 1] = copy_end.max(axis=1)
-        last = store_end.max(axis=1)
-        rel[:, 3] = np.where(last >= 0, last, rel[:, 3])
-    writes = np.ones(len(rel), dtype=bool)
-    write_start = rel[:, 2].copy()
+        copied, last = copy_end.max(axis=1), store_end.max(axis=1)
+        rel[:, 1] = np.where(copied >= 0, copied, rel[:, 1])  # (a push's later gradients)
+        rel[:, 3] = np.where(last >= 0, last, rel[:, 3])[writer]  # (a member's: its push's)
+    # A push's members are applied, without writing themselves, when its write ends (the
+    # simulator's group: an empty write at its end, the rows before its writer's).
+    writes = ~member
+    write_start = np.where(member, rel[:, 3], rel[:, 2])
     if rounds:
         writes, completed = _rounds(rel, write_start, data["thread_seq"], store_end)
     start_order = np.lexsort((data["thread"], rel[:, 0]))
@@ -126,9 +153,16 @@ def merge(records: list[WorkerRecord], w0: np.ndarray, w_final: np.ndarray,
     uid[start_order] = np.arange(len(rel))
     order = np.lexsort((data["thread"], writes, rel[:, 3]))  # completion order
     kept = ~data["discarded"]
-    if not rounds:  # completions by each row's write end, its own if kept
+    if rounds:
+        seen = completed - 1
+    else:  # completions by each row's write end, its own if kept (a member: its push's)
+        applied = kept & writes
         completed = np.empty(len(rel), dtype=np.int64)
-        completed[order] = np.cumsum(kept[order])
+        completed[order] = np.cumsum(applied[order])
+        completed = completed[writer]
+        # Those before its read: the applied writes that ended by its push's read start (a
+        # member saw what its push's pull saw; the builder would count a push's every row).
+        seen = np.searchsorted(np.sort(rel[applied, 3]), rel[reader, 0], side="right")
     nan = np.full(len(rel), np.nan)
     columns = {
         "uid": uid, "thread": data["thread"], "thread_seq": data["thread_seq"],
@@ -136,10 +170,10 @@ def merge(records: list[WorkerRecord], w0: np.ndarray, w_final: np.ndarray,
         "read_start": rel[:, 0], "read_end": rel[:, 1],
         "grad_start": rel[:, 1], "grad_end": rel[:, 2], "write_start": write_start,
         "write_end": rel[:, 3], "grad_ns": rel[:, 2] - rel[:, 1],
-        # Local work before each update and the completions before its read: from the times,
-        # by the builder (the workers measure and count neither).
+        # Local work before each update: from the times, by the builder (the workers measure
+        # none); the completions before its read: counted above.
         "idle_ns": np.full(len(rel), -1),
-        "seen": completed - 1 if rounds else np.full(len(rel), -1),
+        "seen": seen,
         "completed": completed,
         "overwrote": np.zeros(len(rel)), "delay": data["injected"][:, 2],
         "error_norm": data["injected"][:, 0], "dropped": data["injected"][:, 1] > 0,
@@ -154,7 +188,7 @@ def merge(records: list[WorkerRecord], w0: np.ndarray, w_final: np.ndarray,
     if any(r.residuals is not None for r in records):
         extras["primal_residual"] = data["residuals"][order, 0]
         extras["dual_residual"] = data["residuals"][order, 1]
-    loss = None
+    loss, computed = None, None
     if measure is not None:
         built = rebuild(measure.problem, measure.lr, measure.bounds, measure.dtype,
                         measure.every, store_end[order], measure.steps,
@@ -163,7 +197,9 @@ def merge(records: list[WorkerRecord], w0: np.ndarray, w_final: np.ndarray,
                         curve_points=measure.curve_points, scales=arrays["lr_scale"],
                         bits=measure.bits,
                         groups=_groups(arrays["step"], data["samples"][order]) if rounds
-                        else None, dropped=arrays["dropped"], exact=measure.exact)
+                        else _pushed(data["samples"], reader, writer, kept, order)
+                        if member.any() else None,
+                        dropped=arrays["dropped"], exact=measure.exact)
         if built.measurements:  # a run stopped before its first update has none
             for name, values in zip(("measured", "s_norm", "g_norm", "delta_norm",
                                      "delta_dot"), zip(*built.measurements, strict=True),
@@ -178,12 +214,15 @@ def merge(records: list[WorkerRecord], w0: np.ndarray, w_final: np.ndarray,
                 rel[order], arrays["thread"], arrays["thread_seq"], measure.steps,
                 measure.reads, measure.dtype)
         curve = [(t, time + origin, f, d) for t, time, f, d, _ in built.curve]
+        computed = [n for *_, n in built.curve]  # (the view's count: gradients, not pushes)
         loss = hardware_loss(built.w_final, w_final, w0,
                              "real memory" if measure.reads is not None
                              else "lossless rebuild", built.quiet_reads)
     t, time, f, dist2 = (np.asarray(c) for c in zip(*curve, strict=True))
-    # Gradients computed by completion t: t, or in rounds those of the first t rounds.
-    n = t if not rounds else np.searchsorted(np.sort(arrays["step"]), t, side="right")
+    # Gradients computed by completion t: t, or in rounds those of the first t rounds, or
+    # with accumulated pushes the rebuilt view's count.
+    n = (computed if computed is not None and member.any() else t if not rounds
+         else np.searchsorted(np.sort(arrays["step"]), t, side="right"))
     builder = TraceBuilder()
     builder.extend(arrays, *_ops(rel[order], copy_end[order], store_end[order],
                                  write_start[order]))
@@ -216,6 +255,15 @@ def _groups(step: np.ndarray, samples: np.ndarray) -> list[list[int]]:
     for t, sample in zip(step.tolist(), samples.tolist(), strict=True):
         rounds.setdefault(t, []).append(sample)
     return [rounds[t] for t in step.tolist()]
+
+
+def _pushed(samples: np.ndarray, reader: np.ndarray, writer: np.ndarray, kept: np.ndarray,
+            order: np.ndarray) -> list[list[int]]:
+    """Per row (in ``order``), the samples of its push's gradients (``_pushes``: rows
+    ``reader`` to ``writer``), whose mean step the push's writer's stores subtracted; none
+    for a push that was not ``kept`` (it subtracted nothing)."""
+    return [samples[reader[i]:writer[i] + 1].tolist() if kept[i] else []
+            for i in order.tolist()]
 
 
 def _rounds(rel: np.ndarray, write_start: np.ndarray, seq: np.ndarray,
@@ -253,12 +301,13 @@ def _ops(rel: np.ndarray, copy_end: np.ndarray, store_end: np.ndarray,
     """Each update's count of block operations and the operations (touched blocks, in block
     order): the block, its read and write durations (from the read's and the write's start),
     when its copy and store ended (a block a round's member copied and did not store: no
-    write, 0)."""
-    touched = copy_end >= 0
+    write, 0; one the writer of an accumulated push stored and did not copy: no read, 0)."""
+    touched = (copy_end >= 0) | (store_end >= 0)
     rows, blocks = np.nonzero(touched)
+    read = np.where(copy_end >= 0, _durations(rel[:, 0], copy_end), 0)
     written = np.where(store_end >= 0, _durations(write_start, store_end), 0)
     return touched.sum(axis=1), {
-        "block": blocks, "read_ns": _durations(rel[:, 0], copy_end)[rows, blocks],
+        "block": blocks, "read_ns": read[rows, blocks],
         "write_ns": written[rows, blocks],
         "copied": copy_end[rows, blocks], "stored": store_end[rows, blocks]}
 

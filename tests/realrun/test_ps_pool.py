@@ -135,11 +135,11 @@ def test_a_dead_shard_server_stops_the_run_and_keeps_what_every_server_applied()
 
 def test_a_pool_refuses_what_its_servers_cannot_decide():
     """A shard per server, and none of the options that decide on several pushes together
-    or accumulate (the schedule and the injections run: tests/realrun/test_ps_pool_inject.py;
-    the staleness limit and the rules: tests/realrun/test_ps_pool_rules.py; a warm start
-    and rebalancing: tests/realrun/test_ps_pool_options.py)."""
+    (the schedule and the injections run: tests/realrun/test_ps_pool_inject.py; the
+    staleness limit and the rules: tests/realrun/test_ps_pool_rules.py; a warm start and
+    rebalancing: tests/realrun/test_ps_pool_options.py; accumulation:
+    tests/realrun/test_ps_pool_accumulate.py)."""
     for extra, field in ((("run.blocks=3",), "run.blocks"),
-                         (("paramserver.accumulate=2",), "paramserver.accumulate"),
                          (("paramserver.fraction=0.5",), "paramserver.fraction")):
         s = scenario(*TINY, "run.protocol=paramserver", "run.blocks=2",
                      "paramserver.servers=2", *extra)

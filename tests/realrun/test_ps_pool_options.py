@@ -1,6 +1,6 @@
 """A warm start and rebalancing on a pool of parameter servers (``paramserver.servers`` >
 1): real server and trainer processes over loopback, checked against the simulator's pool;
-accumulation and backup-worker rounds stay refused."""
+backup-worker rounds stay refused."""
 
 import numpy as np
 import pytest
@@ -74,10 +74,8 @@ def test_rebalancing_retires_a_straggling_trainer():
     assert run.hardware_loss["rebuilt_vs_real_norm"] == 0
 
 
-def test_a_pool_still_refuses_accumulation_and_rounds():
-    """Accumulation (a push's gradients share one completion, the pool's trace has a row
-    per push) and backup-worker rounds (a shard server would hold a round's parts) are
-    refused with a pool, each named."""
-    for option in ("paramserver.accumulate=2", "paramserver.fraction=0.5"):
-        with pytest.raises(ScenarioError, match=option.split("=")[0].replace(".", r"\.")):
-            run_ps(pooled(2, option), 1, "float64", timeout=60)
+def test_a_pool_still_refuses_rounds():
+    """Backup-worker rounds (a shard server would hold a round's parts) are refused with a
+    pool, named."""
+    with pytest.raises(ScenarioError, match=r"paramserver\.fraction"):
+        run_ps(pooled(2, "paramserver.fraction=0.5"), 1, "float64", timeout=60)
