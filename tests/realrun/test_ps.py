@@ -74,13 +74,22 @@ def test_two_trainers_converge_with_a_well_formed_measured_trace():
     assert trace["curve_loss"][-1] - f_star < 0.3 * (trace["curve_loss"][0] - f_star)
 
 
-def test_a_replayed_ps_trace_puts_every_event_at_its_recorded_time():
+@pytest.mark.parametrize("lock_free", ["false", "true"])
+def test_a_replayed_ps_trace_puts_every_event_at_its_recorded_time(lock_free):
     """Three trainers: replaying the real trace in the simulated paramserver gives back
     every write end, staleness and read-overwrite count row for row (a push's transfer is
-    recorded in its write, where the simulated push pays its link)."""
-    s = scenario(*TINY, "run.protocol=paramserver", "run.updates=600")
+    recorded in its write, where the simulated push pays its link); on a lock-free server
+    too, whose pull waits for its trainer's pushes to be applied: its read starts then, so
+    none starts before its previous write ended."""
+    s = scenario(*TINY, "run.protocol=paramserver", "run.updates=600",
+                 f"paramserver.lock_free={lock_free}", "run.write_mode=load_store")
     run = run_ps(s, 3, "float64", timeout=60)
     assert run.failure is None
+    trace = run.trace
+    for thread in range(3):
+        rows = np.flatnonzero(trace["thread"] == thread)
+        rows = rows[np.argsort(trace["thread_seq"][rows])]
+        assert (trace["read_start"][rows][1:] >= trace["write_end"][rows][:-1]).all()
     _, _, again = replay(run.trace)
     a, b = (np.lexsort((t["thread_seq"], t["thread"])) for t in (run.trace, again))
     for column in ("write_end", "grad_end", "staleness", "read_overwrites", "step"):
