@@ -53,8 +53,13 @@ Pauses and deaths run on the run's clock, from the first pull's arrival (the tra
 trainer sleeps, then pulls again: its read starts after the window, as the simulator's
 thread starts no action in it), and a pull at or after its trainer's death with no gradients
 (the trainer says done; ``dead_threads`` in the trace; the push it had in flight at its
-death landed, as a CPU worker's update does). Not with rounds. A straggler trainer stretches
-each gradient's compute to ``factor`` times as long.
+death landed, as a CPU worker's update does). A straggler trainer stretches each gradient's
+compute to ``factor`` times as long. With rounds, as the simulator's rounds: a round's
+members read τ rounds back, their errors reach every coordinate (the simulated round
+members' gradients are dense), the round's one write is lost where its writer's (the last
+push's) draw drops it and all its values are rounded; a dead trainer still counts among the
+live ones (a dead simulated thread never finishes), so a round that needs it waits for good:
+every trainer is then answered with no gradients and the run ends early (``_stall``).
 
 Asynchronous consensus ADMM (``run.protocol = "admm"``, the simulator's ``admm`` with
 ``split = "shared"``): the server's vector is the consensus z; a pull is granted one update,
@@ -298,6 +303,9 @@ class _Server:
     # (its pushes reached every shard server before that pull; a warm start counts these)
     landed: int = 0
     resume: dict[int, int] = field(default_factory=dict)  # rank: its pause's end (ns)
+    # rounds: the open round waits for a dead trainer for good (every other one waits for
+    # it): every pull is answered with no gradients, and its pushes are in no row
+    stalled: bool = False
     consensus: _Consensus | None = None  # run.protocol = admm: the x_i, the residuals
 
 
@@ -461,6 +469,7 @@ def serve(problem: Problem, scenario: Scenario, trainers: int, timeout: float,
                     if options.fraction > 0:
                         _close_round(state, arrived)
                     _release(state)
+                    _stall(state)
     except _PeerFailed as err:  # one trainer stopped in the middle of an exchange
         failure = (None if _timed_out(err.cause) else _settled(dead)) or {
             "worker": err.rank - 1, "reason": f"trainer {err.rank} {err.what} for "
@@ -547,12 +556,16 @@ def _pull(state: _Server, source: int, arrived: int) -> None:
     ``inject.deaths``), which hold a simulated thread before its read's gate: a pull in one of
     its pause windows is told to pull again at the window's end, and one at or after its
     death is answered with no gradients."""
+    if state.stalled:
+        _answer(state, source, arrived)
+        return
     if state.stalls is not None and _stalled(state, source, arrived):
         return
     options = state.scenario.paramserver
     if (source != 1 and _warming(state)) or (
             options.fraction > 0 and state.pushed_round.get(source) == state.version):
         state.waiting.append((source, arrived))
+        _stall(state)
         return
     _answer(state, source, arrived)
 
@@ -632,7 +645,7 @@ def _answer(state: _Server, source: int, arrived: int) -> None:
     import torch.distributed as dist
 
     left = state.scenario.run.updates - state.granted
-    stopped = source - 1 in state.retired or source - 1 in state.dead
+    stopped = source - 1 in state.retired or source - 1 in state.dead or state.stalled
     grant = 0 if stopped else min(state.scenario.paramserver.accumulate, left)
     state.granted += grant
     tensors = [torch.tensor([state.version, grant, 0], dtype=torch.int64)]
@@ -804,7 +817,8 @@ def _inject(state: _Server, push: _Push) -> None:
     """Each gradient's injected error and drop (:func:`_draw`). An error is added to its
     gradient, lr·g / lr (g to rounding): the push's one, or, with ``accumulate`` > 1, each
     of the gradients the trainer then sends apart (``push.parts``: dense, as the
-    simulator's accumulated gradients), whose mean is the push."""
+    simulator's accumulated gradients), whose mean is the push; with rounds over every
+    coordinate too (the simulator's round members compute dense gradients)."""
     injector, thread, lr = state.injector, push.thread, state.scenario.run.lr
     w_read = state.sent.get(thread + 1, state.w)  # (only adversarial errors use it)
     if push.parts is not None:
@@ -816,8 +830,9 @@ def _inject(state: _Server, push: _Push) -> None:
             push.lost.append(lost)
         push.step, push.parts = mean_step(push.parts), None  # (the parts are not kept)
         return
+    dense = state.scenario.paramserver.fraction > 0  # (a round's gradients are, simulated)
     for sample in push.samples:
-        support = state.problem.support(sample) if injector.errors else None
+        support = state.problem.support(sample) if injector.errors and not dense else None
         g = push.step.astype(np.float64) / lr if injector.errors else push.step
         g, norm, lost = _draw(injector, thread, g if support is None else g[support],
                               w_read, support)
@@ -835,10 +850,10 @@ def _round_stored(state: _Server, push: _Push) -> None:
     bits = state.scenario.inject.write_bits
     supports = [state.problem.support(s) for s in push.samples]
     if (state.scenario.paramserver.accumulate > 1 or state.consensus is not None
-            or state.pooled or any(s is None for s in supports)):
+            or state.pooled or push.rounds or any(s is None for s in supports)):
         # dense: every value (accumulated pushes are, as the simulator's: errors reach every
-        # coordinate; an ADMM push moves every coordinate; a pool's shard: as every shard
-        # server rounds its own, ``realrun.pool``)
+        # coordinate; an ADMM push moves every coordinate; a round's mean too; a pool's
+        # shard: as every shard server rounds its own, ``realrun.pool``)
         round_stored(state.w, bits)
         return
     touched = np.unique(np.concatenate([s for s in supports if s is not None]))
@@ -915,19 +930,52 @@ def _close_round(state: _Server, now: int) -> None:
     ``round_quota``; during a warm start trainer 0 is the one that may arrive), then answer
     the pulls that waited for the new round. ``now``: when the message that may close it
     arrived (a push, or a trainer's end that lowered the quota); the last push to arrive
-    closes it, as in the simulator."""
-    live = 1 if _warming(state) else state.trainers - len(state.done)
+    closes it, as in the simulator.
+
+    Injections as the simulator's rounds: each member's error is in its push already
+    (``_inject``), the round's one write is lost where its writer's draw drops it (the last
+    push to arrive), its stores are rounded (every value: a round's mean moves all), and a
+    dead trainer is still counted among the live ones (a dead simulated thread never
+    finishes: the round may wait for it for good, :func:`_stall`)."""
+    if state.stalled:
+        return
+    finished = state.done - {t + 1 for t in state.dead}
+    live = 1 if _warming(state) else state.trainers - len(finished)
     quota = round_quota(state.scenario.paramserver.fraction, state.trainers, live)
     if not state.round_pushes or len(state.round_pushes) < quota:
         return
-    group = state.round_pushes
+    group, writer = state.round_pushes, state.round_pushes[-1]
     for member in group[:-1]:
         member.member = True
-    group[-1].closed = now
-    group[-1].scale = _factor(state)  # (the schedule's, on the round's mean)
-    state.w -= group[-1].scale * mean_step([p.step for p in group])
+    writer.closed = now
+    writer.scale = _factor(state)  # (the schedule's, on the round's mean)
+    if not (writer.lost and writer.lost[-1]):
+        state.w -= writer.scale * mean_step([p.step for p in group])
+        if state.scenario.inject.write_bits:
+            _round_stored(state, writer)
     _complete(state, group)
     state.round_pushes = []
+
+
+def _stall(state: _Server) -> None:
+    """With rounds, end the run where the open round waits for a dead trainer for good:
+    every trainer not done waits for it (its push is in), and the dead one never pushes
+    again, as the simulator's round waits for a dead thread (its run ends when nothing can
+    happen). Every waiting trainer is answered with no gradients and says done; one with a
+    death of its own, however late, is dead too (the simulator kills its waiting thread when
+    the death comes); the round's pushes are in no row (the simulator's waiting updates
+    never complete)."""
+    waiting = {source for source, _ in state.waiting}
+    if (state.stalled or not waiting or not state.dead
+            or state.scenario.paramserver.fraction == 0
+            or any(r not in state.done and r not in waiting
+                   for r in range(1, state.trainers + 1))):
+        return
+    state.stalled = True
+    for source in sorted(waiting):
+        if state.stalls[source - 1].death is not None and source - 1 not in state.dead:  # type: ignore[index]
+            state.dead.append(source - 1)
+    _release(state)  # (each pull is answered now: ``_pull``)
 
 
 def _complete(state: _Server, group: list[_Push], release: bool = True) -> None:
@@ -999,7 +1047,10 @@ def _trace(state: _Server, origin: int) -> Trace:
     by the one trace builder. One block (the server's vector): a push's first gradient copies
     it when its pull is answered, and an applied push's last one stores it when applied."""
     rows: list[tuple[Any, ...]] = []
+    stuck = {id(p) for p in state.round_pushes} if state.stalled else set()
     for p in state.pushes:
+        if id(p) in stuck:  # (waiting for good in a stalled round: ``_stall``)
+            continue
         times, last = _rows(p), len(p.samples) - 1
         for j, sample in enumerate(p.samples):
             rows.append((times["write_end"][j], p.thread, p.seq + j, sample, p.applied,

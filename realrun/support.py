@@ -53,8 +53,7 @@ ATOMIC_MODES = ("blocklock", "admm")
 
 _SIMULATED_MACHINE = ("describes the simulated machine; a real run has the hardware itself "
                       "(asyngrad calibrate fits it from a real run)")
-_NO_INJECTION = {"ps": "the parameter server injects every fault but into rounds",
-                 "cuda": "CUDA and thread workers inject stragglers, pauses and deaths, not "
+_NO_INJECTION = {"cuda": "CUDA and thread workers inject stragglers, pauses and deaths, not "
                  "into their updates (simulate it)",
                  "admm": "real ADMM workers inject delays, drops, rounded stores and stalls, "
                  "no errors (the simulator's admm adds none to its local solves)",
@@ -149,7 +148,13 @@ SUPPORT: tuple[tuple[str, str, str], ...] = (
      "dropped push is a version that changes nothing, stored values are rounded; `pauses` "
      "and `deaths` run by the server on the run's clock (from the first pull): a pull in a "
      "pause window is told to pull again at its end, one after the death is answered with "
-     "no gradients (the push in flight lands, as on CPU workers); these not with rounds; "
+     "no gradients (the push in flight lands, as on CPU workers); with rounds "
+     "(`paramserver.fraction` > 0) all of these as the simulator's rounds: τ counts rounds, "
+     "errors over every coordinate (a round member's gradient is dense), a round's one "
+     "write (its last push's) lost where that push's draw drops it, every value of it "
+     "rounded, and a dead trainer still counted among the live ones: a round that needs it "
+     "waits for good, every other trainer stops there and the run ends early (one with a "
+     "death of its own is dead too; the pushes left waiting are in no row); "
      "`stragglers` honoured by the trainer: its gradients take `factor` (>= 1) times as long "
      "(the simulator's straggler is slower in its compute and memory phases, not its link; "
      "the pull's and push's copies are the server's); with a pool (`paramserver.servers` > "
@@ -257,20 +262,6 @@ def _unsupported(scenario: Scenario, backend: str, mode: str) -> tuple[str, Any,
         if run.split != "shared":
             return ("run.split", run.split, "the server hands out the updates to whichever "
                     "trainer asks (shared)")
-        if inject.max_delay and scenario.paramserver.fraction > 0:
-            named = ("inject.delay", inject.delay) if inject.delay_dist == "fixed" else (
-                "inject.delay_max", inject.delay_max)
-            return (*named, "a round's pushes are computed on the round's vector, and a "
-                    "delayed pull's is older (paramserver.fraction > 0)")
-        for name, on in (("error", inject.error != "none"), ("drop", inject.drop),
-                         ("write_bits", inject.write_bits), ("pauses", inject.pauses),
-                         ("deaths", inject.deaths)):
-            if on and scenario.paramserver.fraction > 0:
-                value = getattr(inject, name)
-                return (f"inject.{name}",
-                        [dataclasses.asdict(v) for v in value] if isinstance(value, tuple)
-                        else value, "the server injects into asynchronous pushes, not "
-                        "rounds (paramserver.fraction > 0)")
     # (A real run records [hardware.sweeping_reads] with its defaults: accepted as such.)
     sweeps = scenario.hardware.sweeping_reads
     hardware = dataclasses.replace(scenario.hardware, sweeping_reads=None)
@@ -362,7 +353,7 @@ def _injections(backend: str, mode: str) -> tuple[tuple[str, ...], str]:
     if backend == "ps":
         if mode == "admm":  # (an error would change a gradient the local solve never adds)
             return ADMM_INJECTIONS, _NO_INJECTION["ps-admm"]
-        return VALUE_INJECTIONS, _NO_INJECTION[backend]
+        return VALUE_INJECTIONS, ""
     if backend != "shm":
         return STALLS, _NO_INJECTION[backend]
     if mode in PIPELINE_MODES:

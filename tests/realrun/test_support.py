@@ -35,17 +35,11 @@ REFUSED = [
                                             "problem.name=sparse_logistic",
                                             "inject.write_bits=8"), "inject.write_bits = 8",
      "shm"),
-    (("--backend", "ps"), ("inject.delay=3", "paramserver.fraction=0.5"), "inject.delay = 3",
-     "ps"),
     (("--mode", "allreduce"), ("run.protocol=minibatch",
                                "inject.stragglers=[{thread=1, factor=0.5}]"),
      "inject.stragglers.0.factor = 0.5", "shm"),
     (("--backend", "ps"), ("inject.deaths=[{thread=1, at=5}]", "paramserver.rebalance=2"),
      "inject.deaths = [{'thread': 1", "ps"),
-    (("--backend", "ps"), ("inject.drop=0.2", "paramserver.fraction=1"), "inject.drop = 0.2",
-     "ps"),
-    (("--backend", "ps"), ("inject.pauses=[{thread=0, start=100, end=500}]",
-                           "paramserver.fraction=1"), "inject.pauses = [{'thread'", "ps"),
     (("--backend", "ps"), ("inject.deaths=[{thread=1, at=5}]", "paramserver.warm_start=3"),
      "inject.deaths = [{'thread': 1", "ps"),
     (("--backend", "ps"), "inject.stragglers=[{thread=0, factor=0.5}]",
@@ -117,7 +111,7 @@ def test_torchrun_nodes_refuse_before_joining(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "3")
     out = tmp_path / "ps"
     assert ps._node_main(["--out", str(out), "--set", "inject.deaths=[{thread=0, at=5}]",
-                          "--set", "paramserver.fraction=1"]) == 2
+                          "--set", "paramserver.warm_start=3"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "inject.deaths = " in err[0] and "ps backend" in err[0]
     assert not out.exists()
@@ -192,16 +186,22 @@ def test_what_a_backend_runs_is_accepted_and_recorded():
         assert support.recorded(scenario("run.write_mode=atomic_add"), mode, 2, False,
                                 None).run.write_mode == "load_store"
     # With something injected, the field that injects is named, not an inert one before it.
-    with pytest.raises(ScenarioError, match=r"^inject\.pauses = "):
-        support.refuse_unsupported(scenario("inject.error_bound=0.5", "paramserver.fraction=1",
+    with pytest.raises(ScenarioError, match=r"^inject\.drop = "):
+        support.refuse_unsupported(scenario("inject.error_bound=0.5", "inject.drop=0.1",
                                             "inject.pauses=[{thread=0, start=1, end=9}]"),
-                                   "ps", "paramserver")
+                                   "cuda", "lockfree")
     support.refuse_unsupported(scenario("inject.pauses=[{thread=0, start=1, end=9}]",
                                         "inject.deaths=[{thread=1, at=5}]",
                                         "inject.stragglers=[{thread=1, factor=2.0}]"),
                                "ps", "paramserver")
     support.refuse_unsupported(scenario("inject.error_bound=0.5", "inject.drop=0.1",
                                         "inject.delay=2"), "ps", "paramserver")
+    # The server's backup-worker rounds run every injection (deaths too).
+    support.refuse_unsupported(scenario("inject.delay=2", "inject.error=noise",
+                                        "inject.drop=0.1", "inject.write_bits=8",
+                                        "inject.pauses=[{thread=0, start=1, end=9}]",
+                                        "inject.deaths=[{thread=1, at=5}]",
+                                        "paramserver.fraction=0.5"), "ps", "paramserver")
     # CPU workers run delays, errors, drops and rounded stores, rounds and turns too (deaths
     # included); ADMM all but errors, on CPU workers as on the server.
     support.refuse_unsupported(scenario("inject.error=noise", "inject.error_bound=0.5",
@@ -282,12 +282,13 @@ def test_a_round_of_25_trainers_at_fraction_056_closes_at_14_on_both_paths(monke
     closed = []
     monkeypatch.setattr(ps, "_complete", lambda state, group: closed.append(len(group)))
     state = SimpleNamespace(scenario=scenario("paramserver.fraction=0.56"), trainers=25,
-                            done=set(), round_pushes=[], w=np.zeros(3), version=0)
+                            done=set(), round_pushes=[], w=np.zeros(3), version=0,
+                            stalled=False, dead=[])
     for _ in range(13):
-        state.round_pushes.append(SimpleNamespace(step=np.ones(3)))
+        state.round_pushes.append(SimpleNamespace(step=np.ones(3), lost=[]))
         ps._close_round(state, 0)
     assert closed == []
-    state.round_pushes.append(SimpleNamespace(step=np.ones(3)))
+    state.round_pushes.append(SimpleNamespace(step=np.ones(3), lost=[]))
     ps._close_round(state, 0)
     assert closed == [14] and np.array_equal(state.w, -np.ones(3))
 
@@ -298,7 +299,8 @@ def test_the_warm_start_defers_the_other_trainers_pulls(monkeypatch):
     answered = []
     monkeypatch.setattr(ps, "_answer", lambda state, source, arrived: answered.append(source))
     state = SimpleNamespace(scenario=scenario("paramserver.warm_start=3"), done=set(),
-                            version=0, waiting=[], pushed_round={}, stalls=None)
+                            version=0, waiting=[], pushed_round={}, stalls=None,
+                            stalled=False, dead=[])
     for rank in (2, 1, 3):
         ps._pull(state, rank, 0)
     assert answered == [1] and [r for r, _ in state.waiting] == [2, 3]
