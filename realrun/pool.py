@@ -66,8 +66,16 @@ where a real pool can decide it as the simulator does:
   of n is dropped by the coordinating server and goes to every shard server as a header
   alone, which is no version (the simulator never pushes the gradients left pending).
 
-The options that decide on several pushes together (rounds, a lock-free server) are
-refused with a pool (``realrun.support``).
+* backup-worker rounds (``fraction`` p > 0) are the coordinating server's: it decides a
+  round's members as the one server does and, when the round closes, tells every shard
+  server its members, the schedule's factor and whether its write was lost; each trainer
+  sends its parts tagged with the round it pulled, and a shard server applies the members'
+  mean once they are all there, drops the other parts of the round and says so
+  (``APPLIED``); the coordinating server holds every pull until each server applied the
+  round (``serve_shard``; ``realrun.ps._close_round``, ``_applied``).
+
+A lock-free server (updates that meet on a shard) is refused with a pool
+(``realrun.support``).
 
 Every server stamps its own pulls and pushes (``time.monotonic_ns``, one clock: the pool runs
 on one machine) and keeps the part of each push it applied. When the run ends the parent
@@ -103,7 +111,7 @@ from realrun.timeline import Measure, WorkerRecord, merge
 from realrun.worker import one_thread_each
 from simulator.memory import block_bounds
 from simulator.problems import Problem
-from simulator.rules import dc_step, round_significand
+from simulator.rules import dc_step, mean_step, round_significand
 from simulator.scenario import Scenario, scenario_to_toml
 from simulator.trace import Trace
 
@@ -114,8 +122,9 @@ __all__ = ["DISCARDED", "KEPT", "LOST", "Applied", "ShardBuffers", "ShardServers
 # becomes of a push (``KEPT``: its part follows; ``LOST`` in transit, ``DISCARDED`` by the
 # coordinating server: no part follows), and the factor on lr a kept push took (float64
 # bits: DC-ASGD's rate).
-PULL, PUSH, DONE = 1, 2, 3
-KEPT, LOST, DISCARDED = 0, 1, 2
+PULL, PUSH, DONE, CLOSE = 1, 2, 3, 4
+APPLIED = 5  # to the coordinating server: a round is applied (``realrun.ps`` reads it too)
+KEPT, LOST, DISCARDED, ROUND = 0, 1, 2, 3
 POOL_GONE = 4  # a shard server's exit status when a receive failed or timed out
 
 
@@ -176,7 +185,8 @@ def round_stored(values: np.ndarray, bits: int) -> None:
 
 
 def serve_shard(buffers: ShardBuffers, trainers: int, timeout: float, bits: int = 0,
-                max_delay: int = 0, dc: tuple[float, float] | None = None) -> None:
+                max_delay: int = 0, dc: tuple[float, float] | None = None,
+                rounds: int = 0) -> None:
     """A shard server's loop (rank K + s of an initialised gloo group): answer each trainer's
     pull with the shard, subtract each push's part as it arrives (rounding the shard to
     ``bits`` significand bits after it, ``inject.write_bits``; a lost or discarded push's
@@ -188,59 +198,176 @@ def serve_shard(buffers: ShardBuffers, trainers: int, timeout: float, bits: int 
     towards the shard now from the one its trainer's pull was answered with
     (``simulator.rules.dc_step``, at lr times the factor the push took).
 
+    ``rounds`` (``paramserver.fraction`` > 0: the size of the coordinating server's
+    header): a version is a round. A part comes tagged with the round its trainer pulled
+    and is held; the coordinating server says when a round closed (``CLOSE``: its members
+    in order, the schedule's factor, and whether its write was lost), and once every
+    member's part is here the server subtracts their mean (the factor on it), records the
+    members (the last, the writer, with the mean; the others with nothing), drops the parts
+    held that were not members, as it drops one that comes for a round already applied,
+    and tells the coordinating server (``APPLIED``), which holds every pull until each
+    server has applied the round (the simulator's rounds: no read overlaps a round's
+    write).
+
     Raises:
         RuntimeError: a receive or a send failed or timed out.
     """
     import torch
     import torch.distributed as dist
 
-    w, rows, parts, count = buffers.w, buffers.rows, buffers.parts, buffers.count
-    part = torch.zeros_like(w)
+    shard = _Shard(buffers, datetime.timedelta(seconds=timeout), bits, max_delay, dc,
+                   trainers if rounds else 0, rounds)
     header = torch.zeros(4, dtype=torch.int64)
-    wait = datetime.timedelta(seconds=timeout)
-    pulled: dict[int, tuple[int, int]] = {}  # rank: its last pull's arrival and answer
-    sent: dict[int, np.ndarray] = {}  # dcasgd: rank: the shard its last pull got (float64)
-    work_arrays = (np.zeros(w.numel()), np.zeros(w.numel()))  # (dc_step's)
     done: set[int] = set()
-    ring = w.repeat(max_delay + 1, 1) if max_delay else None  # ring[v mod H]: version v's
-    versions = 0
     while len(done) < trainers:
         work: Any = dist.irecv(header)
-        work.wait(wait)
+        work.wait(shard.wait)
         kind, source, arrived = int(header[0]), int(header[1]), time.monotonic_ns()
         if kind == PULL:
-            shard = w if ring is None else ring[
-                (versions - min(int(header[2]), versions)) % len(ring)]
-            if dc is not None:
-                sent[source] = shard.numpy().astype(np.float64)
-            work = dist.isend(shard, source)
-            work.wait(wait)
-            pulled[source] = (arrived, time.monotonic_ns())
+            shard.pull(source, int(header[2]), arrived)
         elif kind == PUSH:
-            fate = int(header[2])
-            if fate != KEPT:  # lost in transit (a version that changes nothing), or discarded
-                part.zero_()
-            else:
-                work = dist.irecv(part, source)
-                work.wait(wait)
-                arrived = time.monotonic_ns()
-                if dc is not None:
-                    _compensate(part.numpy(), w.numpy(), sent[source], dc,
-                                header[3:].numpy().view(np.float64)[0], work_arrays)
-                w -= part
-                if bits:
-                    round_stored(w.numpy(), bits)
-            if fate != DISCARDED:
-                versions += 1
-                if ring is not None:
-                    ring[versions % len(ring)] = w
-            n = int(count[0])
-            rows[n] = torch.tensor([source - 1, *pulled[source], arrived, time.monotonic_ns(),
-                                    int(fate == DISCARDED)])
-            parts[n] = part
-            count[0] = n + 1
+            shard.push(source, int(header[2]), header[3:].numpy().copy(), arrived)
+        elif kind == CLOSE:
+            shard.close(int(header[2]), float(header[3:].numpy().view(np.float64)[0]))
         elif kind == DONE:
             done.add(source)
+
+
+class _Shard:
+    """A shard server's state (:func:`serve_shard`)."""
+
+    def __init__(self, buffers: ShardBuffers, wait: datetime.timedelta, bits: int,
+                 max_delay: int, dc: tuple[float, float] | None, trainers: int,
+                 ack: int) -> None:
+        import torch
+
+        self.buffers, self.wait, self.bits, self.dc = buffers, wait, bits, dc
+        self.w = buffers.w
+        self.part = torch.zeros_like(self.w)
+        self.pulled: dict[int, tuple[int, int]] = {}  # rank: its last pull's arrival, answer
+        self.sent: dict[int, np.ndarray] = {}  # dcasgd: rank: the shard its pull got
+        self.work = (np.zeros(self.w.numel()), np.zeros(self.w.numel()))  # (dc_step's)
+        # ring[v mod H]: version v's shard
+        self.ring = self.w.repeat(max_delay + 1, 1) if max_delay else None
+        self.versions = 0
+        # rounds: the closing round's message (trainers + 1: lost, then its members), the
+        # parts held (rank: part, arrival, round, its pull's arrival and answer), and what
+        # tells the coordinating server a round is applied (its header's size)
+        self.closing = torch.zeros(trainers + 1, dtype=torch.int64) if trainers else None
+        self.closed: tuple[float, bool, list[int]] | None = None  # factor, lost, members
+        self.held: dict[int, tuple[np.ndarray, int, int, tuple[int, int]]] = {}
+        self.ack = torch.zeros(ack, dtype=torch.int64)
+
+    def pull(self, source: int, tau: int, arrived: int) -> None:
+        """Answer a pull with the shard, τ versions back."""
+        import torch.distributed as dist
+
+        shard = self.w if self.ring is None else self.ring[
+            (self.versions - min(tau, self.versions)) % len(self.ring)]
+        if self.dc is not None:
+            self.sent[source] = shard.numpy().astype(np.float64)
+        work: Any = dist.isend(shard, source)
+        work.wait(self.wait)
+        self.pulled[source] = (arrived, time.monotonic_ns())
+
+    def push(self, source: int, fate: int, value: np.ndarray, arrived: int) -> None:
+        """A push's header (``fate``; ``value``: the factor on lr the push took, float64
+        bits, or with rounds the round it was computed for) and its part, if one follows."""
+        import torch.distributed as dist
+
+        if fate in (LOST, DISCARDED):  # lost in transit (a version that changes nothing),
+            self.part.zero_()  # or discarded (no version)
+            if fate == LOST:
+                self._version()
+            self._record(source, self.pulled[source], arrived, discarded=fate == DISCARDED)
+            return
+        work: Any = dist.irecv(self.part, source)
+        work.wait(self.wait)
+        arrived = time.monotonic_ns()
+        if fate == ROUND:
+            self._hold(source, int(value[0]), arrived)
+            return
+        if self.dc is not None:
+            _compensate(self.part.numpy(), self.w.numpy(), self.sent[source], self.dc,
+                        value.view(np.float64)[0], self.work)
+        self._apply(self.part)
+        self._record(source, self.pulled[source], arrived)
+
+    def _apply(self, step: Any) -> None:
+        """Subtract ``step``, round the shard's stores, count the version."""
+        self.w -= step
+        if self.bits:
+            round_stored(self.w.numpy(), self.bits)
+        self._version()
+
+    def _version(self) -> None:
+        self.versions += 1
+        if self.ring is not None:
+            self.ring[self.versions % len(self.ring)] = self.w
+
+    def _record(self, source: int, pulled: tuple[int, int], arrived: int,
+                discarded: bool = False, part: Any = None) -> None:
+        """Write one push's record: ``part`` (default: the part received) applied now."""
+        import torch
+
+        buffers = self.buffers
+        n = int(buffers.count[0])
+        buffers.rows[n] = torch.tensor([source - 1, *pulled, arrived, time.monotonic_ns(),
+                                        int(discarded)])
+        buffers.parts[n] = self.part if part is None else part
+        buffers.count[0] = n + 1
+
+    def _hold(self, source: int, round_: int, arrived: int) -> None:
+        """Hold a round's part until the round closes here (one for a round applied
+        already came too late: dropped now)."""
+        if round_ < self.versions:
+            self.part.zero_()
+            self._record(source, self.pulled[source], arrived, discarded=True)
+            return
+        self.held[source] = (self.part.numpy().copy(), arrived, round_, self.pulled[source])
+        self._apply_round()
+
+    def close(self, members: int, factor: float) -> None:
+        """The coordinating server closed the open round: its message follows."""
+        import torch.distributed as dist
+
+        assert self.closing is not None
+        work: Any = dist.irecv(self.closing, 0)
+        work.wait(self.wait)
+        lost, *ranks = self.closing.tolist()
+        self.closed = (factor, bool(lost), [r + 1 for r in ranks[:members]])
+        self._apply_round()
+
+    def _apply_round(self) -> None:
+        """Apply the closed round once every member's part is here: the held parts that
+        are no members are dropped, the members' mean (times the factor) subtracted unless
+        its write was lost; then tell the coordinating server."""
+        import torch
+        import torch.distributed as dist
+
+        if self.closed is None:
+            return
+        factor, lost, members = self.closed
+        if any(rank not in self.held for rank in members):
+            return
+        for rank in [r for r in self.held if r not in members]:
+            _, arrived, _, pulled = self.held.pop(rank)
+            self._record(rank, pulled, arrived, discarded=True,
+                         part=torch.zeros_like(self.w))
+        mean = torch.from_numpy(mean_step([self.held[rank][0] for rank in members]) * factor)
+        if lost:
+            mean.zero_()
+            self._version()
+        else:
+            self._apply(mean)
+        nothing = torch.zeros_like(self.w)
+        for rank in members:
+            _, arrived, _, pulled = self.held.pop(rank)
+            self._record(rank, pulled, arrived, part=mean if rank == members[-1] else nothing)
+        self.closed = None
+        self.ack[:2] = torch.tensor([APPLIED, dist.get_rank()])
+        work: Any = dist.isend(self.ack, 0)
+        work.wait(self.wait)
 
 
 def _compensate(part: np.ndarray, w: np.ndarray, read: np.ndarray, dc: tuple[float, float],
@@ -272,15 +399,14 @@ class ShardServers:
         return self.bounds[1]
 
     def _each(self, kind: int, rank: int, vector: Any, value: int, receive: bool,
-              scale: float = 1.0) -> None:
+              extra: int = 0) -> None:
         import torch
         import torch.distributed as dist
 
-        header = torch.tensor([kind, rank, value,
-                               int(np.float64(scale).view(np.int64))], dtype=torch.int64)
+        header = torch.tensor([kind, rank, value, extra], dtype=torch.int64)
         for s, server in enumerate(self.ranks, start=1):
             dist.send(header, server)
-            if kind == PUSH and value != KEPT:  # lost or discarded: the header alone
+            if kind == PUSH and value in (LOST, DISCARDED):  # the header alone
                 continue
             part = vector[self.bounds[s]:self.bounds[s + 1]]
             work: Any = dist.irecv(part, server) if receive else dist.isend(part, server)
@@ -292,12 +418,30 @@ class ShardServers:
         versions)."""
         self._each(PULL, rank, w, delay, receive=True)
 
-    def push(self, rank: int, step: Any, fate: int = KEPT, scale: float = 1.0) -> None:
+    def push(self, rank: int, step: Any, fate: int = KEPT, scale: float = 1.0,
+             round_: int = 0) -> None:
         """Push every shard server its part of ``step``, one after the other; ``fate``
         ``LOST``: lost in transit, which every server counts as a version that changes
-        nothing; ``DISCARDED`` by the coordinating server: no version. ``scale``: the factor
-        on lr the push took (DC-ASGD's rate on the shard servers)."""
-        self._each(PUSH, rank, step, fate, receive=False, scale=scale)
+        nothing; ``DISCARDED`` by the coordinating server: no version; ``ROUND``: a part for
+        ``round_``, held until the round closes. ``scale``: the factor on lr the push took
+        (DC-ASGD's rate on the shard servers)."""
+        self._each(PUSH, rank, step, fate, receive=False,
+                   extra=round_ if fate == ROUND else int(np.float64(scale).view(np.int64)))
+
+    def close(self, members: list[int], factor: float, lost: bool, trainers: int) -> None:
+        """From the coordinating server: the open round closed with ``members`` (threads,
+        in order, the writer last), the schedule's ``factor`` on its mean, and whether its
+        write is ``lost``."""
+        import torch
+        import torch.distributed as dist
+
+        header = torch.tensor([CLOSE, 0, len(members), int(np.float64(factor).view(np.int64))],
+                              dtype=torch.int64)
+        message = torch.full((trainers + 1,), -1, dtype=torch.int64)
+        message[:1 + len(members)] = torch.tensor([int(lost), *members])
+        for server in self.ranks:
+            dist.send(header, server)
+            dist.send(message, server)
 
     def done(self, rank: int) -> None:
         import torch
@@ -311,7 +455,7 @@ class ShardServers:
 def shard_main(shard: int, world: int, address: str, port: int, trainers: int,
                buffers: ShardBuffers, timeout: float,
                group_timeout: datetime.timedelta, bits: int = 0, max_delay: int = 0,
-               dc: tuple[float, float] | None = None) -> None:
+               dc: tuple[float, float] | None = None, rounds: int = 0) -> None:
     """A spawned shard server: join the group, serve (:func:`serve_shard`), leave; one line
     if a peer went."""
     import signal
@@ -323,7 +467,7 @@ def shard_main(shard: int, world: int, address: str, port: int, trainers: int,
     dist.init_process_group("gloo", init_method=f"tcp://{address}:{port}",
                             rank=trainers + shard, world_size=world, timeout=group_timeout)
     try:
-        serve_shard(buffers, trainers, timeout, bits, max_delay, dc)
+        serve_shard(buffers, trainers, timeout, bits, max_delay, dc, rounds)
     except RuntimeError as err:
         print(f"asyngrad ps server {shard}: {str(err).strip().splitlines()[0][:200]}; "
               "exiting", file=sys.stderr)
@@ -336,7 +480,9 @@ def pool_trace(problem: Problem, scenario: Scenario, shards: list[Applied],
                grad_ns: list[list[list[int]]], dtype: str, measure: bool, dead: list[int],
                origin: int | None, scales: list[list[float]] | None = None,
                injected: list[list[list[tuple[float, float, int]]]] | None = None,
-               retired: list[int] | None = None) -> tuple[Trace, dict[str, Any]]:
+               retired: list[int] | None = None,
+               rounds: list[list[tuple[int, bool]]] | None = None
+               ) -> tuple[Trace, dict[str, Any]]:
     """The run's trace, merged from every server's records (``shards``, in shard order) and
     each trainer's pushes, in its order: per push its gradients' ``samples`` and compute
     times, its ``scales`` (the factor on lr: the schedule's, a rule's) and per gradient
@@ -349,7 +495,11 @@ def pool_trace(problem: Problem, scenario: Scenario, shards: list[Applied],
     (``realrun.timeline.merge``'s members). ``origin``: the trace's time 0 (the first
     pull's arrival where stalls count from it; None: the first read's start).
     ``retired``: the trainers the coordinating server retired (``paramserver.rebalance``:
-    ``extra_retired_threads``, as the simulator's paramserver records them)."""
+    ``extra_retired_threads``, as the simulator's paramserver records them). ``rounds``
+    (``paramserver.fraction`` > 0): per push, the completion of the round it joined (0:
+    none) and whether it wrote it; a round's other members store nothing and share its
+    writer's completion, as the simulator's round (``realrun.timeline.merge``'s
+    ``writers``)."""
     servers = len(shards)
     bounds = block_bounds(problem.dim, servers)
     timelines, steps, discarded, spent = [], [], [], []
@@ -371,16 +521,29 @@ def pool_trace(problem: Problem, scenario: Scenario, shards: list[Applied],
         read_end = copy_end.max(axis=1)
         spent.append([np.cumsum(ns, dtype=np.int64) for ns in pushed[:n]])
         total = np.asarray([ends[-1] for ends in spent[-1]], dtype=np.int64)
-        grad_end = np.maximum(np.minimum(read_end + total, arrivals[:, 0]), read_end)
+        # In rounds it ends at that arrival, where the coordinating server saw it join its
+        # round (the last to arrive writes it, as the simulator's last to end its gradient;
+        # the one server's rounds place it so too).
+        grad_end = np.maximum(arrivals[:, 0] if rounds is not None
+                              else np.minimum(read_end + total, arrivals[:, 0]), read_end)
         # The trainer's events in its order: its pull's start, each shard's answer, its
         # compute's end, each part's application (then its next pull).
         timelines.append(np.concatenate([starts.min(axis=1)[:, None], copy_end,
                                          grad_end[:, None], store_end], axis=1))
         steps.append(step)
     _raise(timelines, shards)
+    if rounds is not None:  # a push too late for its round: its write ends as it joined none
+        for events, late in zip(timelines, discarded, strict=True):
+            events[late, -len(shards):] = events[late, len(shards) + 1][:, None]
+    silent = [d.copy() for d in discarded]  # (pushes that store nothing: a round's members)
+    if rounds is not None:
+        for thread, flags in enumerate(rounds):
+            silent[thread] |= [joined > 0 and not wrote
+                               for joined, wrote in flags[:len(silent[thread])]]
     records = [_gradient_rows(events, discarded[thread], spent[thread], samples[thread],
                               None if scales is None else scales[thread],
-                              None if injected is None else injected[thread])
+                              None if injected is None else injected[thread],
+                              silent[thread])
                for thread, events in enumerate(timelines)]
     # Each row's step (the rebuild's): a push's on its writer's row, 0 on its members'.
     rows = [np.cumsum([len(ends) for ends in pushes], dtype=np.int64) - 1
@@ -395,23 +558,46 @@ def pool_trace(problem: Problem, scenario: Scenario, shards: list[Applied],
                         Measure(problem, scenario.run.lr, bounds, dtype, metrics.every,
                                 metrics.curve_points, scenario.inject.write_bits, row_steps,
                                 exact=measure),
-                        dead=dead, origin=origin)
+                        dead=dead, origin=origin,
+                        writers=None if rounds is None else _writers(rounds, records))
     assert loss is not None
     arrays = {**trace.arrays,
               "extra_retired_threads": np.asarray(retired or [], dtype=np.int64)}
     return dataclasses.replace(trace, arrays=arrays), loss
 
 
+def _writers(rounds: list[list[tuple[int, bool]]], records: list[WorkerRecord]
+             ) -> np.ndarray:
+    """Per row, stacked as ``merge`` stacks the records (one row per push: rounds take one
+    gradient each), the row that writes its round (its own where it joined none, or the
+    run stopped before its round's writer's row)."""
+    sizes = [len(r.samples) for r in records]
+    offsets = np.cumsum([0, *sizes])
+    writers = np.arange(int(offsets[-1]))
+    joined = np.zeros(writers.size, dtype=np.int64)
+    writer_of: dict[int, int] = {}
+    for thread, flags in enumerate(rounds):
+        for i, (completion, wrote) in enumerate(flags[:sizes[thread]]):
+            joined[offsets[thread] + i] = completion
+            if wrote:
+                writer_of[completion] = int(offsets[thread] + i)
+    for row in np.flatnonzero(joined).tolist():
+        writers[row] = writer_of.get(int(joined[row]), row)
+    return writers
+
+
 def _gradient_rows(events: np.ndarray, discarded: np.ndarray, spent: list[np.ndarray],
                    samples: list[list[int]], scales: list[float] | None,
-                   injected: list[list[tuple[float, float, int]]] | None) -> WorkerRecord:
+                   injected: list[list[tuple[float, float, int]]] | None,
+                   silent: np.ndarray) -> WorkerRecord:
     """One trainer's rows, a gradient each, from its pushes' ``events`` (raised: pull start,
     each shard's answer, compute end, each part's application): a push's first gradient
     reads (its shards' answers), each gradient computes from the end of the one before it
     (``spent``: the compute times summed, placed in the push's window, the last ending with
     the push's compute), and its last one writes (each part's application; a discarded
     push's write ends with its last header's arrival and stores nothing), the others are
-    the push's members (``realrun.timeline.merge``)."""
+    the push's members (``realrun.timeline.merge``); a ``silent`` push (discarded, or a
+    round's member) stores nothing."""
     servers = (events.shape[1] - 2) // 2
     read_end, grad_end = events[:, servers], events[:, servers + 1]
     copy_end, store_end = events[:, 1:servers + 1], events[:, servers + 2:]
@@ -426,7 +612,7 @@ def _gradient_rows(events: np.ndarray, discarded: np.ndarray, spent: list[np.nda
         copies.append(np.full((k, servers), -1, dtype=np.int64))
         copies[-1][0] = copy_end[i]
         stores.append(np.full((k, servers), -1, dtype=np.int64))
-        if not discarded[i]:
+        if not silent[i]:
             stores[-1][-1] = store_end[i]
     sizes = [len(ends) for ends in spent]
     last = np.cumsum(sizes, dtype=np.int64) - 1

@@ -105,6 +105,12 @@ when trainer 0 pulls after its W-th completion, whose parts every shard server t
 (``_completed_everywhere``). Accumulation too: this server grants the gradients and drops
 a push short of ``accumulate`` of them, which the trainer sends the shard servers as a
 header alone (its errors are its own, so it sends their mean, never the steps apart).
+Backup-worker rounds too: this server decides a round's members and closes it as the one
+server does, then tells every shard server its members, factor and fate (``CLOSE``); each
+applies the members' mean once their parts are there and says so (``APPLIED``), and this
+server holds every pull until all have (``_applied``), as the simulator's reads wait for a
+round's write; the trainers send every part, whatever their drop draw (a round's write is
+lost where its writer's is), tagged with the round they pulled.
 
 Launch: ``asyngrad real SCENARIO --backend ps --workers K`` starts the server in that
 process and K trainer processes on loopback (``--servers S``: and S − 1 shard servers, a
@@ -135,9 +141,11 @@ from typing import Any
 import numpy as np
 
 from realrun.pool import (
+    APPLIED,
     DISCARDED,
     KEPT,
     LOST,
+    ROUND,
     Applied,
     ShardBuffers,
     ShardServers,
@@ -179,6 +187,7 @@ from simulator.view import UNMEASURED, Measurement, SerializedView
 __all__ = ["PSRun", "free_port", "run_ps", "serve", "train"]
 
 PULL, PUSH, DONE, REFUSED = 1, 2, 3, 4  # REFUSED: the trainer built another problem
+# (and a pool's shard server's APPLIED: it applied a round, ``realrun.pool``)
 _POLL_S = 0.25  # how often a local server looks at its trainer processes
 #: Trainers wait this many times the server's receive timeout: when a trainer hangs, the
 #: server (whose receives from any source stall behind it) must be the one that times out
@@ -298,6 +307,8 @@ class _Server:
     lock: Any = field(default_factory=contextlib.nullcontext)
     rebuilt: np.ndarray | None = None
     pooled: bool = False  # a pool's coordinating server: it holds shard 0, measures nothing
+    shards: ShardServers | None = None  # a pool's: the shard servers (rounds: told of a close)
+    writing: int = 0  # rounds on a pool: shard servers still applying the closed round
     asked: dict[int, int] = field(default_factory=dict)  # a pool's: rank: τ its pull drew
     # a pool's: the versions when trainer 0 last pulled, which every server has applied
     # (its pushes reached every shard server before that pull; a warm start counts these)
@@ -356,7 +367,8 @@ def serve(problem: Problem, scenario: Scenario, trainers: int, timeout: float,
                     SerializedView(problem, scenario.run.lr, w0, scenario.run.updates,
                                    measure and not admm, every, scenario.metrics.curve_points),
                     datetime.timedelta(seconds=timeout), busy=[0] * trainers,
-                    count=[0] * trainers, pooled=pool is not None)
+                    count=[0] * trainers, pooled=pool is not None,
+                    shards=None if pool is None else pool.shards)
     if admm:
         state.consensus = _Consensus(np.tile(w0, (trainers, 1)), w0.astype(np.float64),
                                      scenario.admm.rho)
@@ -364,7 +376,7 @@ def serve(problem: Problem, scenario: Scenario, trainers: int, timeout: float,
     inject = scenario.inject
     if pool is None:  # (a pool's trainers draw their own: ``train``)
         state.injector = _injector(scenario, problem, trainers)
-    decided = pool is not None and _decided(scenario)
+    decided = pool is not None and _decided(scenario)  # (never with rounds: ``_decided``)
     if inject.max_delay:
         state.ring = np.tile(state.w, (inject.max_delay + 1, 1))
     if options.lock_free and options.fraction == 0:  # (a round's mean is one write)
@@ -407,6 +419,9 @@ def serve(problem: Problem, scenario: Scenario, trainers: int, timeout: float,
                 failure = cause or _receive_failure(state, timeout, err, timed_out)
                 break
             kind, source, arrived = int(header[0]), int(header[1]), time.monotonic_ns()
+            if kind == APPLIED:  # a shard server applied the closed round (``realrun.pool``)
+                _applied(state)
+                continue
             heard[source] = arrived
             if kind == PULL and state.appliers is not None:
                 if not state.appliers.settle(source - 1, timeout):
@@ -432,7 +447,9 @@ def serve(problem: Problem, scenario: Scenario, trainers: int, timeout: float,
                     n, ns = int(header[3]), _HEADER + options.accumulate
                     norms, drops = (_carried(header, n, options.accumulate)
                                     if pool is not None else ([], []))
-                    lost_push = bool(drops and drops[-1])  # (then no step follows)
+                    # (then no step follows; in rounds every push's does: a round's write
+                    # is lost where its writer's is, ``_close_round``)
+                    lost_push = bool(drops and drops[-1]) and options.fraction == 0
                     try:
                         if not lost_push:
                             receive(steps[:n * problem.dim] if apart else step, source)
@@ -562,7 +579,7 @@ def _pull(state: _Server, source: int, arrived: int) -> None:
     if state.stalls is not None and _stalled(state, source, arrived):
         return
     options = state.scenario.paramserver
-    if (source != 1 and _warming(state)) or (
+    if (source != 1 and _warming(state)) or state.writing or (
             options.fraction > 0 and state.pushed_round.get(source) == state.version):
         state.waiting.append((source, arrived))
         _stall(state)
@@ -688,6 +705,7 @@ def _push(state: _Server, push: _Push) -> None:
         push.rounds = True
         if push.version != state.version:  # computed on a closed round's vector
             push.write_end = push.arrival
+            push.discarded = True
             return
         state.pushed_round[push.thread + 1] = state.version
         state.round_pushes.append(push)
@@ -864,10 +882,11 @@ def _round_stored(state: _Server, push: _Push) -> None:
 
 def _decided(scenario: Scenario) -> bool:
     """Whether a pool's coordinating server decides on each push for its other parts (the
-    staleness limit, a rule, the schedule: ``_decision_back``)."""
+    staleness limit, a rule, the schedule: ``_decision_back``; with rounds none of them: it
+    decides on a round when it closes, ``_close_round``)."""
     options = scenario.paramserver
-    return bool(options.staleness_limit or options.rule != "none"
-                or scenario.run.lr_schedule in LR_FACTORS)
+    return options.fraction == 0 and bool(options.staleness_limit or options.rule != "none"
+                                           or scenario.run.lr_schedule in LR_FACTORS)
 
 
 def _decision_back(state: _Server, push: _Push) -> None:
@@ -949,12 +968,30 @@ def _close_round(state: _Server, now: int) -> None:
         member.member = True
     writer.closed = now
     writer.scale = _factor(state)  # (the schedule's, on the round's mean)
-    if not (writer.lost and writer.lost[-1]):
-        state.w -= writer.scale * mean_step([p.step for p in group])
+    lost = bool(writer.lost and writer.lost[-1])
+    mean = writer.scale * mean_step([p.step for p in group])
+    if not lost:
+        state.w -= mean
         if state.scenario.inject.write_bits:
             _round_stored(state, writer)
+    if state.shards is not None:  # a pool: every shard server applies its part of the mean
+        state.shards.close([p.thread for p in group], writer.scale, lost, state.trainers)
+        state.writing = len(state.shards.ranks)  # (pulls wait until each applied it)
+        for p in group:  # (what each push subtracted, as the shard servers record it)
+            p.step = np.zeros_like(mean) if lost or p is not writer else mean
     _complete(state, group)
     state.round_pushes = []
+
+
+def _applied(state: _Server) -> None:
+    """A shard server applied the closed round: once every one has, the pulls its write
+    held are answered (they read the round's vector on every shard, as a simulated read
+    waits for a round's write to end)."""
+    with state.lock:
+        state.writing -= 1
+        if not state.writing:
+            _release(state)
+            _stall(state)
 
 
 def _stall(state: _Server) -> None:
@@ -966,7 +1003,7 @@ def _stall(state: _Server) -> None:
     the death comes); the round's pushes are in no row (the simulator's waiting updates
     never complete)."""
     waiting = {source for source, _ in state.waiting}
-    if (state.stalled or not waiting or not state.dead
+    if (state.stalled or not waiting or not state.dead or state.writing
             or state.scenario.paramserver.fraction == 0
             or any(r not in state.done and r not in waiting
                    for r in range(1, state.trainers + 1))):
@@ -1132,6 +1169,7 @@ def train(problem: Problem, scenario: Scenario, rank: int, trainers: int, timeou
     # A pool's trainer draws its own injections (the one server draws them itself).
     injector = None if shards is None else _injector(scenario, problem, trainers)
     decided = shards is not None and _decided(scenario)
+    rounds = options.fraction > 0
     decision = torch.zeros(4, dtype=torch.float64)
     slots = options.accumulate  # (the header's, per gradient)
     delay: int | None = None
@@ -1172,14 +1210,16 @@ def train(problem: Problem, scenario: Scenario, rank: int, trainers: int, timeou
             header[at + slots:at + slots + granted] = torch.from_numpy(
                 np.asarray(norms, dtype=np.float64).view(np.int64))
             header[at + 2 * slots:at + 2 * slots + granted] = torch.tensor(lost)
-        dropped = bool(lost and lost[-1])  # lost in transit: no step goes anywhere
+        # Lost in transit: no step goes anywhere (in rounds the coordinating server decides
+        # on a round's whole write: every member's step goes).
+        dropped = bool(lost and lost[-1]) and not rounds
         dist.send(header, 0)
         if not dropped:
             dist.send(step if shards is None else step[:shards.first], 0)
         if shards is not None:
             # (short of accumulate gradients: dropped by rank 0, a header alone elsewhere)
-            fate = (DISCARDED if granted < options.accumulate else LOST if dropped
-                    else KEPT)
+            fate = (ROUND if rounds else DISCARDED if granted < options.accumulate
+                    else LOST if dropped else KEPT)
             scale = 1.0
             if decided and fate == KEPT:  # what the coordinating server decided at shard 0
                 receive(decision)
@@ -1188,7 +1228,7 @@ def train(problem: Problem, scenario: Scenario, rank: int, trainers: int, timeou
                 rest = step.numpy()[shards.first:]
                 rest *= scheduled  # (then the rule's factor, as the simulator scales a push)
                 rest *= ruled
-            shards.push(rank, step, fate, scale)
+            shards.push(rank, step, fate, scale, round_=int(reply[0]))
         if solver is not None:  # its x_i, for the server's residuals
             dist.send(torch.from_numpy(solver.x), 0)
     header.zero_()
@@ -1208,6 +1248,7 @@ def _gradients(problem: Problem, scenario: Scenario, local: np.ndarray, granted:
     computes it."""
     drawn, steps, spent, norms, lost = [], [], [], [], []
     lr = scenario.run.lr
+    rounds = scenario.paramserver.fraction > 0  # (dense, as a simulated round's members)
     for _ in range(granted):
         began = time.monotonic_ns()
         drawn.append(int(stream.take()))
@@ -1215,7 +1256,7 @@ def _gradients(problem: Problem, scenario: Scenario, local: np.ndarray, granted:
             steps.append(lr * problem.dense_grad(local, drawn[-1]))
         else:  # (dense with accumulate > 1, as the simulator's accumulated gradients)
             g, support = ((problem.dense_grad(local, drawn[-1]), None)
-                          if scenario.paramserver.accumulate > 1
+                          if scenario.paramserver.accumulate > 1 or rounds
                           else problem.grad(local, drawn[-1]))
             g, norm, dropped = _draw(injector, thread, g, local, support)
             g *= lr  # (a new array: the problem's, or g + e)
@@ -1446,7 +1487,9 @@ class _Pool:
               if scenario.paramserver.rule == "dcasgd" else None)
         return cls(shards, [context.Process(target=shard_main, daemon=True, args=(
             s, world, address, port, trainers, buffers[s - 1], patience,
-            _group_timeout(patience), inject.write_bits, inject.max_delay, dc))
+            _group_timeout(patience), inject.write_bits, inject.max_delay, dc,
+            _header_size(scenario.paramserver.accumulate)
+            if scenario.paramserver.fraction > 0 else 0))
             for s in range(1, servers)], buffers)
 
     def trace(self, state: _Server, measure: bool, dtype: str, failed: bool
@@ -1464,7 +1507,8 @@ class _Pool:
         stopped = None if failed else _dead_server(self.processes)
         # (in their order of application; a discarded one, or one short of ``accumulate``
         # gradients, as it arrived, with no part)
-        pushes = [p for p in state.pushes if p.applied or p.discarded]
+        pushes = sorted((p for p in state.pushes if p.applied or p.discarded),
+                        key=lambda p: p.write_end)  # (a round's writer: its last member)
 
         def column(name: str) -> np.ndarray:
             return np.asarray([getattr(p, name) for p in pushes], dtype=np.int64)
@@ -1488,7 +1532,10 @@ class _Pool:
                           each(lambda p: [(p.errors[j] if p.errors else 0.0,
                                            float(p.lost[j]) if p.lost else 0.0, p.delay)
                                           for j in range(len(p.samples))]),
-                          state.retired), stopped
+                          state.retired,
+                          each(lambda p: (p.applied if p.rounds else 0,
+                                          p.rounds and p.applied > 0 and not p.member))
+                          if state.scenario.paramserver.fraction > 0 else None), stopped
 
 
 def _dead_server(processes: list[Any]) -> dict[str, Any] | None:

@@ -183,9 +183,11 @@ SUPPORT: tuple[tuple[str, str, str], ...] = (
      "rebalancing times each push from its pull's arrival to its shard 0's application); "
      "`accumulate` n: the trainer pushes the mean of n gradients shard by shard (with "
      "errors: each gradient's own, dense), a push the budget left short is dropped by the "
-     "coordinating server and a header to every shard server, no version; every other "
-     "`[paramserver]` option refused (a shard server decides nothing on a push), not under "
-     "torchrun); under `admm` refused unless default"),
+     "coordinating server and a header to every shard server, no version; `fraction`: the "
+     "coordinating server closes each round and tells every shard server its members, "
+     "each applies their parts' mean and says so, and pulls wait until every server has; "
+     "`lock_free` refused with a pool, not under torchrun); under `admm` refused unless "
+     "default"),
     ("`[dcasgd]`", "honoured with `dcasgd`, else inert",
      "honoured with `paramserver.rule = dcasgd`, else inert"),
     ("`[amp]`, `[local]`", "honoured with `amp`, `local` (`max_active`: at most that many "
@@ -317,35 +319,20 @@ def _stalls(inject: InjectSpec) -> tuple[str, Any, str] | None:
     return None
 
 
-#: What a pool's shard servers cannot do: each applies the parts it receives as they arrive
-#: and decides nothing on a push (``realrun.pool``; the trainer draws the injections, the
-#: coordinating server decides the staleness limit, the rule's factor and the schedule's
-#: at shard 0 and the trainer carries them to the other parts; it holds pulls back for a
-#: warm start and retires trainers, which no shard server needs to know).
-_POOL_DECIDES = ("a pool's shard servers apply each push's part as it arrives and decide "
-                 "nothing on it (paramserver.servers > 1)")
-#: The ``[paramserver]`` options a pool honours: the coordinating server decides them alone
-#: (``accumulate``: the trainer computes and pushes n gradients, the coordinating server
-#: grants them and drops a push the budget left short, a header alone to the others).
-_POOL_OPTIONS = ("servers", "staleness_limit", "rule", "warm_start", "rebalance",
-                 "rebalance_after", "accumulate")
-
-
 def _pooled(scenario: Scenario) -> tuple[str, Any, str] | None:
     """What a pool of parameter servers (``paramserver.servers`` > 1) refuses: another
-    number of blocks than servers, and every ``[paramserver]`` option but
-    :data:`_POOL_OPTIONS` (the staleness limit and the rule decided at shard 0's arrival,
-    as the simulator's pool decides them; a warm start and rebalancing by the coordinating
-    server, which answers the pulls; accumulation by the trainers and the coordinating
-    server, which hands out the gradients)."""
+    number of blocks than servers. Every ``[paramserver]`` option runs (the staleness limit
+    and the rule decided at shard 0's arrival, as the simulator's pool decides them; a warm
+    start and rebalancing by the coordinating server, which answers the pulls; accumulation
+    by the trainers and the coordinating server, which hands out the gradients; rounds by
+    the coordinating server, which closes them and tells the shard servers, which apply a
+    round's parts together: ``realrun.pool``); a lock-free server the scenario refuses with
+    a pool itself, as the simulator's pool does not model it."""
     run, options = scenario.run, scenario.paramserver
     if run.blocks != options.servers:
         return ("run.blocks", run.blocks, f"each of the {options.servers} real servers "
                 "holds one shard: run.blocks must equal paramserver.servers")
-    default = ParamServerSpec()
-    return _changed("paramserver", dataclasses.replace(
-        options, **{name: getattr(default, name) for name in _POOL_OPTIONS}), default,
-        _POOL_DECIDES)
+    return None
 
 
 def _injections(backend: str, mode: str) -> tuple[tuple[str, ...], str]:
@@ -378,12 +365,14 @@ def refuse_unmeasurable(scenario: Scenario, mode: str, sparse: bool) -> None:
                             "coordinates, where a round's (dense) write rounds every one (run "
                             "without --measure, or simulate it); refused by the shm backend")
     options = scenario.paramserver
-    if (mode == "paramserver" and options.servers > 1 and options.accumulate > 1 and sparse
+    if (mode == "paramserver" and options.servers > 1
+            and (options.accumulate > 1 or options.fraction > 0) and sparse
             and scenario.inject.write_bits):
         raise ScenarioError("inject.write_bits", scenario.inject.write_bits,
-                            "measure mode's rebuild rounds an accumulated push's stores over "
-                            "its last sample's coordinates, where a pool's servers round "
-                            "their whole shards (run without --measure, or simulate it)")
+                            "measure mode's rebuild rounds an accumulated push's or a round's "
+                            "stores over its writer's sample's coordinates, where a pool's "
+                            "servers round their whole shards (run without --measure, or "
+                            "simulate it)")
 
 
 def refuse_torch_injections(inject: InjectSpec) -> None:

@@ -107,8 +107,8 @@ class Measure:
 def merge(records: list[WorkerRecord], w0: np.ndarray, w_final: np.ndarray,
           curve: list[tuple[int, int, float, float]], scenario_toml: str,
           measure: Measure | None = None, rounds: bool = False,
-          dead: list[int] | None = None,
-          origin: int | None = None) -> tuple[Trace, dict[str, Any] | None]:
+          dead: list[int] | None = None, origin: int | None = None,
+          writers: np.ndarray | None = None) -> tuple[Trace, dict[str, Any] | None]:
     """A trace (source ``real``) from the workers' records, and in measure mode what the
     hardware lost. ``curve`` (completions, time, f(w), ‖w − w*‖²) is the parent's sampled
     curve; measure mode replaces it with the exact rebuilt one.
@@ -126,7 +126,10 @@ def merge(records: list[WorkerRecord], w0: np.ndarray, w_final: np.ndarray,
     injected death killed (``extra_dead_threads``, as the simulator records it). ADMM's
     residuals after each push are recorded in completion order (``extra_primal_residual``,
     ``extra_dual_residual``, as the simulator's ``admm``). ``origin``: the time that is the
-    trace's 0 (None: the earliest read start)."""
+    trace's 0 (None: the earliest read start). ``writers``: per row (stacked: each worker's
+    rows in order, one after the other), the row that writes its group, another worker's
+    for a member (a pool's backup-worker rounds, one gradient per push): such groups
+    instead of ``member`` rows, each member reading for itself."""
     data = _stacked(records)
     times = data["times"]
     if origin is None:
@@ -137,7 +140,11 @@ def merge(records: list[WorkerRecord], w0: np.ndarray, w_final: np.ndarray,
     # As in the simulator, a read ends with its last block copy and a write with its last
     # block store (the timestamps taken after each loop come a few ns later).
     member = data["member"]
-    reader, writer = _pushes(member)
+    if writers is None:
+        reader, writer = _pushes(member)
+    else:
+        reader, writer = np.arange(writers.size), writers
+        member = writers != reader
     if len(rel):  # (a round's member stored nothing: its write end is the round's, below)
         copied, last = copy_end.max(axis=1), store_end.max(axis=1)
         rel[:, 1] = np.where(copied >= 0, copied, rel[:, 1])  # (a push's later gradients)
@@ -197,7 +204,7 @@ def merge(records: list[WorkerRecord], w0: np.ndarray, w_final: np.ndarray,
                         curve_points=measure.curve_points, scales=arrays["lr_scale"],
                         bits=measure.bits,
                         groups=_groups(arrays["step"], data["samples"][order]) if rounds
-                        else _pushed(data["samples"], reader, writer, kept, order)
+                        else _pushed(data["samples"], writer, kept, order)
                         if member.any() else None,
                         dropped=arrays["dropped"], exact=measure.exact)
         if built.measurements:  # a run stopped before its first update has none
@@ -257,13 +264,16 @@ def _groups(step: np.ndarray, samples: np.ndarray) -> list[list[int]]:
     return [rounds[t] for t in step.tolist()]
 
 
-def _pushed(samples: np.ndarray, reader: np.ndarray, writer: np.ndarray, kept: np.ndarray,
+def _pushed(samples: np.ndarray, writer: np.ndarray, kept: np.ndarray,
             order: np.ndarray) -> list[list[int]]:
-    """Per row (in ``order``), the samples of its push's gradients (``_pushes``: rows
-    ``reader`` to ``writer``), whose mean step the push's writer's stores subtracted; none
-    for a push that was not ``kept`` (it subtracted nothing)."""
-    return [samples[reader[i]:writer[i] + 1].tolist() if kept[i] else []
-            for i in order.tolist()]
+    """Per row (in ``order``), the samples of its group's gradients (the rows that share its
+    ``writer``: an accumulated push's, a round's), whose mean step the writer's stores
+    subtracted; none for a row that was not ``kept`` (it subtracted nothing)."""
+    groups: dict[int, list[int]] = {}
+    for row, (sample, by) in enumerate(zip(samples.tolist(), writer.tolist(), strict=True)):
+        if kept[row]:
+            groups.setdefault(by, []).append(sample)
+    return [groups.get(int(writer[i]), []) if kept[i] else [] for i in order.tolist()]
 
 
 def _rounds(rel: np.ndarray, write_start: np.ndarray, seq: np.ndarray,

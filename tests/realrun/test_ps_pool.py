@@ -133,18 +133,16 @@ def test_a_dead_shard_server_stops_the_run_and_keeps_what_every_server_applied()
     assert sorted(run.trace["step"].tolist()) == list(range(1, len(run.trace) + 1))
 
 
-def test_a_pool_refuses_what_its_servers_cannot_decide():
-    """A shard per server, and none of the options that decide on several pushes together
-    (the schedule and the injections run: tests/realrun/test_ps_pool_inject.py; the
-    staleness limit and the rules: tests/realrun/test_ps_pool_rules.py; a warm start and
-    rebalancing: tests/realrun/test_ps_pool_options.py; accumulation:
-    tests/realrun/test_ps_pool_accumulate.py)."""
-    for extra, field in ((("run.blocks=3",), "run.blocks"),
-                         (("paramserver.fraction=0.5",), "paramserver.fraction")):
-        s = scenario(*TINY, "run.protocol=paramserver", "run.blocks=2",
-                     "paramserver.servers=2", *extra)
-        with pytest.raises(ScenarioError, match=field.replace(".", r"\.")):
-            run_ps(s, 1, "float64", timeout=60)
+def test_a_pool_refuses_another_number_of_shards_than_servers():
+    """A shard per server (every server option runs: the schedule and the injections,
+    tests/realrun/test_ps_pool_inject.py; the staleness limit and the rules,
+    tests/realrun/test_ps_pool_rules.py; a warm start and rebalancing,
+    tests/realrun/test_ps_pool_options.py; accumulation,
+    tests/realrun/test_ps_pool_accumulate.py; rounds, tests/realrun/test_ps_pool_rounds.py;
+    a lock-free server the simulator's pool refuses itself)."""
+    s = scenario(*TINY, "run.protocol=paramserver", "run.blocks=3", "paramserver.servers=2")
+    with pytest.raises(ScenarioError, match=r"run\.blocks"):
+        run_ps(s, 1, "float64", timeout=60)
 
 
 def test_cli_servers_runs_a_pool(tmp_path, capsys):

@@ -1,13 +1,12 @@
 """A warm start and rebalancing on a pool of parameter servers (``paramserver.servers`` >
-1): real server and trainer processes over loopback, checked against the simulator's pool;
-backup-worker rounds stay refused."""
+1): real server and trainer processes over loopback, checked against the simulator's
+pool."""
 
 import numpy as np
 import pytest
 
 from realrun.ps import run_ps
 from simulator.engine import simulate
-from simulator.errors import ScenarioError
 from tests.conftest import scenario
 
 pytestmark = pytest.mark.alone  # real processes: see conftest
@@ -73,10 +72,3 @@ def test_rebalancing_retires_a_straggling_trainer():
     assert 5 <= (trace["thread"] == 2).sum() < 20
     assert sorted(trace["step"].tolist()) == list(range(1, 3001))
     assert run.hardware_loss["rebuilt_vs_real_norm"] == 0
-
-
-def test_a_pool_still_refuses_rounds():
-    """Backup-worker rounds (a shard server would hold a round's parts) are refused with a
-    pool, named."""
-    with pytest.raises(ScenarioError, match=r"paramserver\.fraction"):
-        run_ps(pooled(2, "paramserver.fraction=0.5"), 1, "float64", timeout=60)

@@ -254,10 +254,10 @@ def test_the_real_server_and_the_simulator_share_their_rules():
     assert pool.dc_step is rules.dc_step  # (a pool's shard servers compensate their parts)
 
 
-def test_a_pool_takes_the_staleness_limit_and_the_rules_and_refuses_the_rest():
+def test_a_pool_takes_every_server_option_and_a_shard_per_server():
     """A pool's coordinating server decides the staleness limit and either rule at shard 0,
-    holds pulls back for a warm start, rebalances and grants accumulated pushes; rounds are
-    refused, named."""
+    holds pulls back for a warm start, rebalances, grants accumulated pushes and closes
+    rounds; another number of blocks than servers is refused, named."""
     base = ("run.protocol=paramserver", "run.blocks=2", "paramserver.servers=2")
     for rule in ("staleness_lr", "dcasgd"):
         support.refuse_unsupported(scenario(*base, "paramserver.staleness_limit=3",
@@ -265,9 +265,11 @@ def test_a_pool_takes_the_staleness_limit_and_the_rules_and_refuses_the_rest():
     support.refuse_unsupported(scenario(*base, "paramserver.warm_start=5",
                                         "paramserver.rebalance=1.5",
                                         "paramserver.accumulate=2"), "ps", "paramserver")
-    with pytest.raises(ScenarioError, match=re.escape("paramserver.fraction")):
-        support.refuse_unsupported(scenario(*base, "paramserver.fraction=0.5"), "ps",
-                                   "paramserver")
+    support.refuse_unsupported(scenario(*base, "paramserver.fraction=0.5",
+                                        "paramserver.warm_start=5"), "ps", "paramserver")
+    with pytest.raises(ScenarioError, match=re.escape("run.blocks = 4")):
+        support.refuse_unsupported(scenario(*base[:1], "run.blocks=4",
+                                            "paramserver.servers=2"), "ps", "paramserver")
 
 
 def test_a_round_of_25_trainers_at_fraction_056_closes_at_14_on_both_paths(monkeypatch):
@@ -283,7 +285,7 @@ def test_a_round_of_25_trainers_at_fraction_056_closes_at_14_on_both_paths(monke
     monkeypatch.setattr(ps, "_complete", lambda state, group: closed.append(len(group)))
     state = SimpleNamespace(scenario=scenario("paramserver.fraction=0.56"), trainers=25,
                             done=set(), round_pushes=[], w=np.zeros(3), version=0,
-                            stalled=False, dead=[])
+                            stalled=False, dead=[], shards=None)
     for _ in range(13):
         state.round_pushes.append(SimpleNamespace(step=np.ones(3), lost=[]))
         ps._close_round(state, 0)
@@ -300,7 +302,7 @@ def test_the_warm_start_defers_the_other_trainers_pulls(monkeypatch):
     monkeypatch.setattr(ps, "_answer", lambda state, source, arrived: answered.append(source))
     state = SimpleNamespace(scenario=scenario("paramserver.warm_start=3"), done=set(),
                             version=0, waiting=[], pushed_round={}, stalls=None,
-                            stalled=False, dead=[])
+                            stalled=False, dead=[], writing=0)
     for rank in (2, 1, 3):
         ps._pull(state, rank, 0)
     assert answered == [1] and [r for r, _ in state.waiting] == [2, 3]
