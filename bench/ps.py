@@ -98,6 +98,10 @@ SERVER_RUNS = (
     ("rule dcasgd", 2, ["paramserver.rule=dcasgd"]),
     ("lock-free server", 2, ["paramserver.lock_free=true"]),
     ("pool of 2 servers", 2, ["paramserver.servers=2", "run.blocks=2"]),
+    ("backup-worker rounds, fraction 1", 2, ["paramserver.fraction=1"]),
+    ("backup-worker rounds, fraction 0.5", 2, ["paramserver.fraction=0.5"]),
+    ("rounds on a pool of 2, fraction 1", 2, ["paramserver.fraction=1",
+                                              "paramserver.servers=2", "run.blocks=2"]),
     ("admm (z on the server)", 2, ["run.protocol=admm"]),
 )
 
