@@ -40,6 +40,7 @@ PROTOCOLS = ("serial", "lockfree", "minibatch", "roundrobin", "staleness_lr", "d
 # on the parameter server (--backend ps): name -> scenario settings
 SERVER = {"ps": [], "ps dcasgd rule": ["paramserver.rule=dcasgd"],
           "ps lock-free": ["paramserver.lock_free=true"],
+          "ps backup workers": ["paramserver.fraction=0.5"],
           "ps pool of 2": ["paramserver.servers=2", "run.blocks=2"],
           "ps admm": ["run.protocol=admm"]}
 LOCAL_STEPS = 10     # gradients per ADMM push (its local solve)

@@ -517,6 +517,12 @@ def pool_trace(problem: Problem, scenario: Scenario, shards: list[Applied],
             step[:, bounds[s]:bounds[s + 1]] = shard.parts[mine]
             if s == 0:  # (the coordinating server's decision)
                 discarded.append(shard.discarded[mine])
+        if rounds is not None:
+            # A server stamps an answer once its send returned, which under load can be
+            # after the trainer, which had the shard, pushed to the coordinating server:
+            # lowered to that arrival, so the round's members end their gradients in the
+            # order the coordinating server saw them join (the last, its writer, last).
+            np.minimum(copy_end, arrivals[:, :1], out=copy_end)
         # Its compute, from the last shard's answer, ends by its first part's arrival.
         read_end = copy_end.max(axis=1)
         spent.append([np.cumsum(ns, dtype=np.int64) for ns in pushed[:n]])
@@ -569,8 +575,9 @@ def pool_trace(problem: Problem, scenario: Scenario, shards: list[Applied],
 def _writers(rounds: list[list[tuple[int, bool]]], records: list[WorkerRecord]
              ) -> np.ndarray:
     """Per row, stacked as ``merge`` stacks the records (one row per push: rounds take one
-    gradient each), the row that writes its round (its own where it joined none, or the
-    run stopped before its round's writer's row)."""
+    gradient each), the row that writes its round (its own where it joined none). A member
+    whose round's writer has no row (a run stopped before every server applied the
+    writer's push) is marked discarded in its record: no row of it completes the round."""
     sizes = [len(r.samples) for r in records]
     offsets = np.cumsum([0, *sizes])
     writers = np.arange(int(offsets[-1]))
@@ -581,8 +588,14 @@ def _writers(rounds: list[list[tuple[int, bool]]], records: list[WorkerRecord]
             joined[offsets[thread] + i] = completion
             if wrote:
                 writer_of[completion] = int(offsets[thread] + i)
+    writes = set(writer_of.values())
     for row in np.flatnonzero(joined).tolist():
         writers[row] = writer_of.get(int(joined[row]), row)
+        if row not in writes and writers[row] == row:  # (its round's writer is cut)
+            thread = int(np.searchsorted(offsets, row, side="right")) - 1
+            discarded = records[thread].discarded
+            assert discarded is not None
+            discarded[row - offsets[thread]] = True
     return writers
 
 

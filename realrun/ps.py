@@ -398,7 +398,7 @@ def serve(problem: Problem, scenario: Scenario, trainers: int, timeout: float,
         work.wait(state.wait)
 
     try:
-        while len(state.done) < trainers:
+        while len(state.done) < trainers or state.writing:  # (a pool's last round applied)
             if time.monotonic_ns() - polled > _POLL_S * 1e9:
                 polled = time.monotonic_ns()
                 failure = (dead() if dead is not None else None) or _silent(
@@ -1093,7 +1093,8 @@ def _trace(state: _Server, origin: int) -> Trace:
             rows.append((times["write_end"][j], p.thread, p.seq + j, sample, p.applied,
                          p.version, p.completed, p.grad_ns[j],
                          *(times[name][j] for name in _TIMES), j == 0,
-                         j == last and p.applied and not (p.lost and p.lost[-1]),
+                         j == last and p.applied and not p.member
+                         and not (p.lost and p.lost[-1]),
                          p.delay, p.errors[j] if p.errors else 0.0,
                          bool(p.lost[j]) if p.lost else False, p.scale if j == last else 1.0,
                          p.measurement if j == last else UNMEASURED,
@@ -1116,7 +1117,9 @@ def _trace(state: _Server, origin: int) -> Trace:
                     [0], [re - rs], [we - ws], [re if copies else -1], [we if stores else -1])
     state.view.finish(state.version,
                       (state.w if state.rebuilt is None else state.rebuilt).astype(np.float64),
-                      max([0, *(r[10] for r in records.rows)]), state.gradients)
+                      max([0, *(r[10] for r in records.rows)]),
+                      state.gradients - sum(len(p.samples) for p in state.pushes
+                                            if id(p) in stuck))  # (rows' gradients)
     curve = state.view.curve_arrays()
     curve["curve_time"] = np.maximum(curve["curve_time"] - start, 0)
     extras = {"dead_threads": np.asarray(sorted(state.dead), np.int64)}
