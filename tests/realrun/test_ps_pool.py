@@ -13,15 +13,9 @@ from simulator.engine import simulate
 from simulator.errors import ScenarioError
 from simulator.replay import replay
 from tests.conftest import scenario
+from tests.realrun.pooled import TINY, pooled
 
 pytestmark = pytest.mark.alone  # real processes: see conftest
-
-TINY = ("problem.dim=20", "problem.n_samples=200", "run.lr=0.05")
-
-
-def pooled(servers: int, *extra: str):
-    return scenario(*TINY, "run.protocol=paramserver", f"run.blocks={servers}",
-                    f"paramserver.servers={servers}", *extra)
 
 
 @pytest.mark.parametrize("servers", [2, 3])

@@ -7,20 +7,14 @@ import pytest
 
 from realrun.ps import run_ps
 from simulator.engine import simulate
-from tests.conftest import scenario
+from tests.realrun.pooled import pooled
 
 pytestmark = pytest.mark.alone  # real processes: see conftest
 
-TINY = ("problem.dim=20", "problem.n_samples=200", "run.lr=0.05")
 #: What a trainer's rows must share with the simulator's pool, to the bit.
 EXACT = ("sample", "step", "thread_seq", "thread", "staleness", "delay", "dropped",
          "error_norm", "lr_scale", "w_final", "measured", "s_norm", "g_norm", "delta_norm",
          "curve_t", "curve_n", "curve_loss", "curve_dist2")
-
-
-def pooled(servers: int, *extra: str):
-    return scenario(*TINY, "run.protocol=paramserver", f"run.blocks={servers}",
-                    f"paramserver.servers={servers}", *extra)
 
 
 def same_as_simulated(run, columns=EXACT) -> dict:

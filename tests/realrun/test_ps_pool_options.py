@@ -7,16 +7,9 @@ import pytest
 
 from realrun.ps import run_ps
 from simulator.engine import simulate
-from tests.conftest import scenario
+from tests.realrun.pooled import pooled
 
 pytestmark = pytest.mark.alone  # real processes: see conftest
-
-TINY = ("problem.dim=20", "problem.n_samples=200", "run.lr=0.05")
-
-
-def pooled(servers: int, *extra: str):
-    return scenario(*TINY, "run.protocol=paramserver", f"run.blocks={servers}",
-                    f"paramserver.servers={servers}", *extra)
 
 
 def test_one_trainer_with_a_warm_start_and_rebalancing_is_the_simulators_pool_to_the_bit():

@@ -8,18 +8,12 @@ import pytest
 from realrun.ps import run_ps
 from simulator.engine import simulate
 from simulator.rules import staleness_scale
-from tests.conftest import scenario
+from tests.realrun.pooled import pooled
 
 pytestmark = pytest.mark.alone  # real processes: see conftest
 
-TINY = ("problem.dim=20", "problem.n_samples=200", "run.lr=0.05")
 #: Uniform injected delays: with one trainer a push's staleness is its pull's τ.
 DELAYS = ("inject.delay=0", "inject.delay_dist=uniform", "inject.delay_max=4")
-
-
-def pooled(servers: int, *extra: str):
-    return scenario(*TINY, "run.protocol=paramserver", f"run.blocks={servers}",
-                    f"paramserver.servers={servers}", *extra)
 
 
 @pytest.mark.parametrize("servers, options", [
