@@ -74,6 +74,18 @@ no row (a push is not an SGD step). Delays, drops, ``write_bits`` (every value),
 schedule and stalls act on a push as on a paramserver one; injected errors and every
 ``[paramserver]`` option are refused (``realrun.support``).
 
+DistBelief's Sandblaster L-BFGS (``run.protocol = "sandblaster"``, the simulator's
+``sandblaster``): the server is the coordinator. It hands the open round's work units
+out one by one, a pull granted one unit (its index in the answer's fourth slot) while any is
+left, and a pull after that waits for the next round. The trainer computes its unit's
+share of ∇f at the pulled vector (``simulator.protocols.sandblaster.unit_gradient``) and
+pushes it; once the round's last unit is back the server applies the L-BFGS step of their
+mean from its vector (``simulator.rules.Lbfgs``, :func:`_round_of_units`), one completion
+whose rows are the round's units (the last to arrive its writer), and answers the waiting
+pulls. ``run.updates`` counts units; the serialized view measures no row (an L-BFGS step is
+not an SGD step). Stragglers and pauses run as above; the scenario refuses the other
+injections and ``[paramserver]`` options (``realrun.support``).
+
 Every timestamp is the server's ``time.monotonic_ns()`` (a pull's arrival and answer, a
 push's arrival and application; the trainer reports only its compute time), so traces from
 several machines need no common clock. The run directory is the usual one.
@@ -169,8 +181,11 @@ from realrun.worker import (
 from simulator.budget import check_memory, preflight
 from simulator.errors import AsyngradError, ScenarioError
 from simulator.problems import Problem, make_problem
+from simulator.protocols import make_protocol
+from simulator.protocols.sandblaster import unit_chunks, unit_gradient
 from simulator.rules import (
     LR_FACTORS,
+    Lbfgs,
     admm_residuals,
     dc_step,
     mean_step,
@@ -266,6 +281,18 @@ class _Consensus:
 
 
 @dataclass
+class _Blaster:
+    """The server's side of Sandblaster (``run.protocol = "sandblaster"``), the simulator's
+    coordinator: the open round's units handed out and the pushes of those that came back;
+    once all ``units`` have, the round's L-BFGS step (:func:`_round_of_units`)."""
+
+    units: int
+    coordinator: Lbfgs
+    handed: int = 0
+    arrivals: list[_Push] = field(default_factory=list)
+
+
+@dataclass
 class _Server:
     """The server's state while it runs."""
 
@@ -318,6 +345,7 @@ class _Server:
     # it): every pull is answered with no gradients, and its pushes are in no row
     stalled: bool = False
     consensus: _Consensus | None = None  # run.protocol = admm: the x_i, the residuals
+    blaster: _Blaster | None = None  # run.protocol = sandblaster: the rounds of work units
 
 
 def _header_size(accumulate: int) -> int:
@@ -361,17 +389,22 @@ def serve(problem: Problem, scenario: Scenario, trainers: int, timeout: float,
     options = scenario.paramserver
     w0 = problem.initial()
     every = scenario.metrics.every
-    admm = scenario.run.protocol == "admm"  # (a push is not an SGD step: no δ to measure)
+    # (an ADMM push and an L-BFGS round are not SGD steps: no δ to measure)
+    stepped = scenario.run.protocol not in ("admm", "sandblaster")
+    admm = scenario.run.protocol == "admm"
     size = problem.dim if pool is None else pool.shards.first  # (shard 0's, with a pool)
     state = _Server(problem, scenario, trainers, np.dtype(dtype), w0[:size].astype(dtype),
                     SerializedView(problem, scenario.run.lr, w0, scenario.run.updates,
-                                   measure and not admm, every, scenario.metrics.curve_points),
+                                   measure and stepped, every, scenario.metrics.curve_points),
                     datetime.timedelta(seconds=timeout), busy=[0] * trainers,
                     count=[0] * trainers, pooled=pool is not None,
                     shards=None if pool is None else pool.shards)
     if admm:
         state.consensus = _Consensus(np.tile(w0, (trainers, 1)), w0.astype(np.float64),
                                      scenario.admm.rho)
+    if scenario.run.protocol == "sandblaster":
+        state.blaster = _Blaster(scenario.sandblaster.units,
+                                 Lbfgs(scenario.sandblaster.memory))
     x_i = torch.zeros(problem.dim if admm else 0, dtype=torch.float64)  # (ADMM's, pushed)
     inject = scenario.inject
     if pool is None:  # (a pool's trainers draw their own: ``train``)
@@ -579,6 +612,9 @@ def _pull(state: _Server, source: int, arrived: int) -> None:
     if state.stalls is not None and _stalled(state, source, arrived):
         return
     options = state.scenario.paramserver
+    if state.blaster is not None and state.blaster.handed == state.blaster.units:
+        state.waiting.append((source, arrived))  # (until the round's step: its last unit's)
+        return
     if (source != 1 and _warming(state)) or state.writing or (
             options.fraction > 0 and state.pushed_round.get(source) == state.version):
         state.waiting.append((source, arrived))
@@ -605,7 +641,7 @@ def _stalled(state: _Server, source: int, arrived: int) -> bool:
         return False
     state.resume[source] = end
     try:
-        work: Any = dist.isend(torch.tensor([state.version, 0, end - arrived],
+        work: Any = dist.isend(torch.tensor([state.version, 0, end - arrived, -1],
                                             dtype=torch.int64), source)
         work.wait(state.wait)
     except RuntimeError as err:
@@ -653,11 +689,11 @@ class _PeerFailed(Exception):
 
 def _answer(state: _Server, source: int, arrived: int) -> None:
     """Send a trainer that pulled the version, the gradients it may compute (at most
-    ``accumulate`` of the budget left; none for a retired trainer, and then no vector) and
-    the vector (with injected delays: as it was τ versions back, τ drawn now, or by a pool's
-    trainer for its pull, clipped at the version); a send waits
-    at most the receive timeout (gloo's sends wait for the receiver, so a hung trainer
-    blocks them)."""
+    ``accumulate`` of the budget left; none for a retired trainer, and then no vector; under
+    Sandblaster one work unit, and which) and the vector (with injected delays: as it was
+    τ versions back, τ drawn now, or by a pool's trainer for its pull, clipped at the
+    version); a send waits at most the receive timeout (gloo's sends wait for the
+    receiver, so a hung trainer blocks them)."""
     import torch
     import torch.distributed as dist
 
@@ -665,7 +701,10 @@ def _answer(state: _Server, source: int, arrived: int) -> None:
     stopped = source - 1 in state.retired or source - 1 in state.dead or state.stalled
     grant = 0 if stopped else min(state.scenario.paramserver.accumulate, left)
     state.granted += grant
-    tensors = [torch.tensor([state.version, grant, 0], dtype=torch.int64)]
+    unit = -1
+    if state.blaster is not None and grant:  # Sandblaster: the round's next work unit
+        unit, state.blaster.handed = state.blaster.handed, state.blaster.handed + 1
+    tensors = [torch.tensor([state.version, grant, 0, unit], dtype=torch.int64)]
     tau = 0
     if grant:
         # (a lock-free server's vector changes under a send: one copy is sent and recorded)
@@ -697,6 +736,9 @@ def _push(state: _Server, push: _Push) -> None:
     push.completed = state.version
     if state.injector is not None:  # (drawn for every gradient, as the simulator's updates)
         _inject(state, push)
+    if state.blaster is not None:
+        _round_of_units(state, push)
+        return
     if len(push.samples) < options.accumulate:  # gradients the budget left unpushed
         push.write_end = push.arrival
         push.discarded = True  # (never applied: a pool's shard servers got a header alone)
@@ -983,6 +1025,34 @@ def _close_round(state: _Server, now: int) -> None:
     state.round_pushes = []
 
 
+def _round_of_units(state: _Server, push: _Push) -> None:
+    """Sandblaster: a work unit's gradient came back. Once the round's ``units`` all have,
+    apply the coordinator's L-BFGS step (``simulator.rules.Lbfgs``, as the simulator's
+    ``Sandblaster.grouped``) from the round's vector x_r (the server's: every unit of the
+    round read it, as nothing is written within a round) and the units' mean g_r = ∇f(x_r),
+    at α = lr times the schedule's factor at m = the versions applied + 1; the last unit to
+    arrive is the round's writer and the others its members, one completion (as the
+    simulator's round), then hand the next round's units to the pulls that waited."""
+    blaster = state.blaster
+    assert blaster is not None
+    push.rounds = True
+    blaster.arrivals.append(push)
+    if len(blaster.arrivals) < blaster.units:
+        return
+    group, blaster.arrivals, blaster.handed = blaster.arrivals, [], 0
+    for member in group[:-1]:
+        member.member = True
+    push.closed = push.arrival
+    mean = mean_step([p.step.astype(np.float64) for p in group])
+    step = blaster.coordinator.step(state.w.astype(np.float64), mean, state.scenario.run.lr)
+    factor = _factor(state)
+    if factor != 1.0:
+        step = step * factor
+        push.scale = push.scheduled = factor
+    state.w -= step.astype(state.dtype)
+    _complete(state, group)
+
+
 def _applied(state: _Server) -> None:
     """A shard server applied the closed round: once every one has, the pulls its write
     held are answered (they read the round's vector on every shard, as a simulated read
@@ -1157,7 +1227,7 @@ def train(problem: Problem, scenario: Scenario, rank: int, trainers: int, timeou
     options = scenario.paramserver
     torch_dtype = getattr(torch, dtype)
     stream = sample_stream(scenario.run.seed, trainers, rank - 1, problem.n_samples)
-    reply = torch.zeros(3, dtype=torch.int64)
+    reply = torch.zeros(4, dtype=torch.int64)  # version, granted, pause (ns), work unit
     straggles = Slowed(scenario.inject, rank - 1, 0)  # (its factor; the server runs the rest)
     # ADMM: the CPU workers' solver, on its own row of a local copy of the k rows of x (the
     # server keeps the others)
@@ -1176,6 +1246,8 @@ def train(problem: Problem, scenario: Scenario, rank: int, trainers: int, timeou
     decision = torch.zeros(4, dtype=torch.float64)
     slots = options.accumulate  # (the header's, per gradient)
     delay: int | None = None
+    chunks = (unit_chunks(problem.n_samples, scenario.sandblaster.units)
+              if scenario.run.protocol == "sandblaster" else None)
 
     def receive(tensor: Any) -> None:
         work: Any = dist.irecv(tensor, 0)
@@ -1201,9 +1273,11 @@ def train(problem: Problem, scenario: Scenario, rank: int, trainers: int, timeou
         delay = None
         local = w.numpy().astype(np.float64)
         drawn, pushed, spent, norms, lost = (
-            _gradients(problem, scenario, local, granted, stream, straggles, injector,
-                       rank - 1)
-            if solver is None else _solve(solver, local, stream, straggles))
+            _solve(solver, local, stream, straggles) if solver is not None
+            else _unit(problem, chunks, int(reply[3]), local, straggles)
+            if chunks is not None
+            else _gradients(problem, scenario, local, granted, stream, straggles, injector,
+                            rank - 1))
         step = torch.from_numpy(pushed).to(torch_dtype)
         header.zero_()
         header[:_HEADER + granted] = torch.tensor([PUSH, rank, int(reply[0]), granted, *drawn])
@@ -1287,6 +1361,19 @@ def _solve(solver: _Solver, z: np.ndarray, stream: Any, straggles: Slowed
     return [sample], step, [time.monotonic_ns() - began], [], []
 
 
+def _unit(problem: Problem, chunks: list[np.ndarray], unit: int, w: np.ndarray,
+          straggles: Slowed) -> tuple[list[int], np.ndarray, list[int], list[float], list[bool]]:
+    """Sandblaster's work unit ``unit`` at the pulled ``w``: the row's sample (its chunk's
+    first), the push (the unit's share of ∇f, ``unit_gradient``: the coordinator takes the
+    units' mean, no learning rate yet), its compute time (a straggler's stretched) and no
+    draws."""
+    began = time.monotonic_ns()
+    chunk = chunks[unit]
+    g = unit_gradient(problem, chunk, w, len(chunks) / problem.n_samples)
+    straggles.stretch(began)
+    return [int(chunk[0])], g, [time.monotonic_ns() - began], [], []
+
+
 @dataclass(frozen=True)
 class PSRun:
     """A finished (or stopped) parameter-server run."""
@@ -1304,15 +1391,16 @@ class PSRun:
 
 def _ps_scenario(scenario: Scenario, trainers: int, measure: bool,
                  timeout: float) -> Scenario:
-    """The embedded scenario: what the server ran (``realrun.support.recorded``: ``admm``
-    where the scenario's protocol is, else ``paramserver``), after refusing what it would
-    not honour.
+    """The embedded scenario: what the server ran (``realrun.support.recorded``: ``admm`` or
+    ``sandblaster`` where the scenario's protocol is, else ``paramserver``), after refusing
+    what it would not honour.
 
     Raises:
         ScenarioError: a field the ps backend does not honour, or an injected pause as long
             as the receive timeout (the server would take the silence for a hung trainer).
     """
-    mode = "admm" if scenario.run.protocol == "admm" else "paramserver"
+    protocol = scenario.run.protocol
+    mode = protocol if protocol in ("admm", "sandblaster") else "paramserver"
     refuse_unsupported(scenario, "ps", mode)
     for i, pause in enumerate(scenario.inject.pauses):
         if pause.end - pause.start >= timeout * 1e9:
@@ -1323,6 +1411,16 @@ def _ps_scenario(scenario: Scenario, trainers: int, measure: bool,
     scenario = recorded(scenario, mode, trainers, False, every if measure else None, "ps")
     preflight(scenario)  # the trace the server builds, as a simulation of it would hold
     return scenario
+
+
+def _bound(scenario: Scenario, problem: Problem) -> None:
+    """What the simulator's protocol checks against the problem, where the server's differs
+    from the scenario's own checks: Sandblaster's units at most the problem's samples.
+
+    Raises:
+        ScenarioError: naming the field."""
+    if scenario.run.protocol == "sandblaster":
+        make_protocol("sandblaster", scenario).bind(problem)
 
 
 def _group_timeout(timeout: float) -> datetime.timedelta:
@@ -1399,6 +1497,7 @@ def run_ps(scenario: Scenario, trainers: int, dtype: str = "float32",
     problem = problem if problem is not None else make_problem(scenario.problem)
     if measure:
         refuse_unmeasurable(scenario, "paramserver", problem.sparse)
+    _bound(scenario, problem)
     problem.optimum()
     address = os.environ.get("MASTER_ADDR", DEFAULT_ADDR)
     port = int(os.environ.get("MASTER_PORT", 0)) or free_port()
@@ -1611,6 +1710,7 @@ def _node_main(argv: list[str] | None = None) -> int:
                                 "a pool of servers runs on one machine: asyngrad real "
                                 "--backend ps --servers S")
         problem = make_problem(scenario.problem)
+        _bound(scenario, problem)
         if rank == 0:
             check_out(args.out)
             problem.optimum()

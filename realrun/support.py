@@ -37,7 +37,8 @@ PROTOCOL_OF = {"lockfree": "lockfree", "blocklock": "lockfree", "locked": "locke
                "roundrobin": "roundrobin",
                "staleness_lr": "staleness_lr",
                "dcasgd": "dcasgd", "admm": "admm", "paramserver": "paramserver",
-               "amp": "amp", "local": "local"}
+               "amp": "amp", "local": "local", "block_admm": "block_admm",
+               "sandblaster": "sandblaster"}
 #: Lock-free modes whose workers apply an update rule when their write begins.
 RULE_MODES = ("staleness_lr", "dcasgd")
 #: Modes whose workers take their updates in synchronous rounds.
@@ -62,9 +63,13 @@ _NO_INJECTION = {"cuda": "CUDA and thread workers inject stragglers, pauses and 
                  "solves)",
                  "pipeline": "stage processes inject stragglers, pauses and deaths, not into "
                  "their messages or updates (simulate it)"}
-#: Why the ps backend's ADMM refuses every ``[paramserver]`` option.
-_NO_SERVER_OPTIONS = ("the simulator's admm has no server options: each push is applied "
-                      "whole, as it arrives (run.protocol = admm)")
+#: Why the ps backend's ADMM and Sandblaster refuse every ``[paramserver]`` option.
+_NO_SERVER_OPTIONS = {
+    "admm": "the simulator's admm has no server options: each push is applied whole, as it "
+    "arrives (run.protocol = admm)",
+    "sandblaster": "the simulator's sandblaster has no server options: its coordinator "
+    "applies one L-BFGS step per round of work units, on one server (run.protocol = "
+    "sandblaster)"}
 
 #: Field (or section) → (shm and cuda, ps): what a real run does with it.
 SUPPORT: tuple[tuple[str, str, str], ...] = (
@@ -75,15 +80,16 @@ SUPPORT: tuple[tuple[str, str, str], ...] = (
      "`dcasgd` and `admm`; on torch workers (CUDA, threads) also `staleness_lr`); `amp` "
      "and `local` with `--mode` their own (`realrun.pipeline`: one CPU process per stage, "
      "pipes between neighbours); another non-default one refused",
-     "recorded: `paramserver`, or `admm` where `run.protocol = \"admm\"`; another "
-     "non-default one refused"),
+     "recorded: `paramserver`, or `admm` or `sandblaster` where `run.protocol` says so (the "
+     "server is Sandblaster's coordinator); another non-default one refused"),
     ("`run.threads`", "recorded: `--workers` (`amp`, `local`: refused unless the stages, "
      "one process each)", "recorded: `--workers` (trainers)"),
     ("`run.updates`", "honoured: gradients computed (one per update), T split evenly (`amp`, "
      "`local`: (stage, sample) rows, as the simulator counts them)",
      "honoured: gradients computed (the server hands out the budget; `accumulate` n pushes "
      "n at a time); under `admm` pushes, each one row and one local solve of "
-     "`admm.local_steps` gradients, as the simulator's admm counts them"),
+     "`admm.local_steps` gradients, as the simulator's admm counts them; under "
+     "`sandblaster` work units, each one row and ⌈n/U⌉ gradients"),
     ("`run.lr`, `run.seed`", "honoured", "honoured"),
     ("`run.blocks`", "honoured", "refused unless 1 (the server holds one shard), or with a "
      "pool of S servers unless S (one shard each)"),
@@ -166,7 +172,9 @@ SUPPORT: tuple[tuple[str, str, str], ...] = (
      "its writer's draw dropped), and each server rounds its own stores; under `admm` the "
      "same delays, drops, "
      "`write_bits` (every value: a push is dense), pauses, deaths and stragglers (the local "
-     "solve takes `factor` times as long), `error` refused"),
+     "solve takes `factor` times as long), `error` refused; under `sandblaster` stragglers "
+     "(a unit's gradients take `factor` times as long) and pauses (a pull in a window is "
+     "handed no unit until its end), the rest refused by the scenario, as simulated"),
     ("`[paramserver]`", "inert", "honoured (`rule`: on each push the server keeps, as it "
      "receives it, with its exact staleness; `lock_free`: one update thread per trainer "
      "subtracts its pushes from the vector with no lock, measure mode's view is every push "
@@ -188,13 +196,19 @@ SUPPORT: tuple[tuple[str, str, str], ...] = (
      "coordinating server and a header to every shard server, no version; `fraction`: the "
      "coordinating server closes each round and tells every shard server its members, "
      "each applies their parts' mean and says so, and pulls wait until every server has; "
-     "`lock_free` refused with a pool, not under torchrun); under `admm` refused unless "
-     "default"),
+     "`lock_free` refused with a pool, not under torchrun); under `admm` and "
+     "`sandblaster` refused unless default"),
     ("`[dcasgd]`", "honoured with `dcasgd`, else inert",
      "honoured with `paramserver.rule = dcasgd`, else inert"),
     ("`[amp]`, `[local]`", "honoured with `amp`, `local` (`max_active`: at most that many "
      "samples in the pipeline, refused where their messages would not fit in a pipe between "
      "stages; `update_every`), else inert", "inert"),
+    ("`[sandblaster]`", "inert (it runs on the parameter server)", "honoured with "
+     "`run.protocol = \"sandblaster\"`: the server hands each round's `units` out one by "
+     "one to whichever trainer pulls (a pull when none is left waits for the next round), "
+     "a trainer computes its unit's share of ∇f at the vector it pulled and pushes it, and "
+     "once all are back the server applies the L-BFGS step of `memory` pairs to its "
+     "vector (`simulator.rules.Lbfgs`); one completion a round, else inert"),
     ("`[admm]`", "honoured with `admm` (CPU worker processes), else inert",
      "honoured with `run.protocol = \"admm\"` (each trainer sends its x_i with its push; "
      "the server keeps every x_i and computes the residuals after each push), else inert"),
@@ -226,10 +240,9 @@ def _unsupported(scenario: Scenario, backend: str, mode: str) -> tuple[str, Any,
     protocol = PROTOCOL_OF[mode]
     if run.protocol not in (default.protocol, protocol):
         return "run.protocol", run.protocol, (
-            "the parameter server runs paramserver or admm" if backend == "ps"
+            "the parameter server runs paramserver, admm or sandblaster" if backend == "ps"
             else "it runs on the parameter server: asyngrad real --backend ps"
-            if run.protocol == "paramserver"
-            else "no real backend runs it yet (simulate it)" if run.protocol == "sandblaster"
+            if run.protocol in ("paramserver", "sandblaster")
             else f"one process per stage: --mode {run.protocol}"
             if run.protocol in PIPELINE_MODES
             else f"this backend runs {protocol} (--mode {mode})")
@@ -239,9 +252,9 @@ def _unsupported(scenario: Scenario, backend: str, mode: str) -> tuple[str, Any,
     for name in ("store_grain", "placement"):
         if getattr(run, name) != getattr(default, name):
             return f"run.{name}", getattr(run, name), _SIMULATED_MACHINE
-    if backend == "ps" and mode == "admm":
+    if backend == "ps" and mode in ("admm", "sandblaster"):
         found = _changed("paramserver", scenario.paramserver, ParamServerSpec(),
-                         _NO_SERVER_OPTIONS)
+                         _NO_SERVER_OPTIONS[mode])
         if found is not None:
             return found
     if backend == "ps":

@@ -9,9 +9,10 @@ thread whose round has no unit left waits for the next round. When the round's l
 arrives, its thread writes the coordinator's L-BFGS step: with g_r the mean of the U unit
 gradients (the full gradient ∇f(x_r): every unit of a round read x_r, since nothing is
 written within a round), the curvature pair (s, y) = (x_r − x_{r−1}, g_r − g_{r−1}) joins
-a history of the last ``sandblaster.memory`` pairs (``simulator.rules.lbfgs_pair``) and the
-step is x_{r+1} = x_r − α·H_r·g_r (``simulator.rules.lbfgs_direction``; α = ``run.lr``, at
-the schedule's factor; no line search). ``run.updates`` counts work units, a whole number of
+a history of the last ``sandblaster.memory`` pairs and the step is x_{r+1} = x_r − α·H_r·g_r
+(``simulator.rules.Lbfgs``; α = ``run.lr``, at the schedule's factor; no line search). A
+unit's gradient is :func:`unit_gradient`. The parameter server runs the same protocol for
+real (``realrun.ps``). ``run.updates`` counts work units, a whole number of
 rounds. Each unit is one trace row (its chunk's first sample); a round is one completion.
 The step is not an SGD step: the serialized view measures no δ (as for ADMM); the loss
 curve of x is exact.
@@ -25,7 +26,6 @@ never come back); ``units`` must not exceed the problem's samples.
 
 from __future__ import annotations
 
-from collections import deque
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -33,7 +33,7 @@ import simpy
 
 from simulator.errors import ScenarioError
 from simulator.protocols.base import GROUPED, MEMBER, Protocol
-from simulator.rules import lbfgs_direction, lbfgs_pair, unit_work
+from simulator.rules import Lbfgs, unit_work
 
 if TYPE_CHECKING:
     from simulator.engine import Engine
@@ -41,7 +41,22 @@ if TYPE_CHECKING:
     from simulator.scenario import Scenario
     from simulator.update import Update
 
-__all__ = ["Sandblaster"]
+__all__ = ["Sandblaster", "unit_chunks", "unit_gradient"]
+
+
+def unit_chunks(samples: int, units: int) -> list[np.ndarray]:
+    """The samples of each of ``units`` work units: contiguous chunks (``numpy.array_split``)."""
+    return np.array_split(np.arange(samples), units)
+
+
+def unit_gradient(problem: Problem, chunk: np.ndarray, w: np.ndarray,
+                  weight: float) -> np.ndarray:
+    """A work unit's share of ∇f at ``w``: its ``chunk``'s summed gradients × ``weight``
+    (U/n, so that the mean of the U units' is ∇f)."""
+    total = np.zeros_like(w)
+    for i in chunk.tolist():
+        total += problem.dense_grad(w, i)
+    return total * weight
 
 
 class Sandblaster(Protocol):
@@ -69,7 +84,7 @@ class Sandblaster(Protocol):
         if units > n:
             raise ScenarioError("sandblaster.units", units, f"must be <= the problem's "
                                 f"samples ({n}): a unit is a chunk of them")
-        self.chunks = np.array_split(np.arange(n), units)
+        self.chunks = unit_chunks(n, units)
         self.grad_work = unit_work(n, units)  # ⌈n/U⌉ gradients a unit
         self.weight = units / n  # so the mean of U units is ∇f
 
@@ -81,8 +96,7 @@ class Sandblaster(Protocol):
         self.unit: dict[int, int] = {}  # uid → its unit in the round
         self.waiting: list[int] = []  # updates waiting for the next round (uids, in order)
         self.arrivals: list[Update] = []
-        self.pairs: deque[tuple[np.ndarray, np.ndarray]] = deque(maxlen=self.options.memory)
-        self.previous: tuple[np.ndarray, np.ndarray] | None = None  # x_{r−1}, g_{r−1}
+        self.coordinator = Lbfgs(self.options.memory)
 
     def before_read(self, engine: Engine, u: Update) -> simpy.Event | None:
         """A unit of the open round, or the next round's opening (which hands it one: units
@@ -102,11 +116,8 @@ class Sandblaster(Protocol):
     def compute(self, engine: Engine, u: Update, local: np.ndarray) -> np.ndarray:
         """The unit's share of ∇f at the pulled vector: its chunk's summed gradients × U/n."""
         chunk = self.chunks[self.unit.pop(u.uid)]
-        total = np.zeros_like(local)
-        for i in chunk.tolist():
-            total += engine.problem.dense_grad(local, i)
         u.sample = int(chunk[0])
-        return total * self.weight
+        return unit_gradient(engine.problem, chunk, local, self.weight)
 
     def before_write(self, engine: Engine, u: Update) -> simpy.Event | None:
         self.arrivals.append(u)
@@ -119,13 +130,8 @@ class Sandblaster(Protocol):
 
     def grouped(self, engine: Engine, u: Update, mean: np.ndarray) -> np.ndarray:
         """The coordinator's L-BFGS step α·H·g from the round's gradient g = ``mean``."""
-        x = engine.read_copy(u.thread)  # x_r: every unit of the round read it
-        if self.previous is not None:
-            s, y = x - self.previous[0], mean - self.previous[1]
-            if lbfgs_pair(s, y):
-                self.pairs.append((s, y))
-        self.previous = (x.copy(), mean.copy())
-        return engine.lr * lbfgs_direction(mean, self.pairs)
+        # x_r: every unit of the round read it
+        return self.coordinator.step(engine.read_copy(u.thread), mean, engine.lr)
 
     def after_write(self, engine: Engine, u: Update) -> None:
         if u.role == GROUPED:

@@ -302,7 +302,7 @@ def test_the_warm_start_defers_the_other_trainers_pulls(monkeypatch):
     monkeypatch.setattr(ps, "_answer", lambda state, source, arrived: answered.append(source))
     state = SimpleNamespace(scenario=scenario("paramserver.warm_start=3"), done=set(),
                             version=0, waiting=[], pushed_round={}, stalls=None,
-                            stalled=False, dead=[], writing=0)
+                            stalled=False, dead=[], writing=0, blaster=None)
     for rank in (2, 1, 3):
         ps._pull(state, rank, 0)
     assert answered == [1] and [r for r, _ in state.waiting] == [2, 3]
@@ -353,7 +353,7 @@ def test_a_blocklock_run_records_its_backend_mode_and_curve(tmp_path, capsys):
 
 
 @pytest.mark.parametrize(("protocol", "says"), [
-    ("paramserver", "--backend ps"), ("sandblaster", "simulate it")])
+    ("paramserver", "--backend ps"), ("sandblaster", "--backend ps")])
 def test_a_protocol_no_worker_mode_runs_is_refused_with_where_it_runs(protocol, says):
     s = scenario(f"run.protocol={protocol}", "run.updates=320")
     with pytest.raises(ScenarioError, match=rf"run\.protocol.*{re.escape(says)}"):
