@@ -1,13 +1,14 @@
-"""Model-parallel real runs: two stage processes (``amp``, ``local``; realrun/pipeline.py)
-against one process doing both stages (``--mode serial``: the whole gradient of each sample),
-measured side by side in one run, on mlps of three sizes.
+"""Model-parallel real runs: two stage processes (``amp``, ``local``, ``block_admm``;
+realrun/pipeline.py) against one process doing both stages (``--mode serial``: the whole
+gradient of each sample), measured side by side in one run, on mlps of three sizes.
 
 Throughput is samples per second over each run's span (its first read's start to its last
 write's end, from the same ``monotonic_ns`` stamps on both sides; a stage row is half a
 sample's work), the median over ``--repeats`` runs; the ratio is the pipeline's over the
 serial process's. Also each stage's median forward, backward and write, and the time from a
 stage's send to the next stage's forward start (a message's way through a pipe and the
-wake-up of the stage waiting for it).
+wake-up of the stage waiting for it). ``block_admm``'s stages pass no message: each of its
+rows is a stage's update of a sample of its own, two rows a sample's worth.
 
     python bench/pipeline.py              # three sizes, 3 repeats
     python bench/pipeline.py --quick      # fewer samples, 1 repeat
@@ -71,19 +72,20 @@ def main() -> None:
                               1, "serial", problem=problem)
             rates.setdefault("serial", []).append(samples / _span_s(serial.trace))
             details["serial"] = ("", "", "", "")
-            for protocol in ("amp", "local"):
-                for active in (1, 4):
-                    run = run_pipeline(load_scenario(None, [
-                        *base, f"run.protocol={protocol}", f"run.updates={2 * samples}",
-                        f"{protocol}.max_active={active}"]), problem=problem)
-                    t = run.trace
-                    label = f"{protocol} ×{active}"
-                    rates.setdefault(label, []).append(samples / _span_s(t))
-                    per = [t["thread"] == s for s in (0, 1)]
-                    phases = ["/".join(f"{np.median(v[m]) / 1e3:.0f}" for v in (
-                        t["read_end"] - t["read_start"], t["grad_ns"])) for m in per]
-                    details[label] = ("/".join(f"{t['staleness'][m].mean():.1f}" for m in per),
-                                      *phases, f"{_flight_us(t):.0f}")
+            for protocol, active in (("amp", 1), ("amp", 4), ("local", 1), ("local", 4),
+                                     ("block_admm", 0)):
+                run = run_pipeline(load_scenario(None, [
+                    *base, f"run.protocol={protocol}", f"run.updates={2 * samples}",
+                    *([f"{protocol}.max_active={active}"] if active else [])]),
+                    problem=problem)
+                t = run.trace
+                label = f"{protocol} ×{active}" if active else protocol
+                rates.setdefault(label, []).append(samples / _span_s(t))
+                per = [t["thread"] == s for s in (0, 1)]
+                phases = ["/".join(f"{np.median(v[m]) / 1e3:.0f}" for v in (
+                    t["read_end"] - t["read_start"], t["grad_ns"])) for m in per]
+                details[label] = ("/".join(f"{t['staleness'][m].mean():.1f}" for m in per),
+                                  *phases, f"{_flight_us(t):.0f}" if active else "—")
         serial_rate = statistics.median(rates["serial"])
         for label, values in rates.items():
             rate = statistics.median(values)

@@ -1,6 +1,6 @@
-"""Model-parallel real runs: asynchronous model parallelism (``amp``, AMPNet) and layer-wise
-local parallelism (``local``), one worker process per stage, as the simulator's protocols
-(``simulator.protocols.staged``) state them.
+"""Model-parallel real runs: asynchronous model parallelism (``amp``, AMPNet), layer-wise
+local parallelism (``local``) and stochastic block ADMM (``block_admm``), one worker process
+per stage, as the simulator's protocols (``simulator.protocols.staged``) state them.
 
 Stage s's process owns block s of the shared vector (its parameters, ``Problem.stages``):
 it alone writes it. Stages talk through one-way pipes between neighbours, each with one
@@ -36,6 +36,18 @@ stage's phases takes ``factor`` times as long), pauses (a stage starts no phase 
 window) and deaths (the stage stops before its next phase; the others stop once no message
 can come, :meth:`_Inbox.stalled`, and the run ends early, as simulated); every other one is
 refused.
+
+``block_admm`` passes no message: its two stages are joined by every sample's auxiliary
+variable z_i, scaled dual u_i and stage 0's kept output h_i, in shared memory
+(:class:`Coupling`; stage 0 writes h, stage 1 z and u, lock-free). Each stage loops on
+samples of its own stream (the simulator's thread s's) while the run has updates left, a
+count both stages share, taken one update at a time under a lock held for nothing else (so
+a slow stage makes fewer rows, and a dead one, stopped by its death before a phase, never
+holds it: the other goes on to the run's count, as simulated). An update is a row: its READ
+(θ_s in float64), its GRADIENT (``simulator.protocols.staged.block_admm_step``, the
+simulator's one copy of the math, on z_i, u_i, h_i in place) and its WRITE; its staleness
+counts from its read. The parent adds the run's ``aux_residual`` to the trace
+(``simulator.protocols.staged.aux_residual`` at the final θ_0, from the shared z).
 """
 
 from __future__ import annotations
@@ -75,13 +87,15 @@ from realrun.worker import (
 from simulator.errors import ScenarioError
 from simulator.problems import Problem, make_problem
 from simulator.protocols import make_protocol
+from simulator.protocols.staged import aux_residual, block_admm_step, stage_outputs
 from simulator.scenario import Scenario, scenario_to_toml
 from simulator.trace import RECORD, Trace, TraceBuilder
 
 if TYPE_CHECKING:
     from realrun.runner import RealRun
+    from simulator.scenario.specs import PipelineSpec
 
-__all__ = ["Links", "run_pipeline", "stage_main"]
+__all__ = ["Coupling", "Links", "run_pipeline", "stage_main"]
 
 # A message's kind, as the simulator's stages send them (a forward message without an
 # activation, to the first stage: a sample may enter).
@@ -101,13 +115,38 @@ TAKEN, IDLE = -2, -1
 @dataclass(frozen=True)
 class Links:
     """A stage's ends of the pipes (``multiprocessing`` connections): the readers it takes
-    its messages from, and the writers to the next stage, the previous one and the first."""
+    its messages from, and the writers to the next stage, the previous one and the first;
+    under ``block_admm`` no pipe, the state both stages share instead."""
 
     inbox: list[Any]
     ahead: Any = None  # forward activations (not the last stage)
     behind: Any = None  # amp: gradients back (not the first stage)
     first: Any = None  # local, last stage: a place is free
     flow: Any = None  # the messages each stage sent to each and took, and its IDLE (shared)
+    coupling: Coupling | None = None  # block_admm
+
+
+@dataclass(frozen=True)
+class Coupling:
+    """What ``block_admm``'s two stages share: every sample i's auxiliary variable z_i,
+    scaled dual u_i and stage 0's kept output h_i, each one flat float64 shared tensor with
+    sample i's values from ``offsets[i]`` in ``shapes[i]`` (a torch model's last minibatch
+    can be shorter), and the updates the stages started (``started``, one int64), counted
+    under ``lock`` up to ``updates``."""
+
+    z: Any
+    u: Any
+    h: Any
+    offsets: list[int]
+    shapes: list[tuple[int, ...]]
+    started: Any
+    lock: Any
+    updates: int
+
+    def samples(self, flat: np.ndarray) -> list[np.ndarray]:
+        """Each sample's values in ``flat`` (one of the buffers, as numpy): views."""
+        return [flat[a:b].reshape(shape) for a, b, shape in
+                zip(self.offsets, self.offsets[1:], self.shapes, strict=False)]
 
 
 def run_pipeline(scenario: Scenario, dtype: str = "float32", timeout: float | None = None,
@@ -116,14 +155,15 @@ def run_pipeline(scenario: Scenario, dtype: str = "float32", timeout: float | No
                  problem: Problem | None = None, pin_cpus: bool = False,
                  notice: Callable[[str], object] | None = None,
                  measure_every: int | None = None) -> RealRun:
-    """Train ``scenario``'s problem stage by stage as its ``run.protocol`` (``amp`` or
-    ``local``) says, one process per stage; returns the run (a ``realrun.runner.RealRun``,
-    failed or not; its ``mode`` the protocol). ``progress`` hears rows as they complete,
-    ``on_start`` gets the stages' pids, ``pin_cpus`` pins stage s to a CPU of its own
-    (``realrun.worker.pinned_cpus``), ``notice`` hears what the parent does once the run is
-    stopped; ``problem`` reuses a prebuilt problem in the parent. ``measure_every = n``: the
-    stages also keep their steps, and the parent rebuilds the serialized view from them and
-    measures every n-th completion's δ on its stage (:func:`_rebuilt`).
+    """Train ``scenario``'s problem stage by stage as its ``run.protocol`` (``amp``,
+    ``local`` or ``block_admm``) says, one process per stage; returns the run (a
+    ``realrun.runner.RealRun``, failed or not; its ``mode`` the protocol). ``progress``
+    hears rows as they complete, ``on_start`` gets the stages' pids, ``pin_cpus`` pins stage
+    s to a CPU of its own (``realrun.worker.pinned_cpus``), ``notice`` hears what the parent
+    does once the run is stopped; ``problem`` reuses a prebuilt problem in the parent.
+    ``measure_every = n``: the stages also keep their steps, and the parent rebuilds the
+    serialized view from them and measures every n-th completion's δ on its stage
+    (:func:`_rebuilt`).
 
     The fields every real backend refuses (a simulated machine: ``[timing]``, devices ...)
     are ``realrun.runner.run_real``'s check (``realrun.support``); this checks what the
@@ -132,10 +172,10 @@ def run_pipeline(scenario: Scenario, dtype: str = "float32", timeout: float | No
     Raises:
         ScenarioError: another protocol, an unknown dtype, timeout <= 0, what the
             simulator's protocol refuses (a problem without stages, threads or blocks other
-            than its stages, ``run.updates`` not a multiple of stages × update_every, a
-            split or a hardware model), an injection other than stragglers, pauses and
-            deaths (or a straggler faster than its core), or more samples in flight than the
-            pipes between stages hold (``max_active``).
+            than its stages, ``run.updates`` not a multiple of stages × update_every,
+            block_admm on other than two stages, a split or a hardware model), an injection
+            other than stragglers, pauses and deaths (or a straggler faster than its core),
+            or more samples in flight than the pipes between stages hold (``max_active``).
     """
     import torch
 
@@ -144,6 +184,7 @@ def run_pipeline(scenario: Scenario, dtype: str = "float32", timeout: float | No
         RealRun,
         _allocate,
         _check_buffers,
+        _host,
         _one_of,
         curve_every,
         drive,
@@ -160,34 +201,43 @@ def run_pipeline(scenario: Scenario, dtype: str = "float32", timeout: float | No
     if measure_every is not None and measure_every < 1:
         raise ScenarioError("--measure-every", measure_every, "must be >= 1")
     scenario = recorded(scenario, protocol, stages, problem.sparse, measure_every)
-    options = scenario.local if protocol == "local" else scenario.amp
-    samples = scenario.run.updates // stages
+    updates, every = scenario.run.updates, _every(scenario)
     context = torch.multiprocessing.get_context("spawn")
-    links = _links(context, stages, protocol, options.max_active,
-                   _message_bytes(problem, stages))
-    _check_buffers(scenario, problem, scenario.run.updates, dtype, measure_every is not None,
+    if protocol == "block_admm":  # a stage may make every update (the other too slow)
+        quota, links = updates, _coupling(context, problem, updates)
+    else:
+        quota = updates // stages
+        links = _links(context, stages, protocol, _options(scenario).max_active,
+                       _message_bytes(problem, stages))
+    _check_buffers(scenario, problem, stages * quota, dtype, measure_every is not None,
                    True)
     w_star, _ = problem.optimum()
-    buffers = _allocate(problem.dim, stages, stages, samples, dtype, False, "cpu", False,
+    buffers = _allocate(problem.dim, stages, stages, quota, dtype, False, "cpu", False,
                         True, scaled=True)
     buffers.w.copy_(torch.as_tensor(problem.initial()))
-    begun = torch.full((stages, samples, 3), -1, dtype=torch.int64).share_memory_()
+    begun = torch.full((stages, quota, 3), -1, dtype=torch.int64).share_memory_()
     # Measure mode: write k of stage s keeps its step in row k, on the stage's coordinates.
-    steps = (torch.zeros((samples // options.update_every, problem.dim),
-                         dtype=torch.float64).share_memory_()
+    steps = (torch.zeros((quota // every, problem.dim), dtype=torch.float64).share_memory_()
              if measure_every is not None else None)
     toml = scenario_to_toml(scenario)
     cpus = pinned_cpus(stages) if pin_cpus else None
     processes = [context.Process(target=stage_main, args=(
-        WorkerSpec(s, stages, samples, toml, -1 if cpus is None else cpus[s],
+        WorkerSpec(s, stages, quota, toml, -1 if cpus is None else cpus[s],
                    problem.fingerprint()), buffers, begun, links[s], steps), daemon=True)
         for s in range(stages)]
-    run = drive(buffers, processes, scenario.run.updates, timeout, progress, on_start, notice,
-                curve_every(scenario.run.updates, scenario.metrics.curve_points))
+    run = drive(buffers, processes, updates, timeout, progress, on_start, notice,
+                curve_every(updates, scenario.metrics.curve_points))
     finished = time.monotonic()
     rebuilt = None if steps is None else (scenario, steps.numpy(), dtype)
-    trace, w_rebuilt = _trace(buffers, begun.numpy(), options.update_every, problem, w_star,
-                              run.snapshots, toml, sorted(run.dead), rebuilt)
+    extras = {"dead_threads": np.asarray(sorted(run.dead), dtype=np.int64)}
+    coupling = links[0].coupling
+    if coupling is not None:  # the simulator's BlockADMM.report, on the shared z
+        first = (problem.stages() or [])[0]
+        residual = aux_residual(problem, _host(buffers.w)[first],
+                                coupling.samples(coupling.z.numpy()))
+        extras["aux_residual"] = np.array([residual])
+    trace, w_rebuilt = _trace(buffers, begun.numpy(), every, problem, w_star, run.snapshots,
+                              toml, updates, extras, rebuilt)
     loss = None if w_rebuilt is None else hardware_loss(
         w_rebuilt, trace["w_final"], problem.initial(), "rebuilt")
     return RealRun(scenario, problem, trace, stages, protocol, dtype, run.seconds,
@@ -203,6 +253,36 @@ def _stages(scenario: Scenario, problem: Problem) -> int:
         ScenarioError: as ``Amp.bind``."""
     make_protocol(scenario.run.protocol, scenario).bind(problem)
     return len(problem.stages() or [])
+
+
+def _options(scenario: Scenario) -> PipelineSpec:
+    """The pipeline's options: ``scenario.local`` or ``scenario.amp`` (``max_active``,
+    ``update_every``)."""
+    return scenario.local if scenario.run.protocol == "local" else scenario.amp
+
+
+def _every(scenario: Scenario) -> int:
+    """The gradients a stage's write takes: ``update_every`` (amp, local); 1 under
+    block_admm, whose every update writes."""
+    return 1 if scenario.run.protocol == "block_admm" else _options(scenario).update_every
+
+
+def _coupling(context: Any, problem: Problem, updates: int) -> list[Links]:
+    """block_admm's two stages' links: no pipe, the :class:`Coupling` both share, set up as
+    ``BlockADMM.setup`` does: every z_i and h_i at stage 0's output h(θ_0; x_i) from w_0,
+    every u_i at 0."""
+    import torch
+
+    outputs = stage_outputs(problem, problem.initial()[(problem.stages() or [])[0]])
+    flat = np.concatenate([h.ravel() for h in outputs]).astype(np.float64)
+    h = torch.from_numpy(flat).share_memory_()
+    coupling = Coupling(
+        z=h.clone().share_memory_(), u=torch.zeros_like(h).share_memory_(), h=h,
+        offsets=np.cumsum([0, *(o.size for o in outputs)]).tolist(),
+        shapes=[o.shape for o in outputs],
+        started=torch.zeros(1, dtype=torch.int64).share_memory_(), lock=context.Lock(),
+        updates=updates)
+    return [Links([], coupling=coupling) for _ in range(2)]
 
 
 def _message_bytes(problem: Problem, stages: int) -> int:
@@ -355,7 +435,7 @@ class _Inbox:
 
 class _Stage:
     """One stage's loop, as ``simulator.protocols.staged.Amp``'s ``loop`` and
-    ``_backward`` run it."""
+    ``_backward`` run it, or ``BlockADMM``'s ``loop`` and ``compute``."""
 
     def __init__(self, spec: WorkerSpec, buffers: Buffers, begun: Any, links: Links,
                  gone: Callable[[], bool], steps: Any = None) -> None:
@@ -371,8 +451,7 @@ class _Stage:
         self.stage, stages = spec.rank, spec.workers
         self.last = self.stage == stages - 1
         self.local = scenario.run.protocol == "local"
-        options = scenario.local if self.local else scenario.amp
-        self.every, self.max_active = options.update_every, options.max_active
+        self.every, self.coupling = _every(scenario), links.coupling
         self.part = (problem.stages() or [])[self.stage]
         self.w = buffers.w.numpy()
         size = self.part.stop - self.part.start
@@ -380,8 +459,10 @@ class _Stage:
         self.copy = np.zeros(size) if single else None
         self.rounded = np.zeros(size, dtype=self.w.dtype) if single else None
         self.lr, self.schedule = scenario.run.lr, LR_FACTORS.get(scenario.run.lr_schedule)
-        self.stream = (sample_stream(scenario.run.seed, stages, 0, problem.n_samples)
-                       if self.stage == 0 else None)
+        # The simulator's thread s's samples: amp's and local's first stage's, each of
+        # block_admm's.
+        self.stream = (sample_stream(scenario.run.seed, stages, self.stage, problem.n_samples)
+                       if self.stage == 0 or self.coupling is not None else None)
         self.inject = scenario.inject
         self.head = (problem.local_head(self.stage) if self.local and not self.last else None)
         self.head_grads: list[np.ndarray] = []
@@ -395,9 +476,17 @@ class _Stage:
         self.pending: list[tuple[int, np.ndarray]] = []  # (seq, lr·g) to average
         self.steps = None if steps is None else steps.numpy()  # measure mode: each write's
         self.writes = 0
-        self.flow = links.flow.numpy()
-        self.inbox = _Inbox(links.inbox, gone, self.flow, self.stage,
-                            buffers.status.numpy())
+        if self.coupling is None:
+            self.max_active = _options(scenario).max_active
+            self.flow = links.flow.numpy()
+            self.inbox = _Inbox(links.inbox, gone, self.flow, self.stage,
+                                buffers.status.numpy())
+        else:
+            coupling = self.coupling
+            self.z, self.u, self.h = (coupling.samples(t.numpy())
+                                      for t in (coupling.z, coupling.u, coupling.h))
+            self.started = coupling.started.numpy()
+            self.rho, self.aux_lr = scenario.block_admm.rho, scenario.block_admm.aux_lr
         self._warm_up()
 
     def _warm_up(self) -> None:
@@ -416,8 +505,8 @@ class _Stage:
                                    outs[self.stage], 0)
 
     def run(self) -> None:
-        """Forwards and backwards, in the order their messages were sent, until the stage
-        has written every sample's gradient."""
+        """From the common start, the stage's loop: :meth:`_pipeline` or, under
+        block_admm, :meth:`_coupled`."""
         touch_records(self.buffers, self.stage)
         self.begun += 0  # its pages mapped before the start (touch_records)
         pin(self.spec)
@@ -425,6 +514,14 @@ class _Stage:
         slowed = Slowed(self.inject, self.stage, int(self.buffers.control.numpy()[START]))
         self.slow = slowed if slowed.factor > 1 else None
         self.held = slowed if slowed.windows or slowed.death is not None else None
+        if self.coupling is None:
+            self._pipeline()
+        else:
+            self._coupled()
+
+    def _pipeline(self) -> None:
+        """Forwards and backwards, in the order their messages were sent, until the stage
+        has written every sample's gradient."""
         samples, seq, done = self.spec.quota, 0, 0
         self.entered = min(self.max_active, samples)  # samples let into the pipeline
         if self.stage == 0:
@@ -450,12 +547,7 @@ class _Stage:
             sample, entered = int(self.stream.take()), began  # type: ignore[union-attr]
         theta = self._theta()
         out, cache = self.problem.forward(self.stage, theta, a, sample)
-        if self.slow is not None:
-            self.slow.stretch(began)
-        end = time.monotonic_ns()
-        self.times[i, 0], self.times[i, 1] = began, end
-        self.copy_end[i, self.stage] = end  # the block's copy ends with the read, as simulated
-        self.begun[i, ENTERED], self.samples[i] = entered, sample
+        self._read_end(i, began, sample, entered)
         if not self.last:
             self._send(self.links.ahead, self.stage + 1,
                        (FORWARD, out, sample, entered, [*seqs, i]))
@@ -480,16 +572,71 @@ class _Stage:
         else:
             g, back = problem.backward(stage, theta, cache, up, sample)
         g *= self.lr  # (a new array: the step, as the simulator's lr·g)
+        self._gradient_end(i, began)
+        if seqs:
+            self._send(self.links.behind, self.stage - 1, (BACKWARD, back, sample, -1, seqs))
+        self._keep(i, g)
+        if stage == (self.spec.workers - 1 if self.local else 0):
+            self._free()
+
+    def _coupled(self) -> None:
+        """block_admm: while the run has updates left, an update of the next sample of the
+        stage's own stream (``BlockADMM.loop``); no message passes."""
+        i = 0
+        while self._claim():
+            self._update(i, int(self.stream.take()))  # type: ignore[union-attr]
+            i += 1
+
+    def _claim(self) -> bool:
+        """Count an update started, if the run has one left (the simulator's
+        ``engine.started < engine.updates``, counted as the update starts): the lock is
+        held for the count alone, before any phase (where a death can stop the stage)."""
+        assert self.coupling is not None
+        with self.coupling.lock:
+            if self.started[0] >= self.coupling.updates:
+                return False
+            self.started[0] += 1
+        return True
+
+    def _update(self, i: int, sample: int) -> None:
+        """block_admm's row ``i``, of ``sample``: the READ (θ_s in float64), the GRADIENT
+        (:func:`~simulator.protocols.staged.block_admm_step` on the sample's shared
+        auxiliary variables, read and written in place without a lock) and the WRITE; its
+        staleness counts from its read (``ENTERED``)."""
+        self._hold()
+        began = time.monotonic_ns()
+        theta = self._theta()
+        self._read_end(i, began, sample, began)
+        self._hold()
+        began = time.monotonic_ns()
+        g = block_admm_step(self.problem, self.stage, theta, sample, self.z[sample],
+                            self.u[sample], self.h[sample], self.rho, self.aux_lr)
+        g *= self.lr  # (the simulator's lr·g)
+        self._gradient_end(i, began)
+        self._keep(i, g)
+
+    def _read_end(self, i: int, began: int, sample: int, entered: int) -> None:
+        """Row ``i``'s READ, begun at ``began`` (ns), is done: stretched for a straggler,
+        stamped with its sample and the time the sample entered (``entered``)."""
+        if self.slow is not None:
+            self.slow.stretch(began)
+        end = time.monotonic_ns()
+        self.times[i, 0], self.times[i, 1] = began, end
+        self.copy_end[i, self.stage] = end  # the block's copy ends with the read, as simulated
+        self.begun[i, ENTERED], self.samples[i] = entered, sample
+
+    def _gradient_end(self, i: int, began: int) -> None:
+        """Row ``i``'s GRADIENT, begun at ``began`` (ns), is done: stretched, stamped."""
         if self.slow is not None:
             self.slow.stretch(began)
         self.times[i, 2], self.begun[i, GRAD_START] = time.monotonic_ns(), began
-        if seqs:
-            self._send(self.links.behind, self.stage - 1, (BACKWARD, back, sample, -1, seqs))
-        self.pending.append((i, g))
+
+    def _keep(self, i: int, step: np.ndarray) -> None:
+        """Row ``i``'s ``step`` (lr·g): written now, or with its group's last
+        (``update_every``)."""
+        self.pending.append((i, step))
         if len(self.pending) == self.every:
             self._write()
-        if stage == (self.spec.workers - 1 if self.local else 0):
-            self._free()
 
     def _write(self) -> None:
         """The WRITE of the pending gradients' mean step (``simulator.rules.mean_step``; a
@@ -570,7 +717,7 @@ class _Stage:
 
 def _trace(buffers: Buffers, begun: np.ndarray, every: int, problem: Problem,
            w_star: np.ndarray, snapshots: list[tuple[int, int, np.ndarray]],
-           toml: str, dead: list[int],
+           toml: str, updates: int, extras: dict[str, np.ndarray],
            rebuilt: tuple[Scenario, np.ndarray, str] | None = None,
            ) -> tuple[Trace, np.ndarray | None]:
     """The trace of the rows the stages completed, through the one builder: rows in
@@ -578,7 +725,9 @@ def _trace(buffers: Buffers, begun: np.ndarray, every: int, problem: Problem,
     completions that ended by its sample's entry, one block operation per row (its stage's
     block); the loss curve from the parent's snapshots (taken every so many rows: a stage
     counts its rows a group at a time, so rows / ``every`` completions) and the final
-    vector; ``dead``: the stages an injected death stopped. ``rebuilt`` (measure mode: the
+    vector; ``updates``: the rows of a whole run; ``extras``: the trace's (``dead_threads``,
+    the stages an injected death stopped; block_admm's ``aux_residual``). ``rebuilt``
+    (measure mode: the
     scenario, the stages' steps and the run's dtype): the measured rows and the exact loss
     curve of :func:`_rebuilt` instead, and the rebuilt final vector with the trace."""
     from realrun.runner import _host
@@ -636,7 +785,7 @@ def _trace(buffers: Buffers, begun: np.ndarray, every: int, problem: Problem,
     builder.extend(records, np.ones(len(rel), dtype=np.int64), ops)
     w_final = _host(buffers.w)
     done = int(written.size)
-    finished = int(buffers.progress.sum()) == buffers.times.shape[0] * buffers.times.shape[1]
+    finished = int(buffers.progress.sum()) == updates
     last = int(times[:, 3].max()) if finished and len(times) else time.monotonic_ns()
     points = [(t // every, stamp, w) for t, stamp, w in snapshots]
     points.append((done, max(last, points[-1][1]), w_final))
@@ -651,8 +800,7 @@ def _trace(buffers: Buffers, begun: np.ndarray, every: int, problem: Problem,
     if rebuilt is not None:
         curve = exact_curve
     return builder.build(toml, problem.initial(), w_final, curve,
-                         extras={"dead_threads": np.asarray(dead, dtype=np.int64)},
-                         source="real"), w_rebuilt
+                         extras=extras, source="real"), w_rebuilt
 
 
 def _rebuilt(scenario: Scenario, problem: Problem, steps: np.ndarray, dtype: str,

@@ -69,7 +69,7 @@ from simulator.trace import Trace
 __all__ = ["MODES", "Driven", "RealRun", "drive", "run_real"]
 
 MODES = ("lockfree", "blocklock", "locked", "serial", "minibatch", "allreduce", "roundrobin",
-         "staleness_lr", "dcasgd", "admm", "amp", "local")
+         "staleness_lr", "dcasgd", "admm", "amp", "local", "block_admm")
 DTYPES = ("float32", "float64")
 LAUNCHES = ("processes", "threads")
 # Measured with bench/gpu.py (bench/README.md): the faster way to run CUDA workers.
@@ -473,7 +473,7 @@ def _pipeline(scenario: Scenario, workers: int, mode: str, dtype: str,
               on_start: Callable[[list[int]], object] | None, measure_every: int | None,
               problem: Problem | None, device: str, launch: str | None, pattern: str,
               pin: bool, probe: bool, notice: Callable[[str], object] | None) -> RealRun:
-    """A model-parallel run (``amp``, ``local``): one CPU process per stage
+    """A model-parallel run (``amp``, ``local``, ``block_admm``): one CPU process per stage
     (``realrun.pipeline``), once the flags and the scenario are checked.
 
     Raises:

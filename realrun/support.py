@@ -45,7 +45,7 @@ RULE_MODES = ("staleness_lr", "dcasgd")
 ROUND_MODES = ("minibatch", "allreduce")
 #: Model-parallel modes: one CPU process per stage (``realrun.pipeline``), which keep the
 #: simulator's split and write mode (each stage alone writes its block).
-PIPELINE_MODES = ("amp", "local")
+PIPELINE_MODES = ("amp", "local", "block_admm")
 #: The injections stage processes run (``realrun.worker.Slowed``: each phase stretched, held
 #: in a pause, or the stage stopped by its death).
 PIPELINE_INJECTIONS = ("stragglers", "pauses", "deaths")
@@ -77,15 +77,17 @@ SUPPORT: tuple[tuple[str, str, str], ...] = (
     ("`run.protocol`", "recorded: the mode's (`lockfree`, `locked`, `serial`; on CPU worker "
      "processes also `minibatch` (`--mode minibatch`: a barrier in shared memory; "
      "`--mode allreduce`: a torch.distributed all-reduce), `roundrobin`, `staleness_lr`, "
-     "`dcasgd` and `admm`; on torch workers (CUDA, threads) also `staleness_lr`); `amp` "
-     "and `local` with `--mode` their own (`realrun.pipeline`: one CPU process per stage, "
-     "pipes between neighbours); another non-default one refused",
+     "`dcasgd` and `admm`; on torch workers (CUDA, threads) also `staleness_lr`); `amp`, "
+     "`local` and `block_admm` with `--mode` their own (`realrun.pipeline`: one CPU process "
+     "per stage, pipes between neighbours; under `block_admm` shared auxiliary variables "
+     "instead); another non-default one refused",
      "recorded: `paramserver`, or `admm` or `sandblaster` where `run.protocol` says so (the "
      "server is Sandblaster's coordinator); another non-default one refused"),
-    ("`run.threads`", "recorded: `--workers` (`amp`, `local`: refused unless the stages, "
-     "one process each)", "recorded: `--workers` (trainers)"),
+    ("`run.threads`", "recorded: `--workers` (`amp`, `local`, `block_admm`: refused unless "
+     "the stages, one process each)", "recorded: `--workers` (trainers)"),
     ("`run.updates`", "honoured: gradients computed (one per update), T split evenly (`amp`, "
-     "`local`: (stage, sample) rows, as the simulator counts them)",
+     "`local`: (stage, sample) rows, as the simulator counts them; `block_admm`: a count "
+     "both stages take their updates from, so a slower stage makes fewer)",
      "honoured: gradients computed (the server hands out the budget; `accumulate` n pushes "
      "n at a time); under `admm` pushes, each one row and one local solve of "
      "`admm.local_steps` gradients, as the simulator's admm counts them; under "
@@ -94,7 +96,8 @@ SUPPORT: tuple[tuple[str, str, str], ...] = (
     ("`run.blocks`", "honoured", "refused unless 1 (the server holds one shard), or with a "
      "pool of S servers unless S (one shard each)"),
     ("`run.write_mode`", "recorded: `atomic_add` for `blocklock` and `admm`, else "
-     "`load_store` (`amp`, `local`: as set, inert: each stage alone writes its block); "
+     "`load_store` (`amp`, `local`, `block_admm`: as set, inert: each stage alone writes its "
+     "block); "
      "`atomic_add` refused with `lockfree` (under `locked` and `serial` one update writes at "
      "a time, so both modes store the same values)", "inert (pushes are applied whole)"),
     ("`run.lr_schedule`", "honoured: the factor at m = the updates a worker sees completed "
@@ -103,17 +106,18 @@ SUPPORT: tuple[tuple[str, str, str], ...] = (
      "round's: when it closes), as the simulator's server takes it; with a pool the "
      "coordinating server's, at m = the pushes it received + 1 when a push's shard 0 "
      "arrives, sent back to the trainer, which scales the other shards' parts by it"),
-    ("`run.split`", "recorded: `even` (`amp`, `local`: refused unless `shared`)",
+    ("`run.split`", "recorded: `even` (`amp`, `local`, `block_admm`: refused unless "
+     "`shared`)",
      "refused unless `shared`"),
     ("`[hardware.sweeping_reads]`", "recorded: set (dense), unset (sparse, `minibatch`, "
-     "`roundrobin`, `amp`, `local`); a "
+     "`roundrobin`, `amp`, `local`, `block_admm`); a "
      "`lead` or `tail` other than 0 refused", "recorded: unset; as for shm"),
     ("`run.store_grain`, `run.placement`", "refused unless default", "refused unless default"),
     ("`[timing]`, `[[devices]]` (but a device's `name`), the other `[hardware.*]` tables",
      "refused unless default", "refused unless default"),
     ("`metrics.exact`, `metrics.every`", "recorded: `--measure` measures every "
-     "`metrics.every`-th update, `--measure-every N` every N-th (`amp`, `local`: each "
-     "measured row's δ on its stage, from the stages' steps)",
+     "`metrics.every`-th update, `--measure-every N` every N-th (`amp`, `local`, "
+     "`block_admm`: each measured row's δ on its stage, from the stages' steps)",
      "recorded: as for shm"),
     ("`metrics.curve_points`", "honoured with `--measure` (the simulator's checkpoints); "
      "without: copies of the live vector, at most one per 10 ms poll, each once T / "
@@ -138,13 +142,14 @@ SUPPORT: tuple[tuple[str, str, str], ...] = (
      "sparse problem `write_bits` refused; under `admm` delays, drops, `write_bits` (every "
      "value: a push is dense; the dual residual's Δz is what the rounded stores changed, a "
      "dropped push's 0), stragglers, pauses and deaths, `error` refused (the simulator's "
-     "admm adds none to its local solves); under `amp` and `local` `stragglers` (each of "
-     "a stage's forwards, backwards and writes takes `factor` (>= 1) times as long), "
-     "`pauses` (a stage starts none of them in its window) and `deaths` (the stage stops "
-     "before its next one; the others stop once no message can come, and the run ends "
-     "early, as simulated) honoured, every other injection refused; torch workers (CUDA, "
-     "`--launch threads`) run stragglers, pauses and deaths the same way, no other "
-     "injection (a "
+     "admm adds none to its local solves); under `amp`, `local` and `block_admm` "
+     "`stragglers` (each of a stage's forwards, backwards and writes takes `factor` (>= 1) "
+     "times as long), `pauses` (a stage starts none of them in its window) and `deaths` "
+     "(the stage stops before its next one; under `amp` and `local` the others stop once "
+     "no message can come, and the run ends early, under `block_admm` the other makes the "
+     "rest of the updates, as simulated) honoured, every other injection refused; torch "
+     "workers (CUDA, `--launch threads`) run stragglers, pauses and deaths the same way, no "
+     "other injection (a "
      "field that injects nothing, such as `error_bound` without an `error`, is accepted)",
      "`delay`, `error` (with `accumulate` > 1 the trainers send the one server each gradient "
      "apart), `drop` "
@@ -203,6 +208,10 @@ SUPPORT: tuple[tuple[str, str, str], ...] = (
     ("`[amp]`, `[local]`", "honoured with `amp`, `local` (`max_active`: at most that many "
      "samples in the pipeline, refused where their messages would not fit in a pipe between "
      "stages; `update_every`), else inert", "inert"),
+    ("`[block_admm]`", "honoured with `block_admm` (`rho`, `aux_lr`: the simulator's step, "
+     "`simulator.protocols.staged.block_admm_step`, on every sample's z_i, u_i and h_i in "
+     "shared memory, read and written by the two stages without a lock), else inert",
+     "inert"),
     ("`[sandblaster]`", "inert (it runs on the parameter server)", "honoured with "
      "`run.protocol = \"sandblaster\"`: the server hands each round's `units` out one by "
      "one to whichever trainer pulls (a pull when none is left waits for the next round), "

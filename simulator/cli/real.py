@@ -20,6 +20,7 @@ def _real(args: argparse.Namespace) -> int:
         raise AsyngradError("asyngrad real needs PyTorch: pip install torch "
                             "(or the project's extra: pip install -e '.[torch]')") from None
     from realrun.runner import MODES, run_real, summary_extra
+    from realrun.support import PIPELINE_MODES
     from simulator.rundir import check_out, latency_line, write_run
     from simulator.scenario import load_scenario
 
@@ -29,7 +30,7 @@ def _real(args: argparse.Namespace) -> int:
         args.mode = (scenario.run.protocol if scenario.run.protocol in MODES else "lockfree")
     if args.workers is None:  # (a model-parallel mode: one process per stage)
         args.workers = (1 if args.mode == "serial" else scenario.run.threads
-                        if args.mode in ("amp", "local") else 2)
+                        if args.mode in PIPELINE_MODES else 2)
     if args.backend == "ps":
         return _real_ps(args, scenario)
     if args.backend != "shm":
@@ -94,7 +95,7 @@ def _real_ps(args: argparse.Namespace, scenario: Any) -> int:
         if value != default:
             raise ScenarioError(flag, value, "a flag of the shared-memory workers; the ps "
                                 "backend runs paramserver ([paramserver] options), or admm "
-                                "where run.protocol says so, on the CPU")
+                                "or sandblaster where run.protocol says so, on the CPU")
     if args.measure_every is not None:
         if args.measure_every < 1:
             raise ScenarioError("--measure-every", args.measure_every, "must be >= 1")
@@ -132,12 +133,13 @@ def add_commands(commands: Any) -> None:
     command = partial(subcommand, commands)
     real = command("real", "train with real lock-free worker processes", _real)
     real.add_argument("--workers", type=int, default=None,
-                      help="worker processes (default 2; 1 with --mode serial; amp and "
-                      "local: run.threads, one per stage)")
+                      help="worker processes (default 2; 1 with --mode serial; amp, "
+                      "local and block_admm: run.threads, one per stage)")
     real.add_argument("--mode", default=None,
                       help="lockfree, blocklock (a lock per block write), locked, serial, "
                       "minibatch (synchronous rounds), allreduce, roundrobin, staleness_lr, "
-                      "dcasgd, admm, amp or local (one process per stage); default: "
+                      "dcasgd, admm, amp, local or block_admm (one process per stage); "
+                      "default: "
                       "run.protocol where it is one of these, else lockfree")
     real.add_argument("--dtype", default="float32", help="float32 (default) or float64")
     real.add_argument("--timeout", type=float, default=None,

@@ -61,7 +61,8 @@ if TYPE_CHECKING:
     from simulator.scenario import Scenario
     from simulator.update import Update
 
-__all__ = ["Amp", "BlockADMM", "Local", "Staged"]
+__all__ = ["Amp", "BlockADMM", "Local", "Staged", "aux_residual", "block_admm_step",
+           "stage_outputs"]
 
 FORWARD, BACKWARD = 0, 1
 
@@ -368,10 +369,7 @@ class BlockADMM(Staged):
     def setup(self, engine: Engine) -> None:
         """Each sample's auxiliary variable at stage 0's output from w_0, and its dual at 0."""
         super().setup(engine)
-        problem, first = self.problem, self.stages[0]
-        w0 = engine.mem.w[first]
-        # One array per sample (a torch model's last minibatch can be shorter).
-        self.h = [problem.forward(0, w0, None, i)[0] for i in range(problem.n_samples)]
+        self.h = stage_outputs(self.problem, engine.mem.w[self.stages[0]])
         self.z = [h.copy() for h in self.h]
         self.u = [np.zeros_like(h) for h in self.h]
         self.rho, self.aux_lr = self.options.rho, self.options.aux_lr
@@ -380,10 +378,8 @@ class BlockADMM(Staged):
     def report(self) -> dict[str, np.ndarray]:
         """``aux_residual``: the root mean square over samples of z_i − h(θ_0; x_i) at the
         run's end (the coupling's primal residual; θ_0 as the run left it)."""
-        theta = self.mem.w[self.stages[0]]
-        gap = np.concatenate([(z - self.problem.forward(0, theta, None, i)[0]).ravel()
-                              for i, z in enumerate(self.z)])
-        return {"aux_residual": np.array([math.sqrt(float(np.mean(gap ** 2)))])}
+        residual = aux_residual(self.problem, self.mem.w[self.stages[0]], self.z)
+        return {"aux_residual": np.array([residual])}
 
     def loop(self, engine: Engine, thread: int) -> Generator[Any, Any, None]:
         """Stage ``thread``: its samples, one update each, while the run has updates left."""
@@ -401,17 +397,47 @@ class BlockADMM(Staged):
 
     def compute(self, engine: Engine, u: Update, local: np.ndarray) -> np.ndarray:
         """The stage's step from its read copy (and, for stage 1, the steps of z_i, u_i)."""
-        stage, i, problem, rho = u.thread, u.sample, self.problem, self.rho
-        theta = local[self.stages[stage]]
-        if stage == 0:
-            out, cache = problem.forward(0, theta, None, i)
-            g, _ = problem.backward(0, theta, cache, rho * (out - self.z[i] - self.u[i]), i)
-            self.h[i] = out
-        else:
-            z = self.z[i]
-            _, cache = problem.forward(1, theta, z, i)
-            g, back = problem.backward(1, theta, cache, None, i)
-            assert back is not None
-            self.z[i] = z - self.aux_lr * (back + rho * (z - self.h[i] + self.u[i]))
-            self.u[i] += self.z[i] - self.h[i]
+        stage, i = u.thread, u.sample
+        g = block_admm_step(self.problem, stage, local[self.stages[stage]], i, self.z[i],
+                            self.u[i], self.h[i], self.rho, self.aux_lr)
         return self._step(engine, stage, g)
+
+
+def block_admm_step(problem: Problem, stage: int, theta: np.ndarray, i: int, z: np.ndarray,
+                    u: np.ndarray, h: np.ndarray, rho: float, aux_lr: float) -> np.ndarray:
+    """One stochastic block ADMM update of sample ``i`` by ``stage`` at its parameters
+    ``theta``: the gradient g of θ_s (the caller steps θ_s −= lr·g), with sample i's
+    auxiliary variable ``z``, scaled dual ``u`` and kept output ``h`` updated in place (the
+    simulator's and the real stages' one copy of the math: :class:`BlockADMM`).
+
+    Stage 0: h = h(θ_0; x_i), g = ∂/∂θ_0 (ρ/2)‖z + u − h(θ_0; x_i)‖² (its backward from
+    ρ(h − z − u)); h kept. Stage 1: g = ∂/∂θ_1 ℓ(θ_1; z, y_i) (its backward from the loss
+    also gives ∂ℓ/∂z), then z ← z − aux_lr·(∂ℓ/∂z + ρ(z − h + u)) and u ← u + z − h: the
+    scaled-form ADMM steps (Boyd et al. 2011, §3.1.1), each minimisation replaced by one
+    gradient step."""
+    if stage == 0:
+        out, cache = problem.forward(0, theta, None, i)
+        g, _ = problem.backward(0, theta, cache, rho * (out - z - u), i)
+        h[...] = out
+        return g
+    _, cache = problem.forward(1, theta, z, i)
+    g, back = problem.backward(1, theta, cache, None, i)
+    assert back is not None
+    z[...] = z - aux_lr * (back + rho * (z - h + u))
+    u += z - h
+    return g
+
+
+def stage_outputs(problem: Problem, theta: np.ndarray) -> list[np.ndarray]:
+    """h(θ_0; x_i), stage 0's output at ``theta``, for every sample i (one array each: a
+    torch model's last minibatch can be shorter)."""
+    return [problem.forward(0, theta, None, i)[0] for i in range(problem.n_samples)]
+
+
+def aux_residual(problem: Problem, theta: np.ndarray, z: list[np.ndarray]) -> float:
+    """block_admm's coupling residual: the root mean square, over every coordinate of every
+    sample i, of z_i − h(θ_0; x_i) at θ_0 = ``theta`` (the primal residual z − h; Boyd et
+    al. 2011, §3.3)."""
+    gap = np.concatenate([(z_i - h).ravel()
+                          for z_i, h in zip(z, stage_outputs(problem, theta), strict=True)])
+    return math.sqrt(float(np.mean(gap ** 2)))

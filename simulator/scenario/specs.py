@@ -632,9 +632,11 @@ class Scenario:
                              "waits for every one of a round: injected errors, drops, delays, "
                              "rounding and deaths are not modelled there")
         if self.run.protocol in ("amp", "local", "block_admm"):
-            self._unmodelled(reason=f"{self.run.protocol}'s stages pass activations (and "
-                             "gradients) to each other: injected errors, drops, delays and "
-                             "rounding of their updates are not modelled")
+            joined = ("share auxiliary variables" if self.run.protocol == "block_admm"
+                      else "pass activations (and gradients) to each other")
+            self._unmodelled(reason=f"{self.run.protocol}'s stages {joined}: injected "
+                             "errors, drops, delays and rounding of their updates are not "
+                             "modelled")
         if self.run.protocol == "paramserver" and self.paramserver.servers:
             servers = self.paramserver.servers
             check(servers <= self.run.blocks, "paramserver.servers", servers,

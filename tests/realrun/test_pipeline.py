@@ -195,16 +195,18 @@ def test_what_the_stages_do_not_run_is_refused_before_they_start(override, field
 
 @pytest.mark.parametrize("protocol", ["amp", "local"])
 def test_a_dead_stage_stalls_the_pipeline_and_the_run_ends_early(problem, protocol):
-    """``[[inject.deaths]]``: stage 1 stops 5 ms after the start, before its next phase. The
+    """``[[inject.deaths]]``: stage 1 stops 20 ms after the start, before its next phase. The
     run is no failure and ends early, long before its timeout: stage 0 stops once no
     message can come (under ``amp`` it writes no sample stage 1 did not pass back, one of
     which stage 1 may not have written: it sends a gradient back before its write; under
     ``local`` at most the samples that were in flight more), the trace names stage 1 dead
     (``extra_dead_threads``), and its rows are whole. The simulation of the scenario stalls
-    the same way."""
+    the same way. (At 5 ms a loaded machine's stage 1 had made no row yet; a read may start
+    up to 10 ms after the death: the stage can lose its core after it looked at the
+    clock.)"""
     quota = 200_000
     run = _run(problem, protocol, f"run.updates={2 * quota}", f"{protocol}.max_active=4",
-               "inject.deaths=[{thread=1, at=5000000}]")
+               "inject.deaths=[{thread=1, at=20000000}]")
     trace = run.trace
     assert trace["extra_dead_threads"].tolist() == [1]
     made = np.bincount(trace["thread"], minlength=2)
@@ -213,7 +215,7 @@ def test_a_dead_stage_stalls_the_pipeline_and_the_run_ends_early(problem, protoc
         assert made[0] <= made[1] + 1
     else:
         assert made[1] <= made[0] <= made[1] + 4
-    assert trace["read_start"][trace["thread"] == 1].max() < 5_000_000 + 2_000_000
+    assert trace["read_start"][trace["thread"] == 1].max() < 20_000_000 + 10_000_000
     assert np.all(np.diff(trace["step"]) >= 0)
     simulated = simulate(run.scenario, problem)
     assert simulated["extra_dead_threads"].tolist() == [1] and len(simulated) < 2 * quota
