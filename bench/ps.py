@@ -18,8 +18,9 @@ simulated updates per simulated second relative to its own K = 1, S = 1.
 
 With ``--protocols``: each protocol and option the server runs (a plain server, the
 staleness-aware and delay-compensating rules, a lock-free server, a pool of two, consensus
-ADMM with z on the server) at K = 2 trainers, against the plain server at K = 1 measured in
-the same run (serial SGD through the server), the loss curve at two points.
+ADMM with z on the server, Sandblaster with the server its coordinator) at K = 2 trainers,
+against the plain server at K = 1 measured in the same run (serial SGD through the server;
+Sandblaster against its own K = 1), the loss curve at two points.
 """
 
 from __future__ import annotations
@@ -90,7 +91,9 @@ def _start(base: list[str], runs: str, columns: tuple[str, ...]) -> tuple[Any, f
     return problem, f_star
 
 
-#: The server's protocols and options: label, trainers, scenario settings.
+#: The server's protocols and options: label, trainers, scenario settings. A row with one
+#: trainer is the baseline of the rows after it (serial SGD through the server; Sandblaster's
+#: units computed by one trainer).
 SERVER_RUNS = (
     ("paramserver (serial through the server)", 1, []),
     ("paramserver", 2, []),
@@ -103,22 +106,25 @@ SERVER_RUNS = (
     ("rounds on a pool of 2, fraction 1", 2, ["paramserver.fraction=1",
                                               "paramserver.servers=2", "run.blocks=2"]),
     ("admm (z on the server)", 2, ["run.protocol=admm"]),
+    ("sandblaster, one trainer (units of 63 gradients)", 1, ["run.protocol=sandblaster"]),
+    ("sandblaster", 2, ["run.protocol=sandblaster"]),
 )
 
 
 def protocols(base: list[str], updates: int) -> None:
-    """Pushes (updates) per second of each server protocol against serial SGD through it."""
+    """Pushes (updates) per second of each server protocol against serial SGD through it
+    (Sandblaster against its own units computed by one trainer)."""
     problem, f_star = _start(base, f"{updates:,} pushes per run",
                              ("protocol", "trainers", "pushes/s", "vs K = 1",
                               "mean staleness", "final f − f*"))
-    serial = None
+    serial = 0.0
     for label, trainers, settings in SERVER_RUNS:
         scenario = load_scenario(None, [*base, "run.protocol=paramserver", *settings])
         run = run_ps(scenario, trainers, "float64", timeout=120, problem=problem)
         if run.failure is not None:
             raise SystemExit(f"bench/ps.py: {label}: {run.failure}")
         rate = overlap_rate(thread_ends(run.trace))
-        serial = rate if serial is None else serial
+        serial = rate if trainers == 1 else serial
         print(f"| {label} | {trainers} | {rate:,.0f} | {rate / serial:.2f}× | "
               f"{run.trace['staleness'].mean():.2f} | "
               f"{run.trace['curve_loss'][-1] - f_star:.4g} |", flush=True)
