@@ -15,14 +15,16 @@
 #
 # The asynchronous-SGD literature compares lock-free training with synchronous minibatch SGD
 # (the baseline), delayed SGD in a fixed order (Langford et al. 2009), staleness-aware
-# learning rates (Zhang et al. 2016), delay compensation (Zheng et al. 2017) and asynchronous
-# consensus ADMM (Boyd et al. 2011; Zhang & Kwok 2014); the parameter-server systems
-# (DistBelief's Downpour, Project Adam) put the vector on a server instead. This notebook
-# trains one problem with each of them on real worker processes sharing one vector, and on
-# a real parameter server over torch.distributed (a plain server, one that applies DC-ASGD's
-# compensation with each push's exact staleness, a lock-free server, a pool of two servers,
-# consensus ADMM with z on the server), and simulates each with the scenario the real run
-# recorded:
+# learning rates (Zhang et al. 2016), delay compensation (Zheng et al. 2017), asynchronous
+# consensus ADMM (Boyd et al. 2011; Zhang & Kwok 2014) and stochastic block ADMM (the model's
+# two halves joined by auxiliary variables); the parameter-server systems (DistBelief's
+# Downpour and Sandblaster, Project Adam) put the vector on a server instead. This notebook
+# trains one problem with each of them on real worker processes sharing one vector (block
+# ADMM: one process per half of the features), and on a real parameter server over
+# torch.distributed (a plain server, one that applies DC-ASGD's compensation with each push's
+# exact staleness, a lock-free server, backup workers, a pool of two servers, consensus ADMM
+# with z on the server, Sandblaster L-BFGS with the server its coordinator), and simulates
+# each with the scenario the real run recorded:
 #
 # 1. suboptimality against wall-clock time: which protocol gets furthest per second on this
 #    machine;
@@ -36,13 +38,15 @@
 UPDATES = 8_000      # gradients per run
 WORKERS = 2          # real worker processes (and simulated threads)
 DIM = 100            # dense logistic regression
-PROTOCOLS = ("serial", "lockfree", "minibatch", "roundrobin", "staleness_lr", "dcasgd", "admm")
+PROTOCOLS = ("serial", "lockfree", "minibatch", "roundrobin", "staleness_lr", "dcasgd", "admm",
+             "block_admm")
 # on the parameter server (--backend ps): name -> scenario settings
 SERVER = {"ps": [], "ps dcasgd rule": ["paramserver.rule=dcasgd"],
           "ps lock-free": ["paramserver.lock_free=true"],
           "ps backup workers": ["paramserver.fraction=0.5"],
           "ps pool of 2": ["paramserver.servers=2", "run.blocks=2"],
-          "ps admm": ["run.protocol=admm"]}
+          "ps admm": ["run.protocol=admm"],
+          "ps sandblaster": ["run.protocol=sandblaster", "run.lr=1.0"]}
 LOCAL_STEPS = 10     # gradients per ADMM push (its local solve)
 
 # %%
@@ -59,6 +63,9 @@ SETTINGS = [f"problem.dim={DIM}", f"run.updates={UPDATES}", "dcasgd.lam=0.5",
             f"admm.local_steps={LOCAL_STEPS}"]
 problem = make_problem(load_scenario(None, SETTINGS).problem)
 f_star = problem.optimum()[1]
+# Sandblaster's rounds: each hands out sandblaster.units work units covering every sample once
+UNITS = load_scenario(None, SETTINGS).sandblaster.units
+ROUNDS = UPDATES // problem.n_samples
 
 # %% [markdown]
 # ## The runs
@@ -67,9 +74,14 @@ f_star = problem.optimum()[1]
 # gradient errors at every 10th completion), then the simulator runs the scenario the real run
 # recorded (`RealRun.scenario`: the protocol, its worker count, its split of the updates).
 # ADMM makes `UPDATES / LOCAL_STEPS` pushes, the same gradients (`work` counts them); a push is
-# not a gradient step, so measure mode gives its exact loss curve and no gradient error. The
-# server runs measure mode too (its own vector is the serialized view; a lock-free server's
-# and a pool's view is rebuilt from the pushes it applied).
+# not a gradient step, so measure mode gives its exact loss curve and no gradient error.
+# Sandblaster makes `UPDATES / n` rounds of full-gradient L-BFGS, each of `sandblaster.units`
+# work units of n / units gradients, at its natural step (`run.lr = 1`); no gradient error
+# either. Block ADMM's rows are each one stage's update of a sample (a gradient of half the
+# coordinates; its two processes need `run.threads = run.blocks = 2`), its error measured on
+# the stage against f's exact gradient. The server runs measure mode too (its own vector is
+# the serialized view; a lock-free server's and a pool's view is rebuilt from the pushes it
+# applied).
 
 # %%
 runs, work = {}, {}
@@ -77,7 +89,8 @@ for protocol in PROTOCOLS:
     workers = 1 if protocol == "serial" else WORKERS
     admm = protocol == "admm"
     work[protocol] = LOCAL_STEPS if admm else 1  # gradients per trace row
-    scenario = load_scenario(None, [*SETTINGS, f"run.protocol={protocol}",
+    stages = ["run.threads=2", "run.blocks=2"] if protocol == "block_admm" else []
+    scenario = load_scenario(None, [*SETTINGS, f"run.protocol={protocol}", *stages,
                                     f"run.updates={UPDATES // work[protocol]}"])
     real = run_real(scenario, workers, protocol, dtype="float64", problem=problem,
                     measure_every=10)
@@ -86,13 +99,16 @@ for protocol in PROTOCOLS:
     print(f"{protocol:>14}: {len(real.trace) * work[protocol]:,} gradients in "
           f"{real.seconds:.2f} s")
 for name, settings in SERVER.items():
-    work[name] = LOCAL_STEPS if "run.protocol=admm" in settings else 1
+    work[name] = (LOCAL_STEPS if "run.protocol=admm" in settings
+                  else problem.n_samples / UNITS if "run.protocol=sandblaster" in settings
+                  else 1)
+    rows = ROUNDS * UNITS if "run.protocol=sandblaster" in settings else UPDATES // work[name]
     scenario = load_scenario(None, [*SETTINGS, "run.protocol=paramserver", *settings,
-                                    f"run.updates={UPDATES // work[name]}"])
+                                    f"run.updates={rows}"])
     real = run_ps(scenario, WORKERS, "float64", problem=problem, measure=True)
     assert real.failure is None, real.failure
     runs[name] = (real, simulate(real.scenario, problem=problem))
-    print(f"{name:>14}: {len(real.trace) * work[name]:,} gradients in {real.seconds:.2f} s")
+    print(f"{name:>14}: {len(real.trace) * work[name]:,.0f} gradients in {real.seconds:.2f} s")
 
 # %% [markdown]
 # ## Suboptimality against wall time and against gradients computed
@@ -124,7 +140,10 @@ plt.show()
 # step, so it settles lower, while making k times fewer steps for the same gradients; the
 # asynchronous protocols apply one gradient a step, as serial SGD does, plus what
 # concurrency did to it. ADMM pushes the change of a local solve on one worker's half of the
-# data, pulled towards the consensus by ρ: it moves z by 1/k of that change a push. The
+# data, pulled towards the consensus by ρ: it moves z by 1/k of that change a push.
+# Sandblaster's L-BFGS steps use the full gradient: no noise floor, but a step only every
+# n gradients. Block ADMM trains each half of the model on its own, coupled through the
+# auxiliary variables, and gets less far for the same work. The
 # server's runs are slower per gradient: every pull and push is a message over loopback
 # (a pool sends one per server), where the shared-memory workers copy memory.
 
@@ -144,7 +163,7 @@ for protocol, (real, sim) in runs.items():
     t, s = real.trace, sim
     measured = t["measured"]
     errors = (float(np.mean(t["delta_norm"][measured] > 1e-9 * t["g_norm"][measured]))
-              if measured.any() else float("nan"))  # (ADMM: none measured)
+              if measured.any() else float("nan"))  # (ADMM, Sandblaster: none measured)
     rows.append({"protocol": protocol, "gradients/s": rate(t, protocol),
                  "staleness (real)": float(t["staleness"].mean()),
                  "staleness (simulated)": float(s["staleness"].mean()),

@@ -67,7 +67,8 @@ def test_your_model_notebook(tmp_path):
 @pytest.mark.alone  # real runs
 def test_protocols_notebook(tmp_path):
     """Notebook 05 runs every protocol for real and simulated, side by side, on shared
-    memory and on the parameter server."""
+    memory (block ADMM on a process per stage) and on the parameter server (Sandblaster with
+    the server its coordinator)."""
     notebook = _execute("05_protocols.py", {"UPDATES": 1200}, tmp_path)
     outputs = [o for c in notebook.cells if c.cell_type == "code" for o in c.outputs]
     assert len([o for o in outputs if "image/png" in o.get("data", {})]) == 1
@@ -75,8 +76,9 @@ def test_protocols_notebook(tmp_path):
                  if "text/markdown" in o.get("data", {}) and "| protocol |" in
                  o["data"]["text/markdown"])
     assert all(f"| {p} |" in table for p in ("serial", "lockfree", "minibatch", "roundrobin",
-                                             "staleness_lr", "dcasgd", "admm", "ps",
-                                             "ps dcasgd rule", "ps lock-free",
-                                             "ps pool of 2", "ps admm"))
+                                             "staleness_lr", "dcasgd", "admm", "block_admm",
+                                             "ps", "ps dcasgd rule", "ps lock-free",
+                                             "ps backup workers", "ps pool of 2", "ps admm",
+                                             "ps sandblaster"))
     conclusion = notebook.cells[-1].outputs[0]["data"]["text/markdown"]
     assert "synchronous minibatch's" in conclusion and "within 2×" in conclusion
