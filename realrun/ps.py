@@ -78,13 +78,17 @@ DistBelief's Sandblaster L-BFGS (``run.protocol = "sandblaster"``, the simulator
 ``sandblaster``): the server is the coordinator. It hands the open round's work units
 out one by one, a pull granted one unit (its index in the answer's fourth slot) while any is
 left, and a pull after that waits for the next round. The trainer computes its unit's
-share of ∇f at the pulled vector (``simulator.protocols.sandblaster.unit_gradient``) and
-pushes it; once the round's last unit is back the server applies the L-BFGS step of their
-mean from its vector (``simulator.rules.Lbfgs``, :func:`_round_of_units`), one completion
-whose rows are the round's units (the last to arrive its writer), and answers the waiting
-pulls. ``run.updates`` counts units; the serialized view measures no row (an L-BFGS step is
-not an SGD step). Stragglers and pauses run as above; the scenario refuses the other
-injections and ``[paramserver]`` options (``realrun.support``).
+share of ∇f at the pulled vector (``simulator.protocols.sandblaster.unit_of``) and pushes
+it; once the round's last unit is back the server applies the L-BFGS step of their mean
+from its vector (``simulator.protocols.sandblaster.Lbfgs``, :func:`_round_of_units`), one
+completion whose rows are the round's units (the last to arrive its writer), and answers
+the waiting pulls. ``run.updates`` counts units; the serialized view measures no row (an
+L-BFGS step is not an SGD step). Stragglers run as above, pauses too, and the trainer
+also holds before computing a unit and before pushing it (on the server's clock, sent with
+each answer: one machine), and a pull that waited for a round is handed its unit when the
+round opens, paused or not (it reads once its window ends): a paused trainer's unit holds
+its round, as the simulator's thread holds before each phase. The scenario refuses the
+other injections and ``[paramserver]`` options (``realrun.support``).
 
 Every timestamp is the server's ``time.monotonic_ns()`` (a pull's arrival and answer, a
 push's arrival and application; the trainer reports only its compute time), so traces from
@@ -182,10 +186,9 @@ from simulator.budget import check_memory, preflight
 from simulator.errors import AsyngradError, ScenarioError
 from simulator.problems import Problem, make_problem
 from simulator.protocols import make_protocol
-from simulator.protocols.sandblaster import unit_chunks, unit_gradient
+from simulator.protocols.sandblaster import Lbfgs, unit_chunks, unit_of
 from simulator.rules import (
     LR_FACTORS,
-    Lbfgs,
     admm_residuals,
     dc_step,
     mean_step,
@@ -199,7 +202,7 @@ from simulator.scenario import Scenario, scenario_from_dict, scenario_to_toml
 from simulator.trace import Trace, TraceBuilder
 from simulator.view import UNMEASURED, Measurement, SerializedView
 
-__all__ = ["PSRun", "free_port", "run_ps", "serve", "train"]
+__all__ = ["ROWS", "PSRun", "free_port", "run_ps", "serve", "train"]
 
 PULL, PUSH, DONE, REFUSED = 1, 2, 3, 4  # REFUSED: the trainer built another problem
 # (and a pool's shard server's APPLIED: it applied a round, ``realrun.pool``)
@@ -600,16 +603,26 @@ def _first_line(err: BaseException) -> str:
     return text[0][:200] if text else type(err).__name__
 
 
-def _pull(state: _Server, source: int, arrived: int) -> None:
+def _pull(state: _Server, source: int, arrived: int, released: bool = False) -> None:
     """Answer a pull, or defer it: a trainer other than the first during the warm start,
     or one that already pushed for the open round. First its injected stalls (``inject.pauses``,
     ``inject.deaths``), which hold a simulated thread before its read's gate: a pull in one of
     its pause windows is told to pull again at the window's end, and one at or after its
-    death is answered with no gradients."""
+    death is answered with no gradients. A Sandblaster pull that waited for the round
+    (``released``) is handed its unit at once, paused or not, as the simulator's round hands
+    its waiting threads theirs when it opens (the trainer holds before computing it)."""
     if state.stalled:
         _answer(state, source, arrived)
         return
-    if state.stalls is not None and _stalled(state, source, arrived):
+    # (a unit for it: held by the trainer)
+    kept = (released and state.blaster is not None
+            and state.blaster.handed < state.blaster.units)
+    if state.stalls is not None and not kept and _stalled(state, source, arrived):
+        return
+    if kept and state.stalls is not None and (
+            end := state.stalls[source - 1].paused_until(arrived)) is not None:
+        _answer(state, source, arrived)  # (the trainer reads it once its window ends)
+        state.pulled[source] = (end, end, *state.pulled[source][2:])
         return
     options = state.scenario.paramserver
     if state.blaster is not None and state.blaster.handed == state.blaster.units:
@@ -641,7 +654,7 @@ def _stalled(state: _Server, source: int, arrived: int) -> bool:
         return False
     state.resume[source] = end
     try:
-        work: Any = dist.isend(torch.tensor([state.version, 0, end - arrived, -1],
+        work: Any = dist.isend(torch.tensor([state.version, 0, end - arrived, -1, state.t0],
                                             dtype=torch.int64), source)
         work.wait(state.wait)
     except RuntimeError as err:
@@ -675,7 +688,7 @@ def _release(state: _Server) -> None:
     waiting, state.waiting = state.waiting, []
     now = time.monotonic_ns()
     for source, _ in waiting:
-        _pull(state, source, now)
+        _pull(state, source, now, released=True)
 
 
 class _PeerFailed(Exception):
@@ -704,7 +717,8 @@ def _answer(state: _Server, source: int, arrived: int) -> None:
     unit = -1
     if state.blaster is not None and grant:  # Sandblaster: the round's next work unit
         unit, state.blaster.handed = state.blaster.handed, state.blaster.handed + 1
-    tensors = [torch.tensor([state.version, grant, 0, unit], dtype=torch.int64)]
+    tensors = [torch.tensor([state.version, grant, 0, unit, state.t0 or 0],
+                            dtype=torch.int64)]
     tau = 0
     if grant:
         # (a lock-free server's vector changes under a send: one copy is sent and recorded)
@@ -1027,12 +1041,13 @@ def _close_round(state: _Server, now: int) -> None:
 
 def _round_of_units(state: _Server, push: _Push) -> None:
     """Sandblaster: a work unit's gradient came back. Once the round's ``units`` all have,
-    apply the coordinator's L-BFGS step (``simulator.rules.Lbfgs``, as the simulator's
-    ``Sandblaster.grouped``) from the round's vector x_r (the server's: every unit of the
-    round read it, as nothing is written within a round) and the units' mean g_r = ∇f(x_r),
-    at α = lr times the schedule's factor at m = the versions applied + 1; the last unit to
-    arrive is the round's writer and the others its members, one completion (as the
-    simulator's round), then hand the next round's units to the pulls that waited."""
+    apply the coordinator's L-BFGS step (``simulator.protocols.sandblaster.Lbfgs``, as the
+    simulator's ``Sandblaster.grouped``) from the round's vector x_r (the server's: every unit
+    of the round read it, as nothing is written within a round) and the units' mean
+    g_r = ∇f(x_r), at α = lr times the schedule's factor at m = the versions applied + 1
+    (``_scheduled``); the last unit to arrive is the round's writer and the others its
+    members, one completion (as the simulator's round), then hand the next round's units
+    to the pulls that waited."""
     blaster = state.blaster
     assert blaster is not None
     push.rounds = True
@@ -1044,12 +1059,10 @@ def _round_of_units(state: _Server, push: _Push) -> None:
         member.member = True
     push.closed = push.arrival
     mean = mean_step([p.step.astype(np.float64) for p in group])
-    step = blaster.coordinator.step(state.w.astype(np.float64), mean, state.scenario.run.lr)
-    factor = _factor(state)
-    if factor != 1.0:
-        step = step * factor
-        push.scale = push.scheduled = factor
-    state.w -= step.astype(state.dtype)
+    push.step = blaster.coordinator.step(state.w.astype(np.float64), mean,
+                                         state.scenario.run.lr)
+    _scheduled(state, push)
+    state.w -= push.step.astype(state.dtype)
     _complete(state, group)
 
 
@@ -1227,7 +1240,8 @@ def train(problem: Problem, scenario: Scenario, rank: int, trainers: int, timeou
     options = scenario.paramserver
     torch_dtype = getattr(torch, dtype)
     stream = sample_stream(scenario.run.seed, trainers, rank - 1, problem.n_samples)
-    reply = torch.zeros(4, dtype=torch.int64)  # version, granted, pause (ns), work unit
+    # version, granted, pause (ns), work unit, the run's clock origin (with pauses or deaths)
+    reply = torch.zeros(5, dtype=torch.int64)
     straggles = Slowed(scenario.inject, rank - 1, 0)  # (its factor; the server runs the rest)
     # ADMM: the CPU workers' solver, on its own row of a local copy of the k rows of x (the
     # server keeps the others)
@@ -1248,6 +1262,7 @@ def train(problem: Problem, scenario: Scenario, rank: int, trainers: int, timeou
     delay: int | None = None
     chunks = (unit_chunks(problem.n_samples, scenario.sandblaster.units)
               if scenario.run.protocol == "sandblaster" else None)
+    held: Slowed | None = None  # Sandblaster's pauses, on the server's clock
 
     def receive(tensor: Any) -> None:
         work: Any = dist.irecv(tensor, 0)
@@ -1271,10 +1286,12 @@ def train(problem: Problem, scenario: Scenario, rank: int, trainers: int, timeou
         if shards is not None:
             shards.pull(rank, w, delay)
         delay = None
+        if chunks is not None and held is None and scenario.inject.pauses:
+            held = Slowed(scenario.inject, rank - 1, int(reply[4]))
         local = w.numpy().astype(np.float64)
         drawn, pushed, spent, norms, lost = (
             _solve(solver, local, stream, straggles) if solver is not None
-            else _unit(problem, chunks, int(reply[3]), local, straggles)
+            else _unit(problem, chunks, int(reply[3]), local, straggles, held)
             if chunks is not None
             else _gradients(problem, scenario, local, granted, stream, straggles, injector,
                             rank - 1))
@@ -1362,16 +1379,23 @@ def _solve(solver: _Solver, z: np.ndarray, stream: Any, straggles: Slowed
 
 
 def _unit(problem: Problem, chunks: list[np.ndarray], unit: int, w: np.ndarray,
-          straggles: Slowed) -> tuple[list[int], np.ndarray, list[int], list[float], list[bool]]:
-    """Sandblaster's work unit ``unit`` at the pulled ``w``: the row's sample (its chunk's
-    first), the push (the unit's share of ∇f, ``unit_gradient``: the coordinator takes the
-    units' mean, no learning rate yet), its compute time (a straggler's stretched) and no
-    draws."""
+          straggles: Slowed, held: Slowed | None = None
+          ) -> tuple[list[int], np.ndarray, list[int], list[float], list[bool]]:
+    """Sandblaster's work unit ``unit`` at the pulled ``w``: the row's sample, the push (the
+    unit's share of ∇f, ``unit_of``: the coordinator takes the units' mean, no learning
+    rate yet), its compute time (a straggler's stretched) and no draws. ``held`` (injected
+    pauses, on the server's clock): the trainer waits out a window before computing and
+    before pushing, as the simulator's thread holds before its gradient and its write (the
+    unit's hand-off to the coordinator, which its round waits for)."""
+    if held is not None:
+        held.hold()
     began = time.monotonic_ns()
-    chunk = chunks[unit]
-    g = unit_gradient(problem, chunk, w, len(chunks) / problem.n_samples)
+    sample, g = unit_of(problem, chunks, unit, w)
     straggles.stretch(began)
-    return [int(chunk[0])], g, [time.monotonic_ns() - began], [], []
+    spent = time.monotonic_ns() - began
+    if held is not None:
+        held.hold()
+    return [sample], g, [spent], [], []
 
 
 @dataclass(frozen=True)
@@ -1659,6 +1683,10 @@ def _dead_trainer(processes: list[Any]) -> dict[str, Any] | None:
     return None
 
 
+#: What a row of the server's trace is, by protocol (else a gradient).
+ROWS = {"admm": "updates", "sandblaster": "work units"}
+
+
 def summary_extra(run: PSRun) -> dict[str, Any]:
     """What summary.json adds for a parameter-server run (``updates`` are gradients, as
     everywhere, or ADMM's pushes; ``pushes`` the messages that carried them) and the options
@@ -1703,12 +1731,19 @@ def _node_main(argv: list[str] | None = None) -> int:
         if world < 2:
             raise ScenarioError("WORLD_SIZE", world, "must be >= 2 (a server and a trainer)")
         _one_of("--dtype", args.dtype, DTYPES)
-        scenario = _ps_scenario(load_scenario(args.scenario, args.set), world - 1,
+        # (checked at the trainers it runs, as the scenario will record: run.threads)
+        scenario = _ps_scenario(load_scenario(args.scenario,
+                                              [f"run.threads={world - 1}", *args.set]),
+                                world - 1,
                                 args.measure, args.timeout)
         if scenario.paramserver.servers > 1:
             raise ScenarioError("paramserver.servers", scenario.paramserver.servers,
                                 "a pool of servers runs on one machine: asyngrad real "
                                 "--backend ps --servers S")
+        if scenario.run.protocol == "sandblaster" and scenario.inject.pauses:
+            raise ScenarioError("inject.pauses", len(scenario.inject.pauses), "Sandblaster's "
+                                "trainers hold their units on the server's clock: one "
+                                "machine only (asyngrad real --backend ps)")
         problem = make_problem(scenario.problem)
         _bound(scenario, problem)
         if rank == 0:
@@ -1745,7 +1780,7 @@ def _node_main(argv: list[str] | None = None) -> int:
         print(f"realrun.ps: stopped after {pushes} pushes ({failure['reason']}); partial "
               f"results in {args.out}/", file=sys.stderr)
         return 1
-    rows = "updates" if scenario.run.protocol == "admm" else "gradients"  # (a row each)
+    rows = ROWS.get(scenario.run.protocol, "gradients")  # (a row each)
     print(f"realrun.ps: {len(trace)} {rows} in {pushes} pushes from {world - 1} trainers; "
           f"wrote {args.out}/")
     return 0

@@ -118,7 +118,8 @@ SUPPORT: tuple[tuple[str, str, str], ...] = (
     ("`metrics.exact`, `metrics.every`", "recorded: `--measure` measures every "
      "`metrics.every`-th update, `--measure-every N` every N-th (`amp`, `local`, "
      "`block_admm`: each measured row's δ on its stage, from the stages' steps)",
-     "recorded: as for shm"),
+     "recorded: as for shm (`admm`, `sandblaster`: no row measured, as simulated: their "
+     "steps are not SGD steps; the loss curve is exact)"),
     ("`metrics.curve_points`", "honoured with `--measure` (the simulator's checkpoints); "
      "without: copies of the live vector, at most one per 10 ms poll, each once T / "
      "`curve_points` more updates were counted and only if none was counted during the copy",
@@ -178,8 +179,11 @@ SUPPORT: tuple[tuple[str, str, str], ...] = (
      "same delays, drops, "
      "`write_bits` (every value: a push is dense), pauses, deaths and stragglers (the local "
      "solve takes `factor` times as long), `error` refused; under `sandblaster` stragglers "
-     "(a unit's gradients take `factor` times as long) and pauses (a pull in a window is "
-     "handed no unit until its end), the rest refused by the scenario, as simulated"),
+     "(a unit's gradients take `factor` times as long) and pauses (as above, and the "
+     "trainer also waits out a window before computing its unit and before pushing it, "
+     "and a unit handed to it when a round opens stays its own: the round waits for it, "
+     "as the simulator's thread holds before each phase; one machine only: its trainers "
+     "hold on the server's clock), the rest refused by the scenario for every backend"),
     ("`[paramserver]`", "inert", "honoured (`rule`: on each push the server keeps, as it "
      "receives it, with its exact staleness; `lock_free`: one update thread per trainer "
      "subtracts its pushes from the vector with no lock, measure mode's view is every push "
@@ -210,14 +214,16 @@ SUPPORT: tuple[tuple[str, str, str], ...] = (
      "stages; `update_every`), else inert", "inert"),
     ("`[block_admm]`", "honoured with `block_admm` (`rho`, `aux_lr`: the simulator's step, "
      "`simulator.protocols.staged.block_admm_step`, on every sample's z_i, u_i and h_i in "
-     "shared memory, read and written by the two stages without a lock), else inert",
+     "shared memory, read and written by the two stages without a lock: where both take "
+     "one sample at once a stage can read another's half-written values, which the "
+     "simulator's atomic step never does), else inert",
      "inert"),
     ("`[sandblaster]`", "inert (it runs on the parameter server)", "honoured with "
      "`run.protocol = \"sandblaster\"`: the server hands each round's `units` out one by "
      "one to whichever trainer pulls (a pull when none is left waits for the next round), "
      "a trainer computes its unit's share of ∇f at the vector it pulled and pushes it, and "
      "once all are back the server applies the L-BFGS step of `memory` pairs to its "
-     "vector (`simulator.rules.Lbfgs`); one completion a round, else inert"),
+     "vector (`simulator.protocols.sandblaster.Lbfgs`); one completion a round, else inert"),
     ("`[admm]`", "honoured with `admm` (CPU worker processes), else inert",
      "honoured with `run.protocol = \"admm\"` (each trainer sends its x_i with its push; "
      "the server keeps every x_i and computes the residuals after each push), else inert"),

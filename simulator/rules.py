@@ -8,12 +8,11 @@ threads.
 from __future__ import annotations
 
 import math
-from collections import deque
 from collections.abc import Callable, Sequence
 
 import numpy as np
 
-__all__ = ["LR_FACTORS", "Lbfgs", "admm_push", "admm_residuals", "admm_samples", "admm_shard",
+__all__ = ["LR_FACTORS", "admm_push", "admm_residuals", "admm_samples", "admm_shard",
            "dc_compensate", "dc_correction", "dc_step", "lbfgs_direction", "lbfgs_pair",
            "mean_step", "retirements", "round_quota", "round_significand", "staleness_scale",
            "too_stale", "unit_work", "warmed_up"]
@@ -209,22 +208,3 @@ def lbfgs_pair(s: np.ndarray, y: np.ndarray) -> bool:
     positive definite), with a margin for rounding: s·y > 1e-10·‖s‖·‖y‖."""
     return float(s @ y) > 1e-10 * float(np.linalg.norm(s) * np.linalg.norm(y))
 
-
-class Lbfgs:
-    """Sandblaster's coordinator: the L-BFGS step of each round from its vector and gradient,
-    keeping the last ``memory`` curvature pairs. The simulator's ``sandblaster`` and the
-    parameter server's run it."""
-
-    def __init__(self, memory: int) -> None:
-        self.pairs: deque[tuple[np.ndarray, np.ndarray]] = deque(maxlen=memory)
-        self.previous: tuple[np.ndarray, np.ndarray] | None = None  # x_{r−1}, g_{r−1}
-
-    def step(self, x: np.ndarray, g: np.ndarray, lr: float) -> np.ndarray:
-        """α·H_r·g_r, with (s, y) = (x_r − x_{r−1}, g_r − g_{r−1}) joining the history first
-        where ``lbfgs_pair`` keeps it; ``x`` = x_r and ``g`` = g_r (float64), α = ``lr``."""
-        if self.previous is not None:
-            s, y = x - self.previous[0], g - self.previous[1]
-            if lbfgs_pair(s, y):
-                self.pairs.append((s, y))
-        self.previous = (x.copy(), g.copy())
-        return lr * lbfgs_direction(g, self.pairs)

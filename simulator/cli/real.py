@@ -24,7 +24,11 @@ def _real(args: argparse.Namespace) -> int:
     from simulator.rundir import check_out, latency_line, write_run
     from simulator.scenario import load_scenario
 
-    scenario = load_scenario(args.scenario, args.set)
+    # The ps backend runs --workers trainers (default 2) whatever run.threads says: the
+    # scenario is checked at that count (Sandblaster's units >= threads).
+    sets = ([f"run.threads={args.workers or 2}", *args.set] if args.backend == "ps"
+            else args.set)
+    scenario = load_scenario(args.scenario, sets)
     check_out(args.out)
     if args.mode is None and args.backend != "ps":  # the scenario's protocol, where a mode runs it
         args.mode = (scenario.run.protocol if scenario.run.protocol in MODES else "lockfree")
@@ -80,7 +84,7 @@ def _notice(text: str) -> None:
 
 def _real_ps(args: argparse.Namespace, scenario: Any) -> int:
     """``asyngrad real --backend ps``: a parameter server and K trainers on loopback."""
-    from realrun.ps import run_ps, summary_extra
+    from realrun.ps import ROWS, run_ps, summary_extra
     from simulator.rundir import write_run
     from simulator.scenario import with_overrides
 
@@ -113,7 +117,8 @@ def _real_ps(args: argparse.Namespace, scenario: Any) -> int:
                         extra=summary_extra(run))
     if run.failure is not None:
         print(f"asyngrad: parameter server stopped after {run.pushes} pushes "
-              f"({len(run.trace)} gradients; {run.failure['reason']}); partial results in "
+              f"({len(run.trace)} {ROWS.get(run.scenario.run.protocol, 'gradients')}; "
+              f"{run.failure['reason']}); partial results in "
               f"{args.out}/", file=sys.stderr)
         return 1
     if not args.quiet:

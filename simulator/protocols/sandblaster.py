@@ -10,9 +10,9 @@ arrives, its thread writes the coordinator's L-BFGS step: with g_r the mean of t
 gradients (the full gradient ∇f(x_r): every unit of a round read x_r, since nothing is
 written within a round), the curvature pair (s, y) = (x_r − x_{r−1}, g_r − g_{r−1}) joins
 a history of the last ``sandblaster.memory`` pairs and the step is x_{r+1} = x_r − α·H_r·g_r
-(``simulator.rules.Lbfgs``; α = ``run.lr``, at the schedule's factor; no line search). A
-unit's gradient is :func:`unit_gradient`. The parameter server runs the same protocol for
-real (``realrun.ps``). ``run.updates`` counts work units, a whole number of
+(:class:`Lbfgs`; α = ``run.lr``, at the schedule's factor; no line search). A unit's
+gradient is :func:`unit_of`. The parameter server runs the same protocol for real
+(``realrun.ps``), with the same two. ``run.updates`` counts work units, a whole number of
 rounds. Each unit is one trace row (its chunk's first sample); a round is one completion.
 The step is not an SGD step: the serialized view measures no δ (as for ADMM); the loss
 curve of x is exact.
@@ -26,6 +26,7 @@ never come back); ``units`` must not exceed the problem's samples.
 
 from __future__ import annotations
 
+from collections import deque
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -33,7 +34,7 @@ import simpy
 
 from simulator.errors import ScenarioError
 from simulator.protocols.base import GROUPED, MEMBER, Protocol
-from simulator.rules import Lbfgs, unit_work
+from simulator.rules import lbfgs_direction, lbfgs_pair, unit_work
 
 if TYPE_CHECKING:
     from simulator.engine import Engine
@@ -41,7 +42,7 @@ if TYPE_CHECKING:
     from simulator.scenario import Scenario
     from simulator.update import Update
 
-__all__ = ["Sandblaster", "unit_chunks", "unit_gradient"]
+__all__ = ["Lbfgs", "Sandblaster", "unit_chunks", "unit_of"]
 
 
 def unit_chunks(samples: int, units: int) -> list[np.ndarray]:
@@ -49,14 +50,37 @@ def unit_chunks(samples: int, units: int) -> list[np.ndarray]:
     return np.array_split(np.arange(samples), units)
 
 
-def unit_gradient(problem: Problem, chunk: np.ndarray, w: np.ndarray,
-                  weight: float) -> np.ndarray:
-    """A work unit's share of ∇f at ``w``: its ``chunk``'s summed gradients × ``weight``
-    (U/n, so that the mean of the U units' is ∇f)."""
+def unit_of(problem: Problem, chunks: list[np.ndarray], unit: int,
+            w: np.ndarray) -> tuple[int, np.ndarray]:
+    """Work unit ``unit`` at ``w``: its row's sample (its chunk's first) and its share of ∇f,
+    the chunk's summed gradients × U/n (so that the mean of the U units' is ∇f)."""
+    chunk = chunks[unit]
     total = np.zeros_like(w)
     for i in chunk.tolist():
         total += problem.dense_grad(w, i)
-    return total * weight
+    return int(chunk[0]), total * (len(chunks) / problem.n_samples)
+
+
+class Lbfgs:
+    """Sandblaster's coordinator: the L-BFGS step of each round from its vector and gradient
+    (Nocedal & Wright 2006, Algorithm 7.5 with a fixed step: ``simulator.rules``'
+    ``lbfgs_direction`` and ``lbfgs_pair``), keeping the last ``memory`` curvature pairs.
+    The simulator's protocol and the parameter server's coordinator (``realrun.ps``) run
+    it."""
+
+    def __init__(self, memory: int) -> None:
+        self.pairs: deque[tuple[np.ndarray, np.ndarray]] = deque(maxlen=memory)
+        self.previous: tuple[np.ndarray, np.ndarray] | None = None  # x_{r−1}, g_{r−1}
+
+    def step(self, x: np.ndarray, g: np.ndarray, lr: float) -> np.ndarray:
+        """α·H_r·g_r, with (s, y) = (x_r − x_{r−1}, g_r − g_{r−1}) joining the history first
+        where ``lbfgs_pair`` keeps it; ``x`` = x_r and ``g`` = g_r (float64), α = ``lr``."""
+        if self.previous is not None:
+            s, y = x - self.previous[0], g - self.previous[1]
+            if lbfgs_pair(s, y):
+                self.pairs.append((s, y))
+        self.previous = (x.copy(), g.copy())
+        return lr * lbfgs_direction(g, self.pairs)
 
 
 class Sandblaster(Protocol):
@@ -86,7 +110,6 @@ class Sandblaster(Protocol):
                                 f"samples ({n}): a unit is a chunk of them")
         self.chunks = unit_chunks(n, units)
         self.grad_work = unit_work(n, units)  # ⌈n/U⌉ gradients a unit
-        self.weight = units / n  # so the mean of U units is ∇f
 
     def setup(self, engine: Engine) -> None:
         self.env = engine.env
@@ -115,9 +138,8 @@ class Sandblaster(Protocol):
 
     def compute(self, engine: Engine, u: Update, local: np.ndarray) -> np.ndarray:
         """The unit's share of ∇f at the pulled vector: its chunk's summed gradients × U/n."""
-        chunk = self.chunks[self.unit.pop(u.uid)]
-        u.sample = int(chunk[0])
-        return unit_gradient(engine.problem, chunk, local, self.weight)
+        u.sample, g = unit_of(engine.problem, self.chunks, self.unit.pop(u.uid), local)
+        return g
 
     def before_write(self, engine: Engine, u: Update) -> simpy.Event | None:
         self.arrivals.append(u)
