@@ -459,15 +459,18 @@ def serve(problem: Problem, scenario: Scenario, trainers: int, timeout: float,
                 _applied(state)
                 continue
             heard[source] = arrived
-            if kind == PULL and state.appliers is not None:
-                if not state.appliers.settle(source - 1, timeout):
-                    failure = _applier_failure(state.appliers, source, timeout)
-                    break
-                # Held until its trainer's pushes were applied, the pull starts now, as a
-                # pull a warm start or a round released (a simulated thread reads after its
-                # write ends).
-                arrived = time.monotonic_ns()
+            if (kind == PULL and state.appliers is not None
+                    and not state.appliers.settle(source - 1, timeout)):
+                failure = _applier_failure(state.appliers, source, timeout)
+                break
             with state.lock:  # (a lock-free server's update threads count completions)
+                if kind == PULL and state.appliers is not None:
+                    # Held until its trainer's pushes were applied, the pull starts now, as a
+                    # pull a warm start or a round released (a simulated thread reads after
+                    # its write ends); stamped under the lock, so that every completion the
+                    # version it is answered with counts ended before it (one counted between
+                    # a stamp outside and the lock made a replay's staleness differ).
+                    arrived = time.monotonic_ns()
                 if kind == PULL:
                     if pool is not None:
                         state.asked[source] = int(header[2])
